@@ -2,15 +2,20 @@
 // (lite_runtime/backends/lite_native.py). Lite 2.0's own Python binding exists only for CPython 3.7
 // and it ships no C API header, hence this shim.
 //
-// Every function returns 0 on success; on failure it returns non-zero and keeps Lite's own error
-// text (Status::ToString()) or the shim's, readable with lite_last_error() on the same thread.
+// Every function returns 0 on success; on failure it returns non-zero and keeps an error text,
+// readable with lite_last_error() on the same thread. Lite 2.0's Status::ToString() is often just
+// "Common error code.", the cause being written only to Lite's log on stderr; so Build and
+// LoadConfig run with stderr captured, and the [ERROR] lines of that log join the status text.
 //
-// Inputs and outputs are bound to caller memory once (MSTensor::SetData(ptr, own_data=false));
-// lite_predict() then runs the graph without touching Python. Whether Lite writes an output
-// straight into the bound buffer or into memory of its own is decided by Lite at run time:
-// the shim checks the returned tensor's address after Predict and copies only when it differs.
-// lite_output_copied() reports which happened, so tests and benchmarks can tell.
+// Inputs are bound to caller memory once (MSTensor::SetData(ptr, own_data=false)) and Lite reads
+// them in place on every Predict. Outputs cannot be bound that way in Lite 2.0 (measured: SetData on
+// an output tensor, or a CreateRefTensor output passed to Predict, is ignored and Lite returns
+// tensors in its own memory; Predict() without arguments is "Unsupported Feature"), so lite_predict
+// copies each output into the buffer registered with lite_bind_output.
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -31,16 +36,72 @@ int Fail(const std::string &message) {
   return 1;
 }
 
-int FailStatus(const char *what, const mindspore::Status &status) {
-  std::string text = status.ToString();
-  if (text.empty()) text = "status code " + std::to_string(static_cast<int>(status.StatusCode()));
-  return Fail(std::string(what) + " failed: " + text);
+// Redirects file descriptor 2 into a temporary file for the lifetime of the object. Output of
+// other threads during that time is captured too; it is written back unless the call failed.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::fflush(stderr);
+    file_ = std::tmpfile();
+    saved_ = dup(2);
+    active_ = file_ != nullptr && saved_ >= 0 && dup2(fileno(file_), 2) >= 0;
+  }
+  ~StderrCapture() { Finish(false); }
+
+  // Restores stderr and returns what was captured; echo=true writes it to the real stderr too.
+  std::string Finish(bool echo) {
+    std::string text;
+    if (active_) {
+      std::fflush(stderr);
+      dup2(saved_, 2);
+      std::rewind(file_);
+      char buffer[4096];
+      size_t n;
+      while ((n = std::fread(buffer, 1, sizeof(buffer), file_)) > 0) text.append(buffer, n);
+      if (echo && !text.empty()) std::fwrite(text.data(), 1, text.size(), stderr);
+      active_ = false;
+    }
+    if (saved_ >= 0) close(saved_);
+    if (file_ != nullptr) std::fclose(file_);
+    saved_ = -1;
+    file_ = nullptr;
+    return text;
+  }
+
+ private:
+  std::FILE *file_ = nullptr;
+  int saved_ = -1;
+  bool active_ = false;
+};
+
+// The messages of Lite's "[ERROR] ME(pid,...):time [file:line] Function] message" log lines.
+std::string ErrorLines(const std::string &log) {
+  std::string result;
+  size_t start = 0;
+  while (start < log.size()) {
+    size_t end = log.find('\n', start);
+    if (end == std::string::npos) end = log.size();
+    std::string line = log.substr(start, end - start);
+    start = end + 1;
+    if (line.rfind("[ERROR]", 0) != 0) continue;
+    size_t pos = 0;
+    for (int i = 0; i < 3 && pos != std::string::npos; ++i) {
+      pos = line.find("] ", pos);
+      if (pos != std::string::npos) pos += 2;
+    }
+    if (!result.empty()) result += "; ";
+    result += pos == std::string::npos ? line : line.substr(pos);
+  }
+  return result;
 }
 
-struct Binding {
-  void *data = nullptr;  // caller memory, or nullptr when unbound
-  size_t nbytes = 0;
-};
+int FailStatus(const char *what, const mindspore::Status &status, const std::string &log = "") {
+  std::string text = status.ToString();
+  if (text.empty()) text = "status code " + std::to_string(static_cast<int>(status.StatusCode()));
+  std::string details = ErrorLines(log);
+  if (!details.empty()) text += " Lite log: " + details;
+  return Fail(std::string(what) + " failed: " + text);
+}
 
 struct LiteHandle {
   mindspore::Model model;
@@ -48,9 +109,9 @@ struct LiteHandle {
   std::vector<mindspore::MSTensor> outputs;
   std::vector<std::string> input_names;
   std::vector<std::string> output_names;
-  std::vector<Binding> input_bindings;
-  std::vector<Binding> output_bindings;
-  std::vector<int> output_copied;  // 1 if the last Predict needed a copy into the bound buffer
+  std::vector<void *> input_data;       // bound caller memory, nullptr while unbound
+  std::vector<void *> output_data;      // where lite_predict copies each output, or nullptr
+  std::vector<mindspore::MSTensor> results;  // Predict's outputs (Lite's memory)
 };
 
 LiteHandle *AsHandle(void *handle) { return static_cast<LiteHandle *>(handle); }
@@ -67,23 +128,20 @@ int Guarded(const char *where, Body body) {
   }
 }
 
-int CheckIndex(const std::vector<mindspore::MSTensor> &tensors, int index, const char *what) {
-  if (index < 0 || static_cast<size_t>(index) >= tensors.size()) {
+int CheckIndex(size_t count, int index, const char *what) {
+  if (index < 0 || static_cast<size_t>(index) >= count) {
     return Fail(std::string(what) + " index " + std::to_string(index) + " out of range; the model has " +
-                std::to_string(tensors.size()));
+                std::to_string(count));
   }
   return 0;
 }
 
-int Bind(mindspore::MSTensor &tensor, Binding &binding, const std::string &name, void *data, size_t nbytes) {
+int CheckSize(const mindspore::MSTensor &tensor, const std::string &name, const void *data, size_t nbytes) {
   if (data == nullptr) return Fail("cannot bind " + name + " to a null pointer");
   if (nbytes != tensor.DataSize()) {
     return Fail("cannot bind " + name + ": buffer has " + std::to_string(nbytes) + " bytes, the tensor needs " +
                 std::to_string(tensor.DataSize()));
   }
-  tensor.SetData(data, false);
-  binding.data = data;
-  binding.nbytes = nbytes;
   return 0;
 }
 
@@ -93,7 +151,7 @@ extern "C" {
 
 const char *lite_last_error() { return g_last_error.c_str(); }
 
-// Loads a MindIR file on the CPU. config_path may be NULL or "" (no ini).
+// Loads a MindIR file for the CPU. config_path may be NULL or "" (no ini).
 int lite_model_create(const char *model_path, const char *config_path, int num_threads, void **out) {
   return Guarded("lite_model_create", [&]() -> int {
     *out = nullptr;
@@ -104,20 +162,21 @@ int lite_model_create(const char *model_path, const char *config_path, int num_t
     context->MutableDeviceInfo().push_back(cpu);
 
     auto handle = std::make_unique<LiteHandle>();
+    StderrCapture capture;
     if (config_path != nullptr && config_path[0] != '\0') {
       auto status = handle->model.LoadConfig(config_path);
-      if (status != mindspore::kSuccess) return FailStatus("LoadConfig", status);
+      if (status != mindspore::kSuccess) return FailStatus("LoadConfig", status, capture.Finish(false));
     }
     auto status = handle->model.Build(model_path, mindspore::ModelType::kMindIR, context);
-    if (status != mindspore::kSuccess) return FailStatus("Build", status);
+    if (status != mindspore::kSuccess) return FailStatus("Build", status, capture.Finish(false));
+    capture.Finish(true);
 
     handle->inputs = handle->model.GetInputs();
     handle->outputs = handle->model.GetOutputs();
     for (auto &t : handle->inputs) handle->input_names.push_back(t.Name());
     for (auto &t : handle->outputs) handle->output_names.push_back(t.Name());
-    handle->input_bindings.resize(handle->inputs.size());
-    handle->output_bindings.resize(handle->outputs.size());
-    handle->output_copied.assign(handle->outputs.size(), 0);
+    handle->input_data.assign(handle->inputs.size(), nullptr);
+    handle->output_data.assign(handle->outputs.size(), nullptr);
     *out = handle.release();
     return 0;
   });
@@ -130,42 +189,46 @@ int lite_num_tensors(void *handle, int is_output) {
   return static_cast<int>(is_output ? h->outputs.size() : h->inputs.size());
 }
 
-// Name (valid while the model lives), dtype (mindspore::DataType value) and shape of one tensor.
+// Name (valid while the model lives), dtype (a mindspore::DataType value) and shape of one tensor.
 int lite_tensor_info(void *handle, int is_output, int index, const char **name, int *dtype, int *ndim,
                      int64_t *shape, int max_ndim) {
   return Guarded("lite_tensor_info", [&]() -> int {
     auto *h = AsHandle(handle);
     auto &tensors = is_output ? h->outputs : h->inputs;
-    if (CheckIndex(tensors, index, is_output ? "output" : "input")) return 1;
-    auto &tensor = tensors[index];
-    const auto &dims = tensor.Shape();
+    if (CheckIndex(tensors.size(), index, is_output ? "output" : "input")) return 1;
+    const auto &dims = tensors[index].Shape();
     if (static_cast<int>(dims.size()) > max_ndim) {
       return Fail("tensor " + std::to_string(index) + " has rank " + std::to_string(dims.size()) +
                   ", more than the " + std::to_string(max_ndim) + " the caller allows");
     }
     *name = (is_output ? h->output_names : h->input_names)[index].c_str();
-    *dtype = static_cast<int>(tensor.DataType());
+    *dtype = static_cast<int>(tensors[index].DataType());
     *ndim = static_cast<int>(dims.size());
     for (size_t i = 0; i < dims.size(); ++i) shape[i] = dims[i];
     return 0;
   });
 }
 
-// Makes input `index` read from caller memory (no copy). The memory must outlive the binding.
+// Makes input `index` read caller memory in place on every Predict. The memory must outlive the binding.
 int lite_bind_input(void *handle, int index, void *data, size_t nbytes) {
   return Guarded("lite_bind_input", [&]() -> int {
     auto *h = AsHandle(handle);
-    if (CheckIndex(h->inputs, index, "input")) return 1;
-    return Bind(h->inputs[index], h->input_bindings[index], h->input_names[index], data, nbytes);
+    if (CheckIndex(h->inputs.size(), index, "input")) return 1;
+    if (CheckSize(h->inputs[index], h->input_names[index], data, nbytes)) return 1;
+    h->inputs[index].SetData(data, false);
+    h->input_data[index] = data;
+    return 0;
   });
 }
 
-// Asks Lite to write output `index` into caller memory; lite_predict copies there if Lite did not.
+// Registers the caller buffer that lite_predict copies output `index` into.
 int lite_bind_output(void *handle, int index, void *data, size_t nbytes) {
   return Guarded("lite_bind_output", [&]() -> int {
     auto *h = AsHandle(handle);
-    if (CheckIndex(h->outputs, index, "output")) return 1;
-    return Bind(h->outputs[index], h->output_bindings[index], h->output_names[index], data, nbytes);
+    if (CheckIndex(h->outputs.size(), index, "output")) return 1;
+    if (CheckSize(h->outputs[index], h->output_names[index], data, nbytes)) return 1;
+    h->output_data[index] = data;
+    return 0;
   });
 }
 
@@ -173,39 +236,28 @@ int lite_predict(void *handle) {
   return Guarded("lite_predict", [&]() -> int {
     auto *h = AsHandle(handle);
     for (size_t i = 0; i < h->inputs.size(); ++i) {
-      if (h->input_bindings[i].data == nullptr) return Fail("input " + h->input_names[i] + " is not bound");
+      if (h->input_data[i] == nullptr) return Fail("input " + h->input_names[i] + " is not bound");
     }
-    std::vector<mindspore::MSTensor> outputs = h->outputs;
-    auto status = h->model.Predict(h->inputs, &outputs);
+    h->results.clear();
+    auto status = h->model.Predict(h->inputs, &h->results);
     if (status != mindspore::kSuccess) return FailStatus("Predict", status);
-    if (outputs.size() != h->outputs.size()) {
-      return Fail("Predict returned " + std::to_string(outputs.size()) + " outputs, the model declares " +
+    if (h->results.size() != h->outputs.size()) {
+      return Fail("Predict returned " + std::to_string(h->results.size()) + " outputs, the model declares " +
                   std::to_string(h->outputs.size()));
     }
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      const Binding &b = h->output_bindings[i];
-      if (b.data == nullptr) continue;
-      const void *produced = outputs[i].MutableData();
-      if (produced == b.data) {
-        h->output_copied[i] = 0;
-        continue;
+    for (size_t i = 0; i < h->results.size(); ++i) {
+      if (h->output_data[i] == nullptr) continue;
+      auto &result = h->results[i];
+      const void *produced = result.MutableData();
+      size_t nbytes = h->outputs[i].DataSize();
+      if (produced == nullptr || result.DataSize() != nbytes) {
+        return Fail("output " + h->output_names[i] + " came back with " + std::to_string(result.DataSize()) +
+                    " bytes, the model declares " + std::to_string(nbytes));
       }
-      if (produced == nullptr || outputs[i].DataSize() != b.nbytes) {
-        return Fail("output " + h->output_names[i] + " came back with " + std::to_string(outputs[i].DataSize()) +
-                    " bytes, the bound buffer has " + std::to_string(b.nbytes));
-      }
-      std::memcpy(b.data, produced, b.nbytes);
-      h->output_copied[i] = 1;
+      std::memcpy(h->output_data[i], produced, nbytes);
     }
     return 0;
   });
-}
-
-// 1 if the last lite_predict copied output `index` into its bound buffer, 0 if Lite wrote it there.
-int lite_output_copied(void *handle, int index) {
-  auto *h = AsHandle(handle);
-  if (index < 0 || static_cast<size_t>(index) >= h->output_copied.size()) return -1;
-  return h->output_copied[index];
 }
 
 }  // extern "C"

@@ -1,0 +1,203 @@
+"""ctypes binding to MindSpore Lite 2.0's C++ runtime through the project's shim (CPU, any Python).
+
+The PyPI `mindspore_lite` wheel is cp37-only, so on other Pythons the project compiles
+`lite_runtime/native/lite_shim.cc` against the wheel's C++ libraries (`make setup`, i.e.
+`bash tools/setup_lite.sh`) and loads it here. This module never imports mindspore: Lite's libraries
+and mindspore's cannot live in one process.
+
+    model = LiteModel("graph.mindir", num_threads=2)
+    model.bind_inputs([x, y])          # zero copy: Lite reads these arrays' memory on every predict
+    x[...] = new_values                # no rebinding needed
+    logits, = model.predict()          # the same preallocated output arrays on every call
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ArtifactError, ToolchainError, UnsupportedError
+from ..families import TensorSpec
+
+SHIM_ENV = "LITE_SHIM_LIB"
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_SHIM = os.path.join(_REPO_ROOT, "build", "lite", "lib", "liblite_shim.so")
+_MAX_RANK = 8
+
+# mindspore::DataType values (include/api/data_type.h) -> numpy dtype names
+_DTYPES = {30: "bool", 32: "int8", 33: "int16", 34: "int32", 35: "int64", 37: "uint8", 38: "uint16",
+           39: "uint32", 40: "uint64", 42: "float16", 43: "float32", 44: "float64"}
+
+MINDIR_VERSION_ADVICE = (
+    "MindSpore Lite 2.0 reads only MindIR written by MindSpore 2.0: export again in the "
+    "Lite-compatible environment (`make export-lite`, i.e. `.venv-ms20/bin/python -m exporter ...`)")
+
+
+class LiteError(ToolchainError):
+    """MindSpore Lite reported a failure; the message carries Lite's own error text."""
+
+
+_VERSION_ERROR = re.compile(r"[^;]*maximum mind ir version[^;]*")
+
+
+def explain_lite_error(text: str, path: str) -> Optional[str]:
+    """A user-facing message for Lite errors with a known cause, else None."""
+    found = _VERSION_ERROR.search(text)
+    if found:
+        lite_says = found.group(0).strip().removeprefix("Catch exception: ")
+        return f"{path} was written by a MindSpore too new for MindSpore Lite 2.0 (Lite: {lite_says!r}). " \
+               + MINDIR_VERSION_ADVICE
+    return None
+
+
+def shim_path() -> str:
+    return os.environ.get(SHIM_ENV) or DEFAULT_SHIM
+
+
+_lib = None
+
+
+def load_shim() -> ctypes.CDLL:
+    """Load the shim once per process (≈0.3–0.6 s: it pulls in Lite's ≈300 MB of libraries)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = shim_path()
+    if not os.path.isfile(path):
+        source = f"${SHIM_ENV}" if os.environ.get(SHIM_ENV) else "the default location"
+        raise UnsupportedError(
+            f"the MindSpore Lite runtime is not installed: {path} ({source}) does not exist; "
+            "run `make setup` (or `bash tools/setup_lite.sh`) to download Lite 2.0 and build the shim")
+    # Lite logs through glog on stderr; keep its warnings (e.g. about libnuma) out of the way unless
+    # the user asked for them. Failures reach the caller as exception text (see lite_shim.cc).
+    os.environ.setdefault("GLOG_v", "3")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise UnsupportedError(f"cannot load the MindSpore Lite shim {path}: {e}; "
+                               "run `bash tools/setup_lite.sh` again") from None
+    vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    lib.lite_last_error.restype = ctypes.c_char_p
+    lib.lite_model_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int, ctypes.POINTER(vp)]
+    lib.lite_model_free.argtypes = [vp]
+    lib.lite_model_free.restype = None
+    lib.lite_num_tensors.argtypes = [vp, c_int]
+    lib.lite_tensor_info.argtypes = [vp, c_int, c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(c_int),
+                                     ctypes.POINTER(c_int), ctypes.POINTER(ctypes.c_int64), c_int]
+    lib.lite_bind_input.argtypes = [vp, c_int, vp, c_size]
+    lib.lite_bind_output.argtypes = [vp, c_int, vp, c_size]
+    lib.lite_predict.argtypes = [vp]
+    for name in ("lite_model_create", "lite_num_tensors", "lite_tensor_info", "lite_bind_input",
+                 "lite_bind_output", "lite_predict"):
+        getattr(lib, name).restype = c_int
+    _lib = lib
+    return lib
+
+
+def _last_error(lib) -> str:
+    return (lib.lite_last_error() or b"").decode("utf-8", "replace")
+
+
+class LiteModel:
+    """One MindIR graph built by Lite on the CPU, with inputs and outputs bound to numpy memory.
+
+    `predict()` returns the same preallocated output arrays on every call (read-only views):
+    copy what you keep past the next call.
+    """
+
+    def __init__(self, path: str, config_path: Optional[str] = None, num_threads: int = 2):
+        self.path = path
+        self._lib = load_shim()
+        self._handle = ctypes.c_void_p()
+        start = time.perf_counter()
+        config = config_path.encode() if config_path else None
+        if self._lib.lite_model_create(path.encode(), config, int(num_threads), ctypes.byref(self._handle)):
+            text = _last_error(self._lib)
+            raise ArtifactError(explain_lite_error(text, path)
+                                or f"MindSpore Lite cannot load {path}"
+                                + (f" with config {config_path}" if config_path else "") + f": {text}")
+        self.load_seconds = time.perf_counter() - start
+        self.inputs: List[TensorSpec] = self._specs(is_output=0)
+        self.outputs: List[TensorSpec] = self._specs(is_output=1)
+        self._bound_inputs: List[Optional[np.ndarray]] = [None] * len(self.inputs)
+        self._outputs = [np.empty(s.shape, s.dtype) for s in self.outputs]
+        self._output_views = []
+        for i, array in enumerate(self._outputs):
+            self._call("lite_bind_output", i, array.ctypes.data, array.nbytes)
+            view = array.view()
+            view.flags.writeable = False
+            self._output_views.append(view)
+
+    # --- introspection --------------------------------------------------------------------------
+    def _specs(self, is_output: int) -> List[TensorSpec]:
+        lib, specs = self._lib, []
+        name, dtype, ndim = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_int()
+        shape = (ctypes.c_int64 * _MAX_RANK)()
+        for i in range(lib.lite_num_tensors(self._handle, is_output)):
+            self._call("lite_tensor_info", is_output, i, ctypes.byref(name), ctypes.byref(dtype),
+                       ctypes.byref(ndim), shape, _MAX_RANK)
+            if dtype.value not in _DTYPES:
+                kind = "output" if is_output else "input"
+                raise UnsupportedError(f"{self.path}: {kind} {i} has MindSpore data type {dtype.value}, "
+                                       f"which this binding does not map; supported: {sorted(_DTYPES.values())}")
+            specs.append(TensorSpec(name.value.decode(), _DTYPES[dtype.value],
+                                    tuple(int(shape[d]) for d in range(ndim.value))))
+        return specs
+
+    # --- binding and running --------------------------------------------------------------------
+    def bind_input(self, index: int, array: np.ndarray) -> None:
+        """Make input `index` read `array`'s memory from now on (no copy; a reference is kept)."""
+        spec = self.inputs[index]
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"input {index} ({spec.name}) must be a numpy array, got {type(array).__name__}")
+        if array.dtype != np.dtype(spec.dtype):
+            raise ValueError(f"input {index} ({spec.name}) must have dtype {spec.dtype}, got {array.dtype}")
+        if tuple(array.shape) != spec.shape:
+            raise ValueError(f"input {index} ({spec.name}) must have shape {spec.shape}, got {tuple(array.shape)}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"input {index} ({spec.name}) must be C-contiguous to be bound without a copy; "
+                             "pass np.ascontiguousarray(a) once and write into that array")
+        self._call("lite_bind_input", index, array.ctypes.data, array.nbytes)
+        self._bound_inputs[index] = array
+
+    def bind_inputs(self, arrays: Sequence[np.ndarray]) -> None:
+        if len(arrays) != len(self.inputs):
+            raise ValueError(f"{self.path} has {len(self.inputs)} inputs "
+                             f"({', '.join(s.name for s in self.inputs)}), got {len(arrays)} arrays")
+        for i, array in enumerate(arrays):
+            self.bind_input(i, array)
+
+    def run(self) -> None:
+        """The bare Predict call on the bound inputs and outputs (what a benchmark times)."""
+        if self._lib.lite_predict(self._handle):
+            raise LiteError(f"MindSpore Lite failed to run {self.path}: {_last_error(self._lib)}")
+
+    def predict(self) -> List[np.ndarray]:
+        self.run()
+        return self._output_views
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.lite_model_free(self._handle)
+            self._handle = ctypes.c_void_p()
+        self._bound_inputs = [None] * len(self.inputs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+    def _call(self, name: str, *args) -> None:
+        if not self._handle:
+            raise LiteError(f"{self.path}: the model is closed")
+        if getattr(self._lib, name)(self._handle, *args):
+            raise LiteError(f"{self.path}: {name} failed: {_last_error(self._lib)}")
