@@ -56,6 +56,7 @@ class Manifest:
     mindspore_version: str
     mindir_version: str
     sha256: Dict[str, str] = field(default_factory=dict)
+    ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
 
@@ -71,6 +72,9 @@ class Manifest:
 
     def tokenizer_path(self) -> Optional[str]:
         return os.path.join(self.root, self.tokenizer) if self.tokenizer else None
+
+    def ge_config_path(self) -> Optional[str]:
+        return os.path.join(self.root, self.ge_config) if self.ge_config else None
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("graphs", "root")}

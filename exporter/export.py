@@ -1,0 +1,176 @@
+"""`export(config)`: trace the prefill and increment graphs of every rank and write the export.
+
+The export is assembled in a temporary folder beside `output_dir` and renamed into place at the
+end, so a failed export never leaves a half-written folder that looks valid.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from lite_runtime.errors import ConfigError, UnsupportedError, WeightError
+from lite_runtime.families import GraphDims, get_family
+from lite_runtime.graph_check import check_graph_inputs
+from lite_runtime.manifest import MANIFEST_NAME, GraphEntry, Manifest, file_sha256, graph_relpath
+from .config import ExportConfig
+from .model_source import ModelSource, resolve_model
+from . import weights as W
+
+log = logging.getLogger("exporter")
+GE_CONFIG_NAME = "config.ini"
+
+
+def export(config: ExportConfig) -> str:
+    """Write the export described by `config`; returns its folder."""
+    source = resolve_model(config)
+    source.config.check_world_size(config.world_size)
+    _check_output_dir(config.output_dir)
+    if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
+        raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
+    start = time.perf_counter()
+    parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        ranks = range(config.world_size)
+        inputs = _trace_all(config, source, tmp, ranks)
+        manifest = _write_side_files(config, source, tmp, inputs)
+        _replace_dir(tmp, config.output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_infer_copies(config, manifest)
+    log.info("exported %s (%d rank(s)) to %s in %.1f s", source.family, config.world_size,
+             config.output_dir, time.perf_counter() - start)
+    return config.output_dir
+
+
+def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
+    cfg = source.config
+    return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
+                     cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size)
+
+
+def rank_weights(source: ModelSource, rank: int, world_size: int) -> Dict[str, np.ndarray]:
+    """This rank's weights: a pre-sharded rank folder as is, or a slice of the full model."""
+    shards = W.rank_folders(source.checkpoint)
+    if shards:
+        if len(shards) != world_size:
+            raise WeightError(f"load_checkpoint {source.checkpoint} has {len(shards)} rank folders but "
+                              f"parallel.model_parallel is {world_size}; they must be equal")
+        weights, sharded = W.read_rank_shard(shards[rank]), True
+    else:
+        weights, sharded = W.shard(W.read_full_weights(source.checkpoint), rank, world_size), False
+    return W.tie_embeddings(weights, source.config.tie_word_embeddings, rank, world_size, sharded)
+
+
+def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
+    """Build rank `rank`'s network, load its weights and write both graphs into `folder`."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from .models import MODEL_CLASSES
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net_cls = MODEL_CLASSES[source.family]
+    dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
+    net = net_cls.network(source.config, config.batch_size, config.seq_length, config.kv_cache,
+                          config.world_size, dtype)
+    W.load_into(net, rank_weights(source, rank, config.world_size),
+                f"{source.checkpoint} (rank {rank})" if config.world_size > 1 else source.checkpoint)
+    spec, dims = get_family(source.family), graph_dims(config, source)
+    for kind, graph in (("prefill", net_cls.prefill_graph(net)), ("increment", net_cls.increment_graph(net))):
+        dummies = [Tensor(np.zeros(t.shape, t.dtype)) for t in spec.inputs(kind, config.kv_cache, dims)]
+        path = os.path.join(folder, graph_relpath(kind, rank))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        ms.export(graph, *dummies, file_name=path[: -len(".mindir")], file_format="MINDIR")
+
+
+def _trace_all(config: ExportConfig, source: ModelSource, tmp: str, ranks) -> List:
+    if config.world_size > 1:
+        from .distributed import trace_distributed
+        trace_distributed(config, tmp)
+    else:
+        trace_rank(config, source, 0, tmp)
+    return list(ranks)
+
+
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, ranks) -> Manifest:
+    import mindspore as ms
+    from lite_runtime.backends.mindir_info import read_mindir_io
+
+    spec, dims = get_family(source.family), graph_dims(config, source)
+    graphs, hashes, mindir_version = {}, {}, ""
+    for kind in ("prefill", "increment"):
+        files = [graph_relpath(kind, r) for r in ranks]
+        entry = GraphEntry(files, spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
+        for rel in files:
+            actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))
+            check_graph_inputs(actual, entry.inputs, f"exported {rel}")
+            hashes[rel] = file_sha256(os.path.join(tmp, rel))
+        graphs[kind] = entry
+    tokenizer = None
+    bos, eos = source.bos_token_id, list(source.eos_token_id)
+    if source.tokenizer:
+        tokenizer = os.path.basename(source.tokenizer)
+        shutil.copyfile(source.tokenizer, os.path.join(tmp, tokenizer))
+        bos, eos = _tokenizer_defaults(source.tokenizer, bos, eos)
+    if not eos:
+        raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
+    ge_config = None
+    if config.infer.ge_config_path:
+        ge_config = GE_CONFIG_NAME
+        shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
+    model_config = dict(source.config.to_json(), family=source.family)
+    manifest = Manifest(family=source.family, model_config=model_config, kv_cache=config.kv_cache,
+                        seq_length=config.seq_length, batch_size=config.batch_size,
+                        world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
+                        bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id,
+                        tokenizer=tokenizer, mindspore_version=ms.__version__,
+                        mindir_version=mindir_version, sha256=hashes, ge_config=ge_config)
+    manifest.save(tmp)
+    return manifest
+
+
+def _tokenizer_defaults(path: str, bos, eos):
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=path)
+    if bos is None and sp.bos_id() >= 0:
+        bos = sp.bos_id()
+    if not eos and sp.eos_id() >= 0:
+        eos = [sp.eos_id()]
+    return bos, eos
+
+
+def _check_output_dir(path: str) -> None:
+    if os.path.isfile(path):
+        raise ConfigError(f"output_dir {path} is a file; give a folder")
+    if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        raise ConfigError(f"output_dir {path} exists and is not an export (no {MANIFEST_NAME}); "
+                          "refusing to overwrite it: choose another folder or empty it")
+
+
+def _replace_dir(tmp: str, target: str) -> None:
+    """Move the finished export into place; an older export at `target` is replaced whole."""
+    old = None
+    if os.path.exists(target):
+        old = target + ".old-" + os.path.basename(tmp)
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
+    """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs."""
+    for kind, dest in (("prefill", config.infer.prefill_model_path), ("increment", config.infer.increment_model_path)):
+        if dest:
+            os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+            tmp = dest + ".tmp"
+            shutil.copyfile(os.path.join(config.output_dir, graph_relpath(kind, 0)), tmp)
+            os.replace(tmp, dest)
