@@ -54,8 +54,8 @@ class RankTable:
         lines = [f"{self.path}: version {self.version}, {len(self.servers)} server(s), "
                  f"{len(self.ranks)} rank(s)"]
         for s in self.servers:
-            devs = ", ".join(f"rank {r.rank_id}: device {r.device_id} ({r.device_ip})" for r in s.ranks)
-            lines.append(f"  server {s.server_id}: {devs}")
+            lines.append(f"  server {s.server_id}: {len(s.ranks)} device(s)")
+            lines += [f"    rank {r.rank_id}: device {r.device_id}, device_ip {r.device_ip}" for r in s.ranks]
         return "\n".join(lines)
 
 
@@ -226,10 +226,15 @@ def merge_rank_tables(tables: Sequence[RankTable]) -> dict:
     return data
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:               # usage mistakes: one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lite_runtime.rank_table",
+    parser = _OneLineParser(prog="python -m lite_runtime.rank_table",
                                      description="Validate an HCCL rank table and list its ranks.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     check = sub.add_parser("check", help="validate FILE and print servers, devices and ranks")
     check.add_argument("file")
     args = parser.parse_args(argv)
