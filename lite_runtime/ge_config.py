@@ -187,7 +187,8 @@ def _parse_sections(text: str, source: str) -> Dict[str, Dict[str, str]]:
         raise ConfigError(f"{source}: line {e.lineno}: {e.line.strip()!r} comes before any [section]; "
                           f"allowed sections: {_allowed_sections()}") from None
     except configparser.ParsingError as e:
-        lineno, line = e.errors[0]
+        lineno = e.errors[0][0]
+        line = text.splitlines()[lineno - 1] if 0 < lineno <= len(text.splitlines()) else e.errors[0][1]
         raise ConfigError(f"{source}: line {lineno}: malformed line {line.strip()!r}; expected key=value, "
                           "a [section] header or a # comment") from None
     except configparser.DuplicateSectionError as e:
@@ -251,7 +252,8 @@ def _check_value(config: GeConfig, section: str, key: str, value: str) -> None:
 def _load_rank_table(config: GeConfig, value: str) -> RankTable:
     where = f"{config._at('ascend_context', 'rank_table_file')}: [ascend_context] rank_table_file={value!r}"
     if not os.path.isfile(value):
-        hint = "" if os.path.isabs(value) else f" (relative paths are resolved against the current directory {os.getcwd()})"
+        hint = "" if os.path.isabs(value) else \
+            f" (relative paths are resolved against the current directory {os.getcwd()})"
         raise ConfigError(f"{where}: file does not exist{hint}; allowed: the path of a rank table "
                           "written by tools/hccl_tools.py or tools/merge_hccl.py")
     try:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, ToolchainError
 from .families import GRAPH_KINDS, TensorSpec
-from .ge_config import SECTIONS, GeConfig, parse_ge_config, read_ge_config, split_config_paths
+from .ge_config import SECTIONS, parse_ge_config, read_ge_config, split_config_paths
 from .manifest import Manifest, load_manifest
 from .rank_table import load_rank_table
 
@@ -178,5 +178,5 @@ def run_cli(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__ = ["GeConfig", "format_input_shape", "generate_ini", "list_presets", "preset_path", "render_ini",
+__all__ = ["format_input_shape", "generate_ini", "list_presets", "preset_path", "render_ini",
            "run_cli", "set_rank_table_line", "with_rank_table", "write_export_configs"]
