@@ -125,6 +125,8 @@ class GeConfig:
         if value == "":
             raise ConfigError(f"{self._at('ascend_context', 'rank_table_file')}: rank_table_file is empty; set it "
                               "(python -m lite_runtime.ge_config generate --rank_table FILE) or remove the line")
+        if value and self.rank_table is None:        # read with check_files=False
+            self.rank_table = _load_rank_table(self, value)
         if world_size > 1 and self.rank_table is None:
             raise ConfigError(f"{self.path}: the export has {world_size} ranks but [ascend_context] has no "
                               "rank_table_file; generate one with tools/hccl_tools.py")
@@ -141,9 +143,11 @@ class GeConfig:
         if self.input_shape is not None:
             kind = f"{len(self.gears)} gear(s)" if self.is_dynamic else "static"
             parts.append(f"{len(self.input_shape)} input shape(s), {kind}")
-        if self.rank_table_file is not None:
-            parts.append(f"rank table {self.rank_table_file} ({len(self.rank_table.ranks)} ranks)"
-                         if self.rank_table else "rank_table_file unset (placeholder)")
+        if self.rank_table is not None:
+            parts.append(f"rank table {self.rank_table_file} ({len(self.rank_table.ranks)} ranks)")
+        elif self.rank_table_file is not None:
+            parts.append(f"rank table {self.rank_table_file} (not read)" if self.rank_table_file
+                         else "rank_table_file unset (placeholder)")
         sections = ", ".join(self.ge_only_sections()) or "none (CPU)"
         return f"{self.path}: {'; '.join(parts)}; sections: {sections}"
 

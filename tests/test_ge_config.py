@@ -126,6 +126,20 @@ def test_rank_table_file_checked(tmp_path):
         config.check_runnable(2)
 
 
+def test_rank_table_read_late_when_files_were_not_checked(tmp_path):
+    good = rank_table_file(tmp_path, 2)
+    config = parse_ge_config(f"[ascend_context]\nrank_table_file={good}\n", "x.ini", check_files=False)
+    assert config.rank_table is None and "(not read)" in config.summary()
+    config.check_runnable(2)
+    assert len(config.rank_table.ranks) == 2
+
+
+def test_unknown_ascend_context_key_is_logged(caplog):
+    with caplog.at_level("WARNING", logger="lite_runtime.ge_config"):
+        parse_ge_config("[ascend_context]\nprovider=ge\nrank_tabel_file=x.json\n", "typo.ini")
+    assert "typo.ini: line 3" in caplog.text and "'rank_tabel_file'" in caplog.text
+
+
 def test_placeholder_rank_table_refused_at_load_time():
     config = read_ge_config(str(REPO / "ge_configs" / "atlas_800_distributed.ini"))
     with pytest.raises(ConfigError, match="rank_table_file is empty"):
