@@ -1,0 +1,79 @@
+"""The `ms` backend: MindSpore's own MindIR executor (`mindspore.load` + `nn.GraphCell`).
+
+Runs both kv modes. In `in_graph` mode each graph holds its cache as Parameters; the prefill
+graph's cache is handed to the increment graph once per request. Also the CPU engine of
+multi-rank runs, where `mindspore.communication.init()` must run before any graph with
+collectives is loaded.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List
+
+import numpy as np
+
+from ..errors import ArtifactError, UnsupportedError
+from ..graph_check import check_graph_inputs
+from ..manifest import Manifest
+from .base import Session
+
+log = logging.getLogger("lite_runtime.ms")
+
+
+class MSSession(Session):
+    backend_name = "ms"
+
+    def __init__(self, manifest: Manifest, rank: int = 0, *, num_threads: int = 2, **_ignored):
+        super().__init__(manifest, rank)
+        try:
+            import mindspore as ms
+        except ImportError:
+            raise UnsupportedError("backend 'ms' needs the mindspore package, which is not installed here; "
+                                   "install mindspore or use backend='mslite'") from None
+        from mindspore import nn
+        from .mindir_info import read_mindir_io
+        self._ms = ms
+        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+        if manifest.world_size > 1:
+            _require_cluster(manifest)
+        self._cells = {}
+        for kind in ("prefill", "increment"):
+            path = manifest.graph_path(kind, rank)
+            inputs, _ = read_mindir_io(path)
+            check_graph_inputs(inputs, manifest.graphs[kind].inputs, path)
+            try:
+                self._cells[kind] = nn.GraphCell(ms.load(path))
+            except (RuntimeError, ValueError) as e:
+                raise ArtifactError(f"MindSpore cannot load {path}: {str(e).splitlines()[0]}") from None
+        self._cache_params = []
+        if manifest.kv_cache == "in_graph":
+            src = self._cells["prefill"].parameters_dict()
+            dst = self._cells["increment"].parameters_dict()
+            self._cache_params = [(src[n], dst[n]) for n in src if n.endswith(("key_cache", "value_cache"))]
+
+    def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray) -> np.ndarray:
+        logits = super().prefill(input_ids, valid_length)
+        for src, dst in self._cache_params:
+            dst.set_data(src)
+        return logits
+
+    def _run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
+        Tensor = self._ms.Tensor
+        out = self._cells[kind](*[Tensor(f) for f in feeds])
+        if isinstance(out, (tuple, list)):
+            return [o.asnumpy() for o in out]
+        return [out.asnumpy()]
+
+
+def _require_cluster(manifest: Manifest) -> None:
+    """Graphs with collectives crash a process that has no communication group (notes)."""
+    from mindspore.communication import get_group_size
+    try:
+        size = get_group_size()
+    except (RuntimeError, ValueError):
+        size = None
+    if size != manifest.world_size:
+        raise UnsupportedError(
+            f"this export has {manifest.world_size} ranks and must run inside a launched job of "
+            f"{manifest.world_size} processes (python -m lite_runtime.launch ...); "
+            f"this process is in a group of {size or 'no'} ranks")
