@@ -1,0 +1,45 @@
+# One-command set-up and the two jobs of the README: `make demo` and `make test`.
+PY311 ?= python3.11
+# Python 3.9 for the MindSpore 2.0 (Lite-compatible) export environment: pyenv's, else PATH's.
+PY39 ?= $(shell (pyenv prefix 3.9 2>/dev/null || pyenv prefix 3.9.18 2>/dev/null) | head -n1 | sed 's|$$|/bin/python|' | grep -v '^/bin/python' || command -v python3.9)
+VENV := .venv
+VENV_LITE := .venv-ms20
+STAMP := build/stamps
+PROMPT ?= An increasing sequence: one,
+
+.PHONY: setup demo test export-demo export-lite-demo bench clean
+
+setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite
+
+$(STAMP)/venv: setup.cfg pyproject.toml
+	@mkdir -p $(STAMP)
+	@test -x $(VENV)/bin/python || $(PY311) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e ".[test,hf]"
+	@touch $@
+
+$(STAMP)/venv-ms20: setup.cfg pyproject.toml
+	@mkdir -p $(STAMP)
+	@test -n "$(PY39)" || { echo "error: Python 3.9 not found (pyenv install 3.9.18, or set PY39=/path/to/python3.9): it hosts MindSpore 2.0 for Lite-compatible exports" >&2; exit 1; }
+	@test -x $(VENV_LITE)/bin/python || $(PY39) -m venv $(VENV_LITE)
+	$(VENV_LITE)/bin/pip install -q -e .
+	@touch $@
+
+$(STAMP)/lite: tools/setup_lite.sh lite_runtime/native/lite_shim.cc
+	@mkdir -p $(STAMP)
+	bash tools/setup_lite.sh
+	@touch $@
+
+# The demo: export the bundled model with MindSpore 2.0 and generate on the real Lite runtime.
+demo: setup
+	$(VENV_LITE)/bin/python -m exporter --config tools/demo_model/demo.yaml --output_dir output/demo
+	$(VENV)/bin/python run_infer_main.py --model_dir output/demo --backend mslite \
+		--predict_data "$(PROMPT)" --max_new_tokens 16 --stream True
+
+test: setup
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: setup
+	$(VENV)/bin/python tools/benchmark.py
+
+clean:
+	rm -rf build output $(VENV) $(VENV_LITE)
