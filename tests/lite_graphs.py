@@ -3,7 +3,7 @@
 Run in a MindSpore environment (never in the test process: Lite and mindspore cannot share one):
     .venv-ms20/bin/python tests/lite_graphs.py OUT_DIR [GRAPH ...]
 Writes OUT_DIR/<graph>.mindir for each graph and OUT_DIR/weights.npz with every constant, so the
-tests can compute the expected outputs with numpy (`reference_*` in tests/lite_toy.py).
+tests can compute the expected outputs with numpy (`reference_*` in tests/test_lite_native.py).
 
 Graphs:
   affine     x (2,4) f32, bias (3,) f32      -> x @ W + bias (2,3), 0.5 * sum(x, 1) (2,)
@@ -120,7 +120,11 @@ def graphs(w):
 
 def main(argv):
     out_dir, names = argv[0], argv[1:]
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if hasattr(ms, "set_device"):        # MindSpore >= 2.5; 2.0 takes device_target in set_context
+        ms.set_device("CPU")
+    else:
+        ms.set_context(device_target="CPU")
     os.makedirs(out_dir, exist_ok=True)
     w = weights()
     np.savez(os.path.join(out_dir, "weights.npz"), **w)
