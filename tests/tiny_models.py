@@ -1,0 +1,73 @@
+"""Tiny random Llama models, checkpoints and export configs made locally for the tests."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Dict
+
+import numpy as np
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_MS20_PYTHON = os.path.join(REPO, ".venv-ms20", "bin", "python")
+
+# GQA on (4 query heads share 2 KV heads); small enough to export in a few seconds.
+TINY = dict(family="llama", vocab_size=96, hidden_size=32, num_layers=2, n_heads=4, n_kv_heads=2,
+            intermediate_size=64, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def llama_config(**overrides):
+    from exporter.models.llama import LlamaConfig
+    sizes = {k: v for k, v in dict(TINY, **overrides).items()
+             if k not in ("family", "bos_token_id", "eos_token_id", "pad_token_id")}
+    return LlamaConfig(**sizes)
+
+
+def random_weights(cfg, seed: int = 0, scale: float = 0.3) -> Dict[str, np.ndarray]:
+    """Canonical (MindFormers) names -> random float32 arrays, norms around 1."""
+    from exporter.models.llama import LlamaForCausalLM
+    net = LlamaForCausalLM(cfg, 1, 8)
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, p in net.parameters_and_names():
+        if name.endswith("norm.weight") or name.endswith("norm_out.weight"):
+            weights[name] = (1.0 + 0.1 * rng.standard_normal(p.shape)).astype(np.float32)
+        else:
+            weights[name] = (scale * rng.standard_normal(p.shape)).astype(np.float32)
+    return weights
+
+
+def save_ckpt(weights: Dict[str, np.ndarray], path: str) -> str:
+    import mindspore as ms
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(v)} for n, v in weights.items()], path)
+    return path
+
+
+def write_yaml(path: str, data: dict) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    return path
+
+
+def tiny_export_config(ckpt: str, output_dir: str, **overrides) -> dict:
+    model = {k: v for k, v in TINY.items()}
+    model.update(overrides.pop("model", {}))
+    config = {"model": model, "load_checkpoint": ckpt, "seq_length": 48, "batch_size": 3,
+              "kv_cache": "io", "output_dir": output_dir}
+    config.update(overrides)
+    return config
+
+
+def run_cli(args, python: str = sys.executable, cwd: str = REPO, stdin: str = None, timeout: int = 300):
+    """Run `python ARGS` in the repo; returns CompletedProcess with text output."""
+    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
+    return subprocess.run([python] + list(args), cwd=cwd, env=env, input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def export_in_subprocess(yaml_path: str, python: str = sys.executable) -> str:
+    result = run_cli(["-m", "exporter", "--config", yaml_path], python=python)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
