@@ -41,33 +41,30 @@ def apply_repetition_penalty(
     ``penalty``, negative ones multiplied; a token seen several times is penalised once.
     """
     logits = np.asarray(logits, dtype=np.float32)
-    token_ids = np.asarray(token_ids)
-    mask = _valid_mask(token_ids, valid, logits.shape[0])
-    if mask.shape[1] < token_ids.shape[1]:
-        token_ids = token_ids[:, : mask.shape[1]]
+    ids, mask = _real_positions(np.asarray(token_ids), valid, logits.shape[0])
     out = logits.copy()
-    if token_ids.size == 0:
-        return out
-    has_real = mask.any(axis=1)
-    if not has_real.any():
+    rows = np.arange(ids.shape[0])
+    if mask is not None:
+        has_real = mask.any(axis=1)
+        # Padding positions are pointed at the row's first real id, so every write to a
+        # duplicated index carries the same penalised value; rows without any real
+        # token are left out.
+        first_real = ids[rows, mask.argmax(axis=1)]
+        rows = np.flatnonzero(has_real)
+        ids = np.where(mask, ids, first_real[:, None])[rows]
+    if ids.size == 0:
         return out
     vocab = logits.shape[1]
-    real_ids = token_ids[mask]
-    if real_ids.min() < 0 or real_ids.max() >= vocab:
-        bad = real_ids[(real_ids < 0) | (real_ids >= vocab)][0]
+    if ids.min() < 0 or ids.max() >= vocab:
+        bad = ids[(ids < 0) | (ids >= vocab)][0]
         raise ValidationError(
             f"token_ids: id {int(bad)} at a real (non-padding) position is outside the "
             f"vocabulary [0, {vocab})"
         )
-    # Padding positions are pointed at the row's first real id so that every write of a
-    # duplicated index carries the same penalised value.
-    first_real = np.take_along_axis(token_ids, mask.argmax(axis=1)[:, None], axis=1)
-    ids = np.where(mask, token_ids, first_real).astype(np.intp, copy=False)
-    ids[~has_real] = 0
-    picked = np.take_along_axis(logits, ids, axis=1)
-    penalised = np.where(picked > 0, picked / np.float32(penalty), picked * np.float32(penalty))
-    penalised = np.where(has_real[:, None], penalised, picked)
-    np.put_along_axis(out, ids, penalised, axis=1)
+    picked = out[rows[:, None], ids]
+    out[rows[:, None], ids] = np.where(
+        picked > 0, picked / np.float32(penalty), picked * np.float32(penalty)
+    )
     return out
 
 
@@ -243,7 +240,11 @@ def _scatter(values: np.ndarray, ids: np.ndarray, shape: Tuple[int, int]) -> np.
     return out
 
 
-def _valid_mask(token_ids: np.ndarray, valid: np.ndarray, batch: int) -> np.ndarray:
+def _real_positions(
+    token_ids: np.ndarray, valid: np.ndarray, batch: int
+) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """``token_ids`` cut to the widest row's real tokens, and a mask of real positions
+    (None when every position kept is real, the usual case at batch 1)."""
     if token_ids.ndim != 2 or token_ids.shape[0] != batch:
         raise ValidationError(
             f"token_ids: expected shape (batch={batch}, T), got {token_ids.shape}"
@@ -255,19 +256,24 @@ def _valid_mask(token_ids: np.ndarray, valid: np.ndarray, batch: int) -> np.ndar
                 f"valid: a bool mask must have the shape of token_ids {token_ids.shape}, "
                 f"got {valid.shape}"
             )
-        return valid
+        return token_ids, (None if valid.all() else valid)
     if valid.shape != (batch,) or not np.issubdtype(valid.dtype, np.integer):
         raise ValidationError(
             f"valid: expected per-row counts of real tokens, int of shape ({batch},), "
             f"or a bool mask of shape {token_ids.shape}; got {valid.dtype} {valid.shape}"
         )
-    if batch and (valid.min() < 0 or valid.max() > token_ids.shape[1]):
+    if batch == 0:
+        return token_ids[:, :0], None
+    shortest, width = int(valid.min()), int(valid.max())
+    if shortest < 0 or width > token_ids.shape[1]:
         raise ValidationError(
             f"valid: counts must lie in [0, {token_ids.shape[1]}] (the width of "
             f"token_ids), got {valid.tolist()}"
         )
-    width = int(valid.max()) if batch else 0
-    return np.arange(width)[None, :] < valid[:, None]
+    token_ids = token_ids[:, :width]
+    if shortest == width:
+        return token_ids, None
+    return token_ids, np.arange(width)[None, :] < valid[:, None]
 
 
 # --- per-request configuration ---------------------------------------------------------
