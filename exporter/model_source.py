@@ -84,9 +84,16 @@ def _read_hf_config(hf_dir: str) -> dict:
             hf = json.load(f)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read {path}: {e}") from None
-    if hf.get("rope_scaling"):
-        raise UnsupportedError(f"{path}: rope_scaling {hf['rope_scaling']!r} is not supported yet; "
-                               "supported: no rope_scaling (plain rotary with rope_theta)")
+    # transformers >= 5 writes rope settings as `rope_parameters`; older versions as rope_theta/rope_scaling.
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_theta") is not None:
+        hf = dict(hf, rope_theta=rope["rope_theta"])
+    scaling = hf.get("rope_scaling") or ({"rope_type": rope["rope_type"]} if rope.get("rope_type", "default") != "default" else None)
+    if scaling:
+        raise UnsupportedError(f"{path}: rope scaling {scaling!r} is not supported yet; "
+                               "supported: plain rotary embeddings with rope_theta (rope_type default)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UnsupportedError(f"{path}: hidden_act {hf['hidden_act']!r} is not supported by the llama family; allowed: silu")
     for key in ("attention_bias", "mlp_bias"):
         if hf.get(key):
             raise UnsupportedError(f"{path}: {key} true is not supported by the llama family; allowed: false")

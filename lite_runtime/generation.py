@@ -113,11 +113,12 @@ def check_prompts(prompts: Sequence[Sequence[int]], seq_length: int, truncate: b
 
 def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[List[int]],
                      budgets: List[int], eos_ids: Sequence[int], pad_id: int,
-                     make_pick: Callable[[], Callable], on_step: Optional[Callable] = None) -> List[List[int]]:
+                     pick: Callable, on_step: Optional[Callable] = None) -> List[List[int]]:
     """New token ids of every prompt (EOS included when produced), any number of prompts.
 
-    `make_pick()` gives the sampler for one graph batch; `on_step(offset, step)` sees each step
-    (offset = index of the batch's first prompt), for streaming.
+    `pick` is the request's sampler, shared by successive graph batches so a seeded request draws
+    one random stream; `on_step(offset, step)` sees each step (offset = index of the batch's first
+    prompt), for streaming.
     """
     m = session.manifest
     results: List[List[int]] = [[] for _ in prompts]
@@ -125,7 +126,7 @@ def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[
         chunk = prompts[start:start + m.batch_size]
         state = prepare_batch(chunk, m.batch_size, m.seq_length, budgets[start:start + len(chunk)],
                               eos_ids, pad_id)
-        for step in generate_steps(session, inputs, state, make_pick()):
+        for step in generate_steps(session, inputs, state, pick):
             for row in np.flatnonzero(step.active[:len(chunk)]):
                 results[start + row].append(int(step.tokens[row]))
             if on_step is not None:

@@ -78,9 +78,8 @@ class TextGeneratorInfer:
         for i, text in enumerate(texts):
             if not isinstance(text, str) or not text.strip():
                 raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
-        params = SamplingParams(do_sample=bool(do_sample), top_k=int(top_k), top_p=float(top_p),
-                                temperature=float(temperature), repetition_penalty=float(repetition_penalty),
-                                seed=seed)
+        sampler = Sampler(SamplingParams(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
+                                         repetition_penalty=repetition_penalty, seed=seed))
         for name, value in (("max_length", max_length), ("max_new_tokens", max_new_tokens)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
@@ -93,7 +92,7 @@ class TextGeneratorInfer:
             on_step = _streaming(streamer, len(texts), on_step)
         try:
             return generate_batches(self.session, self.inputs, prompts, budgets, eos, pad,
-                                    lambda: Sampler(params), on_step)
+                                    sampler, on_step)
         finally:
             if streamer is not None:
                 streamer.end()
