@@ -63,7 +63,8 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
         tokens = pick(logits, state.ids, state.lengths)
         active = ~state.done
         tokens = np.where(active, tokens, state.pad_id).astype(np.int32)
-        state.ids[rows[active], state.lengths[active]] = tokens[active]
+        stored = active & (state.lengths < state.ids.shape[1])   # a row's very last token needs no slot
+        state.ids[rows[stored], state.lengths[stored]] = tokens[stored]
         state.budget -= active
         state.done = state.done | (state.budget <= 0) | np.isin(tokens, state.eos_ids)
         yield Step(tokens, active)

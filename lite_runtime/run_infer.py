@@ -106,12 +106,20 @@ def generation_kwargs(args) -> dict:
                 seed=args.seed, truncate=args.truncate)
 
 
-def run(args, out=sys.stdout) -> None:
+def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
+    """Answer --predict_data or stdin prompts. `before_request(prompts)` and `coordinator` let a
+    multi-rank run share each request and step with the other ranks (distributed_run.py)."""
     from .streamers import TextStreamer
     rank = args.rank_id if args.rank_id is not None else int(os.environ.get("RANK_ID", "0"))
     generator = make_generator(args, rank)
+    generator.coordinator = coordinator
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
     kwargs = generation_kwargs(args)
+
+    def infer(prompts, **extra):
+        if before_request is not None:
+            before_request(prompts)
+        return generator.infer(prompts, **kwargs, **extra)
 
     def answer(prompts: List[str]) -> None:
         for _ in range(args.generated_time):
@@ -121,9 +129,9 @@ def run(args, out=sys.stdout) -> None:
                 for prompt in prompts:
                     out.write(prompt)
                     out.flush()
-                    result += generator.infer([prompt], streamer=TextStreamer(generator.tokenizer, file=out), **kwargs)
+                    result += infer([prompt], streamer=TextStreamer(generator.tokenizer, file=out))
             else:
-                result = generator.infer(prompts, **kwargs)
+                result = infer(prompts)
                 for item in result:
                     out.write(item["text_generation_text"][0] + "\n")
             out.flush()

@@ -47,6 +47,7 @@ class TextGeneratorInfer:
         start = time.perf_counter()
         self.session = factory(config.backend, self.manifest, config.rank_id, **options)
         self.load_seconds = time.perf_counter() - start
+        self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
 
@@ -80,6 +81,7 @@ class TextGeneratorInfer:
                 raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
         sampler = Sampler(SamplingParams(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
                                          repetition_penalty=repetition_penalty, seed=seed))
+        pick = sampler if self.coordinator is None else self.coordinator.wrap(sampler)
         for name, value in (("max_length", max_length), ("max_new_tokens", max_new_tokens)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
@@ -92,7 +94,7 @@ class TextGeneratorInfer:
             on_step = _streaming(streamer, len(texts), on_step)
         try:
             return generate_batches(self.session, self.inputs, prompts, budgets, eos, pad,
-                                    sampler, on_step)
+                                    pick, on_step)
         finally:
             if streamer is not None:
                 streamer.end()
