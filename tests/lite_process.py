@@ -28,7 +28,13 @@ def in_child() -> bool:
 def in_lite_process(test):
     """Run `test` in a fresh pytest process (fixtures are created there, not here)."""
     if in_child():
-        return test
+        @functools.wraps(test)
+        def guarded(*args, **kwargs):
+            loaded = sorted(m for m in sys.modules if m == "mindspore" or m.startswith("mindspore."))
+            assert not loaded, (f"mindspore was imported into the Lite test process ({loaded[:3]}), e.g. by a "
+                                "conftest; Lite's libraries cannot load next to it: import mindspore lazily")
+            return test(*args, **kwargs)
+        return guarded
 
     @functools.wraps(test)
     def run_in_child(*_args, **_kwargs):

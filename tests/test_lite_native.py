@@ -256,6 +256,17 @@ def test_session_binds_the_host_cache_once(graphs, weights, tmp_path):
 
 
 @in_lite_process
+def test_session_checks_the_shape_of_what_it_is_fed(graphs, tmp_path):
+    from lite_runtime.backends.mslite_backend import MSLiteSession
+    from lite_runtime.errors import ValidationError
+    with MSLiteSession(make_export(graphs, tmp_path)) as session:
+        with pytest.raises(ValidationError, match=r"prefill input input_ids must have shape \(2, 8\), got \(2, 5\)"):
+            session.prefill(np.ones((B, 5), np.int32), np.array([2, 3], np.int32))
+        logits = session.prefill(np.ones((B, S), np.int64), np.array([2, 3]))   # int64 is narrowed in place
+        assert logits.dtype == np.float32 and logits.shape == (B, VOCAB)
+
+
+@in_lite_process
 def test_session_with_ge_only_ini_runs_on_cpu_and_says_so_once(graphs, weights, tmp_path, caplog):
     from lite_runtime.backends.mslite_backend import MSLiteSession
     ini = write_ini(tmp_path / "ge.ini", GE_ONLY_INI)

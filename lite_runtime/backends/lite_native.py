@@ -178,7 +178,7 @@ class LiteModel:
 
     def predict(self) -> List[np.ndarray]:
         self.run()
-        return self._output_views
+        return list(self._output_views)
 
     def close(self) -> None:
         if self._handle:
