@@ -71,3 +71,17 @@ def export_in_subprocess(yaml_path: str, python: str = sys.executable) -> str:
     result = run_cli(["-m", "exporter", "--config", yaml_path], python=python)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
+
+
+def make_tokenizer(folder: str, vocab_size: int = 96) -> str:
+    """A sentencepiece tokenizer.model whose vocabulary has exactly `vocab_size` pieces
+    (padded with user-defined symbols), so every id a tiny random model emits decodes."""
+    import sentencepiece as spm
+    words = "one two three four five six seven eight nine ten alpha beta gamma delta".split()
+    sentences = [" ".join(words[i:] + words[:i]) for i in range(len(words))] * 20
+    prefix = os.path.join(folder, "tokenizer")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+                                   unk_id=3, bos_id=1, eos_id=2, pad_id=0, hard_vocab_limit=False,
+                                   user_defined_symbols=[f"<t{i}>" for i in range(vocab_size - 40)],
+                                   minloglevel=2)
+    return prefix + ".model"
