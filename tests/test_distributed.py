@@ -19,7 +19,7 @@ from lite_runtime.backends import load_session
 from lite_runtime.manifest import load_manifest
 from tiny_models import (REPO, export_in_subprocess, make_tokenizer, run_cli, save_ckpt, tiny_export_config,
                          write_yaml)
-from tp_worker import greedy_run
+from greedy_runner import greedy_run
 
 STEPS = 32
 

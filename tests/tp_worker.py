@@ -8,24 +8,8 @@ import sys
 
 import numpy as np
 
-PROMPTS = [[5, 17, 33, 8, 61, 9, 12], [44, 3], [70, 21, 19, 88, 4, 6, 7, 30, 31, 45]]
-
-
-def greedy_run(session, steps):
-    m = session.manifest
-    ids = np.zeros((m.batch_size, m.seq_length), np.int32)
-    for i, p in enumerate(PROMPTS):
-        ids[i, :len(p)] = p
-    lengths = np.array([len(p) for p in PROMPTS], np.int32)
-    logits = session.prefill(ids, lengths)
-    all_logits, tokens = [logits], []
-    for _ in range(steps):
-        nxt = logits.argmax(-1).astype(np.int32)
-        tokens.append(nxt)
-        lengths = lengths + 1
-        logits = session.decode(nxt.reshape(-1, 1), lengths)
-        all_logits.append(logits)
-    return np.stack(all_logits), np.stack(tokens, 1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from greedy_runner import greedy_run
 
 
 def main(export, out_dir, steps):

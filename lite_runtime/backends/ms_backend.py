@@ -43,8 +43,12 @@ class MSSession(Session):
             check_graph_inputs(inputs, manifest.graphs[kind].inputs, path)
             try:
                 self._cells[kind] = nn.GraphCell(ms.load(path))
-            except (RuntimeError, ValueError) as e:
-                raise ArtifactError(f"MindSpore cannot load {path}: {str(e).splitlines()[0]}") from None
+            except (RuntimeError, ValueError, TypeError) as e:
+                raise ArtifactError(
+                    f"MindSpore {ms.__version__} cannot load {path} (written by MindSpore "
+                    f"{manifest.mindspore_version}, MindIR version {manifest.mindir_version}): "
+                    f"{str(e).strip().splitlines()[0]}; for backend 'ms' export with MindSpore {ms.__version__} "
+                    "(the .venv environment); MindSpore 2.0 exports are for backend 'mslite'") from None
         self._cache_params = []
         if manifest.kv_cache == "in_graph":
             src = self._cells["prefill"].parameters_dict()

@@ -1,0 +1,38 @@
+"""Greedy decode of fixed prompts on any backend, used by tests that compare backends and ranks.
+
+Run as a script it loads one backend in its own process (Lite and mindspore cannot share one):
+  python tests/greedy_runner.py BACKEND EXPORT OUT.npz STEPS
+"""
+import sys
+
+import numpy as np
+
+PROMPTS = [[5, 17, 33, 8, 61, 9, 12], [44, 3], [70, 21, 19, 88, 4, 6, 7, 30, 31, 45], [9, 9, 12]]
+
+
+def greedy_run(session, steps):
+    """(logits (steps+1, B, V), tokens (B, steps)) for PROMPTS padded/cut to the graph batch."""
+    m = session.manifest
+    prompts = (PROMPTS * m.batch_size)[:m.batch_size]
+    ids = np.zeros((m.batch_size, m.seq_length), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = p
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    logits = session.prefill(ids, lengths).copy()
+    all_logits, tokens = [logits], []
+    for _ in range(steps):
+        nxt = logits.argmax(-1).astype(np.int32)
+        tokens.append(nxt)
+        lengths = lengths + 1
+        logits = session.decode(nxt.reshape(-1, 1), lengths).copy()
+        all_logits.append(logits)
+    return np.stack(all_logits), np.stack(tokens, 1)
+
+
+if __name__ == "__main__":
+    from lite_runtime.backends import load_session
+    from lite_runtime.manifest import load_manifest
+    backend, export, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    logits, tokens = greedy_run(load_session(backend, load_manifest(export)), steps)
+    assert backend != "mslite" or "mindspore" not in sys.modules
+    np.savez(out, logits=logits, tokens=tokens)
