@@ -29,7 +29,7 @@ log = logging.getLogger("lite_runtime.mslite")
 
 LITE_MAX_MIND_IR_VERSION = 1          # Lite 2.0 reads mind_ir_version 1 (MindSpore 2.0); 2.10 writes 3
 FIRST_UNREADABLE_MINDSPORE = (2, 7)   # measured: MindIR of MindSpore >= 2.7 is refused by Lite 2.0
-TARGETS = ("cpu", "ascend")
+TARGETS = ("cpu", "ascend")   # and "auto"
 _ge_notice_logged = False
 
 
@@ -97,6 +97,8 @@ class MSLiteSession(Session):
         """`config_path`: one ini, or 'prefill.ini,increment.ini'; default: the export's own ini, if any.
         `config_dict` ({section: {key: value}}) overrides ini entries (official API only)."""
         target = str(target).lower()
+        if target == "auto":   # Ascend where the official package (an Ascend server's) is present
+            target = "ascend" if official_module() is not None else "cpu"
         if target not in TARGETS:
             raise ConfigError(f"target {target!r} is not supported by backend 'mslite'; allowed: {', '.join(TARGETS)}")
         if config_path is None and getattr(manifest, "ge_config_path", None):
