@@ -1,0 +1,128 @@
+"""Export wall time and peak memory: `python -m exporter` run N times, each in a fresh process.
+
+    .venv/bin/python tools/bench_export.py                                   # tools/demo_model/demo.yaml, 3 runs
+    .venv/bin/python tools/bench_export.py --python .venv-ms20/bin/python    # the MindSpore 2.0 environment
+    .venv/bin/python tools/bench_export.py --config my.yaml -n 5 --json export_bench.json
+
+Wall time is measured around the whole child process (interpreter start, `import mindspore`,
+tracing, writing); `export_s` is the exporter's own figure from its log line, when present. Peak RSS
+is the child's `ru_maxrss` as returned by `os.wait4` for that child alone. Every run writes into a
+fresh temporary folder, removed afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join("tools", "demo_model", "demo.yaml")
+EXPORTER_SECONDS = re.compile(r"exported .* in ([0-9.]+) s")
+
+
+def export_once(python: str, config: str, workdir: str, timeout: float) -> dict:
+    """One export in a fresh process; wall seconds, peak RSS (MB) and the exporter's own seconds."""
+    out_dir = os.path.join(workdir, "export")
+    log_path = os.path.join(workdir, "export.log")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("GLOG_v", "3")
+    with open(log_path, "w+", encoding="utf-8") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen([python, "-m", "exporter", "--config", config, "--output_dir", out_dir],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = start + timeout
+        while True:   # os.wait4 gives this child's own rusage (RUSAGE_CHILDREN would be a running max)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.01)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        text = log.read()
+    found = EXPORTER_SECONDS.search(text)
+    result = dict(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024.0, returncode=proc.returncode,
+                  export_s=float(found.group(1)) if found else None,
+                  export_mb=_folder_mb(out_dir) if proc.returncode == 0 else None)
+    if proc.returncode != 0:
+        result["error"] = text.strip().splitlines()[-1] if text.strip() else f"exit code {proc.returncode}"
+        result["log"] = text[-3000:]
+    return result
+
+
+def _folder_mb(folder: str) -> float:
+    total = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names)
+    return total / 2 ** 20
+
+
+def summarise(runs) -> dict:
+    ok = [r for r in runs if r["returncode"] == 0]
+    if not ok:
+        return {}
+    wall = np.array([r["wall_s"] for r in ok])
+    rss = np.array([r["peak_rss_mb"] for r in ok])
+    inner = [r["export_s"] for r in ok if r["export_s"] is not None]
+    return dict(wall_s_median=float(np.median(wall)), wall_s_p90=float(np.percentile(wall, 90)),
+                wall_s_min=float(wall.min()), peak_rss_mb_median=float(np.median(rss)),
+                peak_rss_mb_max=float(rss.max()),
+                export_s_median=float(np.median(inner)) if inner else None,
+                export_mb=ok[0]["export_mb"])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"export yaml (default {DEFAULT_CONFIG})")
+    p.add_argument("-n", "--runs", type=int, default=3, help="number of exports (default 3)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter running the exporter, e.g. .venv-ms20/bin/python (default: this one)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per export")
+    p.add_argument("--json", dest="json_path", default=None, help="also write the results to this file")
+    args = p.parse_args(argv)
+    config = os.path.abspath(args.config)
+    if not os.path.isfile(config):
+        print(f"error: config {args.config} does not exist (give --config)", file=sys.stderr)
+        return 1
+    if args.runs < 1:
+        print(f"error: --runs must be at least 1, got {args.runs}", file=sys.stderr)
+        return 1
+    python = args.python if os.sep not in args.python else os.path.abspath(args.python)
+    runs = []
+    for i in range(args.runs):
+        workdir = tempfile.mkdtemp(prefix="bench-export-")
+        try:
+            run = export_once(python, config, workdir, args.timeout)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        runs.append(run)
+        status = "ok" if run["returncode"] == 0 else f"FAILED: {run['error']}"
+        inner = f", exporter {run['export_s']:.2f} s" if run["export_s"] is not None else ""
+        print(f"run {i + 1}/{args.runs}: {run['wall_s']:.2f} s wall{inner}, "
+              f"peak RSS {run['peak_rss_mb']:.0f} MB  {status}", file=sys.stderr, flush=True)
+    summary = summarise(runs)
+    if summary:
+        inner = (f", exporter's own time median {summary['export_s_median']:.2f} s"
+                 if summary["export_s_median"] is not None else "")
+        print(f"{args.config} with {args.python}: {len(runs)} run(s); wall median "
+              f"{summary['wall_s_median']:.2f} s, p90 {summary['wall_s_p90']:.2f} s{inner}; peak RSS median "
+              f"{summary['peak_rss_mb_median']:.0f} MB, max {summary['peak_rss_mb_max']:.0f} MB; "
+              f"export {summary['export_mb']:.1f} MB")
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump(dict(config=config, python=args.python, runs=runs, summary=summary), f, indent=2)
+    return 0 if all(r["returncode"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
