@@ -1,13 +1,16 @@
 """`python -m exporter --config X.yaml | --model_dir DIR`: parses arguments, calls `export`."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
 import click
 
-from lite_runtime.errors import ToolchainError
+from lite_runtime.errors import ConfigError, ToolchainError
 from .config import find_model_dir_config, load_config
+
+PROG = "python -m exporter"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,21 +20,36 @@ from .config import find_model_dir_config, load_config
 @click.option("--output_dir", type=str, default=None, help="Override output_dir of the yaml.")
 @click.option("--batch_size", type=int, default=None, help="Override batch_size of the yaml.")
 @click.option("--verbose", is_flag=True, help="Log MindSpore's progress too.")
-def main(config_path, model_dir, output_dir, batch_size, verbose):
+def command(config_path, model_dir, output_dir, batch_size, verbose):
     """Export a causal LLM to prefill + increment MindIR graphs and a manifest."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("exporter").setLevel(logging.INFO)
     try:
         if (config_path is None) == (model_dir is None):
-            raise click.UsageError("give exactly one of --config and --model_dir")
+            raise ConfigError(f"give exactly one of --config and --model_dir (see {PROG} --help)")
         config = load_config(config_path or find_model_dir_config(model_dir))
-        if output_dir is not None:
-            config.output_dir = output_dir
-        if batch_size is not None:
-            config.batch_size = batch_size
+        overrides = {k: v for k, v in (("output_dir", output_dir), ("batch_size", batch_size)) if v is not None}
+        if overrides:   # replace() validates the overridden values like the yaml's own
+            config = dataclasses.replace(config, **overrides)
         from .export import export
         out = export(config)
     except ToolchainError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        _fail(e, 1)
     click.echo(out)
+
+
+def main(argv=None):
+    """The CLI; argument mistakes are one `error:` line too (click would print its usage block)."""
+    try:
+        code = command.main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.UsageError as e:
+        _fail(f"{e.format_message().rstrip('.')} (see {PROG} --help)", 2)
+    except click.Abort:
+        _fail("aborted", 1)
+    sys.exit(code or 0)
+
+
+def _fail(message, code: int):
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    click.echo("error: " + " ".join(lines), err=True)
+    sys.exit(code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -17,6 +18,7 @@ from lite_runtime.errors import ConfigError
 from lite_runtime.families import KV_MODES
 
 COMPUTE_DTYPES = ("float32", "float16")
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 @dataclass
@@ -115,12 +117,20 @@ def load_config(path: str) -> ExportConfig:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid yaml: {e}") from None
+        raise ConfigError(f"{path}: not valid yaml: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     config = config_from_dict(data, source=path)
     _resolve_paths(config, os.path.dirname(os.path.abspath(path)))
     return config
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """One line for a yaml syntax error: where it is and what is wrong (PyYAML's text spans lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
 
 
 def config_from_dict(data: dict, source: str = "<dict>") -> ExportConfig:
@@ -170,6 +180,8 @@ def _check_type(value, hint, source: str, key: str):
     for typ in allowed:
         if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if typ is float and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)   # YAML 1.1 reads `1e-5` (no dot) as a string
         if typ is int and isinstance(value, bool):
             continue
         if isinstance(value, typ):

@@ -29,12 +29,16 @@ GE_CONFIG_NAME = "config.ini"
 def export(config: ExportConfig) -> str:
     """Write the export described by `config`; returns its folder."""
     source = resolve_model(config)
-    source.config.check_world_size(config.world_size)
+    try:
+        source.config.check_world_size(config.world_size)
+    except ConfigError as e:
+        raise ConfigError(f"{config.source}: {e}") from None
     _check_output_dir(config.output_dir)
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
     start = time.perf_counter()
     parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
+    created = _missing_folders(parent)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
     try:
@@ -44,6 +48,7 @@ def export(config: ExportConfig) -> str:
         _replace_dir(tmp, config.output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
         raise
     _write_infer_copies(config, manifest)
     log.info("exported %s (%d rank(s)) to %s in %.1f s", source.family, config.world_size,
@@ -153,6 +158,24 @@ def _check_output_dir(path: str) -> None:
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise ConfigError(f"output_dir {path} exists and is not an export (no {MANIFEST_NAME}); "
                           "refusing to overwrite it: choose another folder or empty it")
+
+
+def _missing_folders(path: str) -> List[str]:
+    """`path` and those of its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.exists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _remove_empty(folders: List[str]) -> None:
+    """Undo `os.makedirs` of a failed export: remove the folders it created, deepest first, while empty."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 def _replace_dir(tmp: str, target: str) -> None:

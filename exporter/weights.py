@@ -145,6 +145,7 @@ def load_into(net, weights: Dict[str, np.ndarray], where: str) -> None:
                 + [f"wrong shape {w}" for w in wrong])
     if problems:
         shown = "; ".join(problems[:12]) + (f"; ... {len(problems) - 12} more" if len(problems) > 12 else "")
-        raise WeightError(f"weights from {where} do not fit the model ({len(problems)} problems): {shown}")
+        raise WeightError(f"weights from {where} do not fit the model ({len(problems)} "
+                          f"problem{'s' if len(problems) > 1 else ''}): {shown}")
     for name, p in params.items():
         p.set_data(Tensor(np.ascontiguousarray(weights[name]).astype(np.float32), p.dtype))

@@ -2,13 +2,15 @@
 streams. Never imports the exporter; imports mindspore only inside the `ms` backend.
 
 Public names are imported lazily, so the light contract modules (families, manifest, errors)
-stay cheap to import for the exporter.
+stay cheap to import for the exporter. Except `pipeline`, which is also its submodule's name:
+importing `lite_runtime.pipeline` binds the package attribute to the module, so
+`from lite_runtime import pipeline` would give the module. It is bound eagerly (numpy, no mindspore).
 """
 import importlib
 
 _PUBLIC = {"InferConfig": "infer_config", "InferTask": "infer_task", "InputOfInfer": "inputs",
            "BaseInputsOfInfer": "inputs", "CommonInputsOfInfer": "inputs", "LlamaInputsOfInfer": "inputs",
-           "pipeline": "pipeline", "ToolchainError": "errors"}
+           "ToolchainError": "errors"}
 
 
 def __getattr__(name):
@@ -17,4 +19,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'lite_runtime' has no attribute {name!r}")
 
 
-__all__ = list(_PUBLIC)
+__all__ = list(_PUBLIC) + ["pipeline"]
+
+from .pipeline import pipeline  # noqa: E402  (after __getattr__: the modules it imports may use it)

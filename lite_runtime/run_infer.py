@@ -26,8 +26,15 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Argument mistakes are one `error:` line too (argparse would print its usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Generate text from an export with MindSpore Lite (or MindSpore).")
+    p = OneLineErrorParser(description="Generate text from an export with MindSpore Lite (or MindSpore).")
     a = p.add_argument
     a("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph paths")
     a("--backend", default="mslite", help="mslite (MindSpore Lite) or ms (MindSpore's MindIR executor)")

@@ -1,0 +1,272 @@
+"""User mistakes in an export, through `python -m exporter` as a user runs it.
+
+Every mistake must give exactly one `error:` line on stderr naming the key/argument, the bad value
+and what is allowed, a non-zero exit, no traceback, and leave no output folder (nor any `.export-*`
+temporary folder) behind. Plus the registry contract: the upstream-style input maps, the runtime's
+`InputOfInfer.MAPPING` and the model implementations all cover exactly `FAMILIES`.
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tiny_models import run_cli, save_ckpt, tiny_export_config, write_yaml
+
+KNOWN_FAMILIES = ("codellama", "llama", "llama2", "llama3")
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+def export_cli(*args):
+    return run_cli(["-m", "exporter", *args], timeout=180)
+
+
+def assert_one_line_error(result, *facts):
+    """Exit != 0, stderr is one `error:` line holding every fact, no traceback."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip("\n").splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{result.stderr}"
+    line = lines[0]
+    assert line.startswith("error:"), line
+    for fact in facts:
+        assert str(fact) in line, f"{fact!r} missing from: {line}"
+    return line
+
+
+def assert_nothing_left(output_dir):
+    """No output folder and no temporary export folder beside where it would have been."""
+    assert not os.path.exists(output_dir), f"{output_dir} was left behind: {os.listdir(output_dir)}"
+    parent = os.path.dirname(output_dir)
+    if os.path.isdir(parent):
+        leftovers = [n for n in os.listdir(parent) if n.startswith(".export-") or ".old-" in n]
+        assert not leftovers, f"temporary folders left in {parent}: {leftovers}"
+
+
+def export_with(tmp_path, config, name="export.yaml"):
+    """Write `config` as a yaml in its own folder and export it; returns (result, yaml path)."""
+    folder = tmp_path / "config"
+    folder.mkdir(exist_ok=True)
+    path = write_yaml(str(folder / name), config)
+    return export_cli("--config", path), path
+
+
+@pytest.fixture
+def out_dir(tmp_path):
+    return str(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def bad_ckpts(tiny_ckpt, tmp_path_factory):
+    """Checkpoints that do not fit the tiny model: a missing, an unexpected, a misshapen tensor."""
+    folder = tmp_path_factory.mktemp("bad_ckpts")
+    weights = tiny_ckpt[1]
+    missing = {k: v for k, v in weights.items() if k != "model.norm_out.weight"}
+    unexpected = dict(weights, **{"extra_head.weight": np.zeros((4, 32), np.float32)})
+    misshapen = dict(weights, **{"model.layers.0.attention.wq.weight": np.zeros((16, 32), np.float32)})
+    return {name: save_ckpt(w, str(folder / f"{name}.ckpt"))
+            for name, w in (("missing", missing), ("unexpected", unexpected), ("misshapen", misshapen))}
+
+
+# --- the yaml: keys, types, values --------------------------------------------------------------------
+@pytest.mark.parametrize("change, facts", [
+    (dict(foo=1), ["unknown key foo", "allowed keys", "output_dir", "seq_length", "kv_cache"]),
+    (dict(model=dict(foo=1)), ["unknown key model.foo", "allowed keys in model", "hidden_size", "n_kv_heads"]),
+    (dict(seq_length="abc"), ["seq_length", "'abc'", "int"]),
+    (dict(batch_size=1.5), ["batch_size", "1.5", "int"]),
+    (dict(use_past="yes"), ["use_past", "'yes'", "bool"]),
+    (dict(kv_cache="paged"), ["kv_cache", "'paged'", "io", "in_graph"]),
+    (dict(compute_dtype="bfloat16"), ["compute_dtype", "'bfloat16'", "float32", "float16"]),
+    (dict(model=dict(family="gpt5")), ["'gpt5'", "model.family", "known families", *KNOWN_FAMILIES]),
+    (dict(model=dict(family="llama2x")), ["'llama2x'", "known families", *KNOWN_FAMILIES]),
+    (dict(parallel=dict(model_parallel=4)), ["parallel.model_parallel 4", "model.n_kv_heads 2"]),
+], ids=["unknown_top_key", "unknown_nested_key", "seq_length_str", "batch_size_float", "use_past_str",
+        "kv_cache", "compute_dtype", "unknown_family", "family_no_prefix_match", "model_parallel_kv_heads"])
+def test_bad_yaml_value(tiny_ckpt, tmp_path, out_dir, change, facts):
+    config = tiny_export_config(tiny_ckpt[0], out_dir)
+    for key, value in change.items():
+        if isinstance(value, dict):
+            config[key] = dict(config.get(key, {}), **value)
+        else:
+            config[key] = value
+    result, path = export_with(tmp_path, config)
+    assert_one_line_error(result, path, *facts)
+    assert_nothing_left(out_dir)
+
+
+@pytest.mark.parametrize("key", ["output_dir", "seq_length"])
+def test_missing_required_key(tiny_ckpt, tmp_path, out_dir, key):
+    config = tiny_export_config(tiny_ckpt[0], out_dir)
+    del config[key]
+    result, path = export_with(tmp_path, config)
+    assert_one_line_error(result, path, f"missing required key {key}")
+    assert_nothing_left(out_dir)
+    assert sorted(os.listdir(tmp_path)) == ["config"]
+
+
+def test_invalid_yaml_syntax(tmp_path, out_dir):
+    folder = tmp_path / "config"
+    folder.mkdir()
+    path = folder / "export.yaml"
+    path.write_text(f"output_dir: {out_dir}\nmodel: [llama\nseq_length: 48\n", encoding="utf-8")
+    result = export_cli("--config", str(path))
+    assert_one_line_error(result, str(path), "not valid yaml", "line 3")
+    assert_nothing_left(out_dir)
+
+
+def test_config_file_missing(tmp_path):
+    path = str(tmp_path / "nope.yaml")
+    assert_one_line_error(export_cli("--config", path), path, "does not exist")
+
+
+# --- the weights --------------------------------------------------------------------------------------
+def test_load_checkpoint_missing(tiny_ckpt, tmp_path, out_dir):
+    missing = str(tmp_path / "no_such.ckpt")
+    result, _ = export_with(tmp_path, tiny_export_config(missing, out_dir))
+    assert_one_line_error(result, "load_checkpoint", missing, "does not exist")
+    assert_nothing_left(out_dir)
+
+
+@pytest.mark.parametrize("case, facts", [
+    ("missing", ["missing model.norm_out.weight", "1 problem)"]),
+    ("unexpected", ["unexpected extra_head.weight"]),
+    ("misshapen", ["model.layers.0.attention.wq.weight", "(16, 32)", "(32, 32)"]),
+])
+def test_checkpoint_does_not_fit(bad_ckpts, tmp_path, out_dir, case, facts):
+    result, _ = export_with(tmp_path, tiny_export_config(bad_ckpts[case], out_dir))
+    assert_one_line_error(result, bad_ckpts[case], *facts)
+    assert_nothing_left(out_dir)
+
+
+def test_failed_export_removes_the_folders_it_created(bad_ckpts, tmp_path):
+    out = str(tmp_path / "new" / "nested" / "out")
+    result, _ = export_with(tmp_path, tiny_export_config(bad_ckpts["missing"], out))
+    assert_one_line_error(result, "missing model.norm_out.weight")
+    assert not os.path.exists(tmp_path / "new")
+
+
+def test_hf_dir_without_config_json(tmp_path, out_dir):
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "model.safetensors").write_bytes(b"")
+    config = {"model": {"hf_dir": str(hf_dir)}, "seq_length": 48, "output_dir": out_dir}
+    result, _ = export_with(tmp_path, config)
+    assert_one_line_error(result, "model.hf_dir", str(hf_dir), "config.json")
+    assert_nothing_left(out_dir)
+
+
+# --- the command line ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("yamls, facts", [
+    (["a.yaml", "b.yml"], ["exactly one .yaml", "found 2", "a.yaml", "b.yml"]),
+    ([], ["exactly one .yaml", "found 0", "none"]),
+], ids=["two_yamls", "no_yaml"])
+def test_model_dir_needs_exactly_one_yaml(tiny_ckpt, tmp_path, yamls, facts):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    out_dir = str(tmp_path / "out")
+    for name in yamls:
+        write_yaml(str(model_dir / name), tiny_export_config(tiny_ckpt[0], out_dir))
+    result = export_cli("--model_dir", str(model_dir))
+    assert_one_line_error(result, "--model_dir", str(model_dir), *facts)
+    assert_nothing_left(out_dir)
+
+
+def test_model_dir_that_does_not_exist(tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    assert_one_line_error(export_cli("--model_dir", missing), "--model_dir", missing, "is not a folder")
+
+
+@pytest.mark.parametrize("args, facts", [
+    ([], ["exactly one of --config and --model_dir"]),
+    (["--config", "x.yaml", "--model_dir", "m"], ["exactly one of --config and --model_dir"]),
+    (["--config", "x.yaml", "--batch_size", "abc"], ["--batch_size", "'abc'", "integer"]),
+    (["--config", "x.yaml", "--no_such_flag"], ["--no_such_flag"]),
+], ids=["no_source", "both_sources", "batch_size_not_int", "unknown_option"])
+def test_bad_arguments(args, facts):
+    result = export_cli(*args)
+    assert_one_line_error(result, *facts)
+    assert "Usage:" not in result.stdout
+
+
+def test_command_line_override_is_validated(tiny_ckpt, tmp_path, out_dir):
+    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out_dir))
+    result = export_cli("--config", path, "--batch_size", "0")
+    assert_one_line_error(result, "batch_size must be at least 1, got 0")
+    assert_nothing_left(out_dir)
+
+
+# --- the output folder --------------------------------------------------------------------------------
+def test_refuses_to_overwrite_a_folder_that_is_not_an_export(tiny_ckpt, tmp_path, out_dir):
+    os.makedirs(os.path.join(out_dir, "sub"))
+    with open(os.path.join(out_dir, "notes.txt"), "w", encoding="utf-8") as f:
+        f.write("precious")
+    before = sorted(os.listdir(out_dir))
+    result, _ = export_with(tmp_path, tiny_export_config(tiny_ckpt[0], out_dir))
+    assert_one_line_error(result, "output_dir", out_dir, "not an export", "manifest.json")
+    assert sorted(os.listdir(out_dir)) == before
+    with open(os.path.join(out_dir, "notes.txt"), encoding="utf-8") as f:
+        assert f.read() == "precious"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]
+
+
+def _manifest(folder):
+    with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_reexport_replaces_an_existing_export_whole(tiny_ckpt, tiny_exports, tmp_path, out_dir):
+    shutil.copytree(tiny_exports["io"], out_dir)
+    assert _manifest(out_dir)["batch_size"] == 3
+    with open(os.path.join(out_dir, "stale.txt"), "w", encoding="utf-8") as f:
+        f.write("from the old export")
+    result, _ = export_with(tmp_path, tiny_export_config(tiny_ckpt[0], out_dir, batch_size=2))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == out_dir
+    manifest = _manifest(out_dir)
+    assert manifest["batch_size"] == 2
+    assert manifest["graphs"]["prefill"]["inputs"][0]["shape"] == [2, 48]
+    assert not os.path.exists(os.path.join(out_dir, "stale.txt"))
+    assert sorted(os.listdir(tmp_path)) == ["config", "out"]   # no .export-* / .old-* folder
+
+
+def test_failed_reexport_keeps_the_existing_export(bad_ckpts, tiny_exports, tmp_path, out_dir):
+    shutil.copytree(tiny_exports["io"], out_dir)
+    before = _manifest(out_dir)
+    result, _ = export_with(tmp_path, tiny_export_config(bad_ckpts["misshapen"], out_dir, batch_size=2))
+    assert_one_line_error(result, "model.layers.0.attention.wq.weight")
+    assert _manifest(out_dir) == before
+    assert sorted(os.listdir(tmp_path)) == ["config", "out"]
+
+
+# --- the family registry (library) --------------------------------------------------------------------
+def test_input_maps_and_model_classes_cover_exactly_the_families():
+    import exporter
+    from exporter.models import MODEL_CLASSES
+    from lite_runtime import InputOfInfer
+    from lite_runtime.families import FAMILIES
+    families = set(FAMILIES)
+    assert families == set(KNOWN_FAMILIES)
+    assert set(exporter.PREFILL_MODEL_INPUT_MAP) == families
+    assert set(exporter.INCREMENT_MODEL_INPUT_MAP) == families
+    assert set(InputOfInfer.MAPPING) == families
+    assert set(MODEL_CLASSES) == families
+    for name, spec in FAMILIES.items():
+        assert exporter.PREFILL_MODEL_INPUT_MAP[name] == spec.input_names("prefill")
+        assert exporter.INCREMENT_MODEL_INPUT_MAP[name] == spec.input_names("increment")
+        assert InputOfInfer.MAPPING[name].spec is spec
+        assert isinstance(InputOfInfer.get_inputs(f"{name}_7b"), InputOfInfer.MAPPING[name])
+
+
+@pytest.mark.parametrize("name", ["glm3", "gpt5", "llama2x", "llam", "Llama", ""])
+def test_unknown_family_names_are_refused(name):
+    from lite_runtime import InputOfInfer
+    from lite_runtime.errors import UnsupportedError
+    from lite_runtime.families import get_family
+    with pytest.raises(UnsupportedError) as info:
+        get_family(name)
+    message = str(info.value)
+    assert repr(name) in message
+    assert f"known families: {', '.join(KNOWN_FAMILIES)}" in message
+    with pytest.raises(UnsupportedError, match="known families"):
+        InputOfInfer.get_inputs(f"{name}_7b")

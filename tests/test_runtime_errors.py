@@ -1,0 +1,212 @@
+"""User mistakes at run time, through `run_infer_main.py --backend ms` and the library.
+
+Each case starts from a copy of the tiny `io` export, damaged or edited as the case needs. The
+tiny export ships no tokenizer, so a tiny sentencepiece model (96 pieces, the tiny model's
+vocab_size) is trained here and passed with `--tokenizer_path`.
+Every CLI mistake: exit != 0, one `error:` line on stderr naming the facts, no traceback.
+"""
+import io
+import json
+import os
+import shutil
+
+import pytest
+
+from tiny_models import run_cli
+
+GRAPHS = {"prefill": "mindir_full_checkpoint/rank_0_graph.mindir",
+          "increment": "mindir_inc_checkpoint/rank_0_graph.mindir"}
+WORDS = ("the quick brown fox jumps over lazy dog hello world this is a tiny tokenizer one two three four "
+         "five six seven eight nine ten red green blue yellow cat bird fish tree house river").split()
+LONG_PROMPT = " ".join(["hello world"] * 40)    # far more than seq_length 48 tokens
+
+
+@pytest.fixture(scope="module")
+def tokenizer_model(tmp_path_factory):
+    import sentencepiece as spm
+    corpus = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model, vocab_size=96,
+                                   model_type="bpe", pad_id=0, bos_id=1, eos_id=2, unk_id=3, minloglevel=2)
+    path = str(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model")
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
+    return path
+
+
+@pytest.fixture
+def export_dir(tiny_exports, tmp_path):
+    """A private copy of the tiny io export, free to damage."""
+    folder = str(tmp_path / "export")
+    shutil.copytree(tiny_exports["io"], folder)
+    return folder
+
+
+def edit_manifest(folder, change):
+    path = os.path.join(folder, "manifest.json")
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    change(data)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def infer_cli(model_dir, tokenizer, *args):
+    argv = ["run_infer_main.py", "--backend", "ms", "--model_dir", model_dir, "--max_new_tokens", "3"]
+    if tokenizer:
+        argv += ["--tokenizer_path", tokenizer]
+    return run_cli(argv + list(args), timeout=180)
+
+
+def assert_one_line_error(result, *facts):
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip("\n").splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{result.stderr}"
+    assert lines[0].startswith("error:"), lines[0]
+    for fact in facts:
+        assert str(fact) in lines[0], f"{fact!r} missing from: {lines[0]}"
+    return lines[0]
+
+
+# --- a damaged or inconsistent export -----------------------------------------------------------------
+def test_missing_graph_file(export_dir, tokenizer_model):
+    graph = os.path.join(export_dir, GRAPHS["increment"])
+    os.remove(graph)
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
+    assert_one_line_error(result, graph, "does not exist", "manifest.json")
+
+
+def test_damaged_graph_file(export_dir, tokenizer_model):
+    graph = os.path.join(export_dir, GRAPHS["prefill"])
+    with open(graph, "r+b") as f:
+        f.seek(-16, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-16, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
+    assert_one_line_error(result, graph, "sha256", "export again")
+
+
+def test_unknown_manifest_format_version(export_dir, tokenizer_model):
+    edit_manifest(export_dir, lambda m: m.update(format_version=99))
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
+    assert_one_line_error(result, os.path.join(export_dir, "manifest.json"), "format_version 99",
+                          "format_version 1")
+
+
+def _retype_caches(manifest):
+    inputs = manifest["graphs"]["increment"]["inputs"]
+    inputs[3]["dtype"] = "float16"     # value_cache_0: the first mismatch
+    inputs[4]["dtype"] = "float16"     # key_cache_1
+
+
+def _reshape_token_input(manifest):
+    manifest["graphs"]["increment"]["inputs"][0]["shape"] = [3, 2]
+
+
+@pytest.mark.parametrize("change, facts", [
+    (_retype_caches, ["graph input 3", "has dtype float32", "value_cache_0 float16 (3, 2, 48, 8)"]),
+    (_reshape_token_input, ["graph input 0", "has shape (3, 1)", "input_ids int32 (3, 2)"]),
+], ids=["dtype", "shape"])
+def test_graph_inputs_differ_from_manifest(export_dir, tokenizer_model, change, facts):
+    edit_manifest(export_dir, change)
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
+    line = assert_one_line_error(result, os.path.join(export_dir, GRAPHS["increment"]), *facts)
+    assert "key_cache_1" not in line
+
+
+def test_model_dir_that_does_not_exist(tmp_path, tokenizer_model):
+    missing = str(tmp_path / "no" / "such" / "export")
+    result = infer_cli(missing, tokenizer_model, "--predict_data", "hello world")
+    assert_one_line_error(result, missing, "does not exist")
+
+
+def test_export_without_tokenizer_needs_tokenizer_path(export_dir):
+    result = infer_cli(export_dir, None, "--predict_data", "hello world")
+    assert_one_line_error(result, export_dir, "no tokenizer", "tokenizer_path")
+
+
+# --- bad arguments ------------------------------------------------------------------------------------
+def test_unknown_family_in_model_name(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--model_name", "gpt5_7b", "--predict_data", "hello")
+    assert_one_line_error(result, "'gpt5'", "gpt5_7b", "known families: codellama, llama, llama2, llama3")
+
+
+def test_unknown_backend(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--backend", "nosuch", "--predict_data", "hello")
+    assert_one_line_error(result, "'nosuch'", "allowed: ms, mslite")
+
+
+@pytest.mark.parametrize("args, facts", [
+    (["--top_k", "abc"], ["argument --top_k", "'abc'"]),
+    (["--truncate", "maybe"], ["argument --truncate", "'maybe'", "True or False"]),
+    (["--no_such_flag", "1"], ["unrecognized arguments: --no_such_flag 1"]),
+], ids=["int", "bool", "unknown"])
+def test_bad_arguments(args, facts):
+    result = run_cli(["run_infer_main.py", "--predict_data", "hello", *args])
+    assert_one_line_error(result, *facts)
+    assert "usage:" not in result.stdout
+
+
+def test_blank_prompt_file(export_dir, tokenizer_model, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("   \n\n\t \n", encoding="utf-8")
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", str(prompts))
+    assert_one_line_error(result, "--predict_data", str(prompts), "no prompt")
+
+
+def test_over_long_prompt_is_refused_then_truncated_on_request(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", LONG_PROMPT)
+    assert_one_line_error(result, "tokens but the graph's seq_length is 48", "at most 47 prompt tokens",
+                          "truncate")
+    # Kept: its last 47 tokens, so generation runs up to the very end of the cache.
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", LONG_PROMPT, "--truncate", "True",
+                       "--max_new_tokens", "8")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "dropped its first" in result.stderr
+    assert result.stdout.startswith(LONG_PROMPT)
+
+
+def test_defaults_and_model_name_common_run(export_dir, tokenizer_model):
+    """No --config_path (None) and --model_name common: the export's own settings are used."""
+    result = infer_cli(export_dir, tokenizer_model, "--model_name", "common", "--predict_data", "hello world")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == ""
+    assert result.stdout.startswith("hello world")
+
+
+# --- the library --------------------------------------------------------------------------------------
+def test_infer_config_unknown_keyword():
+    from lite_runtime import InferConfig
+    from lite_runtime.errors import ConfigError
+    with pytest.raises(ConfigError) as info:
+        InferConfig(foo=1, model_dir="x")
+    message = str(info.value)
+    assert "unknown keyword 'foo'" in message
+    assert "allowed:" in message and "model_dir" in message and "tokenizer_path" in message
+
+
+@pytest.mark.parametrize("model", ["no/such/dir", "no/such/llama2_7b", "missing.mindir"])
+def test_pipeline_reports_a_missing_path_not_an_unknown_model(model):
+    from lite_runtime import pipeline
+    from lite_runtime.errors import ArtifactError
+    with pytest.raises(ArtifactError) as info:
+        pipeline(model=model, backend="ms")
+    message = str(info.value)
+    assert model in message and "does not exist" in message
+    assert "famil" not in message
+
+
+def test_pipeline_refuses_an_empty_prompt(export_dir, tokenizer_model):
+    from lite_runtime import pipeline
+    from lite_runtime.errors import ValidationError
+    generator = pipeline(model=export_dir, backend="ms", tokenizer_path=tokenizer_model)
+    try:
+        for prompt in (" ", "", ["hello", "\n"]):
+            with pytest.raises(ValidationError, match="empty"):
+                generator(prompt, max_new_tokens=2)
+        assert generator("hello", max_new_tokens=2)[0]["text_generation_text"][0].startswith("hello")
+    finally:
+        generator.close()
