@@ -36,6 +36,7 @@ class TextGeneratorInfer:
                 raise ConfigError(f"model_name {config.model_name!r} names family {family!r} but the export holds "
                                   f"a {self.manifest.family!r} model")
         self.tokenizer = _resolve_tokenizer(tokenizer or config.tokenizer_path, self.manifest)
+        _check_vocab(self.tokenizer, self.manifest)
         self.inputs = InputOfInfer.get_inputs(self.manifest.family)
         self.manifest.verify_files()
         factory = session_factory or load_session
@@ -114,6 +115,15 @@ def _streaming(streamer, n_rows: int, chained):
         if chained is not None:
             chained(offset, step)
     return on_step
+
+
+def _check_vocab(tokenizer, manifest) -> None:
+    """A tokenizer with more pieces than the model's vocabulary belongs to another model."""
+    model_vocab = int(manifest.model_config["vocab_size"])
+    size = getattr(tokenizer, "vocab_size", None)
+    if size is not None and size > model_vocab:
+        raise ArtifactError(f"the tokenizer has {size} pieces but the model's vocabulary is {model_vocab}: "
+                            "they belong to different models; give the model's own tokenizer_path")
 
 
 def _as_list(value) -> List[int]:
