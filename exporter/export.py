@@ -79,9 +79,10 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
     """Build rank `rank`'s network, load its weights and write both graphs into `folder`."""
     import mindspore as ms
     from mindspore import Tensor
+    from lite_runtime.backends.ms_backend import cpu_graph_mode
     from .models import MODEL_CLASSES
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    cpu_graph_mode(ms)
     net_cls = MODEL_CLASSES[source.family]
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
     net = net_cls.network(source.config, config.batch_size, config.seq_length, config.kv_cache,

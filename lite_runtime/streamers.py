@@ -34,6 +34,9 @@ class Streamer(Protocol):
     def end(self) -> None: ...
 
 
+CONTEXT_TOKENS = 4   # prompt tokens kept as left context when decoding what follows them
+
+
 class RowDetokenizer:
     """Turns one row's token ids into text chunks as they arrive.
 
@@ -44,13 +47,15 @@ class RowDetokenizer:
     window stays a few tokens long.
     """
 
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True, context: Sequence[int] = ()) -> None:
+        """``context``: the last prompt tokens, so the first new token decodes as it does after
+        the prompt (sentencepiece drops a leading space when a piece is decoded alone)."""
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         special = getattr(tokenizer, "all_special_ids", None) or ()
         self._special = frozenset(int(i) for i in special)
-        self._prefix: List[int] = []
-        self._prefix_text = ""
+        self._prefix: List[int] = [int(t) for t in context]
+        self._prefix_text = self._decode(self._prefix) if self._prefix else ""
         self._held: List[int] = []
 
     def push(self, ids: Sequence[int]) -> str:
@@ -95,6 +100,13 @@ class RowDetokenizer:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
 
+def continuation_text(tokenizer, prompt_ids: Sequence[int], new_ids: Sequence[int],
+                      skip_special_tokens: bool = True) -> str:
+    """The text `new_ids` add after the prompt, spaces included; equal to what a streamer prints."""
+    decoder = RowDetokenizer(tokenizer, skip_special_tokens, prompt_ids[-CONTEXT_TOKENS:])
+    return decoder.push(list(new_ids)) + decoder.flush()
+
+
 def split_rows(new_ids: object, batch_size: Optional[int]) -> List[List[int]]:
     """``put``'s argument as one list of new token ids per row."""
     if isinstance(new_ids, np.ndarray):
@@ -134,14 +146,18 @@ class _RowStreams:
         self._rows: Optional[List[RowDetokenizer]] = None
         self._ended = False
 
+    def prime(self, contexts: Sequence[Sequence[int]]) -> None:
+        """Give each row its prompt's last tokens as decoding context; call before the first put."""
+        self.batch_size = len(contexts)
+        self._rows = [RowDetokenizer(self.tokenizer, self._skip, c) for c in contexts]
+        self._on_start(len(contexts))
+
     def put(self, new_ids: object) -> None:
         if self._ended:
             raise ValidationError("streamer: put() after end(); use a new streamer per request")
         rows = split_rows(new_ids, self.batch_size)
         if self._rows is None:
-            self.batch_size = len(rows)
-            self._rows = [RowDetokenizer(self.tokenizer, self._skip) for _ in rows]
-            self._on_start(len(rows))
+            self.prime([() for _ in rows])
         for row, (decoder, ids) in enumerate(zip(self._rows, rows)):
             text = decoder.push(ids)
             if text:

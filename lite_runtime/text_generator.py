@@ -17,6 +17,7 @@ from .generation import check_prompts, generate_batches, row_budgets
 from .infer_config import InferConfig
 from .inputs import InputOfInfer
 from .sampling import Sampler, SamplingParams
+from .streamers import CONTEXT_TOKENS, continuation_text
 from .tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("lite_runtime")
@@ -59,22 +60,24 @@ class TextGeneratorInfer:
               add_special_tokens: bool = False, streamer=None, max_new_tokens: Optional[int] = None,
               seed: Optional[int] = None, truncate: bool = False) -> List[Dict[str, List[str]]]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        prompts: List[List[int]] = []
         new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
                                     temperature=temperature, repetition_penalty=repetition_penalty,
                                     eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                                     max_length=max_length, max_new_tokens=max_new_tokens,
                                     add_special_tokens=add_special_tokens, streamer=streamer, seed=seed,
-                                    truncate=truncate)
-        return [{"text_generation_text": [text + self.tokenizer.decode(ids, skip_special_tokens=True)]}
-                for text, ids in zip(texts, new_ids)]
+                                    truncate=truncate, prompts_out=prompts)
+        return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
+                for text, prompt, ids in zip(texts, prompts, new_ids)]
 
     __call__ = infer
 
     def generate_ids(self, texts: Sequence[str], *, do_sample=False, top_k=1, top_p=1.0, temperature=1.0,
                      repetition_penalty=1.0, eos_token_id=None, pad_token_id=None, max_length=256,
                      max_new_tokens=None, add_special_tokens=False, streamer=None, seed=None,
-                     truncate=False, on_step=None) -> List[List[int]]:
-        """New token ids per text (EOS included when produced)."""
+                     truncate=False, on_step=None, prompts_out=None) -> List[List[int]]:
+        """New token ids per text (EOS included when produced); `prompts_out` receives the
+        prompts' token ids."""
         if not texts:
             raise ValidationError("inputs is empty: give a prompt or a list of prompts")
         for i, text in enumerate(texts):
@@ -90,8 +93,12 @@ class TextGeneratorInfer:
         pad = self.pad_id if pad_token_id is None else int(pad_token_id)
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
+        if prompts_out is not None:
+            prompts_out.extend(prompts)
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
         if streamer is not None:
+            if hasattr(streamer, "prime"):
+                streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
             on_step = _streaming(streamer, len(texts), on_step)
         try:
             return generate_batches(self.session, self.inputs, prompts, budgets, eos, pad,

@@ -33,7 +33,7 @@ class MSSession(Session):
         from mindspore import nn
         from .mindir_info import read_mindir_io
         self._ms = ms
-        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+        cpu_graph_mode(ms)
         if manifest.world_size > 1:
             _require_cluster(manifest)
         self._cells = {}
@@ -67,6 +67,16 @@ class MSSession(Session):
         if isinstance(out, (tuple, list)):
             return [o.asnumpy() for o in out]
         return [out.asnumpy()]
+
+
+def cpu_graph_mode(ms) -> None:
+    """GRAPH mode on CPU: `set_device` from MindSpore 2.5 on (set_context's device_target is
+    deprecated there); MindSpore 2.0, the Lite-compatible export environment, has only the latter."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if hasattr(ms, "set_device"):
+        ms.set_device("CPU")
+    else:
+        ms.set_context(device_target="CPU")
 
 
 def _require_cluster(manifest: Manifest) -> None:
