@@ -1,0 +1,81 @@
+"""The bundled demo model end to end: its continuations through run_infer_main.py and pipeline(),
+on MindSpore (`ms`, MindSpore 2.10 export) and on MindSpore Lite (`mslite`, MindSpore 2.0 export).
+
+The expected continuations are facts of the training corpus (tools/train_demo_model.py), not
+outputs recorded from this code.
+"""
+import os
+
+import pytest
+
+from tiny_models import REPO, VENV_MS20_PYTHON, run_cli
+
+DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
+EXPECTED = {
+    "An increasing sequence: one,": " two, three, four, five",
+    "Counting: seven, eight,": " nine, ten",
+    "The alphabet: a, b,": " c, d, e",
+    "Counting down: ten, nine,": " eight, seven, six",
+    "The capital of France is": " Paris.",
+}
+
+
+@pytest.fixture(scope="module")
+def demo_exports(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("demo")
+    out = {}
+    for name, python in (("ms", None), ("mslite", VENV_MS20_PYTHON)):
+        args = ["-m", "exporter", "--config", DEMO_YAML, "--output_dir", str(folder / name)]
+        result = run_cli(args, python=python) if python else run_cli(args)
+        assert result.returncode == 0, result.stderr[-2000:]
+        out[name] = str(folder / name)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_run_infer_main_continues_the_demo_prompts(demo_exports, backend, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(EXPECTED) + "\n")
+    result = run_cli(["run_infer_main.py", "--model_dir", demo_exports[backend], "--backend", backend,
+                      "--predict_data", str(prompts), "--max_new_tokens", "12"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == len(EXPECTED)
+    for line, (prompt, continuation) in zip(lines, EXPECTED.items()):
+        assert line.startswith(prompt + continuation), line
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_streaming_prints_the_same_text(demo_exports, backend):
+    args = ["run_infer_main.py", "--model_dir", demo_exports[backend], "--backend", backend,
+            "--predict_data", "An increasing sequence: one,", "--max_new_tokens", "20"]
+    plain = run_cli(args)
+    streamed = run_cli(args + ["--stream", "True"])
+    assert plain.returncode == 0 and streamed.returncode == 0, plain.stderr + streamed.stderr
+    assert streamed.stdout.strip() == plain.stdout.strip()
+    assert plain.stdout.startswith("An increasing sequence: one, two, three, four, five")
+
+
+def test_pipeline_batch_equals_each_prompt_alone(demo_exports):
+    from lite_runtime import pipeline
+    pipe = pipeline("text_generation", model=demo_exports["ms"], backend="ms")
+    prompts = list(EXPECTED)[:4]       # four prompts of different token lengths, one graph batch
+    together = pipe(prompts, max_new_tokens=10)
+    alone = [pipe(p, max_new_tokens=10)[0] for p in prompts]
+    assert together == alone
+    assert together[0] == {"text_generation_text": [together[0]["text_generation_text"][0]]}
+    assert together[0]["text_generation_text"][0].startswith("An increasing sequence: one, two, three")
+    more = pipe(list(EXPECTED) + list(EXPECTED)[:2], max_new_tokens=10)   # 7 prompts: two graph batches
+    assert more[:4] == together and more[5:] == alone[:2]
+
+
+def test_pipeline_upstream_forms(demo_exports):
+    from lite_runtime import InferConfig, InferTask, pipeline
+    folder = demo_exports["ms"]
+    graphs = (os.path.join(folder, "mindir_full_checkpoint", "rank_0_graph.mindir"),
+              os.path.join(folder, "mindir_inc_checkpoint", "rank_0_graph.mindir"))
+    prompt, continuation = "Counting: seven, eight,", " nine, ten"
+    for pipe in (pipeline("text_generation", model=graphs, backend="ms"),
+                 pipeline("text_generation", model="llama_demo", model_dir=folder, backend="ms"),
+                 InferTask.get_infer_task("text_generation", InferConfig(model_dir=folder, backend="ms"))):
+        assert pipe(prompt, max_new_tokens=4)[0]["text_generation_text"][0].startswith(prompt + continuation)
