@@ -14,7 +14,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from lite_runtime.errors import ConfigError, UnsupportedError, WeightError
+from lite_runtime.errors import ConfigError, WeightError
 from lite_runtime.families import GraphDims, get_family
 from lite_runtime.graph_check import check_graph_inputs
 from lite_runtime.manifest import MANIFEST_NAME, GraphEntry, Manifest, file_sha256, graph_relpath

@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import DistributedError
 from .rank_channel import RankChannel
-from .run_infer import generation_kwargs, make_generator, read_prompts, run
+from .run_infer import generation_kwargs, make_generator, run
 
 log = logging.getLogger("lite_runtime.distributed")
 

@@ -5,14 +5,13 @@ the manifest records for one graph, so GE compiles exactly the shapes the export
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
-import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError, ToolchainError
+from .cli_common import OneLineParser, report_errors
+from .errors import ConfigError
 from .families import GRAPH_KINDS, TensorSpec
 from .ge_config import SECTIONS, parse_ge_config, read_ge_config, split_config_paths
 from .manifest import Manifest, load_manifest
@@ -148,15 +147,10 @@ def _write_atomic(path: str, text: str) -> str:
     return path
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:               # usage mistakes: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def run_cli(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _OneLineParser(prog="python -m lite_runtime.ge_config",
+    parser = OneLineParser(prog="python -m lite_runtime.ge_config",
                             description="Check GE config.ini files or generate them for an export.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     check = sub.add_parser("check", help="validate ini files (also the a.ini,b.ini pair)")
     check.add_argument("files", nargs="+", metavar="FILE")
     gen = sub.add_parser("generate", help="write prefill.ini and increment.ini for an export")
@@ -165,17 +159,15 @@ def run_cli(argv: Optional[Sequence[str]] = None) -> int:
     gen.add_argument("--rank_table", default=None, help="rank table JSON for multi-rank exports")
     gen.add_argument("-o", "--output_dir", required=True)
     args = parser.parse_args(argv)
-    try:
+
+    def run():
         if args.command == "check":
             for path in split_config_paths(args.files):
                 print(read_ge_config(path).summary())
         else:
             prefill, increment = write_export_configs(args.model_dir, args.preset, args.output_dir, args.rank_table)
             print(f"--config_path {prefill},{increment}")
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return report_errors(run)
 
 
 __all__ = ["format_input_shape", "generate_ini", "list_presets", "preset_path", "render_ini",

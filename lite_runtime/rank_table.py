@@ -11,14 +11,14 @@ CLI: python -m lite_runtime.rank_table check FILE
 """
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError, ToolchainError
+from .cli_common import OneLineParser, report_errors
+from .errors import ConfigError
 
 SUPPORTED_VERSIONS = ("1.0",)
 TOP_KEYS = ("version", "server_count", "server_list", "status")
@@ -226,25 +226,14 @@ def merge_rank_tables(tables: Sequence[RankTable]) -> dict:
     return data
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:               # usage mistakes: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _OneLineParser(prog="python -m lite_runtime.rank_table",
+    parser = OneLineParser(prog="python -m lite_runtime.rank_table",
                                      description="Validate an HCCL rank table and list its ranks.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     check = sub.add_parser("check", help="validate FILE and print servers, devices and ranks")
     check.add_argument("file")
     args = parser.parse_args(argv)
-    try:
-        table = load_rank_table(args.file)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(table.summary())
-    return 0
+    return report_errors(lambda: print(load_rank_table(args.file).summary()))
 
 
 if __name__ == "__main__":

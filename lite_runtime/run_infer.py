@@ -12,7 +12,8 @@ import sys
 import time
 from typing import List, Optional
 
-from .errors import ConfigError, ToolchainError
+from .cli_common import OneLineParser, report_errors
+from .errors import ConfigError
 
 log = logging.getLogger("lite_runtime")
 
@@ -26,15 +27,8 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Argument mistakes are one `error:` line too (argparse would print its usage block first)."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(description="Generate text from an export with MindSpore Lite (or MindSpore).")
+    p = OneLineParser(description="Generate text from an export with MindSpore Lite (or MindSpore).")
     a = p.add_argument
     a("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph paths")
     a("--backend", default="mslite", help="mslite (MindSpore Lite) or ms (MindSpore's MindIR executor)")
@@ -176,9 +170,4 @@ def main(argv=None) -> int:
         runner = run_distributed
     else:
         runner = run
-    try:
-        runner(args)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return report_errors(lambda: runner(args))

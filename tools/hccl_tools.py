@@ -23,10 +23,11 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 try:
-    from lite_runtime.errors import ConfigError, ToolchainError
+    from lite_runtime.errors import ConfigError
 except ImportError:                       # run as `python tools/hccl_tools.py` from a checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from lite_runtime.errors import ConfigError, ToolchainError
+    from lite_runtime.errors import ConfigError
+from lite_runtime.cli_common import OneLineParser, report_errors
 from lite_runtime.rank_table import RankEntry, ServerEntry, table_json, validate_rank_table
 
 logger = logging.getLogger("hccl_tools")
@@ -177,13 +178,8 @@ def make_rank_table(args: argparse.Namespace) -> str:
     return write_table(data, os.path.join(args.output_dir, table_file_name(devices, server_ip)))
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _OneLineParser(prog="hccl_tools.py", description="Write the HCCL rank table of one server.")
+    parser = OneLineParser(prog="hccl_tools.py", description="Write the HCCL rank table of one server.")
     parser.add_argument("--device_num", default="[0,8)", help='logical device range, e.g. "[0,8)"')
     parser.add_argument("--visible_devices", default="0,1,2,3,4,5,6,7", help="physical ids, by logical index")
     parser.add_argument("--server_ip", default=None, help="this server's IP (default: from the host name)")
@@ -194,13 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output_dir", default=".")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        path = make_rank_table(args)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return report_errors(lambda: print(make_rank_table(args)))
 
 
 if __name__ == "__main__":

@@ -5,17 +5,16 @@ hccl_{S}s_{N}p.json (S servers, N ranks) and prints its path.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import Optional, Sequence
 
 try:
-    from lite_runtime.errors import ToolchainError
+    from lite_runtime.cli_common import OneLineParser, report_errors
 except ImportError:                       # run as `python tools/merge_hccl.py` from a checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from lite_runtime.errors import ToolchainError
+    from lite_runtime.cli_common import OneLineParser, report_errors
 from lite_runtime.rank_table import load_rank_table, merge_rank_tables
 
 
@@ -30,23 +29,12 @@ def merge_files(paths: Sequence[str], output_dir: str = ".") -> str:
     return path
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _OneLineParser(prog="merge_hccl.py", description="Merge per-server HCCL rank tables.")
+    parser = OneLineParser(prog="merge_hccl.py", description="Merge per-server HCCL rank tables.")
     parser.add_argument("files", nargs="+", metavar="FILE", help="rank tables, one or more servers each")
     parser.add_argument("--output_dir", default=".")
     args = parser.parse_args(argv)
-    try:
-        path = merge_files(args.files, args.output_dir)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return report_errors(lambda: print(merge_files(args.files, args.output_dir)))
 
 
 if __name__ == "__main__":

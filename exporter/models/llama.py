@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
 from lite_runtime.errors import ConfigError
 from .layers import (Collective, ColumnParallelLinear, RMSNorm, Rotary, RowParallelLinear, SwiGLU,
