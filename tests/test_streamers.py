@@ -5,8 +5,8 @@ import threading
 
 import numpy as np
 import pytest
-import sentencepiece
 
+from tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.errors import ValidationError
 from lite_runtime.streamers import RowDetokenizer, TextIteratorStreamer, TextStreamer
 from lite_runtime.tokenizer import load_tokenizer
@@ -30,15 +30,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sp")
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=400,
-        model_type="bpe", byte_fallback=True, character_coverage=0.98,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
-    )
-    return load_tokenizer(folder / "tokenizer.model")
+    return load_tokenizer(train_byte_bpe_tokenizer(tmp_path_factory.mktemp("sp"), CORPUS))
 
 
 class CountingTokenizer:

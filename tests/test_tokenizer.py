@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import sentencepiece
 
+from tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.tokenizer import Tokenizer, load_tokenizer
 
@@ -18,13 +18,7 @@ CORPUS = [
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sp")
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 20), encoding="utf-8")
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=400,
-        model_type="bpe", byte_fallback=True, character_coverage=0.98,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
-    )
+    train_byte_bpe_tokenizer(folder, CORPUS)
     return folder
 
 

@@ -85,3 +85,16 @@ def make_tokenizer(folder: str, vocab_size: int = 96) -> str:
                                    user_defined_symbols=[f"<t{i}>" for i in range(vocab_size - 40)],
                                    minloglevel=2)
     return prefix + ".model"
+
+
+def train_byte_bpe_tokenizer(folder, corpus, vocab_size: int = 400) -> str:
+    """A Llama-style sentencepiece BPE with byte fallback (CJK, emoji) trained on `corpus`."""
+    import sentencepiece as spm
+    text = os.path.join(str(folder), "corpus.txt")
+    with open(text, "w", encoding="utf-8") as f:
+        f.write("\n".join(list(corpus) * 20))
+    prefix = os.path.join(str(folder), "tokenizer")
+    spm.SentencePieceTrainer.train(input=text, model_prefix=prefix, vocab_size=vocab_size, model_type="bpe",
+                                   byte_fallback=True, character_coverage=0.98, unk_id=0, bos_id=1, eos_id=2,
+                                   pad_id=-1, minloglevel=2)
+    return prefix + ".model"
