@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from .bench_ranks import launch_command, launcher_startup_ms
 from .errors import ToolchainError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,8 +153,12 @@ def measure(job: dict) -> dict:
         new_tokens = manifest.seq_length - prompt_len + 1
         print(f"note: {job['model_dir']} has seq_length {manifest.seq_length}: {new_tokens} new tokens after "
               f"a {prompt_len}-token prompt (not {job['new_tokens']})", file=sys.stderr)
+    rank = 0
+    if job.get("world_size", 1) > 1:
+        from .bench_ranks import join_cluster
+        rank = join_cluster()
     start = time.perf_counter()
-    session = load_session(job["backend"], manifest, 0, num_threads=job["threads"])
+    session = load_session(job["backend"], manifest, rank, num_threads=job["threads"])
     load_s = time.perf_counter() - start
     tokenizer = None
     if manifest.tokenizer_path() and not job.get("no_detok"):
@@ -169,7 +174,7 @@ def measure(job: dict) -> dict:
     steps = {k: v[1:] for k, v in t.items() if k != "between"}
     decode_total = float(steps["wall"].sum())
     result = dict(
-        backend=job["backend"], model_dir=job["model_dir"], batch=batch, graph_batch=manifest.batch_size,
+        backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size, batch=batch, graph_batch=manifest.batch_size,
         seq_length=manifest.seq_length, kv_cache=manifest.kv_cache, mindspore_version=manifest.mindspore_version,
         prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=int(len(steps["wall"])),
         threads=job["threads"], detokenize=tokenizer is not None, load_s=load_s,
@@ -207,8 +212,10 @@ def _run(cmd: List[str], what: str, timeout: int = 1800) -> subprocess.Completed
 
 
 def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", rebuild: bool = False,
-                     log=print) -> Dict[tuple, str]:
-    """Export the benchmark model for every (backend, batch); returns {(backend, batch): export dir}.
+                     log=print, world_sizes=(1,)) -> Dict[tuple, str]:
+    """Export the benchmark model for every (backend, batch, ranks); returns {(backend, batch, ranks): dir}.
+
+    Multi-rank (tensor-parallel) exports are made for backend ms only (Lite on CPU has no collectives).
 
     Exports whose recorded recipe matches are reused; `rebuild` redoes them.
     """
@@ -231,14 +238,15 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
     out = {}
     for backend in backends:
         mode = "io" if backend == "mslite" else kv_cache
-        for batch in batches:
-            name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}"
+        for batch, ranks in [(b, r) for b in batches for r in world_sizes if r == 1 or backend == "ms"]:
+            name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
             folder = os.path.join(work_dir, name)
-            out[(backend, batch)] = folder
+            out[(backend, batch, ranks)] = folder
             if not rebuild and os.path.isfile(os.path.join(folder, "manifest.json")):
                 continue
             config = dict(model=BENCH_MODEL, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH,
-                          batch_size=batch, kv_cache=mode, output_dir=folder)
+                          batch_size=batch, kv_cache=mode, output_dir=folder,
+                          parallel={"model_parallel": ranks})
             path = os.path.join(work_dir, name + ".yaml")
             with open(path, "w", encoding="utf-8") as f:
                 yaml.safe_dump(config, f, sort_keys=False)
@@ -262,6 +270,8 @@ def run_child(job: dict, python: str, timeout: int) -> dict:
         with open(job_file, "w", encoding="utf-8") as f:
             json.dump(job, f)
         cmd = [python, "-m", "lite_runtime.bench", "--child", job_file, out_file]
+        if job.get("world_size", 1) > 1:
+            cmd = launch_command(python, job_file, out_file, job["world_size"], tmp)
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.setdefault("GLOG_v", "3")
         try:
@@ -276,20 +286,22 @@ def run_child(job: dict, python: str, timeout: int) -> dict:
             if line.startswith("note:"):
                 print("  " + line, file=sys.stderr)
         with open(out_file, encoding="utf-8") as f:
-            return json.load(f)
+            result = json.load(f)
+        result["launcher_startup_ms"] = launcher_startup_ms(proc.stderr)
+        return result
 
 
 def format_table(results: List[dict]) -> str:
-    head = ["backend", "batch", "steps", "TTFT ms", "step med ms", "step p90 ms", "host ms/step", "tok/s",
+    head = ["backend", "ranks", "batch", "steps", "TTFT ms", "step med ms", "step p90 ms", "host ms/step", "tok/s",
             "peak RSS MB", "bare predict ms", "step/bare"]
     rows = []
     for r in results:
         if "error" in r:
-            rows.append([r["backend"], str(r.get("batch") or "?"), f"error: {r['error']}"])
+            rows.append([r["backend"], str(r.get("world_size", 1)), str(r.get("batch") or "?"), f"error: {r['error']}"])
             continue
         bare = r.get("bare_predict_ms")
         batch = str(r["batch"]) if r["batch"] == r["graph_batch"] else f"{r['batch']}/{r['graph_batch']}"
-        rows.append([r["backend"], batch, str(r["decode_steps"]), f"{r['ttft_ms']:.2f}", f"{r['step_ms']['median']:.3f}",
+        rows.append([r["backend"], str(r["world_size"]), batch, str(r["decode_steps"]), f"{r['ttft_ms']:.2f}", f"{r['step_ms']['median']:.3f}",
                      f"{r['step_ms']['p90']:.3f}", f"{r['host_ms']['median']:.3f}", f"{r['tok_s']:.1f}",
                      f"{r['peak_rss_mb']:.0f}", f"{bare['median']:.3f}" if bare else "-",
                      f"{r['step_over_bare']:.3f}x" if bare else "-"])
@@ -315,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batch", nargs="+", type=int, default=None,
       help="batch sizes of the benchmark model (default 1 8); with --model_dir, prompts per request "
            "(at most the graph's batch size, which is the default; the other rows are padding)")
+    a("--tp", nargs="+", type=int, default=[1],
+      help="rank counts of the benchmark model (tensor parallel, backend ms; e.g. --tp 1 2)")
     a("--steps", type=int, default=128,
       help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
     a("--prompt_len", type=int, default=32)
@@ -338,8 +352,9 @@ def main(argv=None) -> int:
         except ToolchainError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        with open(args.child[1], "w", encoding="utf-8") as f:
-            json.dump(result, f)
+        if result["rank"] == 0:   # in a multi-rank job rank 0 reports
+            with open(args.child[1], "w", encoding="utf-8") as f:
+                json.dump(result, f)
         return 0
     try:
         jobs = plan_jobs(args)
@@ -355,6 +370,10 @@ def main(argv=None) -> int:
             print(f"  failed: {result['error']}", file=sys.stderr)
         results.append(result)
     print(format_table(results))
+    for r in results:
+        if r.get("launcher_startup_ms") is not None:
+            print(f"{r['backend']} x{r['world_size']} batch {r['batch']}: launcher start-up "
+                  f"{r['launcher_startup_ms']:.0f} ms, model load {r['load_s']:.2f} s (rank 0)")
     notes = sorted({"detokenisation on" if r.get("detokenize") else "no tokenizer: detokenisation off"
                     for r in results if "error" not in r})
     print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored; fewer where "
@@ -377,18 +396,21 @@ def plan_jobs(args) -> List[dict]:
     if args.make_bench_model:
         batches = args.batch or [1, 8]
         exports = make_bench_model(args.work_dir, backends, batches, args.kv_cache, args.rebuild,
-                                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
-        return [dict(common, backend=b, batch=n, model_dir=exports[(b, n)]) for b in backends for n in batches]
+                                   log=lambda msg: print(msg, file=sys.stderr, flush=True), world_sizes=args.tp)
+        return [dict(common, backend=b, batch=n, world_size=r, model_dir=folder)
+                for (b, n, r), folder in exports.items()]
     from .manifest import load_manifest
 
     jobs = []
     for folder in args.model_dir:
-        graph_batch = load_manifest(folder).batch_size
+        manifest = load_manifest(folder)
+        graph_batch = manifest.batch_size
         for n in args.batch or [graph_batch]:
             if not 1 <= n <= graph_batch:
                 raise ToolchainError(f"--batch {n}: the graphs of {folder} have batch size {graph_batch}; "
                                      f"allowed: 1..{graph_batch} prompts (rows beyond them are padding)")
-            jobs += [dict(common, backend=b, batch=n, model_dir=os.path.abspath(folder)) for b in backends]
+            jobs += [dict(common, backend=b, batch=n, world_size=manifest.world_size,
+                          model_dir=os.path.abspath(folder)) for b in backends]
     return jobs
 
 

@@ -79,3 +79,24 @@ def test_pipeline_upstream_forms(demo_exports):
                  pipeline("text_generation", model="llama_demo", model_dir=folder, backend="ms"),
                  InferTask.get_infer_task("text_generation", InferConfig(model_dir=folder, backend="ms"))):
         assert pipe(prompt, max_new_tokens=4)[0]["text_generation_text"][0].startswith(prompt + continuation)
+
+
+def test_interactive_prompt_loop_ends_cleanly_on_eof(demo_exports):
+    result = run_cli(["run_infer_main.py", "--model_dir", demo_exports["ms"], "--backend", "ms",
+                      "--max_new_tokens", "6"], stdin="Counting: seven, eight,\n\nThe alphabet: a, b,\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("Counting: seven, eight, nine, ten")
+    assert lines[1].startswith("The alphabet: a, b, c, d")
+
+
+def test_pipeline_on_lite_in_a_process_without_mindspore(demo_exports):
+    code = ("import sys; from lite_runtime import pipeline; "
+            f"pipe = pipeline('text_generation', model={demo_exports['mslite']!r}, backend='mslite'); "
+            "print(pipe(['An increasing sequence: one,', 'The capital of France is'], max_new_tokens=8)); "
+            "assert 'mindspore' not in sys.modules")
+    result = run_cli(["-c", code])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "An increasing sequence: one, two, three, four, five" in result.stdout
+    assert "The capital of France is Paris." in result.stdout

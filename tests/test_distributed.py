@@ -127,3 +127,21 @@ def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, tmp_path):
     time.sleep(1)
     alive = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+def test_failed_rank_during_export_is_reported(tp_setup, tmp_path):
+    folder, _, _ = tp_setup
+    bad = tmp_path / "bad_shards"
+    for rank in range(2):
+        os.makedirs(bad / f"rank_{rank}")
+        (bad / f"rank_{rank}" / "tiny.ckpt").write_bytes((folder / "shards" / f"rank_{rank}" / "tiny.ckpt").read_bytes())
+    # rank 1's shard comes from a model with another hidden size: its shapes do not fit
+    from tiny_models import llama_config, random_weights
+    save_ckpt(shard(random_weights(llama_config(hidden_size=48), seed=1), 1, 2), str(bad / "rank_1" / "tiny.ckpt"))
+    cfg = tiny_export_config(str(bad), str(tmp_path / "out"), parallel={"model_parallel": 2})
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "bad.yaml"), cfg)])
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "rank 1" in result.stderr and "wrong shape" in result.stderr
+    assert not (tmp_path / "out").exists()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]

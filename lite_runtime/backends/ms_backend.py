@@ -73,6 +73,8 @@ def cpu_graph_mode(ms) -> None:
     """GRAPH mode on CPU: `set_device` from MindSpore 2.5 on (set_context's device_target is
     deprecated there); MindSpore 2.0, the Lite-compatible export environment, has only the latter."""
     ms.set_context(mode=ms.GRAPH_MODE)
+    if ms.get_context("device_target") == "CPU":
+        return   # already; setting it again after communication.init() is an error in 2.10
     if hasattr(ms, "set_device"):
         ms.set_device("CPU")
     else:
