@@ -67,3 +67,23 @@ def test_manifest_records_the_contract(tiny_exports):
     assert m.eos_token_id == [2] and m.pad_token_id == 0 and m.bos_token_id == 1
     assert m.mindspore_version.startswith("2.10") and m.mindir_version == "3"
     m.verify_files()
+
+
+def test_float16_export_runs_close_to_float32(tiny_ckpt, tiny_exports, tmp_path):
+    """compute_dtype float16: weights and matmuls in fp16, norms/softmax/logits in fp32.
+    Tolerance 5e-2 on logits of magnitude ~5 (fp16 has ~3 significant digits)."""
+    from tiny_models import export_in_subprocess, tiny_export_config, write_yaml
+    cfg = tiny_export_config(tiny_ckpt[0], str(tmp_path / "fp16"), compute_dtype="float16")
+    fp16 = load_session("ms", load_manifest(export_in_subprocess(write_yaml(str(tmp_path / "f.yaml"), cfg))))
+    fp32 = load_session("ms", load_manifest(tiny_exports["io"]))
+    B, S = 3, 48
+    ids = np.zeros((B, S), np.int32)
+    for i, p in enumerate(PROMPTS):
+        ids[i, :len(p)] = p
+    lengths = np.array([len(p) for p in PROMPTS], np.int32)
+    a, b = fp16.prefill(ids, lengths), fp32.prefill(ids, lengths)
+    assert a.dtype == np.float32
+    assert np.abs(a - b).max() <= 5e-2 * max(1.0, np.abs(b).max() / 5)
+    nxt = b.argmax(-1).astype(np.int32).reshape(B, 1)
+    a, b = fp16.decode(nxt, lengths + 1), fp32.decode(nxt, lengths + 1)
+    assert np.abs(a - b).max() <= 5e-2 * max(1.0, np.abs(b).max() / 5)
