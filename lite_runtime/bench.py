@@ -153,10 +153,12 @@ def measure(job: dict) -> dict:
         new_tokens = manifest.seq_length - prompt_len + 1
         print(f"note: {job['model_dir']} has seq_length {manifest.seq_length}: {new_tokens} new tokens after "
               f"a {prompt_len}-token prompt (not {job['new_tokens']})", file=sys.stderr)
-    rank = 0
+    rank, join_s = 0, 0.0
     if job.get("world_size", 1) > 1:
         from .bench_ranks import join_cluster
+        start = time.perf_counter()
         rank = join_cluster()
+        join_s = time.perf_counter() - start
     start = time.perf_counter()
     session = load_session(job["backend"], manifest, rank, num_threads=job["threads"])
     load_s = time.perf_counter() - start
@@ -174,7 +176,8 @@ def measure(job: dict) -> dict:
     steps = {k: v[1:] for k, v in t.items() if k != "between"}
     decode_total = float(steps["wall"].sum())
     result = dict(
-        backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size, batch=batch, graph_batch=manifest.batch_size,
+        backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size,
+        cluster_join_s=join_s, batch=batch, graph_batch=manifest.batch_size,
         seq_length=manifest.seq_length, kv_cache=manifest.kv_cache, mindspore_version=manifest.mindspore_version,
         prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=int(len(steps["wall"])),
         threads=job["threads"], detokenize=tokenizer is not None, load_s=load_s,
@@ -373,7 +376,8 @@ def main(argv=None) -> int:
     for r in results:
         if r.get("launcher_startup_ms") is not None:
             print(f"{r['backend']} x{r['world_size']} batch {r['batch']}: launcher start-up "
-                  f"{r['launcher_startup_ms']:.0f} ms, model load {r['load_s']:.2f} s (rank 0)")
+                  f"{r['launcher_startup_ms']:.0f} ms, joining MindSpore's cluster {r['cluster_join_s']:.1f} s, "
+                  f"model load {r['load_s']:.2f} s (rank 0)")
     notes = sorted({"detokenisation on" if r.get("detokenize") else "no tokenizer: detokenisation off"
                     for r in results if "error" not in r})
     print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored; fewer where "
