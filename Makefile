@@ -7,7 +7,7 @@ VENV_LITE := .venv-ms20
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
-.PHONY: setup demo test export-demo export-lite-demo bench clean
+.PHONY: setup demo test export export-lite bench clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite
 
@@ -34,6 +34,16 @@ demo: setup
 	$(VENV_LITE)/bin/python -m exporter --config tools/demo_model/demo.yaml --output_dir output/demo
 	$(VENV)/bin/python run_infer_main.py --model_dir output/demo --backend mslite \
 		--predict_data "$(PROMPT)" --max_new_tokens 16 --stream True
+
+# Exports of your own model: `make export CONFIG=x.yaml` (MindSpore 2.10: backend ms) and
+# `make export-lite CONFIG=x.yaml` (MindSpore 2.0: the MindIR Lite 2.0 reads). OUT= overrides output_dir.
+export: $(STAMP)/venv
+	@test -n "$(CONFIG)" || { echo "error: give CONFIG=path/to/export.yaml" >&2; exit 2; }
+	$(VENV)/bin/python -m exporter --config $(CONFIG) $(if $(OUT),--output_dir $(OUT))
+
+export-lite: $(STAMP)/venv-ms20
+	@test -n "$(CONFIG)" || { echo "error: give CONFIG=path/to/export.yaml" >&2; exit 2; }
+	$(VENV_LITE)/bin/python -m exporter --config $(CONFIG) $(if $(OUT),--output_dir $(OUT))
 
 test: setup
 	$(VENV)/bin/python -m pytest -q tests
