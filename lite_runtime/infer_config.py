@@ -18,7 +18,7 @@ class InferConfig:
     increment_model_path: str = ""
     model_type: str = "mindir"
     model_name: str = "common"          # "common": take the family from the export's manifest
-    infer_seq_length: int = 1024        # checked against the export's seq_length when not default
+    infer_seq_length: Optional[int] = None   # upstream default 1024; None = the export's seq_length
     target: str = "auto"                # auto: Ascend when the official mindspore_lite is present, else CPU
     device_id: int = 0
     rank_id: int = 0
@@ -53,6 +53,8 @@ class InferConfig:
                                    "and an io or in-graph KV cache; leave it False")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):
             value = getattr(self, name)
+            if name == "infer_seq_length" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"InferConfig: {name} must be an integer >= 0, got {value!r}")
         if not self.model_dir and not (self.prefill_model_path and self.increment_model_path):
@@ -73,7 +75,7 @@ class InferConfig:
                 if os.path.realpath(expected) != os.path.realpath(path):
                     raise ConfigError(f"InferConfig: {kind}_model_path {path} is not the {kind} graph of rank "
                                       f"{self.rank_id} of its export ({expected})")
-        if self.infer_seq_length not in (1024, manifest.seq_length):
+        if self.infer_seq_length not in (None, manifest.seq_length):
             raise ConfigError(f"InferConfig: infer_seq_length {self.infer_seq_length} differs from the export's "
                               f"seq_length {manifest.seq_length}; graphs have static shapes: export again")
         return manifest

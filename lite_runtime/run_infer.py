@@ -96,7 +96,7 @@ def make_generator(args, rank: int):
                          paged_attention=args.paged_attention, pa_block_size=args.pa_block_size,
                          pa_num_blocks=args.pa_num_blocks, model_dir=args.model_dir, backend=args.backend,
                          tokenizer_path=args.tokenizer_path or "", num_threads=args.num_threads,
-                         infer_seq_length=args.seq_length or 1024)
+                         infer_seq_length=args.seq_length)
     return InferTask.get_infer_task("text_generation", config)
 
 

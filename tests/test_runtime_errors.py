@@ -133,6 +133,11 @@ def test_unknown_family_in_model_name(export_dir, tokenizer_model):
     assert_one_line_error(result, "'gpt5'", "gpt5_7b", "known families: codellama, llama, llama2, llama3")
 
 
+def test_seq_length_other_than_the_exports(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--seq_length", "1024", "--predict_data", "hello")
+    assert_one_line_error(result, "infer_seq_length 1024", "seq_length 48")
+
+
 def test_unknown_backend(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--backend", "nosuch", "--predict_data", "hello")
     assert_one_line_error(result, "'nosuch'", "allowed: ms, mslite")
