@@ -16,6 +16,7 @@ import yaml
 
 from lite_runtime.errors import ConfigError
 from lite_runtime.families import KV_MODES
+from .mindformers_yaml import from_mindformers, is_mindformers_yaml
 
 COMPUTE_DTYPES = ("float32", "float16")
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -120,6 +121,8 @@ def load_config(path: str) -> ExportConfig:
         raise ConfigError(f"{path}: not valid yaml: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    if is_mindformers_yaml(data):
+        data = from_mindformers(data, path)
     config = config_from_dict(data, source=path)
     _resolve_paths(config, os.path.dirname(os.path.abspath(path)))
     return config

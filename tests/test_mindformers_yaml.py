@@ -1,0 +1,59 @@
+"""MindFormers run yamls export as they are: same graphs as the project's own schema."""
+import numpy as np
+import pytest
+
+from exporter.mindformers_yaml import llama_ffn_size
+from lite_runtime.backends import load_session
+from lite_runtime.manifest import load_manifest
+from tiny_models import export_in_subprocess, run_cli, write_yaml
+
+
+def mindformers_yaml(ckpt, output_dir, **model_config):
+    mc = dict(type="LlamaConfig", batch_size=3, seq_length=48, hidden_size=32, num_layers=2, num_heads=4,
+              n_kv_heads=2, intermediate_size=64, vocab_size=96, rms_norm_eps=1.0e-5, theta=10000.0,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, ignore_token_id=-100, compute_dtype="float32",
+              layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
+              param_init_type="float32", use_past=True, use_flash_attention=False, offset=0,
+              checkpoint_name_or_path="", repetition_penalty=1, max_decode_length=512, top_k=3, top_p=1,
+              do_sample=False)
+    mc.update(model_config)
+    return {"seed": 0, "run_mode": "predict", "output_dir": output_dir, "load_checkpoint": ckpt,
+            "auto_trans_ckpt": False, "context": {"mode": 0, "device_target": "Ascend"},
+            "parallel_config": {"data_parallel": 1, "model_parallel": 1, "pipeline_stage": 1},
+            "runner_config": {"epochs": 1, "batch_size": 1}, "optimizer": {"type": "FP32StateAdamWeightDecay"},
+            "model": {"model_config": mc, "arch": {"type": "LlamaForCausalLM"}},
+            "processor": {"return_tensors": "ms", "tokenizer": {"type": "LlamaTokenizer"}}}
+
+
+def test_llama_ffn_width_matches_published_llama_sizes():
+    assert llama_ffn_size(4096, 256, None) == 11008      # Llama 2 7B
+    assert llama_ffn_size(5120, 256, None) == 13824      # Llama 2 13B
+    assert llama_ffn_size(8192, 4096, 1.3) == 28672      # Llama 2 70B
+
+
+def test_mindformers_yaml_exports_the_same_model(tiny_ckpt, tiny_exports, tmp_path):
+    data = mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out"))
+    out = export_in_subprocess(write_yaml(str(tmp_path / "run_llama_tiny.yaml"), data))
+    mine, ref = load_manifest(out), load_manifest(tiny_exports["io"])
+    assert mine.model_config == ref.model_config and mine.graphs["increment"].inputs == ref.graphs["increment"].inputs
+    ids = np.zeros((3, 48), np.int32)
+    ids[:, :5] = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [1, 2, 3, 4, 5]]
+    lengths = np.array([5, 3, 4], np.int32)
+    np.testing.assert_array_equal(load_session("ms", mine).prefill(ids, lengths),
+                                  load_session("ms", ref).prefill(ids, lengths))
+
+
+@pytest.mark.parametrize("change, facts", [
+    ({"qkv_concat": True}, ["model.model_config.qkv_concat True", "allowed: False"]),
+    ({"type": "GLM2Config"}, ["LlamaForCausalLM"]),
+    ({"use_fancy_thing": 1}, ["unknown key model.model_config.use_fancy_thing"]),
+])
+def test_mindformers_yaml_refuses_what_it_cannot_build(tiny_ckpt, tmp_path, change, facts):
+    data = mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out"), **change)
+    if "type" in change:
+        data["model"]["arch"]["type"] = "GLM2ForCausalLM"
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "bad.yaml"), data)])
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    for fact in facts:
+        assert fact in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
