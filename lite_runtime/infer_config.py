@@ -21,7 +21,7 @@ class InferConfig:
     infer_seq_length: Optional[int] = None   # upstream default 1024; None = the export's seq_length
     target: str = "auto"                # auto: Ascend when the official mindspore_lite is present, else CPU
     device_id: int = 0
-    rank_id: int = 0
+    rank_id: Optional[int] = None        # None: $RANK_ID (set by the launcher), else 0
     ge_config_path: str = ""            # one ini, or "prefill.ini,increment.ini"
     dynamic: bool = False
     paged_attention: bool = False
@@ -40,6 +40,8 @@ class InferConfig:
             raise ConfigError(f"InferConfig: unknown keyword {unknown[0]!r}; allowed: {', '.join(fields)}")
         for name, f in fields.items():
             setattr(self, name, kwargs.get(name, f.default))
+        if self.rank_id is None:
+            self.rank_id = int(os.environ.get("RANK_ID", "0"))
         self._validate()
 
     def _validate(self) -> None:

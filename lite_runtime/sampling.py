@@ -379,7 +379,9 @@ class Sampler:
     def _sample(self, logits: np.ndarray) -> np.ndarray:
         vocab = logits.shape[1]
         if 0 < self._top_k < vocab:
-            values, ids = top_k_candidates(logits, self._top_k, sort=self._top_p is not None)
+            # Sorted, so the draw does not depend on argpartition's arbitrary order: ranks whose
+            # logits differ in the last bits (tensor parallel) still pick the same token.
+            values, ids = top_k_candidates(logits, self._top_k, sort=True)
             if self._temperature is not None:  # order-preserving, so safe after top-k
                 values = values / np.float32(self._temperature)
             if self._top_p is not None:

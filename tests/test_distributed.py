@@ -145,3 +145,17 @@ def test_failed_rank_during_export_is_reported(tp_setup, tmp_path):
     assert "rank 1" in result.stderr and "wrong shape" in result.stderr
     assert not (tmp_path / "out").exists()
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]
+
+
+def test_pipeline_in_a_launched_job_agrees_with_single_rank(tp_setup, tmp_path):
+    from lite_runtime import pipeline
+    from pipeline_worker import PROMPTS
+    folder, exports, table = tp_setup
+    result = run_cli(["-m", "lite_runtime.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
+                      str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "pipeline_worker.py"),
+                      exports["full"], str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    single = pipeline("text_generation", model=exports["single"], backend="ms")
+    expected = single(PROMPTS, max_new_tokens=10, do_sample=True, top_k=10, seed=3)
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank_{rank}.txt").read_text()) == expected

@@ -8,6 +8,7 @@ collectives is loaded.
 from __future__ import annotations
 
 import logging
+import os
 from typing import List
 
 import numpy as np
@@ -82,10 +83,13 @@ def cpu_graph_mode(ms) -> None:
 
 
 def _require_cluster(manifest: Manifest) -> None:
-    """Graphs with collectives crash a process that has no communication group (notes)."""
-    from mindspore.communication import get_group_size
+    """Graphs with collectives crash a process that has no communication group (notes). In a job
+    started by the launcher (MS_ROLE is set) the group is joined here, so `pipeline()` just works."""
+    from mindspore.communication import GlobalComm, get_group_size, init
+    if not GlobalComm.INITED and os.environ.get("MS_ROLE") == "MS_WORKER":
+        init()
     try:
-        size = get_group_size()
+        size = get_group_size() if GlobalComm.INITED else None
     except (RuntimeError, ValueError):
         size = None
     if size != manifest.world_size:
