@@ -42,9 +42,8 @@ def export(config: ExportConfig) -> str:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
     try:
-        ranks = range(config.world_size)
-        inputs = _trace_all(config, source, tmp, ranks)
-        manifest = _write_side_files(config, source, tmp, inputs)
+        _trace_all(config, source, tmp)
+        manifest = _write_side_files(config, source, tmp)
         _replace_dir(tmp, config.output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -97,23 +96,23 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
         ms.export(graph, *dummies, file_name=path[: -len(".mindir")], file_format="MINDIR")
 
 
-def _trace_all(config: ExportConfig, source: ModelSource, tmp: str, ranks) -> List:
+def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
+    """Every rank's graphs into `tmp`: in this process for one rank, in a launched job for more."""
     if config.world_size > 1:
         from .distributed import trace_distributed
         trace_distributed(config, tmp)
     else:
         trace_rank(config, source, 0, tmp)
-    return list(ranks)
 
 
-def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, ranks) -> Manifest:
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Manifest:
     import mindspore as ms
     from lite_runtime.backends.mindir_info import read_mindir_io
 
     spec, dims = get_family(source.family), graph_dims(config, source)
     graphs, hashes, mindir_version = {}, {}, ""
     for kind in ("prefill", "increment"):
-        files = [graph_relpath(kind, r) for r in ranks]
+        files = [graph_relpath(kind, r) for r in range(config.world_size)]
         entry = GraphEntry(files, spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
         for rel in files:
             actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))

@@ -149,7 +149,7 @@ def _write_atomic(path: str, text: str) -> str:
 
 def run_cli(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog="python -m lite_runtime.ge_config",
-                            description="Check GE config.ini files or generate them for an export.")
+                           description="Check GE config.ini files or generate them for an export.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     check = sub.add_parser("check", help="validate ini files (also the a.ini,b.ini pair)")
     check.add_argument("files", nargs="+", metavar="FILE")

@@ -228,7 +228,7 @@ def merge_rank_tables(tables: Sequence[RankTable]) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineParser(prog="python -m lite_runtime.rank_table",
-                                     description="Validate an HCCL rank table and list its ranks.")
+                           description="Validate an HCCL rank table and list its ranks.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     check = sub.add_parser("check", help="validate FILE and print servers, devices and ranks")
     check.add_argument("file")

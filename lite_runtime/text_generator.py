@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -60,13 +60,12 @@ class TextGeneratorInfer:
               add_special_tokens: bool = False, streamer=None, max_new_tokens: Optional[int] = None,
               seed: Optional[int] = None, truncate: bool = False) -> List[Dict[str, List[str]]]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        prompts: List[List[int]] = []
-        new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
+        prompts, new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
                                     temperature=temperature, repetition_penalty=repetition_penalty,
                                     eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                                     max_length=max_length, max_new_tokens=max_new_tokens,
                                     add_special_tokens=add_special_tokens, streamer=streamer, seed=seed,
-                                    truncate=truncate, prompts_out=prompts)
+                                    truncate=truncate)
         return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
                 for text, prompt, ids in zip(texts, prompts, new_ids)]
 
@@ -75,9 +74,8 @@ class TextGeneratorInfer:
     def generate_ids(self, texts: Sequence[str], *, do_sample=False, top_k=1, top_p=1.0, temperature=1.0,
                      repetition_penalty=1.0, eos_token_id=None, pad_token_id=None, max_length=256,
                      max_new_tokens=None, add_special_tokens=False, streamer=None, seed=None,
-                     truncate=False, on_step=None, prompts_out=None) -> List[List[int]]:
-        """New token ids per text (EOS included when produced); `prompts_out` receives the
-        prompts' token ids."""
+                     truncate=False) -> Tuple[List[List[int]], List[List[int]]]:
+        """(prompt token ids, new token ids) per text; EOS is included when produced."""
         if not texts:
             raise ValidationError("inputs is empty: give a prompt or a list of prompts")
         for i, text in enumerate(texts):
@@ -93,16 +91,14 @@ class TextGeneratorInfer:
         pad = self.pad_id if pad_token_id is None else int(pad_token_id)
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
-        if prompts_out is not None:
-            prompts_out.extend(prompts)
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
+        on_step = None
         if streamer is not None:
             if hasattr(streamer, "prime"):
                 streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
-            on_step = _streaming(streamer, len(texts), on_step)
+            on_step = _streaming(streamer, len(texts))
         try:
-            return generate_batches(self.session, self.inputs, prompts, budgets, eos, pad,
-                                    pick, on_step)
+            return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step)
         finally:
             if streamer is not None:
                 streamer.end()
@@ -111,7 +107,7 @@ class TextGeneratorInfer:
         self.session.close()
 
 
-def _streaming(streamer, n_rows: int, chained):
+def _streaming(streamer, n_rows: int):
     """Forward each step's new tokens to the streamer: one list per prompt, empty when idle."""
     def on_step(offset, step):
         rows: List[List[int]] = [[] for _ in range(n_rows)]
@@ -119,8 +115,6 @@ def _streaming(streamer, n_rows: int, chained):
             if offset + r < n_rows:
                 rows[offset + r].append(int(step.tokens[r]))
         streamer.put(rows)
-        if chained is not None:
-            chained(offset, step)
     return on_step
 
 
