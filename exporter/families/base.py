@@ -1,0 +1,122 @@
+"""What a family declares, and the registry of families (filled by the `@register_family` decorator).
+
+A family is a class with class attributes only: its names, the Hugging Face `model_type`s and
+MindFormers class names it answers to, its fixed features, how to read its config files, and
+its two weight plans. The network is the shared decoder (models/decoder.py) built from the
+`DecoderConfig` the family returns.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple, Type
+
+from lite_runtime.contract.errors import ConfigError, UnsupportedError
+
+from ..models.config import DecoderConfig
+from ..weights.plan import WeightPlan
+
+# Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names).
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size",
+             "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings")
+
+
+class Family:
+    name: str = ""
+    aliases: Tuple[str, ...] = ()              # other names users write (upstream model_name prefixes)
+    hf_model_types: Tuple[str, ...] = ()       # config.json model_type values
+    mindformers_types: Tuple[str, ...] = ()    # MindFormers arch / config class names
+    features: Dict[str, object] = {}           # DecoderConfig feature fields fixed by the family
+    hf_weights: WeightPlan = WeightPlan([])
+    mindformers_weights: WeightPlan = WeightPlan([])
+
+    @classmethod
+    def config(cls, sizes: Dict[str, object], where: str) -> DecoderConfig:
+        """A DecoderConfig from size keys (yaml `model:` section or a translated config file)."""
+        values = {k: v for k, v in sizes.items() if v is not None}
+        missing = [k for k in ("vocab_size", "hidden_size", "num_layers", "n_heads") if k not in values]
+        if missing:
+            raise ConfigError(f"{where}: missing required key model.{missing[0]} for a {cls.name} model "
+                              "(give it in the model section or point model.hf_dir at a folder with config.json)")
+        values.setdefault("intermediate_size", cls.default_intermediate_size(int(values["hidden_size"])))
+        return DecoderConfig(**dict(cls.features, **values))
+
+    @classmethod
+    def default_intermediate_size(cls, hidden: int) -> int:
+        return 4 * hidden
+
+    hf_keys: Dict[str, str] = {}               # config.json key -> size key
+    mindformers_keys: Dict[str, str] = {}      # model_config key -> size key
+    mindformers_required: Dict[str, tuple] = {}   # model_config keys accepted at these values only
+
+    @classmethod
+    def from_hf(cls, hf: dict, where: str) -> Dict[str, object]:
+        """Size keys from a Hugging Face config.json (already read); refuses what changes the math."""
+        cls.check_hf(hf, where)
+        return {ours: hf[key] for key, ours in cls.hf_keys.items() if hf.get(key) is not None}
+
+    @classmethod
+    def check_hf(cls, hf: dict, where: str) -> None:
+        """Refuse config.json settings this family's network does not compute."""
+
+    @classmethod
+    def from_mindformers(cls, model_config: dict, where: str) -> Dict[str, object]:
+        """Size keys from a MindFormers `model.model_config` section."""
+        for key, allowed in cls.mindformers_required.items():
+            if key in model_config and model_config[key] not in allowed:
+                raise UnsupportedError(f"{where}: model.model_config.{key} {model_config[key]!r} is not supported "
+                                       f"for {cls.name}; allowed: {', '.join(repr(a) for a in allowed)}")
+        return {ours: model_config[key] for key, ours in cls.mindformers_keys.items()
+                if model_config.get(key) is not None}
+
+
+FAMILIES: Dict[str, Type[Family]] = {}
+
+
+def register_family(cls: Type[Family]) -> Type[Family]:
+    for name in (cls.name,) + cls.aliases:
+        if name in FAMILIES:
+            raise ValueError(f"family name {name!r} registered twice")
+    FAMILIES[cls.name] = cls
+    return cls
+
+
+def _lookup(field: str, value: str) -> Optional[Type[Family]]:
+    return next((f for f in FAMILIES.values() if value in getattr(f, field)), None)
+
+
+def family_by_name(name: str, where: str) -> Type[Family]:
+    found = FAMILIES.get(name) or _lookup("aliases", name)
+    if found is None:
+        raise UnsupportedError(f"{where}: unknown model family {name!r}; known: {describe_families()}")
+    return found
+
+
+def family_by_hf_type(model_type, where: str) -> Type[Family]:
+    found = _lookup("hf_model_types", model_type)
+    if found is None:
+        known = ", ".join(t for f in FAMILIES.values() for t in f.hf_model_types)
+        raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {known}")
+    return found
+
+
+def family_by_mindformers_type(arch, where: str) -> Type[Family]:
+    found = _lookup("mindformers_types", arch)
+    if found is None:
+        known = ", ".join(t for f in FAMILIES.values() for t in f.mindformers_types)
+        raise UnsupportedError(f"{where}: MindFormers model type {arch!r} is not supported; supported: {known}")
+    return found
+
+
+def describe_families() -> str:
+    return "; ".join(f"{f.name}" + (f" ({', '.join(f.aliases)})" if f.aliases else "") for f in FAMILIES.values())
+
+
+def family_table() -> List[Tuple[str, str, str, str]]:
+    """(name, aliases, HF model_types, MindFormers types) per family, for `--list_families`."""
+    return [(f.name, ", ".join(f.aliases), ", ".join(f.hf_model_types), ", ".join(f.mindformers_types))
+            for f in FAMILIES.values()]
+
+
+def refuse_true(hf: dict, keys, where: str, family: str) -> None:
+    for key in keys:
+        if hf.get(key):
+            raise UnsupportedError(f"{where}: {key} {hf[key]!r} is not supported by the {family} family; allowed: false")

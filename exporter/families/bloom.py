@@ -1,0 +1,69 @@
+"""Bloom: ALiBi instead of positions, LayerNorm after the word embedding, LayerNorm blocks with
+biases everywhere, fused per-head-interleaved query_key_value, GELU (tanh), tied head."""
+from __future__ import annotations
+
+from lite_runtime.contract.errors import UnsupportedError
+
+from ..weights.plan import WeightPlan, qkv_per_head, rule
+from .base import Family, refuse_true, register_family
+
+_QKV = ("layers.{L}.attn.q.{wb}", "layers.{L}.attn.k.{wb}", "layers.{L}.attn.v.{wb}")
+
+
+@register_family
+class Bloom(Family):
+    name = "bloom"
+    hf_model_types = ("bloom",)
+    mindformers_types = ("BloomLMHeadModel", "BloomConfig", "BloomModel")
+    features = dict(norm="layer", positions="none", alibi=True, mlp="gelu_tanh", qkv_bias=True, o_bias=True,
+                    mlp_bias=True, embed_norm=True, tie_word_embeddings=True)
+    hf_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "n_layer": "num_layers",
+               "num_hidden_layers": "num_layers", "n_head": "n_heads", "num_attention_heads": "n_heads",
+               "layer_norm_epsilon": "norm_eps"}
+    mindformers_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_layers",
+                        "num_heads": "n_heads", "layernorm_epsilon": "norm_eps"}
+    mindformers_required = {"hidden_act": ("gelu",), "expand_ratio": (4,)}
+
+    hf_weights = WeightPlan([
+        rule("transformer.word_embeddings.weight", "embed.weight"),
+        rule("transformer.word_embeddings_layernorm.{wb}", "embed_norm.{wb}"),
+        rule("transformer.h.{L}.input_layernorm.{wb}", "layers.{L}.attn_norm.{wb}"),
+        rule("transformer.h.{L}.self_attention.query_key_value.{wb}", *_QKV, split=qkv_per_head),
+        rule("transformer.h.{L}.self_attention.dense.{wb}", "layers.{L}.attn.o.{wb}"),
+        rule("transformer.h.{L}.post_attention_layernorm.{wb}", "layers.{L}.mlp_norm.{wb}"),
+        rule("transformer.h.{L}.mlp.dense_h_to_4h.{wb}", "layers.{L}.mlp.up.{wb}"),
+        rule("transformer.h.{L}.mlp.dense_4h_to_h.{wb}", "layers.{L}.mlp.down.{wb}"),
+        rule("transformer.ln_f.{wb}", "final_norm.{wb}"),
+        rule("lm_head.weight", "head.weight"),
+    ], optional_prefix="transformer.")
+
+    # MindFormers keeps q, k, v apart (dense1..3, stored (out, in)) and stores its projection and
+    # mapping layers (in, out).
+    mindformers_weights = WeightPlan([
+        rule("transformer.embedding.word_embedding.embedding_table", "embed.weight"),
+        rule("transformer.embedding.norm.gamma", "embed_norm.weight"),
+        rule("transformer.embedding.norm.beta", "embed_norm.bias"),
+        rule("transformer.blocks.{L}.layernorm1.gamma", "layers.{L}.attn_norm.weight"),
+        rule("transformer.blocks.{L}.layernorm1.beta", "layers.{L}.attn_norm.bias"),
+        rule("transformer.blocks.{L}.attention.dense1.{wb}", "layers.{L}.attn.q.{wb}"),
+        rule("transformer.blocks.{L}.attention.dense2.{wb}", "layers.{L}.attn.k.{wb}"),
+        rule("transformer.blocks.{L}.attention.dense3.{wb}", "layers.{L}.attn.v.{wb}"),
+        rule("transformer.blocks.{L}.attention.projection.weight", "layers.{L}.attn.o.weight", transpose=True),
+        rule("transformer.blocks.{L}.attention.projection.bias", "layers.{L}.attn.o.bias"),
+        rule("transformer.blocks.{L}.layernorm2.gamma", "layers.{L}.mlp_norm.weight"),
+        rule("transformer.blocks.{L}.layernorm2.beta", "layers.{L}.mlp_norm.bias"),
+        rule("transformer.blocks.{L}.output.mapping.weight", "layers.{L}.mlp.up.weight", transpose=True),
+        rule("transformer.blocks.{L}.output.mapping.bias", "layers.{L}.mlp.up.bias"),
+        rule("transformer.blocks.{L}.output.projection.weight", "layers.{L}.mlp.down.weight", transpose=True),
+        rule("transformer.blocks.{L}.output.projection.bias", "layers.{L}.mlp.down.bias"),
+        rule("transformer.ln_f.gamma", "final_norm.weight"),
+        rule("transformer.ln_f.beta", "final_norm.bias"),
+        rule("head.weight", "head.weight"),
+    ])
+
+    @classmethod
+    def check_hf(cls, hf, where):
+        refuse_true(hf, ("apply_residual_connection_post_layernorm",), where, cls.name)
+        if hf.get("tie_word_embeddings") is False:
+            raise UnsupportedError(f"{where}: tie_word_embeddings false is not supported by the bloom family; "
+                                   "allowed: true (the head is the word embedding)")

@@ -1,0 +1,96 @@
+"""`DecoderConfig`: one decoder-only transformer described by its sizes and its features.
+
+Families translate their own config files into this; the building blocks are chosen from the
+feature fields (norm, positions, score bias, MLP, biases, head), never from a family name.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+from lite_runtime.contract.errors import ConfigError
+
+NORMS = ("rms", "layer")
+MLPS = ("swiglu", "gelu_tanh", "gelu")
+POSITIONS = ("rotary", "learned", "none")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    n_heads: int
+    intermediate_size: int
+    n_kv_heads: Optional[int] = None          # None: as many as n_heads (MHA); fewer: GQA/MQA
+    norm: str = "rms"                          # rms | layer (LayerNorm with bias)
+    norm_eps: float = 1e-5
+    positions: str = "rotary"                  # rotary | learned (absolute table) | none
+    rope_theta: float = 10000.0
+    rotary_fraction: float = 1.0               # share of each head's dims that rotate
+    rotary_interleaved: bool = False           # pairs (0,1),(2,3)... instead of rotate-half
+    max_position_embeddings: Optional[int] = None   # size of the learned table; a limit for rotary
+    alibi: bool = False                        # ALiBi score bias (Bloom, Baichuan2 13B)
+    mlp: str = "swiglu"                        # swiglu | gelu_tanh | gelu (exact, erf)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    embed_norm: bool = False                   # LayerNorm right after the word embedding (Bloom)
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model.{name} {getattr(self, name)!r} is not allowed; allowed: {', '.join(allowed)}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.hidden_size % self.n_heads:
+            raise ConfigError(f"model.hidden_size {self.hidden_size} is not divisible by model.n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_heads {self.n_heads} is not a multiple of model.n_kv_heads {self.n_kv_heads}")
+        if self.positions == "rotary" and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ConfigError(f"rotary dims {self.rotary_dim} (head_dim {self.head_dim} x rotary_fraction "
+                              f"{self.rotary_fraction}) must be a positive even number")
+        if self.positions == "learned" and not self.max_position_embeddings:
+            raise ConfigError("model.max_position_embeddings is required for learned absolute positions")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.rotary_fraction)
+
+    def check_world_size(self, world_size: int) -> None:
+        """Tensor parallelism splits whole KV-head groups, MLP columns and vocabulary rows."""
+        for what, size in (("n_heads", self.n_heads), ("n_kv_heads", self.n_kv_heads),
+                           ("intermediate_size", self.intermediate_size), ("vocab_size", self.vocab_size)):
+            if size % world_size:
+                raise ConfigError(f"parallel.model_parallel {world_size} does not divide model.{what} {size}; "
+                                  f"choose a model_parallel that divides n_heads, n_kv_heads, "
+                                  f"intermediate_size and vocab_size")
+
+    def check_seq_length(self, seq_length: int) -> None:
+        limit = self.max_position_embeddings
+        if self.positions == "learned" and seq_length > limit:
+            raise ConfigError(f"seq_length {seq_length} exceeds the model's learned position table "
+                              f"(max_position_embeddings {limit}); export with seq_length <= {limit}")
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["head_dim"] = self.head_dim
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DecoderConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,142 @@
+"""`CausalLM`: one rank's share of a decoder-only model, assembled from blocks chosen by the
+config's features, with the two graph entry points (`prefill`, `increment`).
+
+Parameter names are the project's canonical names (`embed.weight`, `layers.0.attn.q.weight`,
+`layers.0.mlp.up.bias`, `final_norm.weight`, `head.weight` ...); each family's weight plan maps its
+MindFormers and Hugging Face names onto them. Graph I/O is the runtime contract's
+(lite_runtime/contract/families.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from .attention import Attention, BuildContext, ScoreBias
+from .config import DecoderConfig
+from .linear import Collective, ColumnParallelLinear, Embedding
+from .mlp import make_mlp
+from .norms import make_norm
+from .positions import rotary_tables
+
+
+class DecoderLayer(nn.Cell):
+    def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
+        super().__init__()
+        self.attn_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        self.attn = Attention(cfg, ctx)
+        self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias)
+
+    def finish(self, x, attn_out):
+        h = x + attn_out
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class CausalLM(nn.Cell):
+    def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
+        super().__init__()
+        cfg.check_world_size(ctx.world_size)
+        cfg.check_seq_length(ctx.seq)
+        self.cfg = cfg
+        self.batch, self.seq, self.kv_mode, self.dtype = ctx.batch, ctx.seq, ctx.kv_mode, ctx.dtype
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype)
+        self.learned_positions = cfg.positions == "learned"
+        if self.learned_positions:
+            self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype)
+        self.use_embed_norm = cfg.embed_norm
+        if cfg.embed_norm:
+            self.embed_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        self.layers = nn.CellList([DecoderLayer(cfg, ctx) for _ in range(cfg.num_layers)])
+        self.final_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        # A tied head on one rank reads the embedding table itself (no second copy); under tensor
+        # parallelism each rank holds its vocabulary rows of it as `head.weight`.
+        self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1
+        if not self.head_is_embedding:
+            self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype)
+        self.head_matmul = ops.MatMul(transpose_b=True)
+        self.gather_vocab = Collective.gather_last_dim(ctx.world_size)
+        self.bias = ScoreBias(cfg, ctx)
+        cos, sin = rotary_tables(ctx.seq, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rotary_interleaved)
+        self.cos_table, self.sin_table = Tensor(cos), Tensor(sin)
+        self.cos_prefill = Tensor(cos.reshape(1, 1, ctx.seq, -1), ctx.dtype)
+        self.sin_prefill = Tensor(sin.reshape(1, 1, ctx.seq, -1), ctx.dtype)
+        self.positions = Tensor(np.arange(ctx.seq, dtype=np.int32).reshape(1, ctx.seq))
+        self.row_offsets = Tensor(np.arange(ctx.batch, dtype=np.int32) * ctx.seq)
+        self.gather = ops.Gather()
+        self.reshape = ops.Reshape()
+        self.cast = ops.Cast()
+        self.equal = ops.Equal()
+
+    def _embed(self, ids, positions):
+        x = self.embed(ids)
+        if self.learned_positions:
+            x = x + self.pos_embed(positions)
+        if self.use_embed_norm:
+            x = self.embed_norm(x)
+        return x
+
+    def _logits(self, hidden):
+        """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab)."""
+        h = self.final_norm(hidden)
+        if self.head_is_embedding:
+            logits = self.head_matmul(h, self.embed.weight)
+        else:
+            logits = self.head(h)
+        return self.gather_vocab(self.cast(logits, ms.float32))
+
+    def prefill(self, input_ids, batch_valid_length):
+        x = self._embed(input_ids, self.positions)
+        bias = self.bias.prefill()
+        new_kv = ()
+        for layer in self.layers:
+            attn, k, v = layer.attn.prefill(layer.attn_norm(x), self.cos_prefill, self.sin_prefill, bias)
+            x = layer.finish(x, attn)
+            new_kv = new_kv + (k, v)
+        last = self.row_offsets + batch_valid_length - 1
+        logits = self._logits(self.gather(self.reshape(x, (self.batch * self.seq, -1)), last, 0))
+        return (logits,) + new_kv if self.kv_mode == "io" else logits
+
+    def increment(self, input_ids, batch_valid_length, kv):
+        pos = self.reshape(batch_valid_length - 1, (self.batch, 1))
+        cos = self.cast(self.reshape(self.gather(self.cos_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
+        sin = self.cast(self.reshape(self.gather(self.sin_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
+        x = self._embed(input_ids, pos)
+        in_graph = self.kv_mode == "in_graph"
+        cache_bias, new_bias = self.bias.step(pos, self.batch, in_graph)
+        onehot = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
+        new_kv = ()
+        i = 0
+        for layer in self.layers:
+            h = layer.attn_norm(x)
+            if in_graph:
+                attn, k, v = layer.attn.step_in_graph(h, cos, sin, onehot, cache_bias)
+            else:
+                attn, k, v = layer.attn.step_io(h, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias)
+            x = layer.finish(x, attn)
+            new_kv = new_kv + (k, v)
+            i = i + 1
+        logits = self._logits(self.reshape(x, (self.batch, -1)))
+        return (logits,) + new_kv if self.kv_mode == "io" else logits
+
+
+class PrefillGraph(nn.Cell):
+    """The exported prefill graph (inputs and outputs: the runtime contract)."""
+
+    def __init__(self, net: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.net = net
+
+    def construct(self, input_ids, batch_valid_length):
+        return self.net.prefill(input_ids, batch_valid_length)
+
+
+class IncrementGraph(nn.Cell):
+    """The exported increment graph; `kv` are the per-layer key/value caches in io mode."""
+
+    def __init__(self, net: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.net = net
+
+    def construct(self, input_ids, batch_valid_length, *kv):
+        return self.net.increment(input_ids, batch_valid_length, kv)

@@ -1,0 +1,133 @@
+"""Linear layers that know their tensor-parallel share, and the one place collectives enter.
+
+Each parallel layer records how its full weights split across ranks (`SPLIT` rules), so the
+weight sharder asks the network, never a table of names. Only primitives that compile under
+MindSpore 2.10 and 2.0 and run on Lite 2.0 CPU are used.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+
+def zeros_param(shape, dtype, name: str) -> Parameter:
+    # Placeholder values: every weight is overwritten by the loader, which checks none is left.
+    return Parameter(Tensor(np.zeros(shape, np.float32), dtype), name=name)
+
+
+class Linear(nn.Cell):
+    """y = x @ W.T (+ b) with W stored (out, in); `x` may be (B, T, in).
+
+    `split` maps this layer's parameter names to the axis its full tensor is split along under
+    tensor parallelism (absent: replicated on every rank).
+    """
+
+    split: Dict[str, int] = {}
+
+    def __init__(self, in_features: int, out_features: int, dtype, bias: bool = False,
+                 reduce: Optional[nn.Cell] = None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = zeros_param((out_features, in_features), dtype, "weight")
+        self.has_bias = bias
+        if bias:
+            self.bias = zeros_param((out_features,), dtype, "bias")
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.reshape = ops.Reshape()
+        self.shape = ops.Shape()
+        self.reduce = reduce if reduce is not None else nn.Identity()
+
+    def construct(self, x):
+        lead = self.shape(x)[:-1]
+        y = self.reduce(self.matmul(self.reshape(x, (-1, self.in_features)), self.weight))
+        if self.has_bias:
+            y = y + self.bias     # after the reduction: a row-parallel bias is added once
+        return self.reshape(y, lead + (self.out_features,))
+
+
+class ColumnParallelLinear(Linear):
+    """Each rank holds `out_features / world_size` output rows (and their bias); outputs stay sharded."""
+
+    split = {"weight": 0, "bias": 0}
+
+    def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False):
+        super().__init__(in_features, out_features // world_size, dtype, bias)
+
+
+class RowParallelLinear(Linear):
+    """Each rank holds `in_features / world_size` input columns; partial sums are all-reduced,
+    then the (replicated) bias is added."""
+
+    split = {"weight": 1}
+
+    def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False):
+        super().__init__(in_features // world_size, out_features, dtype, bias, Collective.all_reduce(world_size))
+
+
+class Embedding(nn.Cell):
+    """Table lookup; the table is replicated on every rank."""
+
+    def __init__(self, rows: int, dim: int, dtype):
+        super().__init__()
+        self.weight = zeros_param((rows, dim), dtype, "weight")
+        self.gather = ops.Gather()
+
+    def construct(self, ids):
+        return self.gather(self.weight, ids, 0)
+
+
+class Collective:
+    """The one place collectives enter the model; identity cells for a single rank."""
+
+    @staticmethod
+    def all_reduce(world_size: int) -> nn.Cell:
+        return _AllReduce() if world_size > 1 else nn.Identity()
+
+    @staticmethod
+    def gather_last_dim(world_size: int) -> nn.Cell:
+        return _GatherLastDim(world_size) if world_size > 1 else nn.Identity()
+
+
+class _AllReduce(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.op = ops.AllReduce()
+
+    def construct(self, x):
+        return self.op(x)
+
+
+class _GatherLastDim(nn.Cell):
+    """(B, V/N) on each rank -> (B, V): AllGather stacks along dim 0, so reorder afterwards."""
+
+    def __init__(self, world_size: int):
+        super().__init__()
+        self.world_size = world_size
+        self.op = ops.AllGather()
+        self.reshape = ops.Reshape()
+        self.transpose = ops.Transpose()
+        self.shape = ops.Shape()
+
+    def construct(self, x):
+        batch, part = self.shape(x)
+        y = self.reshape(self.op(x), (self.world_size, batch, part))
+        return self.reshape(self.transpose(y, (1, 0, 2)), (batch, self.world_size * part))
+
+
+def split_rules(net: nn.Cell) -> Dict[str, int]:
+    """Full parameter name -> split axis, for every parameter of a parallel layer in `net`."""
+    rules = {}
+    for prefix, cell in net.cells_and_names():
+        for name, axis in getattr(type(cell), "split", {}).items():
+            if isinstance(cell, Linear) and name == "bias" and not cell.has_bias:
+                continue
+            rules[f"{prefix}.{name}" if prefix else name] = axis
+    return rules
+
+
+def as_compute(x, dtype):
+    return ops.cast(x, dtype) if dtype != ms.float32 else x

@@ -1,0 +1,54 @@
+"""Feed-forward blocks: column-parallel up (and gate), row-parallel down."""
+from __future__ import annotations
+
+import math
+
+from mindspore import nn, ops
+
+from .linear import ColumnParallelLinear, RowParallelLinear
+
+
+class SwiGLU(nn.Cell):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False):
+        super().__init__()
+        self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias)
+        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias)
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias)
+        self.sigmoid = ops.Sigmoid()
+
+    def construct(self, x):
+        gate = self.gate(x)
+        return self.down(gate * self.sigmoid(gate) * self.up(x))
+
+
+class GeluMLP(nn.Cell):
+    """down(gelu(up(x))), GELU exact (erf) or with the tanh approximation (GPT-2, Bloom).
+
+    Written from primitives: the fused GeLU kernels differ in which form they compute.
+    """
+
+    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, approximate: bool):
+        super().__init__()
+        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias)
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias)
+        self.approximate = approximate
+        self.tanh = ops.Tanh()
+        self.erf = ops.Erf()
+        self.k_tanh = math.sqrt(2.0 / math.pi)
+        self.k_erf = 1.0 / math.sqrt(2.0)
+
+    def construct(self, x):
+        h = self.up(x)
+        if self.approximate:
+            g = 0.5 * h * (1.0 + self.tanh(self.k_tanh * (h + 0.044715 * h * h * h)))
+        else:
+            g = 0.5 * h * (1.0 + self.erf(h * self.k_erf))
+        return self.down(g)
+
+
+def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool) -> nn.Cell:
+    if kind == "swiglu":
+        return SwiGLU(hidden, intermediate, world_size, dtype, bias)
+    return GeluMLP(hidden, intermediate, world_size, dtype, bias, approximate=kind == "gelu_tanh")

@@ -1,0 +1,191 @@
+"""Run in its own process (torch and MindSpore are kept apart): make a tiny random Hugging Face model
+of one family, save it as an HF folder with a locally trained tokenizer, record transformers' greedy
+tokens and logits, and write the same weights under MindFormers' names (converted here, from the
+upstream conversion rules, independently of the exporter's weight plans).
+
+usage: python tests/hf_models.py FAMILY OUT_DIR STEPS
+Writes OUT_DIR/hf/ (config.json, model.safetensors, tokenizer files), OUT_DIR/reference.npz
+(logits (P, STEPS+1, V), tokens (P, STEPS+1)), OUT_DIR/prompts.json, OUT_DIR/mindformers.npz.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+PROMPTS = [[1, 15, 27, 3, 9, 44], [1, 8], [1, 60, 61, 5, 33, 70, 71, 12, 13]]
+VOCAB = 320   # room for a byte-level BPE: 256 bytes + merges + specials
+CORPUS = ["An increasing sequence: one, two, three, four, five, six, seven.",
+          "中国的首都是哪个城市？北京是中国的首都。", "The quick brown fox jumps over the lazy dog 🦊."]
+
+
+def build(family):
+    if family == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+                                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        return transformers.LlamaForCausalLM(cfg)
+    if family == "bloom":   # 6 heads: ALiBi slopes for a head count that is not a power of two
+        cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6,
+                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        return transformers.BloomForCausalLM(cfg)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                      bos_token_id=1, eos_token_id=2)
+        return transformers.GPT2LMHeadModel(cfg)
+    raise SystemExit(f"unknown family {family}")
+
+
+# Default initialisation is tiny; widen it so logits differ meaningfully between tokens and steps:
+# (scale of matrices, of the word embedding, of the noise added to vectors) per family.
+WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05)}
+
+
+def widen(model, family):
+    matrices, embedding, noise = WIDEN[family]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(noise * torch.randn_like(p))
+            elif "wpe" in name:
+                p.mul_(20.0)     # learned positions: make them matter
+            else:
+                p.mul_(embedding if "word_embeddings" in name else matrices)
+
+
+def save_tokenizer(family, folder):
+    if family == "llama":
+        import sentencepiece as spm
+        text = os.path.join(folder, "corpus.txt")
+        with open(text, "w", encoding="utf-8") as f:
+            f.write("\n".join(CORPUS * 20))
+        spm.SentencePieceTrainer.train(input=text, model_prefix=os.path.join(folder, "tokenizer"), vocab_size=VOCAB,
+                                       model_type="bpe", byte_fallback=True, character_coverage=0.98, unk_id=0,
+                                       bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        os.remove(text)
+        os.remove(os.path.join(folder, "tokenizer.vocab"))
+        return
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<s>", "</s>"]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, f)
+
+
+def greedy_reference(model, steps):
+    logits_all, tokens_all = [], []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        step_logits, tokens = [], []
+        with torch.no_grad():
+            for _ in range(steps + 1):
+                last = model(ids).logits[0, -1].float().numpy()
+                step_logits.append(last)
+                tokens.append(int(last.argmax()))
+                ids = torch.cat([ids, torch.tensor([[tokens[-1]]])], dim=1)
+        logits_all.append(np.stack(step_logits))
+        tokens_all.append(tokens)
+    return np.stack(logits_all), np.array(tokens_all)
+
+
+def mindformers_names(family, sd, cfg):
+    """The state dict under MindFormers' parameter names, converted as its conversion scripts do."""
+    t = {k: v.numpy() for k, v in sd.items()}
+    out = {}
+    if family == "llama":
+        names = {"embed_tokens.weight": "tok_embeddings.embedding_weight", "model.norm.weight": "model.norm_out.weight",
+                 "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+                 "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+                 "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+                 "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+                 "post_attention_layernorm": "ffn_norm"}
+        for k, v in t.items():
+            for a, b in names.items():
+                k = k.replace(a, b)
+            out[k] = v
+        return out
+    if family == "bloom":
+        n, hd = cfg.n_head, cfg.hidden_size // cfg.n_head
+        for k, v in t.items():
+            k = k.replace("transformer.", "")
+            if k == "lm_head.weight":
+                continue
+            top = {"word_embeddings.weight": "embedding.word_embedding.embedding_table",
+                   "word_embeddings_layernorm.weight": "embedding.norm.gamma",
+                   "word_embeddings_layernorm.bias": "embedding.norm.beta",
+                   "ln_f.weight": "ln_f.gamma", "ln_f.bias": "ln_f.beta"}
+            if k in top:
+                out["transformer." + top[k]] = v
+                continue
+            _, layer, rest = k.split(".", 2)
+            p = f"transformer.blocks.{layer}."
+            if rest.startswith("self_attention.query_key_value"):
+                kind = rest.rsplit(".", 1)[1]
+                split = v.reshape((n, 3, hd) + v.shape[1:])
+                for i in range(3):
+                    out[p + f"attention.dense{i + 1}.{kind}"] = split[:, i].reshape((n * hd,) + v.shape[1:])
+                continue
+            mapping = {"input_layernorm.weight": "layernorm1.gamma", "input_layernorm.bias": "layernorm1.beta",
+                       "post_attention_layernorm.weight": "layernorm2.gamma",
+                       "post_attention_layernorm.bias": "layernorm2.beta",
+                       "self_attention.dense.weight": "attention.projection.weight",
+                       "self_attention.dense.bias": "attention.projection.bias",
+                       "mlp.dense_h_to_4h.weight": "output.mapping.weight", "mlp.dense_h_to_4h.bias": "output.mapping.bias",
+                       "mlp.dense_4h_to_h.weight": "output.projection.weight",
+                       "mlp.dense_4h_to_h.bias": "output.projection.bias"}
+            name = mapping[rest]
+            out[p + name] = v.T if name.endswith(("projection.weight", "mapping.weight")) else v
+        return out
+    # gpt2: q, k, v cut from c_attn (Conv1D, (in, 3H)) and stored (out, in); other Conv1D kept (in, out)
+    for k, v in t.items():
+        k = k.replace("transformer.", "")
+        if k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        top = {"wte.weight": "backbone.embedding.word_embedding.embedding_table",
+               "wpe.weight": "backbone.embedding.position_embedding.embedding_table",
+               "ln_f.weight": "backbone.layernorm.gamma", "ln_f.bias": "backbone.layernorm.beta"}
+        if k in top:
+            out[top[k]] = v
+            continue
+        _, layer, rest = k.split(".", 2)
+        p = f"backbone.blocks.{layer}."
+        if rest.startswith("attn.c_attn"):
+            kind = rest.rsplit(".", 1)[1]
+            for i, part in enumerate(np.split(v, 3, axis=-1)):
+                out[p + f"attention.dense{i + 1}.{kind}"] = part.T if kind == "weight" else part
+            continue
+        mapping = {"ln_1.weight": "layernorm1.gamma", "ln_1.bias": "layernorm1.beta", "ln_2.weight": "layernorm2.gamma",
+                   "ln_2.bias": "layernorm2.beta", "attn.c_proj.weight": "attention.projection.weight",
+                   "attn.c_proj.bias": "attention.projection.bias", "mlp.c_fc.weight": "output.mapping.weight",
+                   "mlp.c_fc.bias": "output.mapping.bias", "mlp.c_proj.weight": "output.projection.weight",
+                   "mlp.c_proj.bias": "output.projection.bias"}
+        out[p + mapping[rest]] = v
+    return out
+
+
+def main(family, out_dir, steps):
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    model = build(family).eval()
+    widen(model, family)
+    hf_dir = os.path.join(out_dir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    save_tokenizer(family, hf_dir)
+    logits, tokens = greedy_reference(model, steps)
+    np.savez(os.path.join(out_dir, "reference.npz"), logits=logits, tokens=tokens)
+    np.savez(os.path.join(out_dir, "mindformers.npz"), **mindformers_names(family, model.state_dict(), model.config))
+    with open(os.path.join(out_dir, "prompts.json"), "w") as f:
+        json.dump(PROMPTS, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
