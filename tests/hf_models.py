@@ -12,8 +12,6 @@ import os
 import sys
 
 import numpy as np
-import torch
-import transformers
 
 PROMPTS = [[1, 15, 27, 3, 9, 44], [1, 8], [1, 60, 61, 5, 33, 70, 71, 12, 13]]
 VOCAB = 320   # room for a byte-level BPE: 256 bytes + merges + specials
@@ -21,22 +19,26 @@ CORPUS = ["An increasing sequence: one, two, three, four, five, six, seven.",
           "中国的首都是哪个城市？北京是中国的首都。", "The quick brown fox jumps over the lazy dog 🦊."]
 
 
-def build(family):
-    if family == "llama":
-        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
-                                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
-        return transformers.LlamaForCausalLM(cfg)
-    if family == "bloom":   # 6 heads: ALiBi slopes for a head count that is not a power of two
-        cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6,
-                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
-        return transformers.BloomForCausalLM(cfg)
-    if family == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
-                                      bos_token_id=1, eos_token_id=2)
-        return transformers.GPT2LMHeadModel(cfg)
-    raise SystemExit(f"unknown family {family}")
+def _llama(transformers):
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
+def _bloom(transformers):   # 6 heads: ALiBi slopes for a head count that is not a power of two
+    return transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
+def _gpt2(transformers):
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2))
+
+
+# Every registered family needs a builder here or a numpy reference (tests/test_registry.py checks it).
+# torch and transformers are imported only when run as a script: test modules import this for BUILDERS.
+BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2}
 
 
 # Default initialisation is tiny; widen it so logits differ meaningfully between tokens and steps:
@@ -45,6 +47,7 @@ WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0
 
 
 def widen(model, family):
+    import torch
     matrices, embedding, noise = WIDEN[family]
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -82,6 +85,7 @@ def save_tokenizer(family, folder):
 
 
 def greedy_reference(model, steps):
+    import torch
     logits_all, tokens_all = [], []
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
@@ -173,9 +177,11 @@ def mindformers_names(family, sd, cfg):
 
 
 def main(family, out_dir, steps):
+    import torch
+    import transformers
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    model = build(family).eval()
+    model = BUILDERS[family](transformers).eval()
     widen(model, family)
     hf_dir = os.path.join(out_dir, "hf")
     model.save_pretrained(hf_dir, safe_serialization=True)

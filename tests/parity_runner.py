@@ -1,0 +1,46 @@
+"""Greedy decode of given prompts on one backend, in a process of its own (Lite and mindspore cannot
+share one): python tests/parity_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz
+
+Saves logits (P, STEPS+1, V) and tokens (P, STEPS+1): the prompts fill the graph batch (in order,
+the last batch padded with copies), each row's greedy token fed back every step.
+"""
+import json
+import sys
+
+import numpy as np
+
+
+def greedy_prompts(session, prompts, steps):
+    m = session.manifest
+    batch = m.batch_size
+    logits_out, tokens_out = [], []
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start:start + batch]
+        rows = chunk + [chunk[-1]] * (batch - len(chunk))
+        ids = np.zeros((batch, m.seq_length), np.int32)
+        for i, p in enumerate(rows):
+            ids[i, :len(p)] = p
+        lengths = np.array([len(p) for p in rows], np.int32)
+        logits = session.prefill(ids, lengths).copy()
+        step_logits = [logits]
+        for _ in range(steps):
+            nxt = logits.argmax(-1).astype(np.int32)
+            lengths = lengths + 1
+            logits = session.decode(nxt.reshape(-1, 1), lengths).copy()
+            step_logits.append(logits)
+        stacked = np.stack(step_logits, 1)[:len(chunk)]       # (rows, steps+1, V)
+        logits_out.append(stacked)
+        tokens_out.append(stacked.argmax(-1))
+    return np.concatenate(logits_out), np.concatenate(tokens_out)
+
+
+if __name__ == "__main__":
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    backend, export, prompts_file, steps, out = sys.argv[1:6]
+    with open(prompts_file) as f:
+        prompts = json.load(f)
+    session = load_session(backend, load_manifest(export))
+    logits, tokens = greedy_prompts(session, prompts, int(steps))
+    assert backend != "mslite" or "mindspore" not in sys.modules
+    np.savez(out, logits=logits, tokens=tokens)
