@@ -24,7 +24,7 @@ $(STAMP)/venv-ms20: setup.cfg pyproject.toml
 	$(VENV_LITE)/bin/pip install -q -e .
 	@touch $@
 
-$(STAMP)/lite: tools/setup_lite.sh lite_runtime/native/lite_shim.cc
+$(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/native/lite_shim.cc
 	@mkdir -p $(STAMP)
 	bash tools/setup_lite.sh
 	@touch $@

@@ -1,7 +1,7 @@
 """Generate text from an export: `python run_infer_main.py --model_dir out/llama --predict_data "..."`."""
 import sys
 
-from lite_runtime.run_infer import main
+from lite_runtime.cli.run_infer import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,12 +1,12 @@
 """Offline exporter: model weights -> prefill + increment MindIR graphs per rank + manifest.json."""
-from lite_runtime.families import INCREMENT_MODEL_INPUT_MAP, PREFILL_MODEL_INPUT_MAP
+from lite_runtime.contract.families import INCREMENT_MODEL_INPUT_MAP, PREFILL_MODEL_INPUT_MAP
 
-from .config import ExportConfig, config_from_dict, load_config
+from exporter.config.schema import ExportConfig, config_from_dict, load_config
 
 
 def export(config):
     """Export `config` (an ExportConfig, a yaml path or a dict); returns the output folder."""
-    from .export import export as _export
+    from exporter.build.export import export as _export
     if isinstance(config, str):
         config = load_config(config)
     elif isinstance(config, dict):

@@ -1,3 +1,3 @@
-from .cli import main
+from exporter.cli import main
 
 main()

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from lite_runtime.errors import ConfigError, ToolchainError
-from .config import find_model_dir_config, load_config
+from lite_runtime.contract.errors import ConfigError, ToolchainError
+from exporter.config.schema import find_model_dir_config, load_config
 
 PROG = "python -m exporter"
 
@@ -20,8 +20,16 @@ PROG = "python -m exporter"
 @click.option("--output_dir", type=str, default=None, help="Override output_dir of the yaml.")
 @click.option("--batch_size", type=int, default=None, help="Override batch_size of the yaml.")
 @click.option("--verbose", is_flag=True, help="Log MindSpore's progress too.")
-def command(config_path, model_dir, output_dir, batch_size, verbose):
+@click.option("--list_families", "--list-families", "list_families", is_flag=True,
+              help="List the model families, the Hugging Face model_types and MindFormers types each accepts.")
+def command(config_path, model_dir, output_dir, batch_size, verbose, list_families):
     """Export a causal LLM to prefill + increment MindIR graphs and a manifest."""
+    if list_families:
+        from exporter.families import family_table
+        click.echo(f"{'family':<10} {'aliases':<28} {'HF model_type':<14} MindFormers types")
+        for name, aliases, hf, mf in family_table():
+            click.echo(f"{name:<10} {aliases or '-':<28} {hf:<14} {mf}")
+        return
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("exporter").setLevel(logging.INFO)
     try:
@@ -31,7 +39,7 @@ def command(config_path, model_dir, output_dir, batch_size, verbose):
         overrides = {k: v for k, v in (("output_dir", output_dir), ("batch_size", batch_size)) if v is not None}
         if overrides:   # replace() validates the overridden values like the yaml's own
             config = dataclasses.replace(config, **overrides)
-        from .export import export
+        from exporter.build.export import export
         out = export(config)
     except ToolchainError as e:
         _fail(e, 1)

@@ -1,16 +1,15 @@
 """Deployment runtime: loads an export's graphs with MindSpore Lite (or MindSpore), decodes, samples,
 streams. Never imports the exporter; imports mindspore only inside the `ms` backend.
 
-Public names are imported lazily, so the light contract modules (families, manifest, errors)
-stay cheap to import for the exporter. Except `pipeline`, which is also its submodule's name:
-importing `lite_runtime.pipeline` binds the package attribute to the module, so
-`from lite_runtime import pipeline` would give the module. It is bound eagerly (numpy, no mindspore).
+Public names are resolved lazily, so importing a light module (`lite_runtime.contract.errors`)
+loads nothing else of the runtime.
 """
 import importlib
 
-_PUBLIC = {"InferConfig": "infer_config", "InferTask": "infer_task", "InputOfInfer": "inputs",
-           "BaseInputsOfInfer": "inputs", "CommonInputsOfInfer": "inputs", "LlamaInputsOfInfer": "inputs",
-           "ToolchainError": "errors"}
+_PUBLIC = {"pipeline": "api.pipeline", "InferConfig": "api.infer_config", "InferTask": "api.infer_task",
+           "TextGeneratorInfer": "api.text_generator", "InputOfInfer": "decode.inputs",
+           "BaseInputsOfInfer": "decode.inputs", "CommonInputsOfInfer": "decode.inputs",
+           "LlamaInputsOfInfer": "decode.inputs", "ToolchainError": "contract.errors"}
 
 
 def __getattr__(name):
@@ -19,6 +18,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'lite_runtime' has no attribute {name!r}")
 
 
-__all__ = list(_PUBLIC) + ["pipeline"]
-
-from .pipeline import pipeline  # noqa: E402  (after __getattr__: the modules it imports may use it)
+__all__ = list(_PUBLIC)

@@ -11,7 +11,7 @@ from typing import FrozenSet, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from lite_runtime.errors import ArtifactError, ConfigError, ValidationError
+from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 
 TOKENIZER_FILE = "tokenizer.model"
 

@@ -31,7 +31,7 @@ def greedy_run(session, steps):
 
 if __name__ == "__main__":
     from lite_runtime.backends import load_session
-    from lite_runtime.manifest import load_manifest
+    from lite_runtime.contract.manifest import load_manifest
     backend, export, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     logits, tokens = greedy_run(load_session(backend, load_manifest(export)), steps)
     assert backend != "mslite" or "mindspore" not in sys.modules

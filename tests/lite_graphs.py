@@ -9,7 +9,7 @@ Graphs:
   affine     x (2,4) f32, bias (3,) f32      -> x @ W + bias (2,3), 0.5 * sum(x, 1) (2,)
   mixed      ids (2,3) i32, scale (1,) f32   -> E[ids] * scale (2,3,4), 2 * ids + 1 (2,3) i32
   toy_prefill / toy_increment: a stand-in language model with the `io` kv-mode graph contract of
-  lite_runtime/families.py (batch 2, seq 8, 2 layers, 2 kv heads, head_dim 4, vocab 16).
+  lite_runtime/contract/families.py (batch 2, seq 8, 2 layers, 2 kv heads, head_dim 4, vocab 16).
 """
 import os
 import sys

@@ -1,5 +1,5 @@
 """A user script calling pipeline() on a multi-rank export, started by the launcher:
-  python -m lite_runtime.launch --rank_table T --backend ms -- tests/pipeline_worker.py EXPORT OUT_DIR
+  python -m lite_runtime.distributed.launch --rank_table T --backend ms -- tests/pipeline_worker.py EXPORT OUT_DIR
 Each rank writes the texts it generated to OUT_DIR/rank_{RANK_ID}.txt."""
 import json
 import os

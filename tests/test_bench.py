@@ -1,9 +1,10 @@
-"""`python -m lite_runtime.bench` on the tiny model (backend ms, a few steps): the JSON report has
+"""`python tools/benchmark.py` on the tiny model (backend ms, a few steps): the JSON report has
 every field and sane values. No timing thresholds: these machines are noisy."""
 import json
+import os
 import sys
 
-from tiny_models import run_cli
+from tiny_models import REPO, run_cli
 
 FIELDS = ("backend", "batch", "graph_batch", "decode_steps", "ttft_ms", "step_ms", "graph_ms", "host_ms",
           "sample_ms", "detok_ms", "tok_s", "e2e_tok_s", "peak_rss_mb", "load_s", "bare_predict_ms",
@@ -13,7 +14,7 @@ STEPS = 5
 
 def test_bench_reports_every_figure(tiny_exports, tmp_path):
     out = tmp_path / "bench.json"
-    result = run_cli(["-m", "lite_runtime.bench", "--model_dir", tiny_exports["io"], "--backend", "ms",
+    result = run_cli([os.path.join(REPO, "tools", "benchmark.py"), "--model_dir", tiny_exports["io"], "--backend", "ms",
                       "--steps", str(STEPS), "--prompt_len", "8", "--python", sys.executable,
                       "--json", str(out)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
@@ -33,7 +34,8 @@ def test_bench_reports_every_figure(tiny_exports, tmp_path):
 
 
 def test_bench_parent_never_imports_mindspore():
-    code = ("import sys, lite_runtime.bench as b; b.build_parser(); "
+    code = (f"import sys; sys.path.insert(0, {os.path.join(REPO, 'tools')!r}); import bench_decode as b; "
+            "b.build_parser(); "
             "assert not [m for m in sys.modules if m.split('.')[0] == 'mindspore']")
     result = run_cli(["-c", code])
     assert result.returncode == 0, result.stderr[-2000:]

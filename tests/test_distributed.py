@@ -14,10 +14,9 @@ import numpy as np
 import psutil
 import pytest
 
-from exporter.weights import shard
 from lite_runtime.backends import load_session
-from lite_runtime.manifest import load_manifest
-from tiny_models import (REPO, export_in_subprocess, make_tokenizer, run_cli, save_ckpt, tiny_export_config,
+from lite_runtime.contract.manifest import load_manifest
+from tiny_models import (REPO, shard_mindformers_llama, export_in_subprocess, make_tokenizer, run_cli, save_ckpt, tiny_export_config,
                          write_yaml)
 from greedy_runner import greedy_run
 
@@ -42,7 +41,7 @@ def tp_setup(tiny_ckpt, tmp_path_factory):
         if name == "sharded":
             for rank in range(2):
                 os.makedirs(folder / "shards" / f"rank_{rank}")
-                save_ckpt(shard(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
+                save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
         cfg = tiny_export_config(source, str(folder / name), parallel={"model_parallel": mp})
         cfg["model"]["tokenizer"] = tokenizer
         exports[name] = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg))
@@ -55,7 +54,7 @@ def test_tp2_greedy_matches_single_rank(tp_setup, source):
     assert load_manifest(exports[source]).world_size == 2
     out = folder / f"run_{source}"
     out.mkdir()
-    result = run_cli(["-m", "lite_runtime.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
                       str(out / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"), exports[source],
                       str(out), str(STEPS)])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -75,7 +74,7 @@ def test_seeded_sampling_agrees_on_every_rank_and_with_single_rank(tp_setup):
     single = run_cli(["run_infer_main.py", "--model_dir", exports["single"], "--backend", "ms"] + gen)
     assert single.returncode == 0, single.stderr[-2000:]
     logs = folder / "seeded_logs"
-    multi = run_cli(["-m", "lite_runtime.launch", "--rank_table", table, "--backend", "ms", "--log_dir", str(logs),
+    multi = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir", str(logs),
                      "--", "run_infer_main.py", "--model_dir", exports["full"]] + gen)
     assert multi.returncode == 0, multi.stderr[-2000:]
     expected = single.stdout.strip().splitlines()
@@ -89,7 +88,7 @@ def test_rank_table_size_mismatch_is_refused_before_start(tp_setup, tmp_path):
     folder, exports, _ = tp_setup
     table = rank_table(tmp_path / "table4.json", 4)
     logs = tmp_path / "logs"
-    result = run_cli(["-m", "lite_runtime.launch", "--rank_table", table, "--backend", "ms", "--log_dir", str(logs),
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir", str(logs),
                       "--", "run_infer_main.py", "--model_dir", exports["full"], "--predict_data", "one"])
     assert result.returncode == 1
     assert "has 4 ranks" in result.stderr and "written for 2" in result.stderr
@@ -101,7 +100,7 @@ def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, tmp_path):
     folder, exports, table = tp_setup
     env = dict(os.environ, PYTHONPATH=REPO)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "lite_runtime.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
+        [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
          str(tmp_path / "logs"), "--", "run_infer_main.py", "--model_dir", exports["full"]],
         cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -137,7 +136,7 @@ def test_failed_rank_during_export_is_reported(tp_setup, tmp_path):
         (bad / f"rank_{rank}" / "tiny.ckpt").write_bytes((folder / "shards" / f"rank_{rank}" / "tiny.ckpt").read_bytes())
     # rank 1's shard comes from a model with another hidden size: its shapes do not fit
     from tiny_models import llama_config, random_weights
-    save_ckpt(shard(random_weights(llama_config(hidden_size=48), seed=1), 1, 2), str(bad / "rank_1" / "tiny.ckpt"))
+    save_ckpt(shard_mindformers_llama(random_weights(llama_config(hidden_size=48), seed=1), 1, 2), str(bad / "rank_1" / "tiny.ckpt"))
     cfg = tiny_export_config(str(bad), str(tmp_path / "out"), parallel={"model_parallel": 2})
     result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "bad.yaml"), cfg)])
     assert result.returncode == 1
@@ -151,7 +150,7 @@ def test_pipeline_in_a_launched_job_agrees_with_single_rank(tp_setup, tmp_path):
     from lite_runtime import pipeline
     from pipeline_worker import PROMPTS
     folder, exports, table = tp_setup
-    result = run_cli(["-m", "lite_runtime.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
                       str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "pipeline_worker.py"),
                       exports["full"], str(tmp_path)])
     assert result.returncode == 0, result.stderr[-2000:]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lite_runtime.backends import load_session
-from lite_runtime.manifest import load_manifest
+from lite_runtime.contract.manifest import load_manifest
 from tiny_models import llama_config
 
 PROMPTS = [[5, 17, 33, 8, 61, 9, 12], [44, 3], [70, 21, 19, 88, 4, 6, 7, 30, 31, 45]]
@@ -29,12 +29,19 @@ def eager_logits(net, seqs, seq_length):
 
 @pytest.mark.parametrize("kv_mode", ["io", "in_graph"])
 def test_graphs_match_eager_network_for_32_steps(tiny_ckpt, tiny_exports, kv_mode):
-    from exporter.models.llama import LlamaForCausalLM
-    from exporter.weights import load_into
+    import mindspore as ms
+    from exporter.families import family_by_name
+    from exporter.models.attention import BuildContext
+    from exporter.models.decoder import CausalLM
+    from exporter.weights.checkpoints import load_into
     manifest = load_manifest(tiny_exports[kv_mode])
     session = load_session("ms", manifest)
-    net = LlamaForCausalLM(llama_config(), manifest.batch_size, manifest.seq_length, "io")
-    load_into(net, tiny_ckpt[1], "tiny")
+    llama = family_by_name("llama", "test")
+    sizes = llama_config()
+    sizes["norm_eps"] = sizes.pop("rms_norm_eps")
+    cfg = llama.config(sizes, "test")
+    net = CausalLM(cfg, BuildContext(1, 0, "io", manifest.batch_size, manifest.seq_length, ms.float32))
+    load_into(net, llama.mindformers_weights.apply(tiny_ckpt[1], cfg, "tiny", "llama"), "tiny")
 
     B, S = manifest.batch_size, manifest.seq_length
     ids = np.zeros((B, S), np.int32)

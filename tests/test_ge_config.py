@@ -1,4 +1,4 @@
-"""GE config.ini reading, validation, gears and generation (lite_runtime/ge_config*.py)."""
+"""GE config.ini reading, validation, gears and generation (lite_runtime/ascend/ge_config*.py)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lite_runtime.errors import ConfigError
-from lite_runtime.families import FAMILIES, GraphDims
-from lite_runtime.ge_config import (PRECISION_MODES, generate_ini, ge_only_sections, parse_ge_config,
-                                    read_ge_config, with_rank_table)
-from lite_runtime.ge_config_writer import list_presets, write_export_configs
-from lite_runtime.manifest import GraphEntry, Manifest, graph_relpath, load_manifest
+from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.families import FAMILIES, GraphDims
+from lite_runtime.ascend.ge_config import PRECISION_MODES, ge_only_sections, parse_ge_config, read_ge_config
+from lite_runtime.ascend.ge_config_writer import generate_ini, list_presets, with_rank_table, write_export_configs
+from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath, load_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = sorted((REPO / "ge_configs").glob("*.ini"))
@@ -31,14 +30,13 @@ def rank_table_file(tmp_path: Path, n: int = 2, name: str = "hccl.json") -> str:
 
 def make_export(tmp_path: Path, world_size: int = 1, batch: int = 2, seq: int = 16) -> str:
     family = FAMILIES["llama"]
-    config = {"num_layers": 2, "n_kv_heads": 2, "head_dim": 8, "vocab_size": 64}
     dims = GraphDims(batch, seq, 2, 2 // world_size, 8, 64)
     graphs = {kind: GraphEntry([graph_relpath(kind, r) for r in range(world_size)],
                                family.inputs(kind, "io", dims), family.outputs(kind, "io", dims))
               for kind in ("prefill", "increment")}
     folder = tmp_path / "export"
     folder.mkdir()
-    Manifest(family="llama", model_config=config, kv_cache="io", seq_length=seq, batch_size=batch,
+    Manifest(family="llama", model_config={}, graph_dims=dims.to_json(), kv_cache="io", seq_length=seq, batch_size=batch,
              world_size=world_size, compute_dtype="float32", graphs=graphs, bos_token_id=1, eos_token_id=[2],
              pad_token_id=0, tokenizer=None, mindspore_version="2.0.0", mindir_version="2.0").save(str(folder))
     return str(folder)
@@ -135,7 +133,7 @@ def test_rank_table_read_late_when_files_were_not_checked(tmp_path):
 
 
 def test_unknown_ascend_context_key_is_logged(caplog):
-    with caplog.at_level("WARNING", logger="lite_runtime.ge_config"):
+    with caplog.at_level("WARNING", logger="lite_runtime.ascend.ge_config"):
         parse_ge_config("[ascend_context]\nprovider=ge\nrank_tabel_file=x.json\n", "typo.ini")
     assert "typo.ini: line 3" in caplog.text and "'rank_tabel_file'" in caplog.text
 
@@ -236,7 +234,7 @@ def test_with_rank_table_keeps_comments(tmp_path):
 
 
 def run_cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "lite_runtime.ge_config"] + list(args),
+    return subprocess.run([sys.executable, "-m", "lite_runtime.cli.ge_config"] + list(args),
                           capture_output=True, text=True, cwd=cwd)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lite_runtime.errors import ConfigError
-from lite_runtime.rank_table import load_rank_table
+from lite_runtime.contract.errors import ConfigError
+from lite_runtime.ascend.rank_table import load_rank_table
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,8 +3,8 @@ table, and argument handling. (Full launched runs are in test_distributed.py.)""
 import configparser
 import json
 
-from lite_runtime.ge_config import read_ge_config
-from lite_runtime.launch import _option, _without, rank_ini_files
+from lite_runtime.ascend.ge_config import read_ge_config
+from lite_runtime.distributed.launch import _option, _without, rank_ini_files
 from tiny_models import REPO
 
 

@@ -18,9 +18,9 @@ import pytest
 
 from lite_process import (REPO, ensure_lite_installed, in_child, in_lite_process, shared_graphs,
                           shared_new_graphs)
-from lite_runtime.errors import ArtifactError, ConfigError, UnsupportedError
-from lite_runtime.families import FAMILIES, GraphDims
-from lite_runtime.manifest import GraphEntry, Manifest, graph_relpath, load_manifest
+from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
+from lite_runtime.contract.families import FAMILIES, GraphDims
+from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath, load_manifest
 
 B, S, LAYERS, KV, D, VOCAB = 2, 8, 2, 2, 4, 16   # tests/lite_graphs.py toy model
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -53,8 +53,7 @@ def make_export(graphs: Path, folder: Path, kv_cache: str = "io", **changes) -> 
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(graphs / f"{name}.mindir", folder / rel)
         entries[kind] = GraphEntry([rel], spec.inputs(kind, kv_cache, dims), spec.outputs(kind, kv_cache, dims))
-    fields = dict(family="llama", model_config={"num_layers": LAYERS, "n_kv_heads": KV, "head_dim": D,
-                                                 "vocab_size": VOCAB},
+    fields = dict(family="llama", model_config={}, graph_dims=dims.to_json(),
                   kv_cache=kv_cache, seq_length=S, batch_size=B, world_size=1, compute_dtype="float32",
                   graphs=entries, bos_token_id=1, eos_token_id=[2], pad_token_id=0, tokenizer=None,
                   mindspore_version="2.0.0", mindir_version="1")
@@ -258,7 +257,7 @@ def test_session_binds_the_host_cache_once(graphs, weights, tmp_path):
 @in_lite_process
 def test_session_checks_the_shape_of_what_it_is_fed(graphs, tmp_path):
     from lite_runtime.backends.mslite_backend import MSLiteSession
-    from lite_runtime.errors import ValidationError
+    from lite_runtime.contract.errors import ValidationError
     with MSLiteSession(make_export(graphs, tmp_path)) as session:
         with pytest.raises(ValidationError, match=r"prefill input input_ids must have shape \(2, 8\), got \(2, 5\)"):
             session.prefill(np.ones((B, 5), np.int32), np.array([2, 3], np.int32))
@@ -345,7 +344,7 @@ def test_mslite_process_never_loads_mindspore(graphs, tmp_path):
 import sys
 import numpy as np
 from lite_runtime.backends import load_session
-from lite_runtime.manifest import load_manifest
+from lite_runtime.contract.manifest import load_manifest
 session = load_session("mslite", load_manifest({str(export)!r}))
 session.prefill(np.ones(({B}, {S}), np.int32), np.array([2, 3], np.int32))
 session.decode(np.ones(({B}, 1), np.int32), np.array([3, 4], np.int32))

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from exporter.mindformers_yaml import llama_ffn_size
+from exporter.families.llama import llama_ffn_size
 from lite_runtime.backends import load_session
-from lite_runtime.manifest import load_manifest
-from tiny_models import export_in_subprocess, run_cli, write_yaml
+from lite_runtime.contract.manifest import load_manifest
+from tiny_models import export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 
 def mindformers_yaml(ckpt, output_dir, **model_config):
@@ -43,8 +43,38 @@ def test_mindformers_yaml_exports_the_same_model(tiny_ckpt, tiny_exports, tmp_pa
                                   load_session("ms", ref).prefill(ids, lengths))
 
 
+def concatenated(weights):
+    """The checkpoint newer MindFormers writes with qkv_concat: True: [q; k; v] as w_qkv and
+    [gate; up] as w_gate_hidden, stacked along the output rows."""
+    out = {}
+    for name, value in weights.items():
+        if name.endswith(("attention.wk.weight", "attention.wv.weight", "feed_forward.w3.weight")):
+            continue
+        if name.endswith("attention.wq.weight"):
+            p = name[: -len("wq.weight")]
+            out[p + "w_qkv.weight"] = np.concatenate([value, weights[p + "wk.weight"], weights[p + "wv.weight"]])
+        elif name.endswith("feed_forward.w1.weight"):
+            p = name[: -len("w1.weight")]
+            out[p + "w_gate_hidden.weight"] = np.concatenate([value, weights[p + "w3.weight"]])
+        else:
+            out[name] = value
+    return out
+
+
+def test_qkv_concat_checkpoint_exports_the_same_model(tiny_ckpt, tiny_exports, tmp_path):
+    ckpt = save_ckpt(concatenated(tiny_ckpt[1]), str(tmp_path / "concat.ckpt"))
+    assert any(n.endswith("w_qkv.weight") for n in concatenated(tiny_ckpt[1]))
+    data = mindformers_yaml(ckpt, str(tmp_path / "out"), qkv_concat=True)
+    out = export_in_subprocess(write_yaml(str(tmp_path / "run_llama_concat.yaml"), data))
+    ids = np.zeros((3, 48), np.int32)
+    ids[:, :4] = [[5, 6, 7, 8], [10, 11, 12, 13], [1, 2, 3, 4]]
+    lengths = np.array([4, 2, 3], np.int32)
+    np.testing.assert_array_equal(load_session("ms", load_manifest(out)).prefill(ids, lengths),
+                                  load_session("ms", load_manifest(tiny_exports["io"])).prefill(ids, lengths))
+
+
 @pytest.mark.parametrize("change, facts", [
-    ({"qkv_concat": True}, ["model.model_config.qkv_concat True", "allowed: False"]),
+    ({"qkv_has_bias": True}, ["model.model_config.qkv_has_bias True", "allowed: False"]),
     ({"type": "GLM2Config"}, ["LlamaForCausalLM"]),
     ({"use_fancy_thing": 1}, ["unknown key model.model_config.use_fancy_thing"]),
 ])

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from lite_runtime.errors import ArtifactError, UnsupportedError
-from lite_runtime.families import FAMILIES, GraphDims
-from lite_runtime.manifest import GraphEntry, Manifest, graph_relpath
+from lite_runtime.contract.errors import ArtifactError, UnsupportedError
+from lite_runtime.contract.families import FAMILIES, GraphDims
+from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath
 
 B, S, LAYERS, KV, D, VOCAB = 1, 8, 2, 2, 4, 16
 
@@ -106,8 +106,7 @@ def make_manifest(root, kv_cache="io") -> Manifest:
     dims, spec = GraphDims(B, S, LAYERS, KV, D, VOCAB), FAMILIES["llama"]
     graphs = {kind: GraphEntry([graph_relpath(kind, 0)], spec.inputs(kind, kv_cache, dims),
                                spec.outputs(kind, kv_cache, dims)) for kind in ("prefill", "increment")}
-    return Manifest(family="llama", model_config={"num_layers": LAYERS, "n_kv_heads": KV, "head_dim": D,
-                                                  "vocab_size": VOCAB},
+    return Manifest(family="llama", model_config={}, graph_dims=dims.to_json(),
                     kv_cache=kv_cache, seq_length=S, batch_size=B, world_size=1, compute_dtype="float32",
                     graphs=graphs, bos_token_id=1, eos_token_id=[2], pad_token_id=0, tokenizer=None,
                     mindspore_version="2.3.0", mindir_version="3", root=str(root))

@@ -92,7 +92,7 @@ def test_unknown_manifest_format_version(export_dir, tokenizer_model):
     edit_manifest(export_dir, lambda m: m.update(format_version=99))
     result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
     assert_one_line_error(result, os.path.join(export_dir, "manifest.json"), "format_version 99",
-                          "format_version 1")
+                          "format_version 2")
 
 
 def _retype_caches(manifest):
@@ -130,7 +130,7 @@ def test_export_without_tokenizer_needs_tokenizer_path(export_dir):
 # --- bad arguments ------------------------------------------------------------------------------------
 def test_unknown_family_in_model_name(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--model_name", "gpt5_7b", "--predict_data", "hello")
-    assert_one_line_error(result, "'gpt5'", "gpt5_7b", "known families: codellama, llama, llama2, llama3")
+    assert_one_line_error(result, "'gpt5'", "gpt5_7b", "known families: bloom, gpt2, llama (llama2, llama3, codellama)")
 
 
 def test_seq_length_other_than_the_exports(export_dir, tokenizer_model):
@@ -185,7 +185,7 @@ def test_defaults_and_model_name_common_run(export_dir, tokenizer_model):
 # --- the library --------------------------------------------------------------------------------------
 def test_infer_config_unknown_keyword():
     from lite_runtime import InferConfig
-    from lite_runtime.errors import ConfigError
+    from lite_runtime.contract.errors import ConfigError
     with pytest.raises(ConfigError) as info:
         InferConfig(foo=1, model_dir="x")
     message = str(info.value)
@@ -196,7 +196,7 @@ def test_infer_config_unknown_keyword():
 @pytest.mark.parametrize("model", ["no/such/dir", "no/such/llama2_7b", "missing.mindir"])
 def test_pipeline_reports_a_missing_path_not_an_unknown_model(model):
     from lite_runtime import pipeline
-    from lite_runtime.errors import ArtifactError
+    from lite_runtime.contract.errors import ArtifactError
     with pytest.raises(ArtifactError) as info:
         pipeline(model=model, backend="ms")
     message = str(info.value)
@@ -206,7 +206,7 @@ def test_pipeline_reports_a_missing_path_not_an_unknown_model(model):
 
 def test_pipeline_refuses_an_empty_prompt(export_dir, tokenizer_model):
     from lite_runtime import pipeline
-    from lite_runtime.errors import ValidationError
+    from lite_runtime.contract.errors import ValidationError
     generator = pipeline(model=export_dir, backend="ms", tokenizer_path=tokenizer_model)
     try:
         for prompt in (" ", "", ["hello", "\n"]):

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lite_runtime.errors import ValidationError
-from lite_runtime.sampling import (
+from lite_runtime.contract.errors import ValidationError
+from lite_runtime.decode.sampling import (
     Sampler,
     SamplingParams,
     apply_repetition_penalty,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tiny_models import train_byte_bpe_tokenizer
-from lite_runtime.errors import ValidationError
-from lite_runtime.streamers import RowDetokenizer, TextIteratorStreamer, TextStreamer
+from lite_runtime.contract.errors import ValidationError
+from lite_runtime.decode.streamers import RowDetokenizer, TextIteratorStreamer, TextStreamer
 from lite_runtime.tokenizer import load_tokenizer
 
 CORPUS = [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tiny_models import train_byte_bpe_tokenizer
-from lite_runtime.errors import ArtifactError, ConfigError, ValidationError
+from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.tokenizer import Tokenizer, load_tokenizer
 
 CORPUS = [

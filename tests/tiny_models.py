@@ -18,25 +18,53 @@ TINY = dict(family="llama", vocab_size=96, hidden_size=32, num_layers=2, n_heads
             bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-def llama_config(**overrides):
-    from exporter.models.llama import LlamaConfig
-    sizes = {k: v for k, v in dict(TINY, **overrides).items()
-             if k not in ("family", "bos_token_id", "eos_token_id", "pad_token_id")}
-    return LlamaConfig(**sizes)
+def llama_config(**overrides) -> dict:
+    """The tiny model's sizes (TINY with overrides), without the family and special ids."""
+    return {k: v for k, v in dict(TINY, **overrides).items()
+            if k not in ("family", "bos_token_id", "eos_token_id", "pad_token_id")}
 
 
-def random_weights(cfg, seed: int = 0, scale: float = 0.3) -> Dict[str, np.ndarray]:
-    """Canonical (MindFormers) names -> random float32 arrays, norms around 1."""
-    from exporter.models.llama import LlamaForCausalLM
-    net = LlamaForCausalLM(cfg, 1, 8)
+def mindformers_llama_shapes(sizes: dict) -> Dict[str, tuple]:
+    """Parameter names and shapes of a MindFormers Llama checkpoint (written out here, independently
+    of the exporter's weight plan)."""
+    h, inter, vocab = sizes["hidden_size"], sizes["intermediate_size"], sizes["vocab_size"]
+    kv = sizes["n_kv_heads"] * (h // sizes["n_heads"])
+    shapes = {"model.tok_embeddings.embedding_weight": (vocab, h), "model.norm_out.weight": (h,),
+              "lm_head.weight": (vocab, h)}
+    for i in range(sizes["num_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "attention.wq.weight": (h, h), p + "attention.wk.weight": (kv, h),
+                       p + "attention.wv.weight": (kv, h), p + "attention.wo.weight": (h, h),
+                       p + "feed_forward.w1.weight": (inter, h), p + "feed_forward.w3.weight": (inter, h),
+                       p + "feed_forward.w2.weight": (h, inter), p + "attention_norm.weight": (h,),
+                       p + "ffn_norm.weight": (h,)})
+    return shapes
+
+
+def random_weights(sizes: dict, seed: int = 0, scale: float = 0.3) -> Dict[str, np.ndarray]:
+    """MindFormers Llama names -> random float32 arrays, norms around 1."""
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, p in net.parameters_and_names():
+    for name, shape in mindformers_llama_shapes(sizes).items():
         if name.endswith("norm.weight") or name.endswith("norm_out.weight"):
-            weights[name] = (1.0 + 0.1 * rng.standard_normal(p.shape)).astype(np.float32)
+            weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
-            weights[name] = (scale * rng.standard_normal(p.shape)).astype(np.float32)
+            weights[name] = (scale * rng.standard_normal(shape)).astype(np.float32)
     return weights
+
+
+# Megatron-style split of MindFormers Llama tensors: column-parallel rows, row-parallel columns.
+_SPLIT_AXIS = {"attention.wq.weight": 0, "attention.wk.weight": 0, "attention.wv.weight": 0,
+               "feed_forward.w1.weight": 0, "feed_forward.w3.weight": 0, "lm_head.weight": 0,
+               "attention.wo.weight": 1, "feed_forward.w2.weight": 1}
+
+
+def shard_mindformers_llama(weights: Dict[str, np.ndarray], rank: int, world_size: int) -> Dict[str, np.ndarray]:
+    out = {}
+    for name, value in weights.items():
+        axis = next((a for suffix, a in _SPLIT_AXIS.items() if name.endswith(suffix)), None)
+        out[name] = value if axis is None else np.split(value, world_size, axis=axis)[rank]
+    return out
 
 
 def save_ckpt(weights: Dict[str, np.ndarray], path: str) -> str:
@@ -82,7 +110,7 @@ def make_tokenizer(folder: str, vocab_size: int = 96) -> str:
     prefix = os.path.join(folder, "tokenizer")
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
                                    unk_id=3, bos_id=1, eos_id=2, pad_id=0, hard_vocab_limit=False,
-                                   user_defined_symbols=[f"<t{i}>" for i in range(vocab_size - 40)],
+                                   user_defined_symbols=[f"<t{i}>" for i in range(vocab_size - 39)],
                                    minloglevel=2)
     return prefix + ".model"
 

@@ -1,7 +1,7 @@
 """Run under the launcher: one rank's greedy decode of fixed prompts, logits saved per rank.
 
 usage (by tests/test_distributed.py):
-  python -m lite_runtime.launch --rank_table T --backend ms -- tests/tp_worker.py EXPORT OUT_DIR STEPS
+  python -m lite_runtime.distributed.launch --rank_table T --backend ms -- tests/tp_worker.py EXPORT OUT_DIR STEPS
 """
 import os
 import sys
@@ -15,7 +15,7 @@ from greedy_runner import greedy_run
 def main(export, out_dir, steps):
     from mindspore.communication import get_rank, init
     from lite_runtime.backends import load_session
-    from lite_runtime.manifest import load_manifest
+    from lite_runtime.contract.manifest import load_manifest
     init()
     rank = get_rank()
     assert rank == int(os.environ["RANK_ID"]), "launcher rank order differs from MindSpore's"

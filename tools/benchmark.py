@@ -1,4 +1,4 @@
-"""Decode benchmark (see lite_runtime/bench.py):
+"""Decode benchmark (see tools/bench_decode.py):
 
     .venv/bin/python tools/benchmark.py                       # the notes' benchmark model, ms and mslite, batch 1 and 8
     .venv/bin/python tools/benchmark.py --model_dir output/demo --backend mslite --json bench.json
@@ -7,7 +7,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lite_runtime.bench import main  # noqa: E402
+from bench_decode import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:] or ["--make-bench-model"]))

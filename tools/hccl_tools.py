@@ -23,12 +23,12 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 try:
-    from lite_runtime.errors import ConfigError
+    from lite_runtime.contract.errors import ConfigError
 except ImportError:                       # run as `python tools/hccl_tools.py` from a checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from lite_runtime.errors import ConfigError
-from lite_runtime.cli_common import OneLineParser, report_errors
-from lite_runtime.rank_table import RankEntry, ServerEntry, table_json, validate_rank_table
+    from lite_runtime.contract.errors import ConfigError
+from lite_runtime.cli.cli_common import OneLineParser, report_errors
+from lite_runtime.ascend.rank_table import RankEntry, ServerEntry, table_json, validate_rank_table
 
 logger = logging.getLogger("hccl_tools")
 DEFAULT_HCCN_CONF = "/etc/hccn.conf"

@@ -11,11 +11,11 @@ import sys
 from typing import Optional, Sequence
 
 try:
-    from lite_runtime.cli_common import OneLineParser, report_errors
+    from lite_runtime.cli.cli_common import OneLineParser, report_errors
 except ImportError:                       # run as `python tools/merge_hccl.py` from a checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from lite_runtime.cli_common import OneLineParser, report_errors
-from lite_runtime.rank_table import load_rank_table, merge_rank_tables
+    from lite_runtime.cli.cli_common import OneLineParser, report_errors
+from lite_runtime.ascend.rank_table import load_rank_table, merge_rank_tables
 
 
 def merge_files(paths: Sequence[str], output_dir: str = ".") -> str:

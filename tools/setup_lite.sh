@@ -6,7 +6,7 @@
 #   build/lite/lib/     the Lite libraries of the CPU path + liblite_shim.so beside them
 #
 # Idempotent: each step is skipped when its result is already there. The shim is rebuilt when
-# lite_runtime/native/lite_shim.cc is newer than the built library.
+# lite_runtime/backends/native/lite_shim.cc is newer than the built library.
 # Environment: PYTHON (interpreter used for pip and zipfile; default .venv/bin/python, else python3),
 #              CXX (default g++).
 set -euo pipefail
@@ -17,7 +17,7 @@ WHEEL_NAME="mindspore_lite-2.0.0-cp37-cp37m-manylinux1_x86_64.whl"
 WHEEL_SHA256="199cd0605cc985b88eddb273db9dfe9000a585ba10ca2292b6b36ebfff07b3ec"
 WHEEL="$LITE/wheel/$WHEEL_NAME"
 CACHED_WHEEL="$ROOT/.cache/lite-wheel/$WHEEL_NAME"   # optional pre-downloaded copy
-SHIM_SRC="$ROOT/lite_runtime/native/lite_shim.cc"
+SHIM_SRC="$ROOT/lite_runtime/backends/native/lite_shim.cc"
 SHIM="$LITE/lib/liblite_shim.so"
 LIBS=(libmindspore-extendrt_python.so libdnnl.so.2 libmindspore_converter.so libmslite_converter_plugin.so
       libmindspore_core.so libmindspore_glog.so.0 libopencv_core.so.4.5 libopencv_imgcodecs.so.4.5

@@ -243,7 +243,7 @@ output_dir: output/demo
 
 
 def write_yaml(path: str, sp) -> None:
-    from exporter.config import load_config
+    from exporter.config.schema import load_config
     with open(path, "w", encoding="utf-8") as f:
         f.write(YAML.format(vocab_size=sp.get_piece_size(), bos=sp.bos_id(), eos=sp.eos_id(),
                             seq_length=SEQ_LENGTH, **MODEL))
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     random.seed(SEED)
     np.random.seed(SEED)
     sys.path.insert(0, REPO)
-    from exporter.weights import rename_hf
+    from exporter.weights.checkpoints import rename_hf
 
     start = time.time()
     samples = build_corpus()

@@ -11,8 +11,8 @@ from typing import Dict, List, Optional, Tuple, Type
 
 from lite_runtime.contract.errors import ConfigError, UnsupportedError
 
-from ..models.config import DecoderConfig
-from ..weights.plan import WeightPlan
+from exporter.models.config import DecoderConfig
+from exporter.weights.plan import WeightPlan
 
 # Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names).
 SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size",
@@ -86,7 +86,7 @@ def _lookup(field: str, value: str) -> Optional[Type[Family]]:
 def family_by_name(name: str, where: str) -> Type[Family]:
     found = FAMILIES.get(name) or _lookup("aliases", name)
     if found is None:
-        raise UnsupportedError(f"{where}: unknown model family {name!r}; known: {describe_families()}")
+        raise UnsupportedError(f"{where}: unknown model family {name!r}; known families: {describe_families()}")
     return found
 
 
@@ -107,13 +107,13 @@ def family_by_mindformers_type(arch, where: str) -> Type[Family]:
 
 
 def describe_families() -> str:
-    return "; ".join(f"{f.name}" + (f" ({', '.join(f.aliases)})" if f.aliases else "") for f in FAMILIES.values())
+    return ", ".join(f.name + (f" ({', '.join(f.aliases)})" if f.aliases else "") for f in sorted(FAMILIES.values(), key=lambda f: f.name))
 
 
 def family_table() -> List[Tuple[str, str, str, str]]:
     """(name, aliases, HF model_types, MindFormers types) per family, for `--list_families`."""
     return [(f.name, ", ".join(f.aliases), ", ".join(f.hf_model_types), ", ".join(f.mindformers_types))
-            for f in FAMILIES.values()]
+            for f in sorted(FAMILIES.values(), key=lambda f: f.name)]
 
 
 def refuse_true(hf: dict, keys, where: str, family: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
 
-from ..weights.plan import WeightPlan, qkv_per_head, rule
-from .base import Family, refuse_true, register_family
+from exporter.weights.plan import WeightPlan, qkv_per_head, rule
+from exporter.families.base import Family, refuse_true, register_family
 
 _QKV = ("layers.{L}.attn.q.{wb}", "layers.{L}.attn.k.{wb}", "layers.{L}.attn.v.{wb}")
 

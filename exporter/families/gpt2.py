@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
 
-from ..weights.plan import WeightPlan, qkv_sections, rule
-from .base import Family, refuse_true, register_family
+from exporter.weights.plan import WeightPlan, qkv_sections, rule
+from exporter.families.base import Family, refuse_true, register_family
 
 _QKV = ("layers.{L}.attn.q.%s", "layers.{L}.attn.k.%s", "layers.{L}.attn.v.%s")
 

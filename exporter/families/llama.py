@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
 
-from ..weights.plan import WeightPlan, halves, qkv_sections, rule
-from .base import Family, refuse_true, register_family
+from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
+from exporter.families.base import Family, refuse_true, register_family
 
 
 def llama_ffn_size(hidden: int, multiple_of: int = 256, multiplier=None) -> int:

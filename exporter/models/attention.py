@@ -13,9 +13,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from .config import DecoderConfig
-from .linear import ColumnParallelLinear, RowParallelLinear, zeros_param
-from .positions import Rotary, alibi_slopes
+from exporter.models.config import DecoderConfig
+from exporter.models.linear import ColumnParallelLinear, RowParallelLinear, zeros_param
+from exporter.models.positions import Rotary, alibi_slopes
 
 NEG = -1e9  # additive mask value; finite so fully masked rows never produce NaN
 

@@ -12,12 +12,12 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from .attention import Attention, BuildContext, ScoreBias
-from .config import DecoderConfig
-from .linear import Collective, ColumnParallelLinear, Embedding
-from .mlp import make_mlp
-from .norms import make_norm
-from .positions import rotary_tables
+from exporter.models.attention import Attention, BuildContext, ScoreBias
+from exporter.models.config import DecoderConfig
+from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
+from exporter.models.mlp import make_mlp
+from exporter.models.norms import make_norm
+from exporter.models.positions import rotary_tables
 
 
 class DecoderLayer(nn.Cell):

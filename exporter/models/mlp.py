@@ -5,7 +5,7 @@ import math
 
 from mindspore import nn, ops
 
-from .linear import ColumnParallelLinear, RowParallelLinear
+from exporter.models.linear import ColumnParallelLinear, RowParallelLinear
 
 
 class SwiGLU(nn.Cell):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
-from .linear import zeros_param
+from exporter.models.linear import zeros_param
 
 
 class RMSNorm(nn.Cell):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import UnsupportedError
-from ..manifest import Manifest
-from .base import Session
+from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.manifest import Manifest
+from lite_runtime.backends.base import Session
 
 BACKENDS = {"ms": ("lite_runtime.backends.ms_backend", "MSSession"),
             "mslite": ("lite_runtime.backends.mslite_backend", "MSLiteSession")}

@@ -10,8 +10,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..errors import UnsupportedError
-from ..manifest import Manifest
+from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.manifest import Manifest
 
 
 class HostKVCache:
@@ -42,8 +42,9 @@ class HostKVCache:
 class Session:
     """One rank's loaded prefill + increment graphs.
 
-    `prefill(input_ids (B,S), valid_length (B,))` and `decode(input_ids (B,1), valid_length (B,))`
-    return float32 logits (B, vocab) of each row's last valid position. `valid_length` counts the
+    `prefill(input_ids (B,S), valid_length (B,), *extra)` and `decode(input_ids (B,1), valid_length (B,),
+    *extra)` return float32 logits (B, vocab) of each row's last valid position; `extra` are the
+    family's own graph inputs (its feed builder makes them), in the order of the manifest. `valid_length` counts the
     row's tokens including those of this call. `graph_seconds` accumulates time spent inside graph
     calls, so benchmarks can report host work separately.
     """
@@ -57,14 +58,14 @@ class Session:
         self.cache: Optional[HostKVCache] = HostKVCache(manifest) if manifest.kv_cache == "io" else None
 
     # --- the protocol ---------------------------------------------------------------------------
-    def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray) -> np.ndarray:
-        outputs = self._timed_run("prefill", [input_ids, valid_length])
+    def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
+        outputs = self._timed_run("prefill", [input_ids, valid_length, *extra])
         if self.cache is not None:
             self.cache.write_prefill(outputs[1:])
         return outputs[0]
 
-    def decode(self, input_ids: np.ndarray, valid_length: np.ndarray) -> np.ndarray:
-        feeds = [input_ids, valid_length]
+    def decode(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
+        feeds = [input_ids, valid_length, *extra]
         if self.cache is not None:
             feeds += self.cache.arrays
         outputs = self._timed_run("increment", feeds)

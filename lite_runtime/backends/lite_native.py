@@ -1,7 +1,7 @@
 """ctypes binding to MindSpore Lite 2.0's C++ runtime through the project's shim (CPU, any Python).
 
 The PyPI `mindspore_lite` wheel is cp37-only, so on other Pythons the project compiles
-`lite_runtime/native/lite_shim.cc` against the wheel's C++ libraries (`make setup`, i.e.
+`lite_runtime/backends/native/lite_shim.cc` against the wheel's C++ libraries (`make setup`, i.e.
 `bash tools/setup_lite.sh`) and loads it here. This module never imports mindspore: Lite's libraries
 and mindspore's cannot live in one process.
 
@@ -20,8 +20,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, ToolchainError, UnsupportedError
-from ..families import TensorSpec
+from lite_runtime.contract.errors import ArtifactError, ToolchainError, UnsupportedError
+from lite_runtime.contract.families import TensorSpec
 
 SHIM_ENV = "LITE_SHIM_LIB"
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,10 +13,11 @@ from typing import List
 
 import numpy as np
 
-from ..errors import ArtifactError, UnsupportedError
-from ..graph_check import check_graph_inputs
-from ..manifest import Manifest
-from .base import Session
+from lite_runtime.contract.errors import ArtifactError, UnsupportedError
+from lite_runtime.contract.graph_check import check_graph_inputs
+from lite_runtime.contract.mindir import cpu_graph_mode, read_mindir_io
+from lite_runtime.contract.manifest import Manifest
+from lite_runtime.backends.base import Session
 
 log = logging.getLogger("lite_runtime.ms")
 
@@ -32,7 +33,6 @@ class MSSession(Session):
             raise UnsupportedError("backend 'ms' needs the mindspore package, which is not installed here; "
                                    "install mindspore or use backend='mslite'") from None
         from mindspore import nn
-        from .mindir_info import read_mindir_io
         self._ms = ms
         cpu_graph_mode(ms)
         if manifest.world_size > 1:
@@ -56,8 +56,8 @@ class MSSession(Session):
             dst = self._cells["increment"].parameters_dict()
             self._cache_params = [(src[n], dst[n]) for n in src if n.endswith(("key_cache", "value_cache"))]
 
-    def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray) -> np.ndarray:
-        logits = super().prefill(input_ids, valid_length)
+    def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
+        logits = super().prefill(input_ids, valid_length, *extra)
         for src, dst in self._cache_params:
             dst.set_data(src)
         return logits
@@ -68,18 +68,6 @@ class MSSession(Session):
         if isinstance(out, (tuple, list)):
             return [o.asnumpy() for o in out]
         return [out.asnumpy()]
-
-
-def cpu_graph_mode(ms) -> None:
-    """GRAPH mode on CPU: `set_device` from MindSpore 2.5 on (set_context's device_target is
-    deprecated there); MindSpore 2.0, the Lite-compatible export environment, has only the latter."""
-    ms.set_context(mode=ms.GRAPH_MODE)
-    if ms.get_context("device_target") == "CPU":
-        return   # already; setting it again after communication.init() is an error in 2.10
-    if hasattr(ms, "set_device"):
-        ms.set_device("CPU")
-    else:
-        ms.set_context(device_target="CPU")
 
 
 def _require_cluster(manifest: Manifest) -> None:
@@ -95,5 +83,5 @@ def _require_cluster(manifest: Manifest) -> None:
     if size != manifest.world_size:
         raise UnsupportedError(
             f"this export has {manifest.world_size} ranks and must run inside a launched job of "
-            f"{manifest.world_size} processes (python -m lite_runtime.launch ...); "
+            f"{manifest.world_size} processes (python -m lite_runtime.distributed.launch ...); "
             f"this process is in a group of {size or 'no'} ranks")

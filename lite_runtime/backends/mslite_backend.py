@@ -17,13 +17,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, ConfigError, UnsupportedError, ValidationError
-from ..families import GRAPH_KINDS, TensorSpec
-from ..ge_config import GeConfig, read_ge_config, split_config_paths
-from ..graph_check import check_graph_inputs
-from ..manifest import Manifest
-from .base import Session, require_kv_mode
-from .lite_native import MINDIR_VERSION_ADVICE, LiteModel
+from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError, ValidationError
+from lite_runtime.contract.families import GRAPH_KINDS, TensorSpec
+from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
+from lite_runtime.contract.graph_check import check_graph_inputs
+from lite_runtime.contract.manifest import Manifest
+from lite_runtime.backends.base import Session, require_kv_mode
+from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
 
 log = logging.getLogger("lite_runtime.mslite")
 
@@ -128,7 +128,7 @@ class MSLiteSession(Session):
 
     # --- loading --------------------------------------------------------------------------------
     def _load_official(self, mslite, paths, present, device_id, num_threads, target, config_dict):
-        from .mslite_official import OfficialLiteGraphs
+        from lite_runtime.backends.mslite_official import OfficialLiteGraphs
         use_ge = any(c.provider == "ge" for c in present)
         graphs = OfficialLiteGraphs(mslite, self.manifest, self.rank, config_paths=paths, use_ge=use_ge,
                                     device_id=device_id, num_threads=num_threads, target=target,
@@ -153,7 +153,8 @@ class MSLiteSession(Session):
             self._models[kind] = model
             check_graph_inputs(model.inputs, m.graphs[kind].inputs, path)
             check_graph_outputs(model.outputs, m.graphs[kind].outputs, path)
-            feeds = [np.zeros(s.shape, s.dtype) for s in model.inputs[:2]]
+            n_feeds = len(model.inputs) - (len(self.cache.arrays) if kind == "increment" else 0)
+            feeds = [np.zeros(s.shape, s.dtype) for s in model.inputs[:n_feeds]]
             if kind == "increment":
                 feeds += self.cache.arrays           # bound once; Lite reads the host cache in place
             model.bind_inputs(feeds)

@@ -14,9 +14,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..errors import ArtifactError, UnsupportedError
-from ..families import GRAPH_KINDS, TensorSpec
-from ..manifest import Manifest
+from lite_runtime.contract.errors import ArtifactError, UnsupportedError
+from lite_runtime.contract.families import GRAPH_KINDS, TensorSpec
+from lite_runtime.contract.manifest import Manifest
 
 
 class OfficialLiteGraphs:

@@ -1,0 +1,1 @@
+"""Tracing per rank, the distributed export job, and writing the export."""

@@ -1,0 +1,159 @@
+"""`export(config)`: trace the prefill and increment graphs of every rank and write the export.
+
+The export is assembled in a temporary folder beside `output_dir` and renamed into place at the
+end, so a failed export never leaves a half-written folder that looks valid.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import List
+
+from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.families import get_family
+from lite_runtime.contract.graph_check import check_graph_inputs
+from lite_runtime.contract.manifest import MANIFEST_NAME, GraphEntry, Manifest, file_sha256, graph_relpath
+from exporter.config.schema import ExportConfig
+from exporter.build.trace import graph_dims, trace_rank
+from exporter.model_source import ModelSource, resolve_model
+
+log = logging.getLogger("exporter")
+GE_CONFIG_NAME = "config.ini"
+
+
+def export(config: ExportConfig) -> str:
+    """Write the export described by `config`; returns its folder."""
+    source = resolve_model(config)
+    try:
+        source.config.check_world_size(config.world_size)
+    except ConfigError as e:
+        raise ConfigError(f"{config.source}: {e}") from None
+    _check_output_dir(config.output_dir)
+    if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
+        raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
+    start = time.perf_counter()
+    parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
+    created = _missing_folders(parent)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        _trace_all(config, source, tmp)
+        manifest = _write_side_files(config, source, tmp)
+        _replace_dir(tmp, config.output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
+        raise
+    _write_infer_copies(config, manifest)
+    log.info("exported %s (%d rank(s)) to %s in %.1f s", source.family.name, config.world_size,
+             config.output_dir, time.perf_counter() - start)
+    return config.output_dir
+
+
+def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
+    """Every rank's graphs into `tmp`: in this process for one rank, in a launched job for more."""
+    if config.world_size > 1:
+        from exporter.build.distributed import trace_distributed
+        trace_distributed(config, tmp)
+    else:
+        trace_rank(config, source, 0, tmp)
+
+
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Manifest:
+    import mindspore as ms
+    from lite_runtime.contract.mindir import read_mindir_io
+
+    spec, dims = get_family(source.family.name), graph_dims(config, source)
+    graphs, hashes, mindir_version = {}, {}, ""
+    for kind in ("prefill", "increment"):
+        files = [graph_relpath(kind, r) for r in range(config.world_size)]
+        entry = GraphEntry(files, spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
+        for rel in files:
+            actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))
+            check_graph_inputs(actual, entry.inputs, f"exported {rel}")
+            hashes[rel] = file_sha256(os.path.join(tmp, rel))
+        graphs[kind] = entry
+    tokenizer = None
+    bos, eos = source.bos_token_id, list(source.eos_token_id)
+    if source.tokenizer:
+        tokenizer = os.path.basename(source.tokenizer)
+        for path in [source.tokenizer] + source.tokenizer_side_files:
+            shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
+        bos, eos = _tokenizer_defaults(tmp, bos, eos)
+    if not eos:
+        raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
+    ge_config = None
+    if config.infer.ge_config_path:
+        ge_config = GE_CONFIG_NAME
+        shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
+    manifest = Manifest(family=source.family.name, model_config=source.config.to_json(), graph_dims=dims.to_json(),
+                        kv_cache=config.kv_cache,
+                        seq_length=config.seq_length, batch_size=config.batch_size,
+                        world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
+                        bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id,
+                        tokenizer=tokenizer, tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
+                        mindspore_version=ms.__version__,
+                        mindir_version=mindir_version, sha256=hashes, ge_config=ge_config)
+    manifest.save(tmp)
+    return manifest
+
+
+def _tokenizer_defaults(folder: str, bos, eos):
+    """Special ids the config did not give, from the tokenizer files copied into `folder`."""
+    from lite_runtime.tokenizers import load_tokenizer
+    tok = load_tokenizer(folder)
+    if bos is None:
+        bos = tok.bos_token_id
+    if not eos:
+        eos = list(tok.eos_token_ids)
+    return bos, eos
+
+
+def _check_output_dir(path: str) -> None:
+    if os.path.isfile(path):
+        raise ConfigError(f"output_dir {path} is a file; give a folder")
+    if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        raise ConfigError(f"output_dir {path} exists and is not an export (no {MANIFEST_NAME}); "
+                          "refusing to overwrite it: choose another folder or empty it")
+
+
+def _missing_folders(path: str) -> List[str]:
+    """`path` and those of its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.exists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _remove_empty(folders: List[str]) -> None:
+    """Undo `os.makedirs` of a failed export: remove the folders it created, deepest first, while empty."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+
+
+def _replace_dir(tmp: str, target: str) -> None:
+    """Move the finished export into place; an older export at `target` is replaced whole."""
+    old = None
+    if os.path.exists(target):
+        old = target + ".old-" + os.path.basename(tmp)
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
+    """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs."""
+    for kind, dest in (("prefill", config.infer.prefill_model_path), ("increment", config.infer.increment_model_path)):
+        if dest:
+            os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+            tmp = dest + ".tmp"
+            shutil.copyfile(os.path.join(config.output_dir, graph_relpath(kind, 0)), tmp)
+            os.replace(tmp, dest)

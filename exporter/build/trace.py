@@ -1,0 +1,61 @@
+"""Tracing one rank: build its share of the network, load its weights, write its two graphs."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import numpy as np
+
+from lite_runtime.contract.errors import WeightError
+from lite_runtime.contract.families import GRAPH_KINDS, GraphDims, get_family
+from lite_runtime.contract.manifest import graph_relpath
+from exporter.config.schema import ExportConfig
+from exporter.model_source import ModelSource
+from exporter.weights import checkpoints as W
+
+
+def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
+    cfg = source.config
+    return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
+                     cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size)
+
+
+def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
+                 world_size: int) -> Dict[str, np.ndarray]:
+    """This rank's weights under canonical names: a pre-sharded rank folder as is, or a slice of the
+    full model cut by the network's split rules."""
+    shards = W.rank_folders(source.checkpoint)
+    if shards:
+        if len(shards) != world_size:
+            raise WeightError(f"load_checkpoint {source.checkpoint} has {len(shards)} rank folders but "
+                              f"parallel.model_parallel is {world_size}; they must be equal")
+        weights = W.read_rank_shard(shards[rank], source.family, source.config)
+        return W.tie_head(weights, expects_head, source.config.tie_word_embeddings, 0, 1)
+    full = W.read_source(source.checkpoint, source.family, source.config)
+    full = W.tie_head(full, expects_head, source.config.tie_word_embeddings, 0, 1)
+    return W.shard(full, rules, rank, world_size)
+
+
+def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
+    """Build rank `rank`'s network, load its weights and write both graphs into `folder`."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from lite_runtime.contract.mindir import cpu_graph_mode
+    from exporter.models.attention import BuildContext
+    from exporter.models.decoder import CausalLM, IncrementGraph, PrefillGraph
+    from exporter.models.linear import split_rules
+
+    cpu_graph_mode(ms)
+    dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
+    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype)
+    net = CausalLM(source.config, ctx)
+    expects_head = not net.head_is_embedding
+    weights = rank_weights(source, split_rules(net), expects_head, rank, config.world_size)
+    W.load_into(net, weights, f"{source.checkpoint} (rank {rank})" if config.world_size > 1 else source.checkpoint,
+                W.plan_for(source.checkpoint, source.family))
+    spec, dims = get_family(source.family.name), graph_dims(config, source)
+    for kind, graph in zip(GRAPH_KINDS, (PrefillGraph(net), IncrementGraph(net))):
+        dummies = [Tensor(np.zeros(t.shape, t.dtype)) for t in spec.inputs(kind, config.kv_cache, dims)]
+        path = os.path.join(folder, graph_relpath(kind, rank))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        ms.export(graph, *dummies, file_name=path[: -len(".mindir")], file_format="MINDIR")

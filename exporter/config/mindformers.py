@@ -1,0 +1,73 @@
+"""MindFormers run yamls (`model.model_config` / `model.arch`, `parallel_config`, `processor`)
+translated into this exporter's schema, so users can export with the yaml they trained with.
+
+Training-only sections are skipped (and listed in the log); model_config keys that would change
+the network in ways this exporter does not build are refused by name.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict
+
+from lite_runtime.contract.errors import ConfigError, UnsupportedError
+
+log = logging.getLogger("exporter")
+
+MF_EXPORT_KEYS = ("seq_length", "batch_size", "use_past", "compute_dtype")
+MF_SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# Keys of training, of other executors, or of upstream's own kernels: no effect on the exported math.
+MF_IGNORED_MODEL_KEYS = {
+    "type", "ignore_token_id", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype", "param_init_type",
+    "embedding_init_type", "parallel_config", "moe_config", "is_dynamic", "use_rope_slice", "use_flash_attention",
+    "use_ring_attention", "use_attn_mask_compression", "parallel_optimizer", "fine_grain_interleave",
+    "pp_interleave_num", "offset", "checkpoint_name_or_path", "repetition_penalty", "max_decode_length",
+    "block_size", "num_blocks", "top_k", "top_p", "do_sample", "llm_backend", "fused_rms_norm",
+    "max_position_embedding", "use_kvcache_op", "is_flexible_shape", "use_paged_attention", "multiple_of",
+    "ffn_dim_multiplier", "scaling_factor", "batch_valid_length", "dropout_prob", "qkv_concat",
+    "embedding_dropout_prob", "hidden_dropout_rate", "attention_dropout_rate", "expand_ratio", "hidden_act",
+    "use_seq_parallel", "use_select_recompute", "unk_token_id", "is_sample_acceleration", "num_labels",
+    "post_layernorm_residual", "qkv_has_bias"}
+# Keys that are fine at these values only (any family); each family adds its own.
+MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
+MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer"}
+
+
+def is_mindformers_yaml(data: dict) -> bool:
+    model = data.get("model")
+    return isinstance(model, dict) and ("model_config" in model or "arch" in model)
+
+
+def from_mindformers(data: dict, source: str) -> Dict[str, object]:
+    from exporter.families import family_by_mindformers_type
+    model = data["model"]
+    mc = model.get("model_config") or {}
+    if not isinstance(mc, dict):
+        raise ConfigError(f"{source}: model.model_config must be a mapping of keys")
+    arch = (model.get("arch") or {}).get("type") or mc.get("type")
+    family = family_by_mindformers_type(arch, source)
+    for key, allowed in MF_REQUIRED_VALUES.items():
+        if key in mc and mc[key] not in allowed:
+            raise UnsupportedError(f"{source}: model.model_config.{key} {mc[key]!r} is not supported; allowed: "
+                                   f"{', '.join(repr(a) for a in allowed)}")
+    understood = set(family.mindformers_keys) | set(MF_SPECIAL_KEYS) | set(MF_EXPORT_KEYS)
+    unknown = sorted(set(mc) - understood - MF_IGNORED_MODEL_KEYS - set(family.mindformers_required))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key model.model_config.{unknown[0]} for a MindFormers {family.name} "
+                          f"config; understood: {', '.join(sorted(understood))}")
+    ours = dict(family.from_mindformers(mc, source), family=family.name)
+    ours.update({k: mc[k] for k in MF_SPECIAL_KEYS if mc.get(k) is not None})
+    tokenizer = ((data.get("processor") or {}).get("tokenizer") or {}).get("vocab_file")
+    if tokenizer:
+        ours["tokenizer"] = tokenizer
+    config = {"model": ours, "output_dir": data.get("output_dir") or "./output"}
+    config.update({k: mc[k] for k in MF_EXPORT_KEYS if mc.get(k) is not None})
+    for key in ("load_checkpoint", "infer"):
+        if data.get(key):
+            config[key] = data[key]
+    parallel = data.get("parallel_config") or {}
+    if parallel.get("model_parallel"):
+        config["parallel"] = {"model_parallel": parallel["model_parallel"]}
+    skipped = sorted(set(data) - MF_TOP_USED)
+    if skipped:
+        log.info("%s: MindFormers sections not used by export: %s", source, ", ".join(skipped))
+    return config

@@ -1,0 +1,212 @@
+"""The export yaml, validated at the edge into typed config objects.
+
+Each section is a dataclass; `_build` checks keys, types and required fields against the
+dataclass itself, so the schema is written once. Errors name the file, the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import yaml
+
+from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.families import KV_MODES
+from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
+
+COMPUTE_DTYPES = ("float32", "float16")
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+@dataclass
+class ModelSection:
+    family: Optional[str] = None            # e.g. llama, bloom, gpt2; taken from hf_dir/config.json when absent
+    hf_dir: Optional[str] = None            # Hugging Face folder: config.json, *.safetensors, tokenizer files
+    vocab_size: Optional[int] = None
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    n_heads: Optional[int] = None
+    n_kv_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    norm_eps: Optional[float] = None        # RMSNorm / LayerNorm epsilon
+    rms_norm_eps: Optional[float] = None    # the same, under Llama's name
+    rope_theta: Optional[float] = None
+    max_position_embeddings: Optional[int] = None
+    tie_word_embeddings: Optional[bool] = None
+    bos_token_id: Optional[int] = None
+    eos_token_id: Optional[Union[int, list]] = None
+    pad_token_id: Optional[int] = None
+    tokenizer: Optional[str] = None         # tokenizer.model / tokenizer.json / *.tiktoken to ship
+
+    def __post_init__(self):
+        if self.rms_norm_eps is not None and self.norm_eps is None:
+            self.norm_eps = self.rms_norm_eps
+
+
+@dataclass
+class ParallelSection:
+    model_parallel: int = 1
+    data_parallel: int = 1
+    pipeline_stage: int = 1
+
+
+@dataclass
+class InferSection:
+    """Upstream-compatible `infer:` keys."""
+    prefill_model_path: Optional[str] = None     # extra copy of the rank-0 prefill graph
+    increment_model_path: Optional[str] = None   # extra copy of the rank-0 increment graph
+    infer_seq_length: Optional[int] = None
+    ge_config_path: Optional[str] = None         # shipped in the export as config.ini
+
+
+@dataclass
+class ExportConfig:
+    output_dir: str
+    model: ModelSection = field(default_factory=ModelSection)
+    load_checkpoint: Optional[str] = None
+    seq_length: Optional[int] = None
+    batch_size: int = 1
+    use_past: bool = True
+    kv_cache: str = "io"
+    compute_dtype: str = "float32"
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    infer: InferSection = field(default_factory=InferSection)
+    source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
+
+    def __post_init__(self):
+        where = self.source
+        if self.kv_cache not in KV_MODES:
+            raise ConfigError(f"{where}: kv_cache {self.kv_cache!r} is not allowed; allowed: {', '.join(KV_MODES)}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ConfigError(f"{where}: compute_dtype {self.compute_dtype!r} is not allowed; "
+                              f"allowed: {', '.join(COMPUTE_DTYPES)}")
+        if not self.use_past:
+            raise ConfigError(f"{where}: use_past false is not supported: the export always writes a prefill "
+                              "and an increment graph with a KV cache; remove the key or set it to true")
+        infer_len = self.infer.infer_seq_length
+        if self.seq_length is None:
+            self.seq_length = infer_len
+        if self.seq_length is None:
+            raise ConfigError(f"{where}: missing required key seq_length (or infer.infer_seq_length)")
+        if infer_len is not None and infer_len != self.seq_length:
+            raise ConfigError(f"{where}: infer.infer_seq_length {infer_len} disagrees with seq_length "
+                              f"{self.seq_length}; give one of them or make them equal")
+        for key, value in (("seq_length", self.seq_length), ("batch_size", self.batch_size),
+                           ("parallel.model_parallel", self.parallel.model_parallel)):
+            if value < 1:
+                raise ConfigError(f"{where}: {key} must be at least 1, got {value}")
+        for key in ("data_parallel", "pipeline_stage"):
+            if getattr(self.parallel, key) != 1:
+                raise ConfigError(f"{where}: parallel.{key} {getattr(self.parallel, key)} is not supported "
+                                  "for inference export; allowed: 1 (use model_parallel to split a model)")
+        if self.model.hf_dir is None and self.model.family is None:
+            raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
+                              "and the model sizes")
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.model_parallel
+
+
+def load_config(path: str) -> ExportConfig:
+    """Read and validate an export yaml.
+
+    Relative input paths (hf_dir, load_checkpoint, tokenizer, ge_config_path) are taken from the
+    yaml's folder, so a model folder is self-contained; output paths from the working directory.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid yaml: {_yaml_problem(e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    if is_mindformers_yaml(data):
+        data = from_mindformers(data, path)
+    config = config_from_dict(data, source=path)
+    _resolve_paths(config, os.path.dirname(os.path.abspath(path)))
+    return config
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """One line for a yaml syntax error: where it is and what is wrong (PyYAML's text spans lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
+def config_from_dict(data: dict, source: str = "<dict>") -> ExportConfig:
+    return _build(ExportConfig, dict(data), source, "", extra={"source": source})
+
+
+def find_model_dir_config(model_dir: str) -> str:
+    """`--model_dir`: a folder holding exactly one yaml."""
+    if not os.path.isdir(model_dir):
+        raise ConfigError(f"--model_dir {model_dir} is not a folder")
+    yamls = sorted(n for n in os.listdir(model_dir) if n.endswith((".yaml", ".yml")))
+    if len(yamls) != 1:
+        raise ConfigError(f"--model_dir {model_dir} must hold exactly one .yaml file, found "
+                          f"{len(yamls)}: {', '.join(yamls) or 'none'}")
+    return os.path.join(model_dir, yamls[0])
+
+
+def _build(cls, data: dict, source: str, prefix: str, extra: Optional[dict] = None):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {prefix}{unknown[0]}; allowed keys"
+                          f"{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(fields)}")
+    kwargs = dict(extra or {})
+    for name, f in fields.items():
+        key = prefix + name
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{source}: missing required key {key}")
+            continue
+        value, hint = data[name], hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {key} must be a mapping of keys, got {value!r}")
+            kwargs[name] = _build(hint, value, source, key + ".")
+        else:
+            kwargs[name] = _check_type(value, hint, source, key)
+    return cls(**kwargs)
+
+
+def _check_type(value, hint, source: str, key: str):
+    args = typing.get_args(hint)
+    allowed = [a for a in args if a is not type(None)] if typing.get_origin(hint) is Union else [hint]
+    if value is None and type(None) in args:
+        return None
+    for typ in allowed:
+        if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if typ is float and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)   # YAML 1.1 reads `1e-5` (no dot) as a string
+        if typ is int and isinstance(value, bool):
+            continue
+        if isinstance(value, typ):
+            return value
+    names = " or ".join("list" if t is list else t.__name__ for t in allowed)
+    raise ConfigError(f"{source}: {key} must be {names}, got {value!r} ({type(value).__name__})")
+
+
+def _resolve_paths(config: ExportConfig, base: str) -> None:
+    def resolve(p, folder):
+        return p if p is None else os.path.normpath(os.path.join(folder, os.path.expanduser(p)))
+    config.load_checkpoint = resolve(config.load_checkpoint, base)
+    config.model.hf_dir = resolve(config.model.hf_dir, base)
+    config.model.tokenizer = resolve(config.model.tokenizer, base)
+    config.infer.ge_config_path = resolve(config.infer.ge_config_path, base)
+    cwd = os.getcwd()
+    config.output_dir = resolve(config.output_dir, cwd)
+    config.infer.prefill_model_path = resolve(config.infer.prefill_model_path, cwd)
+    config.infer.increment_model_path = resolve(config.infer.increment_model_path, cwd)

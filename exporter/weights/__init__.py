@@ -1,0 +1,1 @@
+"""Checkpoint reading, name plans, fused-tensor splits, sharding and loading."""

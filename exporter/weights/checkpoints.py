@@ -1,0 +1,127 @@
+"""Reading checkpoints into the network's canonical names, sharding them, loading them with checks.
+
+Sources: a MindSpore `.ckpt` (MindFormers names), a folder of `rank_{i}/*.ckpt` shards already
+split for the target model_parallel, or a Hugging Face folder of `*.safetensors`. The family's
+weight plan maps source names; the network's layers say how each tensor splits across ranks.
+Nothing is left at its placeholder value: missing, unexpected and misshapen tensors stop the export.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Dict, List
+
+import numpy as np
+
+from lite_runtime.contract.errors import WeightError
+from exporter.weights.safetensors_io import read_safetensors
+
+HEAD, EMBEDDING = "head.weight", "embed.weight"
+_NOT_WEIGHTS = ("adam_", "moment", "global_step", "learning_rate", "epoch_num", "step_num", "loss_scale")
+
+
+def rank_folders(path: str) -> List[str]:
+    """`rank_0`, `rank_1`, ... inside `path`, or [] when `path` is not a sharded checkpoint folder."""
+    if not os.path.isdir(path):
+        return []
+    found = sorted((int(m.group(1)), os.path.join(path, n))
+                   for n in os.listdir(path) for m in [re.fullmatch(r"rank_(\d+)", n)] if m)
+    if found and [i for i, _ in found] != list(range(len(found))):
+        raise WeightError(f"{path}: rank folders must be rank_0 .. rank_{{N-1}}; found "
+                          f"{', '.join(os.path.basename(p) for _, p in found)}")
+    return [p for _, p in found]
+
+
+def plan_for(path: str, family):
+    """The family's Hugging Face plan for a safetensors folder, its MindFormers plan otherwise."""
+    return family.hf_weights if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")) \
+        else family.mindformers_weights
+
+
+def read_source(path: str, family, cfg) -> Dict[str, np.ndarray]:
+    """A full (unsharded) model under canonical names, from a .ckpt file or a safetensors folder."""
+    if os.path.isfile(path):
+        if not path.endswith(".ckpt"):
+            raise WeightError(f"load_checkpoint {path}: a file must be a MindSpore .ckpt")
+        return family.mindformers_weights.apply(read_ckpt(path), cfg, path, family.name)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        tensors = {}
+        for f in files:
+            tensors.update(read_safetensors(f))
+        return family.hf_weights.apply(tensors, cfg, path, family.name)
+    ckpts = sorted(glob.glob(os.path.join(path, "*.ckpt")))
+    if len(ckpts) == 1:
+        return family.mindformers_weights.apply(read_ckpt(ckpts[0]), cfg, ckpts[0], family.name)
+    raise WeightError(f"load_checkpoint {path}: found no weights; allowed: a .ckpt file, a folder with one "
+                      ".ckpt, a folder of *.safetensors, or a folder of rank_{i}/*.ckpt shards")
+
+
+def read_rank_shard(folder: str, family, cfg) -> Dict[str, np.ndarray]:
+    ckpts = sorted(glob.glob(os.path.join(folder, "*.ckpt")))
+    if len(ckpts) != 1:
+        raise WeightError(f"{folder} must hold exactly one .ckpt, found {len(ckpts)}")
+    return family.mindformers_weights.apply(read_ckpt(ckpts[0]), cfg, ckpts[0], family.name)
+
+
+def read_ckpt(path: str) -> Dict[str, np.ndarray]:
+    import mindspore as ms
+    try:
+        params = ms.load_checkpoint(path)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise WeightError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+    return {name: p.asnumpy() for name, p in params.items() if not name.startswith(_NOT_WEIGHTS)}
+
+
+def shard(full: Dict[str, np.ndarray], rules: Dict[str, int], rank: int, world_size: int) -> Dict[str, np.ndarray]:
+    """This rank's slice of every tensor (Megatron-style contiguous blocks along its rule's axis)."""
+    if world_size == 1:
+        return full
+    out = {}
+    for name, value in full.items():
+        axis = rules.get(name)
+        if axis is None:
+            out[name] = value
+            continue
+        if value.shape[axis] % world_size:
+            raise WeightError(f"{name} of shape {value.shape} cannot be split in {world_size} along axis {axis}")
+        out[name] = np.split(value, world_size, axis=axis)[rank]
+    return out
+
+
+def tie_head(weights: Dict[str, np.ndarray], expects_head: bool, tied: bool, rank: int,
+             world_size: int) -> Dict[str, np.ndarray]:
+    """A tied head is the embedding: drop a saved copy the network does not hold, or give the network
+    its vocabulary rows of the embedding when it holds its own (tensor parallel)."""
+    weights = dict(weights)
+    if not tied:
+        return weights
+    weights.pop(HEAD, None)
+    if expects_head and EMBEDDING in weights:
+        table = weights[EMBEDDING]
+        weights[HEAD] = np.split(table, world_size, axis=0)[rank] if world_size > 1 else table
+    return weights
+
+
+def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None) -> None:
+    """Set every network parameter from `weights` (canonical names), checking names and shapes.
+    Problems are named as the checkpoint names them, when `plan` knows the checkpoint's name."""
+    from mindspore import Tensor
+    params = {name: p for name, p in net.parameters_and_names() if not name.endswith(("key_cache", "value_cache"))}
+    def named(n):
+        source = plan.source_name(n) if plan is not None else None
+        return n if source is None or source == n else f"{source} ({n})"
+
+    missing = sorted(named(n) for n in set(params) - set(weights))
+    unexpected = sorted(named(n) for n in set(weights) - set(params))
+    wrong = [f"{named(n)}: checkpoint {tuple(weights[n].shape)} vs model {tuple(params[n].shape)}"
+             for n in sorted(set(params) & set(weights)) if tuple(weights[n].shape) != tuple(params[n].shape)]
+    problems = ([f"missing {n}" for n in missing] + [f"unexpected {n}" for n in unexpected]
+                + [f"wrong shape {w}" for w in wrong])
+    if problems:
+        shown = "; ".join(problems[:12]) + (f"; ... {len(problems) - 12} more" if len(problems) > 12 else "")
+        raise WeightError(f"weights from {where} do not fit the model ({len(problems)} "
+                          f"problem{'s' if len(problems) > 1 else ''}): {shown}")
+    for name, p in params.items():
+        p.set_data(Tensor(np.ascontiguousarray(weights[name]).astype(np.float32), p.dtype))

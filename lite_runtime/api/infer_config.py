@@ -1,0 +1,103 @@
+"""`InferConfig`: the upstream-compatible runtime configuration, validated at construction."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
+from lite_runtime.contract.manifest import GRAPH_FOLDERS, MANIFEST_NAME, Manifest, load_manifest
+
+TARGETS = ("auto", "CPU", "Ascend")
+
+
+@dataclass
+class InferConfig:
+    prefill_model_path: str = ""
+    increment_model_path: str = ""
+    model_type: str = "mindir"
+    model_name: str = "common"          # "common": take the family from the export's manifest
+    infer_seq_length: Optional[int] = None   # upstream default 1024; None = the export's seq_length
+    target: str = "auto"                # auto: Ascend when the official mindspore_lite is present, else CPU
+    device_id: int = 0
+    rank_id: Optional[int] = None        # None: $RANK_ID (set by the launcher), else 0
+    ge_config_path: str = ""            # one ini, or "prefill.ini,increment.ini"
+    dynamic: bool = False
+    paged_attention: bool = False
+    pa_block_size: int = 16
+    pa_num_blocks: int = 512
+    # Beyond upstream:
+    model_dir: str = ""                 # an export folder; replaces the two graph paths
+    backend: str = "mslite"
+    tokenizer_path: str = ""
+    num_threads: int = 2
+
+    def __init__(self, **kwargs):
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        unknown = sorted(set(kwargs) - set(fields))
+        if unknown:
+            raise ConfigError(f"InferConfig: unknown keyword {unknown[0]!r}; allowed: {', '.join(fields)}")
+        for name, f in fields.items():
+            setattr(self, name, kwargs.get(name, f.default))
+        if self.rank_id is None:
+            self.rank_id = int(os.environ.get("RANK_ID", "0"))
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.model_type.lower() != "mindir":
+            raise UnsupportedError(f"InferConfig: model_type {self.model_type!r} is not supported; allowed: mindir")
+        if self.target not in TARGETS:
+            raise ConfigError(f"InferConfig: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")
+        if self.dynamic or self.paged_attention:
+            which = "dynamic" if self.dynamic else "paged_attention"
+            raise UnsupportedError(f"InferConfig: {which}=True is not supported: exports have static shapes "
+                                   "and an io or in-graph KV cache; leave it False")
+        for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):
+            value = getattr(self, name)
+            if name == "infer_seq_length" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"InferConfig: {name} must be an integer >= 0, got {value!r}")
+        if not self.model_dir and not (self.prefill_model_path and self.increment_model_path):
+            raise ConfigError("InferConfig: give model_dir (an export folder) or both prefill_model_path "
+                              "and increment_model_path")
+
+    def load_manifest(self) -> Manifest:
+        """The export's manifest, located from model_dir or from the graph paths."""
+        if self.model_dir:
+            manifest = load_manifest(self.model_dir)
+        else:
+            for path in (self.prefill_model_path, self.increment_model_path):
+                if not os.path.isfile(path):
+                    raise ArtifactError(f"graph file {path} does not exist")
+            manifest = load_manifest(_export_root(self.prefill_model_path))
+            for kind, path in (("prefill", self.prefill_model_path), ("increment", self.increment_model_path)):
+                expected = manifest.graph_path(kind, self.rank_id)
+                if os.path.realpath(expected) != os.path.realpath(path):
+                    raise ConfigError(f"InferConfig: {kind}_model_path {path} is not the {kind} graph of rank "
+                                      f"{self.rank_id} of its export ({expected})")
+        if self.infer_seq_length not in (None, manifest.seq_length):
+            raise ConfigError(f"InferConfig: infer_seq_length {self.infer_seq_length} differs from the export's "
+                              f"seq_length {manifest.seq_length}; graphs have static shapes: export again")
+        return manifest
+
+    def ge_config_files(self, manifest: Manifest) -> Tuple[Optional[str], Optional[str]]:
+        """(prefill ini, increment ini): the `a.ini,b.ini` pair, one ini for both, or the export's."""
+        if self.ge_config_path:
+            parts = [p.strip() for p in self.ge_config_path.split(",")]
+            if len(parts) > 2 or not all(parts):
+                raise ConfigError(f"ge_config_path {self.ge_config_path!r}: give one ini or 'prefill.ini,increment.ini'")
+            return parts[0], parts[-1]
+        shipped = manifest.ge_config_path()
+        return shipped, shipped
+
+
+def _export_root(graph_path: str) -> str:
+    """`<export>/mindir_full_checkpoint/rank_0_graph.mindir` -> `<export>`."""
+    folder = os.path.dirname(os.path.abspath(graph_path))
+    for candidate in (folder, os.path.dirname(folder)):
+        if os.path.isfile(os.path.join(candidate, MANIFEST_NAME)):
+            return candidate
+    raise ArtifactError(f"no {MANIFEST_NAME} found beside {graph_path}: the runtime needs a whole export folder "
+                        f"written by `python -m exporter` ({MANIFEST_NAME} with {'/ and '.join(GRAPH_FOLDERS.values())}/)")

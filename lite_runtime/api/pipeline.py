@@ -1,0 +1,55 @@
+"""`pipeline(task, model, tokenizer, backend, **kwargs)` in the four upstream forms:
+
+- an export folder (`model="out/llama"`);
+- a `(prefill_path, increment_path)` tuple;
+- a configured model name (`model="llama2_7b"` with `model_dir=` or the graph paths in kwargs);
+- an `InferConfig` (the same as `InferTask.get_infer_task(task, config, tokenizer=...)`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Union
+
+from lite_runtime.contract.errors import ArtifactError, ConfigError
+from lite_runtime.contract.families import family_from_model_name, get_family
+from lite_runtime.api.infer_config import InferConfig
+from lite_runtime.api.infer_task import InferTask
+
+_CONFIG_KEYS = {f.name for f in dataclasses.fields(InferConfig)}
+
+
+def pipeline(task: str = "text_generation", model: Union[str, tuple, InferConfig, None] = None,
+             tokenizer=None, backend: str = "mslite", **kwargs):
+    if isinstance(model, InferConfig):
+        if kwargs:
+            raise ConfigError(f"pipeline: with an InferConfig, give settings in it, not as keywords "
+                              f"({', '.join(sorted(kwargs))})")
+        config = model
+    else:
+        settings = dict(kwargs, backend=backend)
+        settings.update(_model_settings(model, settings))
+        unknown = sorted(set(settings) - _CONFIG_KEYS)
+        if unknown:
+            raise ConfigError(f"pipeline: unknown keyword {unknown[0]!r}; allowed: {', '.join(sorted(_CONFIG_KEYS))}")
+        config = InferConfig(**settings)
+    return InferTask.get_infer_task(task, config, tokenizer=tokenizer)
+
+
+def _model_settings(model, settings: dict) -> dict:
+    if isinstance(model, (tuple, list)):
+        if len(model) != 2:
+            raise ConfigError(f"pipeline: model as a tuple must be (prefill_path, increment_path), got {model!r}")
+        return {"prefill_model_path": str(model[0]), "increment_model_path": str(model[1])}
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"pipeline: model must be an export folder, a (prefill, increment) tuple, a model "
+                          f"name or an InferConfig; got {model!r}")
+    if os.path.isdir(model):
+        return {"model_dir": model}
+    if os.sep in model or model.endswith(".mindir") or os.path.splitext(model)[1]:
+        raise ArtifactError(f"pipeline: model path {model} does not exist")
+    get_family(family_from_model_name(model), source=f"pipeline model {model!r}")
+    if not settings.get("model_dir") and not settings.get("prefill_model_path"):
+        raise ConfigError(f"pipeline: model name {model!r} needs model_dir= (an export folder) or "
+                          "prefill_model_path= and increment_model_path=")
+    return {"model_name": model}

@@ -1,0 +1,144 @@
+"""`TextGeneratorInfer`: text in, text out, over one rank's session of an export.
+
+Tokenises, validates the request once, runs `generation.generate_batches`, detokenises, streams.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from lite_runtime.backends import load_session
+from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
+from lite_runtime.contract.families import family_from_model_name, get_family
+from lite_runtime.decode.generation import check_prompts, generate_batches, row_budgets
+from lite_runtime.api.infer_config import InferConfig
+from lite_runtime.decode.inputs import InputOfInfer
+from lite_runtime.decode.sampling import Sampler, SamplingParams
+from lite_runtime.decode.streamers import CONTEXT_TOKENS, continuation_text
+from lite_runtime.tokenizers import Tokenizer, load_tokenizer
+
+log = logging.getLogger("lite_runtime")
+
+
+class TextGeneratorInfer:
+    """Upstream `TextGeneratorInfer`: `infer(inputs, ...)` -> `[{'text_generation_text': [...]}]`."""
+
+    def __init__(self, config: InferConfig, tokenizer: Union[Tokenizer, str, None] = None,
+                 session_factory: Optional[Callable] = None):
+        self.config = config
+        self.manifest = config.load_manifest()
+        if config.model_name != "common":
+            named = get_family(family_from_model_name(config.model_name), source=f"model_name {config.model_name!r}")
+            held = get_family(self.manifest.family, source=self.manifest.root)
+            if named is not held:
+                accepted = ", ".join((held.name,) + held.aliases)
+                raise ConfigError(f"model_name {config.model_name!r} names family {named.name!r} but the export "
+                                  f"{self.manifest.root} holds a {held.name!r} model; model names it accepts start "
+                                  f"with: {accepted} (or use 'common')")
+        self.tokenizer = _resolve_tokenizer(tokenizer or config.tokenizer_path, self.manifest)
+        _check_vocab(self.tokenizer, self.manifest)
+        self.inputs = InputOfInfer.get_inputs(self.manifest.family)
+        self.manifest.verify_files()
+        factory = session_factory or load_session
+        prefill_ini, increment_ini = config.ge_config_files(self.manifest)
+        ini = ",".join(dict.fromkeys(p for p in (prefill_ini, increment_ini) if p)) or None
+        options = {"num_threads": config.num_threads, "device_id": config.device_id, "config_path": ini}
+        if config.backend == "mslite":
+            options["target"] = config.target
+        start = time.perf_counter()
+        self.session = factory(config.backend, self.manifest, config.rank_id, **options)
+        self.load_seconds = time.perf_counter() - start
+        self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
+        self.eos_ids = list(self.manifest.eos_token_id)
+        self.pad_id = int(self.manifest.pad_token_id)
+
+    # --- the upstream call forms ----------------------------------------------------------------
+    def infer(self, inputs, do_sample: bool = False, top_k: int = 1, top_p: float = 1.0,
+              temperature: float = 1.0, repetition_penalty: float = 1.0, eos_token_id=None,
+              pad_token_id=None, max_length: Optional[int] = 256, is_sample_acceleration: bool = False,
+              add_special_tokens: bool = False, streamer=None, max_new_tokens: Optional[int] = None,
+              seed: Optional[int] = None, truncate: bool = False) -> List[Dict[str, List[str]]]:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        prompts, new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
+                                    temperature=temperature, repetition_penalty=repetition_penalty,
+                                    eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                                    max_length=max_length, max_new_tokens=max_new_tokens,
+                                    add_special_tokens=add_special_tokens, streamer=streamer, seed=seed,
+                                    truncate=truncate)
+        return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
+                for text, prompt, ids in zip(texts, prompts, new_ids)]
+
+    __call__ = infer
+
+    def generate_ids(self, texts: Sequence[str], *, do_sample=False, top_k=1, top_p=1.0, temperature=1.0,
+                     repetition_penalty=1.0, eos_token_id=None, pad_token_id=None, max_length=256,
+                     max_new_tokens=None, add_special_tokens=False, streamer=None, seed=None,
+                     truncate=False) -> Tuple[List[List[int]], List[List[int]]]:
+        """(prompt token ids, new token ids) per text; EOS is included when produced."""
+        if not texts:
+            raise ValidationError("inputs is empty: give a prompt or a list of prompts")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
+        sampler = Sampler(SamplingParams(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
+                                         repetition_penalty=repetition_penalty, seed=seed))
+        pick = sampler if self.coordinator is None else self.coordinator.wrap(sampler)
+        for name, value in (("max_length", max_length), ("max_new_tokens", max_new_tokens)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
+        eos = self.eos_ids if eos_token_id is None else _as_list(eos_token_id)
+        pad = self.pad_id if pad_token_id is None else int(pad_token_id)
+        prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+        prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
+        budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
+        on_step = None
+        if streamer is not None:
+            if hasattr(streamer, "prime"):
+                streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
+            on_step = _streaming(streamer, len(texts))
+        try:
+            return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step)
+        finally:
+            if streamer is not None:
+                streamer.end()
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _streaming(streamer, n_rows: int):
+    """Forward each step's new tokens to the streamer: one list per prompt, empty when idle."""
+    def on_step(offset, step):
+        rows: List[List[int]] = [[] for _ in range(n_rows)]
+        for r in np.flatnonzero(step.active):
+            if offset + r < n_rows:
+                rows[offset + r].append(int(step.tokens[r]))
+        streamer.put(rows)
+    return on_step
+
+
+def _check_vocab(tokenizer, manifest) -> None:
+    """A tokenizer with more pieces than the model's vocabulary belongs to another model."""
+    model_vocab = manifest.vocab_size
+    size = getattr(tokenizer, "vocab_size", None)
+    if size is not None and size > model_vocab:
+        raise ArtifactError(f"the tokenizer has {size} pieces but the model's vocabulary is {model_vocab}: "
+                            "they belong to different models; give the model's own tokenizer_path")
+
+
+def _as_list(value) -> List[int]:
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _resolve_tokenizer(tokenizer, manifest) -> Tokenizer:
+    if isinstance(tokenizer, str) and tokenizer:
+        return load_tokenizer(tokenizer)
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        return tokenizer
+    path = manifest.tokenizer_path()
+    if path is None:
+        raise ArtifactError(f"the export {manifest.root} ships no tokenizer; give tokenizer_path")
+    return load_tokenizer(path)

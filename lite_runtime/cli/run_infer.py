@@ -1,0 +1,171 @@
+"""`run_infer_main.py`: upstream argument names, plus --backend, --model_dir, --seed, --max_new_tokens.
+
+`--predict_data` takes a prompt or a .txt file (one prompt per line, batched); without it, an
+interactive loop reads prompts from stdin until EOF or Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import List, Optional
+
+from lite_runtime.cli.cli_common import OneLineParser, report_errors
+from lite_runtime.contract.errors import ConfigError
+
+log = logging.getLogger("lite_runtime")
+
+
+def str2bool(value: str) -> bool:
+    lowered = str(value).strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(description="Generate text from an export with MindSpore Lite (or MindSpore).")
+    a = p.add_argument
+    a("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph paths")
+    a("--backend", default="mslite", help="mslite (MindSpore Lite) or ms (MindSpore's MindIR executor)")
+    a("--device_id", type=int, default=0)
+    a("--rank_id", type=int, default=None, help="default: $RANK_ID, else 0")
+    a("--model_name", default="common", help="family name such as llama2_7b; 'common' = from the manifest")
+    a("--seq_length", type=int, default=None, help="checked against the export's seq_length")
+    a("--tokenizer_path", default=None)
+    a("--prefill_model_path", default="")
+    a("--increment_model_path", default="")
+    a("--config_path", default=None, help="GE config.ini, or 'prefill.ini,increment.ini'")
+    a("--do_sample", type=str2bool, default=False)
+    a("--top_k", type=int, default=1)
+    a("--top_p", type=float, default=1.0)
+    a("--repetition_penalty", type=float, default=1.0)
+    a("--temperature", type=float, default=1.0)
+    a("--max_length", type=int, default=512, help="prompt + new tokens")
+    a("--max_output_length", "--max_new_tokens", dest="max_new_tokens", type=int, default=128)
+    a("--is_sample_acceleration", type=str2bool, default=False, help="accepted; sampling is always on the host")
+    a("--add_special_tokens", type=str2bool, default=False)
+    a("--stream", type=str2bool, default=False)
+    a("--prompt", default=None, help="a template with {} where each input goes")
+    a("--dynamic", type=str2bool, default=False)
+    a("--paged_attention", type=str2bool, default=False)
+    a("--pa_block_size", type=int, default=16)
+    a("--pa_num_blocks", type=int, default=512)
+    a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job")
+    a("--predict_data", default="", help="a prompt, or a .txt file with one prompt per line")
+    a("--batch_size", type=int, default=None, help="accepted; the export's static batch size is used")
+    a("--generated_time", type=int, default=1, help="repeat each request this many times (timing)")
+    a("--seed", type=int, default=None)
+    a("--num_threads", type=int, default=2)
+    a("--truncate", type=str2bool, default=False, help="keep the tail of over-long prompts instead of failing")
+    a("--verbose", action="store_true")
+    return p
+
+
+def read_prompts(predict_data: str, template: Optional[str]) -> List[str]:
+    if predict_data.endswith(".txt"):
+        if not os.path.isfile(predict_data):
+            raise ConfigError(f"--predict_data file {predict_data} does not exist")
+        with open(predict_data, encoding="utf-8") as f:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
+        if not prompts:
+            raise ConfigError(f"--predict_data file {predict_data} holds no prompt")
+    else:
+        prompts = [predict_data]
+    return [apply_template(template, p) for p in prompts]
+
+
+def apply_template(template: Optional[str], text: str) -> str:
+    if not template:
+        return text
+    if "{}" not in template:
+        raise ConfigError(f"--prompt {template!r} must contain {{}} where the input goes")
+    return template.replace("{}", text)
+
+
+def make_generator(args, rank: int):
+    from lite_runtime.api.infer_config import InferConfig
+    from lite_runtime.api.infer_task import InferTask
+    config = InferConfig(prefill_model_path=args.prefill_model_path, increment_model_path=args.increment_model_path,
+                         model_name=args.model_name, device_id=args.device_id, rank_id=rank,
+                         ge_config_path=args.config_path or "", dynamic=args.dynamic,
+                         paged_attention=args.paged_attention, pa_block_size=args.pa_block_size,
+                         pa_num_blocks=args.pa_num_blocks, model_dir=args.model_dir, backend=args.backend,
+                         tokenizer_path=args.tokenizer_path or "", num_threads=args.num_threads,
+                         infer_seq_length=args.seq_length)
+    return InferTask.get_infer_task("text_generation", config)
+
+
+def generation_kwargs(args) -> dict:
+    return dict(do_sample=args.do_sample, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                repetition_penalty=args.repetition_penalty, max_length=args.max_length,
+                max_new_tokens=args.max_new_tokens, add_special_tokens=args.add_special_tokens,
+                seed=args.seed, truncate=args.truncate)
+
+
+def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
+    """Answer --predict_data or stdin prompts. `before_request(prompts)` and `coordinator` let a
+    multi-rank run share each request and step with the other ranks (distributed_run.py)."""
+    from lite_runtime.decode.streamers import TextStreamer
+    rank = args.rank_id if args.rank_id is not None else int(os.environ.get("RANK_ID", "0"))
+    generator = make_generator(args, rank)
+    generator.coordinator = coordinator
+    log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
+    kwargs = generation_kwargs(args)
+
+    def infer(prompts, **extra):
+        if before_request is not None:
+            before_request(prompts)
+        return generator.infer(prompts, **kwargs, **extra)
+
+    def answer(prompts: List[str]) -> None:
+        for _ in range(args.generated_time):
+            start = time.perf_counter()
+            if args.stream:   # one prompt at a time, so each answer streams right after its prompt
+                result = []
+                for prompt in prompts:
+                    out.write(prompt)
+                    out.flush()
+                    result += infer([prompt], streamer=TextStreamer(generator.tokenizer, file=out))
+            else:
+                result = infer(prompts)
+                for item in result:
+                    out.write(item["text_generation_text"][0] + "\n")
+            out.flush()
+            log.info("generated %d prompt(s) in %.3f s", len(result), time.perf_counter() - start)
+
+    try:
+        if args.predict_data:
+            answer(read_prompts(args.predict_data, args.prompt))
+        else:
+            _interactive(answer, args.prompt)
+    finally:
+        generator.close()
+
+
+def _interactive(answer, template) -> None:
+    try:
+        while True:
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                return
+            if line.strip():
+                answer([apply_template(template, line.rstrip("\n"))])
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    if args.distributed:
+        from lite_runtime.distributed.distributed_run import run_distributed
+        return report_errors(lambda: run_distributed(args, run, make_generator, generation_kwargs))
+    return report_errors(lambda: run(args))

@@ -1,0 +1,138 @@
+"""The per-family graph input spec: the one place exporter and runtime agree on graph inputs.
+
+`PREFILL_MODEL_INPUT_MAP`, `INCREMENT_MODEL_INPUT_MAP` (exporter side, upstream names) and
+`InputOfInfer.MAPPING` (runtime side) are all derived from `FAMILIES`, so they cannot drift.
+
+Graph inputs of a decoder family, `io` kv mode (see DESIGN.md):
+  prefill:   input_ids (B, S) int32, batch_valid_length (B,) int32
+  increment: input_ids (B, 1) int32, batch_valid_length (B,) int32,
+             key_cache_{l}, value_cache_{l} (B, kv_heads_per_rank, S, head_dim) for each layer l
+`batch_valid_length` counts the row's tokens including the ones in this call, so the
+increment token sits at position `batch_valid_length - 1`.
+Outputs: logits (B, vocab) float32, then (io mode) key_new_{l}, value_new_{l} per layer:
+(B, kv_heads_per_rank, S, head_dim) from prefill, (B, kv_heads_per_rank, 1, head_dim) from increment.
+In `in_graph` mode the cache is graph state and neither graph has cache inputs or outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from lite_runtime.contract.errors import UnsupportedError
+
+KV_MODES = ("io", "in_graph")
+GRAPH_KINDS = ("prefill", "increment")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, dtype (numpy name) and shape of one graph input or output."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TensorSpec":
+        return cls(str(data["name"]), str(data["dtype"]), tuple(int(d) for d in data["shape"]))
+
+
+@dataclass(frozen=True)
+class GraphDims:
+    """The sizes that fix every graph tensor's shape on one rank (stored in the manifest)."""
+    batch_size: int
+    seq_length: int
+    num_layers: int
+    kv_heads_per_rank: int
+    head_dim: int
+    vocab_size: int
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GraphDims":
+        return cls(**{f: int(data[f]) for f in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What a family's graphs take and return; the decode loop is the same for all decoder families."""
+    name: str
+    aliases: Tuple[str, ...] = ()          # other names users write (upstream model_name prefixes)
+    token_input: str = "input_ids"
+    length_input: str = "batch_valid_length"
+
+    def inputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
+        _check_kind(kind, kv_mode)
+        steps = dims.seq_length if kind == "prefill" else 1
+        specs = [TensorSpec(self.token_input, "int32", (dims.batch_size, steps)),
+                 TensorSpec(self.length_input, "int32", (dims.batch_size,))]
+        if kind == "increment" and kv_mode == "io":
+            specs += self._cache_specs("cache", dims, dims.seq_length)
+        return specs
+
+    def outputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
+        _check_kind(kind, kv_mode)
+        specs = [TensorSpec("logits", "float32", (dims.batch_size, dims.vocab_size))]
+        if kv_mode == "io":
+            rows = dims.seq_length if kind == "prefill" else 1
+            specs += self._cache_specs("new", dims, rows)
+        return specs
+
+    def input_names(self, kind: str) -> Tuple[str, ...]:
+        """The non-cache input names, in graph order (the upstream-style input maps)."""
+        return (self.token_input, self.length_input)
+
+    @staticmethod
+    def _cache_specs(suffix: str, dims: GraphDims, rows: int) -> List[TensorSpec]:
+        shape = (dims.batch_size, dims.kv_heads_per_rank, rows, dims.head_dim)
+        specs = []
+        for layer in range(dims.num_layers):
+            specs.append(TensorSpec(f"key_{suffix}_{layer}", "float32", shape))
+            specs.append(TensorSpec(f"value_{suffix}_{layer}", "float32", shape))
+        return specs
+
+
+def _check_kind(kind: str, kv_mode: str) -> None:
+    if kind not in GRAPH_KINDS:
+        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
+    if kv_mode not in KV_MODES:
+        raise UnsupportedError(f"kv_cache {kv_mode!r} is not supported; allowed: {', '.join(KV_MODES)}")
+
+
+# The families the runtime serves, with the names users write for them (upstream: the part of
+# model_name before the first '_'). Names of one architecture are one family with aliases.
+FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (
+    FamilySpec("llama", aliases=("llama2", "llama3", "codellama")),
+    FamilySpec("bloom"),
+    FamilySpec("gpt2"),
+)}
+_BY_NAME: Dict[str, FamilySpec] = {n: spec for spec in FAMILIES.values() for n in (spec.name,) + spec.aliases}
+
+PREFILL_MODEL_INPUT_MAP: Dict[str, Tuple[str, ...]] = {
+    name: spec.input_names("prefill") for name, spec in _BY_NAME.items()}
+INCREMENT_MODEL_INPUT_MAP: Dict[str, Tuple[str, ...]] = {
+    name: spec.input_names("increment") for name, spec in _BY_NAME.items()}
+
+
+def known_families() -> str:
+    """'bloom, gpt2, llama (llama2, llama3, codellama)' for messages."""
+    return ", ".join(s.name + (f" ({', '.join(s.aliases)})" if s.aliases else "")
+                     for s in sorted(FAMILIES.values(), key=lambda s: s.name))
+
+
+def family_from_model_name(model_name: str) -> str:
+    """Upstream convention: `llama2_7b` -> `llama2`. Exact lookup only, no prefix matching."""
+    return model_name.split("_")[0]
+
+
+def get_family(name: str, source: str = "model name") -> FamilySpec:
+    """The family a name or alias stands for."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnsupportedError(f"unknown model family {name!r} (from {source}); known families: "
+                               f"{known_families()}") from None

@@ -1,0 +1,40 @@
+"""Check a loaded graph's inputs against the manifest before the first call."""
+from __future__ import annotations
+
+import re
+from typing import List, Sequence
+
+from lite_runtime.contract.errors import ArtifactError
+from lite_runtime.contract.families import TensorSpec
+
+# MindSpore 2.0 records construct argument names in MindIR ("<graph>:input_ids"); later versions
+# record generated names ("<graph>:Parameter_11"), and the exporter passes the per-layer caches as
+# `*kv`, recorded as "kv0", "kv1", ... Generated names carry no meaning: the position stands in.
+_GENERATED = re.compile(r"Parameter_\d+|kv\d+")
+
+
+def short_name(graph_name: str) -> str:
+    return graph_name.rsplit(":", 1)[-1]
+
+
+def names_match(graph_name: str, spec_name: str) -> bool:
+    name = short_name(graph_name)
+    return name == spec_name or bool(_GENERATED.fullmatch(name))
+
+
+def check_graph_inputs(actual: Sequence[TensorSpec], expected: List[TensorSpec], where: str) -> None:
+    """Raise ArtifactError naming the first input whose count, name, dtype or shape differs."""
+    if len(actual) != len(expected):
+        raise ArtifactError(f"{where}: the graph has {len(actual)} inputs but the manifest lists "
+                            f"{len(expected)} ({', '.join(s.name for s in expected)}); export again")
+    for i, (got, want) in enumerate(zip(actual, expected)):
+        problem = None
+        if not names_match(got.name, want.name):
+            problem = f"is named {short_name(got.name)!r}"
+        elif got.dtype != want.dtype:
+            problem = f"has dtype {got.dtype}"
+        elif tuple(got.shape) != tuple(want.shape):
+            problem = f"has shape {tuple(got.shape)}"
+        if problem:
+            raise ArtifactError(f"{where}: graph input {i} {problem}, but the manifest expects "
+                                f"{want.name} {want.dtype} {tuple(want.shape)}; export again")

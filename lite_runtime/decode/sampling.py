@@ -1,0 +1,396 @@
+"""Host-side next-token selection: small pure numpy functions over a batch of logits.
+
+Every function takes ``logits`` of shape (B, V) and returns a new array; no input is
+modified. Masked-out entries are ``-inf``. A ``Sampler`` is built once per request from
+``SamplingParams`` and composes only the active steps, so a greedy request costs one
+``argmax`` (plus the repetition penalty when one is set).
+
+No step sorts the whole vocabulary: top-k uses ``np.argpartition``; top-p partitions a
+candidate set, sorts only that and grows it until the requested mass is reached, which
+gives the exact nucleus (a full sort happens only when the nucleus really is most of the
+vocabulary).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from numbers import Integral, Real
+from typing import Optional, Tuple
+
+import numpy as np
+
+from lite_runtime.contract.errors import ValidationError
+
+_NEG_INF = np.float32(-np.inf)
+_FIRST_NUCLEUS_CANDIDATES = 64
+
+
+# --- processors: (B, V) logits -> new (B, V) logits ------------------------------------
+
+
+def apply_repetition_penalty(
+    logits: np.ndarray, token_ids: np.ndarray, valid: np.ndarray, penalty: float
+) -> np.ndarray:
+    """CTRL-style penalty on every token id that occurs among a row's real tokens.
+
+    ``token_ids`` is (B, T) int; ``valid`` is either per-row counts (B,) — the first
+    ``valid[b]`` entries of row b are real — or a (B, T) bool mask. Ids at padding
+    positions are ignored whatever their value. Positive logits are divided by
+    ``penalty``, negative ones multiplied; a token seen several times is penalised once.
+    """
+    logits = np.asarray(logits, dtype=np.float32)
+    ids, mask = _real_positions(np.asarray(token_ids), valid, logits.shape[0])
+    out = logits.copy()
+    rows = np.arange(ids.shape[0])
+    if mask is not None:
+        has_real = mask.any(axis=1)
+        # Padding positions are pointed at the row's first real id, so every write to a
+        # duplicated index carries the same penalised value; rows without any real
+        # token are left out.
+        first_real = ids[rows, mask.argmax(axis=1)]
+        rows = np.flatnonzero(has_real)
+        ids = np.where(mask, ids, first_real[:, None])[rows]
+    if ids.size == 0:
+        return out
+    vocab = logits.shape[1]
+    if ids.min() < 0 or ids.max() >= vocab:
+        bad = ids[(ids < 0) | (ids >= vocab)][0]
+        raise ValidationError(
+            f"token_ids: id {int(bad)} at a real (non-padding) position is outside the "
+            f"vocabulary [0, {vocab})"
+        )
+    picked = out[rows[:, None], ids]
+    out[rows[:, None], ids] = np.where(
+        picked > 0, picked / np.float32(penalty), picked * np.float32(penalty)
+    )
+    return out
+
+
+def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Logits divided by ``temperature`` (> 0); 1.0 returns an unchanged copy."""
+    return np.asarray(logits, dtype=np.float32) / np.float32(temperature)
+
+
+def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep exactly the ``k`` largest logits of each row (ties broken arbitrarily); 0 = off."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if k <= 0 or k >= logits.shape[1]:
+        return logits.copy()
+    values, ids = top_k_candidates(logits, k)
+    return _scatter(values, ids, logits.shape)
+
+
+def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keep each row's nucleus: the most likely tokens, in order, up to and including the
+    one at which their softmax mass reaches ``p``; 1.0 = off."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if p >= 1.0:
+        return logits.copy()
+    values, ids = top_p_candidates(logits, p)
+    return _scatter(values, ids, logits.shape)
+
+
+# --- choosers: (B, V) logits -> (B,) int32 ids ------------------------------------------
+
+
+def greedy(logits: np.ndarray) -> np.ndarray:
+    """The id of each row's largest logit."""
+    return np.argmax(logits, axis=-1).astype(np.int32)
+
+
+def sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One id per row drawn from softmax(logits); ``-inf`` entries are never drawn.
+
+    Uses exactly one uniform number per row, so a seeded generator reproduces a request.
+    """
+    return draw_positions(np.asarray(logits, dtype=np.float32), rng).astype(np.int32)
+
+
+# --- candidate sets: (values, ids) of shape (B, n), the building blocks of the above -----
+
+
+def top_k_candidates(logits: np.ndarray, k: int, *, sort: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest logits of each row and their ids; sorted descending if ``sort``.
+
+    The row is split into groups and only the ``k`` groups with the largest maxima are
+    partitioned: every value outside them is <= the k-th largest group maximum, and the
+    chosen groups hold k values at least that large, so the result is the exact top-k
+    while partitioning far fewer than V values. Group g holds the ids congruent to g
+    modulo the group count, which keeps the group reductions vectorised.
+    """
+    batch, vocab = logits.shape
+    k = min(k, vocab)
+    size = _group_size(vocab, k)
+    if size:
+        n_groups = vocab // size
+        grid = logits.reshape(batch, size, n_groups)
+        chosen = np.argpartition(grid.max(axis=1), n_groups - k, axis=1)[:, n_groups - k:]
+        pool = np.take_along_axis(grid, chosen[:, None, :], axis=2).reshape(batch, size * k)
+        pool_ids = (np.arange(size)[:, None] * n_groups + chosen[:, None, :]).reshape(batch, size * k)
+        picked = np.argpartition(pool, size * k - k, axis=1)[:, size * k - k:]
+        values = np.take_along_axis(pool, picked, axis=1)
+        ids = np.take_along_axis(pool_ids, picked, axis=1)
+    else:
+        ids = np.argpartition(logits, vocab - k, axis=1)[:, vocab - k:]
+        values = np.take_along_axis(logits, ids, axis=1)
+    if sort:
+        order = np.argsort(-values, axis=1, kind="stable")
+        values = np.take_along_axis(values, order, axis=1)
+        ids = np.take_along_axis(ids, order, axis=1)
+    return values, ids
+
+
+def top_p_candidates(logits: np.ndarray, p: float) -> Tuple[np.ndarray, np.ndarray]:
+    """Each row's nucleus as (values, ids) sorted descending, ``-inf`` past the nucleus.
+
+    Probabilities are normalised over the whole row. The candidate set (the top n) starts
+    at 64 and grows until every row's candidates hold mass >= ``p``: the next token then
+    has a preceding mass >= ``p`` and is outside the nucleus, so the cut is exact. Only
+    the final candidate set is sorted.
+    """
+    vocab = logits.shape[1]
+    row_max = logits.max(axis=1, keepdims=True)
+    log_norm = row_max[:, 0].astype(np.float64) + np.log(
+        np.exp(logits - row_max).sum(axis=1, dtype=np.float64)
+    )
+    n = min(_FIRST_NUCLEUS_CANDIDATES, vocab)
+    while True:
+        values, ids = top_k_candidates(logits, n)
+        probs = np.exp(values.astype(np.float64) - log_norm[:, None])
+        mass = probs.sum(axis=1)
+        if n == vocab or bool((mass >= p).all()):
+            break
+        # Every token left out is at most as likely as the least likely candidate, so at
+        # least (p - mass) / that many more are needed.
+        smallest = np.maximum(probs.min(axis=1), 1e-300)
+        needed = n + int(np.ceil(((p - mass) / smallest).max()))
+        n = min(max(4 * n, needed), vocab)
+    order = np.argsort(-values, axis=1, kind="stable")
+    values = np.take_along_axis(values, order, axis=1)
+    ids = np.take_along_axis(ids, order, axis=1)
+    probs = np.take_along_axis(probs, order, axis=1)
+    keep = (np.cumsum(probs, axis=1) - probs) < p
+    keep[:, 0] = True
+    return np.where(keep, values, _NEG_INF), ids
+
+
+def nucleus_of_candidates(values: np.ndarray, p: float) -> np.ndarray:
+    """Top-p over a candidate set sorted descending, normalised over the candidates only
+    (what top-p means after top-k); returns the values with ``-inf`` past the nucleus."""
+    shifted = np.exp(values - values[:, :1])
+    probs = shifted / shifted.sum(axis=1, keepdims=True, dtype=np.float64)
+    keep = (np.cumsum(probs, axis=1) - probs) < p
+    keep[:, 0] = True
+    return np.where(keep, values, _NEG_INF)
+
+
+def draw_positions(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Column index drawn per row from softmax(values) by inverse CDF, one uniform per row.
+
+    Wide rows are summed per group first (group g = columns congruent to g modulo the
+    group count), so the slow sequential cumulative sum runs over the group masses and
+    one group instead of the whole row.
+    """
+    batch, width = values.shape
+    weights = np.exp(values - values.max(axis=1, keepdims=True))
+    rows = np.arange(batch)
+    u = 1.0 - rng.random(batch)  # in (0, 1], so the target mass is > 0
+    size = _group_size(width, 1) if width > 2048 else 0
+    if not size:
+        cdf = np.cumsum(weights, axis=1, dtype=np.float64)
+        return _first_reaching(cdf, u * cdf[:, -1])
+    n_groups = width // size
+    grid = weights.reshape(batch, size, n_groups)
+    group_mass = grid.sum(axis=1, dtype=np.float64)
+    group_cdf = np.cumsum(group_mass, axis=1)
+    target = u * group_cdf[:, -1]
+    group = _first_reaching(group_cdf, target)
+    inner_cdf = np.cumsum(grid[rows, :, group], axis=1, dtype=np.float64)
+    inner_target = target - (group_cdf[rows, group] - group_mass[rows, group])
+    member = _first_reaching(inner_cdf, np.minimum(inner_target, inner_cdf[:, -1]))
+    return member * n_groups + group
+
+
+def _first_reaching(cdf: np.ndarray, target: np.ndarray) -> np.ndarray:
+    # First column whose cdf reaches the target, skipping the zero-weight prefix: that
+    # column always has a positive weight, even when rounding puts target <= 0.
+    below = (cdf < target[:, None]) | (cdf <= 0.0)
+    return np.minimum(below.sum(axis=1), cdf.shape[1] - 1)
+
+
+@lru_cache(maxsize=64)
+def _group_size(width: int, k: int) -> int:
+    """A divisor of ``width`` near sqrt(width / k), which balances the work of the two
+    stages, or 0 when grouping would not pay off."""
+    if k < 1 or width < 1024:
+        return 0
+    ideal = math.sqrt(width / k)
+    candidates = [b for b in range(max(2, int(ideal / 2)), int(ideal * 2) + 1) if width % b == 0]
+    if not candidates:
+        return 0
+    size = min(candidates, key=lambda b: abs(b - ideal))
+    return size if k * size * 4 <= width else 0
+
+
+def _scatter(values: np.ndarray, ids: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
+    out = np.full(shape, _NEG_INF, dtype=np.float32)
+    np.put_along_axis(out, ids, values, axis=1)
+    return out
+
+
+def _real_positions(
+    token_ids: np.ndarray, valid: np.ndarray, batch: int
+) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """``token_ids`` cut to the widest row's real tokens, and a mask of real positions
+    (None when every position kept is real, the usual case at batch 1)."""
+    if token_ids.ndim != 2 or token_ids.shape[0] != batch:
+        raise ValidationError(
+            f"token_ids: expected shape (batch={batch}, T), got {token_ids.shape}"
+        )
+    valid = np.asarray(valid)
+    if valid.dtype == np.bool_:
+        if valid.shape != token_ids.shape:
+            raise ValidationError(
+                f"valid: a bool mask must have the shape of token_ids {token_ids.shape}, "
+                f"got {valid.shape}"
+            )
+        return token_ids, (None if valid.all() else valid)
+    if valid.shape != (batch,) or not np.issubdtype(valid.dtype, np.integer):
+        raise ValidationError(
+            f"valid: expected per-row counts of real tokens, int of shape ({batch},), "
+            f"or a bool mask of shape {token_ids.shape}; got {valid.dtype} {valid.shape}"
+        )
+    if batch == 0:
+        return token_ids[:, :0], None
+    shortest, width = int(valid.min()), int(valid.max())
+    if shortest < 0 or width > token_ids.shape[1]:
+        raise ValidationError(
+            f"valid: counts must lie in [0, {token_ids.shape[1]}] (the width of "
+            f"token_ids), got {valid.tolist()}"
+        )
+    token_ids = token_ids[:, :width]
+    if shortest == width:
+        return token_ids, None
+    return token_ids, np.arange(width)[None, :] < valid[:, None]
+
+
+# --- per-request configuration ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Generation arguments of one request, checked once on construction.
+
+    ``do_sample=False`` means greedy whatever top_k/top_p/temperature say, and
+    ``top_k=1`` is greedy too (the upstream defaults are do_sample=False, top_k=1).
+    ``top_k=0`` and ``top_p=1.0`` switch those filters off. ``seed=None`` draws fresh
+    entropy; an int makes the request reproducible.
+    """
+
+    do_sample: bool = False
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise ValidationError(f"do_sample: expected True or False, got {self.do_sample!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValidationError(
+                f"top_k: expected an integer >= 0 (0 switches top-k off), got {self.top_k!r}"
+            )
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValidationError(
+                f"top_p: expected a number in (0, 1] (1.0 switches top-p off), got {self.top_p!r}"
+            )
+        if not _is_real(self.temperature) or not self.temperature > 0.0:
+            raise ValidationError(
+                f"temperature: expected a finite number > 0, got {self.temperature!r}"
+            )
+        if not _is_real(self.repetition_penalty) or not self.repetition_penalty > 0.0:
+            raise ValidationError(
+                "repetition_penalty: expected a finite number > 0 (1.0 switches it off), "
+                f"got {self.repetition_penalty!r}"
+            )
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise ValidationError(f"seed: expected None or an integer >= 0, got {self.seed!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.do_sample or self.top_k == 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value: object) -> bool:
+    return (
+        isinstance(value, Real)
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(float(value))
+    )
+
+
+class Sampler:
+    """Picks the next token of every row; build one per request.
+
+    ``sampler(logits, token_ids, valid)``: ``logits`` (B, V) float32 from the graph;
+    ``token_ids`` (B, T) int32 holding each row's prompt and generated tokens so far
+    (e.g. the decode loop's id buffer, any padding after them); ``valid`` the (B,) count
+    of real tokens per row, or a (B, T) bool mask of real positions. ``token_ids`` and
+    ``valid`` are read only when a repetition penalty is set and may be None otherwise.
+    Returns (B,) int32. The sampler owns its ``np.random.Generator``, so successive
+    calls continue one reproducible stream.
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValidationError(f"params: expected SamplingParams, got {type(params).__name__}")
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self._penalty = params.repetition_penalty if params.repetition_penalty != 1.0 else None
+        self._greedy = params.is_greedy
+        self._temperature = params.temperature if params.temperature != 1.0 else None
+        self._top_k = params.top_k
+        self._top_p = params.top_p if params.top_p < 1.0 else None
+
+    def __call__(
+        self,
+        logits: np.ndarray,
+        token_ids: Optional[np.ndarray] = None,
+        valid: Optional[np.ndarray] = None,
+    ) -> np.ndarray:
+        if self._penalty is not None:
+            if token_ids is None or valid is None:
+                raise ValidationError(
+                    "Sampler: repetition_penalty is set, so token_ids and valid (counts or "
+                    "mask of real tokens) must be passed"
+                )
+            logits = apply_repetition_penalty(logits, token_ids, valid, self._penalty)
+        if self._greedy:
+            return greedy(logits)
+        return self._sample(np.asarray(logits, dtype=np.float32))
+
+    def _sample(self, logits: np.ndarray) -> np.ndarray:
+        vocab = logits.shape[1]
+        if 0 < self._top_k < vocab:
+            # Sorted, so the draw does not depend on argpartition's arbitrary order: ranks whose
+            # logits differ in the last bits (tensor parallel) still pick the same token.
+            values, ids = top_k_candidates(logits, self._top_k, sort=True)
+            if self._temperature is not None:  # order-preserving, so safe after top-k
+                values = values / np.float32(self._temperature)
+            if self._top_p is not None:
+                values = nucleus_of_candidates(values, self._top_p)
+        else:
+            if self._temperature is not None:
+                logits = apply_temperature(logits, self._temperature)
+            if self._top_p is None:
+                return sample(logits, self.rng)
+            values, ids = top_p_candidates(logits, self._top_p)
+        positions = draw_positions(values, self.rng)
+        return ids[np.arange(ids.shape[0]), positions].astype(np.int32)

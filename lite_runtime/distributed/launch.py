@@ -1,0 +1,128 @@
+"""`python -m lite_runtime.distributed.launch --rank_table FILE [--backend ms] -- run_infer_main.py ARGS`
+
+Starts one process per rank of the rank table, with RANK_ID, DEVICE_ID, RANK_TABLE_FILE and
+RANK_SIZE; on CPU (`--backend ms`) also MindSpore's scheduler/worker environment with a fixed
+rank order; for `mslite` a per-rank GE ini carrying `rank_table_file`. Rank 0 keeps the console
+(stdin and stdout); other ranks log to `--log_dir`. When any rank fails or the run exceeds
+`--timeout`, every rank is stopped and the launcher exits non-zero naming the failing rank.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+from lite_runtime.contract.errors import ConfigError, ToolchainError
+from lite_runtime.distributed.process_group import free_port, run_ranks
+from lite_runtime.ascend.rank_table import load_rank_table
+
+log = logging.getLogger("lite_runtime.distributed.launch")
+
+
+def _option(args: Sequence[str], name: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _without(args: Sequence[str], name: str) -> List[str]:
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == name:
+            skip = True
+            continue
+        if not a.startswith(name + "="):
+            out.append(a)
+    return out
+
+
+def check_world_size(table_size: int, program_args: Sequence[str], table_path: str) -> None:
+    """Refuse, before anything starts, a rank table whose size differs from the export's ranks."""
+    model_dir = _option(program_args, "--model_dir")
+    if not model_dir:
+        return
+    from lite_runtime.contract.manifest import load_manifest
+    manifest = load_manifest(model_dir)
+    if manifest.world_size != table_size:
+        raise ConfigError(f"rank table {table_path} has {table_size} ranks but the export {model_dir} was "
+                          f"written for {manifest.world_size}; use a rank table with {manifest.world_size} "
+                          "devices or export with that model_parallel")
+
+
+def rank_ini_files(program_args: Sequence[str], table_path: str, log_dir: str, world_size: int) -> Optional[List[str]]:
+    """Per-rank copies of the GE ini(s) with `rank_table_file` set (Lite/Ascend path)."""
+    from lite_runtime.ascend.ge_config_writer import with_rank_table
+    source = _option(program_args, "--config_path")
+    if not source:
+        return None
+    paths = []
+    for rank in range(world_size):
+        parts = [with_rank_table(p, table_path, os.path.join(log_dir, f"rank_{rank}_{i}.ini"))
+                 for i, p in enumerate(source.split(","))]
+        paths.append(",".join(parts))
+    return paths
+
+
+def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = None, log_dir: Optional[str] = None,
+           timeout: float = 600.0) -> float:
+    """Run `program` once per rank; returns the launcher's start-up seconds."""
+    if not program:
+        raise ConfigError("give the program after --, e.g. -- run_infer_main.py --model_dir out/llama ...")
+    table = load_rank_table(rank_table)
+    world = len(table.ranks)
+    args = list(program[1:])
+    check_world_size(world, args, rank_table)
+    backend = backend or _option(args, "--backend") or "mslite"
+    args = _without(_without(args, "--backend"), "--distributed") + ["--backend", backend, "--distributed", "True"]
+    log_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
+    os.makedirs(log_dir, exist_ok=True)
+    inis = rank_ini_files(args, os.path.abspath(rank_table), log_dir, world) if backend == "mslite" else None
+    channel_port = free_port()
+
+    def command(rank: int) -> List[str]:
+        rank_args = args if inis is None else _without(args, "--config_path") + ["--config_path", inis[rank]]
+        return [sys.executable, program[0]] + rank_args
+
+    def env(rank: int):
+        return {"DEVICE_ID": str(table.ranks[rank].device_id), "RANK_TABLE_FILE": os.path.abspath(rank_table),
+                "LITE_CHANNEL_PORT": str(channel_port)}
+
+    started = time.perf_counter()
+    result = run_ranks(world, command, log_dir, env=env, with_ms_cluster=backend == "ms",
+                       rank0_console=True, timeout=timeout)
+    print(f"launcher: {world} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
+          f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
+    return result.start_seconds
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="python -m lite_runtime.distributed.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--rank_table", required=True)
+    parser.add_argument("--backend", choices=("ms", "mslite"), default=None)
+    parser.add_argument("--log_dir", default=None)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before every rank is stopped")
+    opts = parser.parse_args(own)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        launch(opts.rank_table, program, opts.backend, opts.log_dir, opts.timeout)
+    except ToolchainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Start one process per rank, watch them, and stop them all when one fails or time runs out.
+
+Used by the run launcher (`python -m lite_runtime.distributed.launch`) and by the exporter's multi-rank
+export. On CPU, MindSpore's distributed engine needs a scheduler process plus one worker per
+rank (`MS_ROLE`, `MS_NODE_ID` fixes the rank order); `with_ms_cluster=True` adds them.
+Rank 0 may inherit stdin/stdout (it is the rank that talks to the user); every other rank writes
+to `log_dir/rank_{r}.log`. Each process runs in its own session so it and its children can be
+killed as a group; nothing is found or killed by name.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+from lite_runtime.contract.errors import DistributedError
+
+log = logging.getLogger("lite_runtime.distributed.launch")
+SCHEDULER_CODE = "from mindspore.communication import init; init()"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    proc: subprocess.Popen
+    log_path: str
+
+
+@dataclass
+class LaunchResult:
+    start_seconds: float       # from the first spawn until every process was running
+    run_seconds: float
+
+
+def tail(path: str, lines: int = 12) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError:
+        return ""
+    useful = [l for l in text if l.strip() and "[WARNING]" not in l]
+    return "\n".join(useful[-lines:])
+
+
+def _error_line(path: str) -> str:
+    """The most telling line of a failed rank's log: its `error:` line, else the last line."""
+    text = tail(path, 200).splitlines()
+    for line in reversed(text):
+        if line.startswith("error:") or "Error" in line:
+            return line.strip()
+    return text[-1].strip() if text else "(no output)"
+
+
+def run_ranks(world_size: int, command: Callable[[int], List[str]], log_dir: str, *,
+              env: Optional[Callable[[int], Dict[str, str]]] = None, with_ms_cluster: bool = False,
+              rank0_console: bool = False, timeout: float = 600.0, poll: float = 0.1) -> LaunchResult:
+    """Run `command(rank)` for every rank; raise DistributedError naming the first rank that fails.
+
+    On failure or timeout every process started here is killed (SIGKILL to its process group)
+    before the error is raised, so nothing is left behind.
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    base = dict(os.environ)
+    cluster: Dict[str, str] = {}
+    if with_ms_cluster:
+        cluster = {"MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(free_port()),
+                   "MS_WORKER_NUM": str(world_size)}
+    started = time.perf_counter()
+    procs: List[RankProcess] = []
+    scheduler = None
+    try:
+        if with_ms_cluster:
+            path = os.path.join(log_dir, "scheduler.log")
+            scheduler = _spawn([sys.executable, "-c", SCHEDULER_CODE], dict(base, **cluster, MS_ROLE="MS_SCHED"),
+                               path, console=False)
+        for rank in range(world_size):
+            rank_env = dict(base, **cluster, RANK_ID=str(rank), RANK_SIZE=str(world_size))
+            if with_ms_cluster:
+                rank_env.update(MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank))
+            if env is not None:
+                rank_env.update(env(rank))
+            path = os.path.join(log_dir, f"rank_{rank}.log")
+            procs.append(RankProcess(rank, _spawn(command(rank), rank_env, path, rank0_console and rank == 0), path))
+        start_seconds = time.perf_counter() - started
+        _wait(procs, scheduler, timeout, started, poll)
+        return LaunchResult(start_seconds, time.perf_counter() - started)
+    finally:
+        _kill_all([p.proc for p in procs] + ([scheduler] if scheduler else []))
+
+
+def _spawn(argv: Sequence[str], env: Dict[str, str], log_path: str, console: bool) -> subprocess.Popen:
+    logf = open(log_path, "w", encoding="utf-8")
+    try:
+        return subprocess.Popen(list(argv), env=env, start_new_session=True,
+                                stdin=None if console else subprocess.DEVNULL,
+                                stdout=None if console else logf, stderr=logf)
+    finally:
+        logf.close()
+
+
+def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, poll: float) -> None:
+    pending = list(procs)
+    while pending:
+        for p in list(pending):
+            code = p.proc.poll()
+            if code is None:
+                continue
+            if code != 0:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                raise DistributedError(f"rank {p.rank} {how}: {_error_line(p.log_path)} (log: {p.log_path})")
+            pending.remove(p)
+        if scheduler is not None and scheduler.poll() not in (None, 0) and pending:
+            raise DistributedError(f"the MindSpore scheduler exited with code {scheduler.returncode} "
+                                   f"while ranks {', '.join(str(p.rank) for p in pending)} were running")
+        if time.perf_counter() - started > timeout:
+            raise DistributedError(f"ranks {', '.join(str(p.rank) for p in pending)} still running after "
+                                   f"{timeout:.0f} s; stopped them all (logs: {os.path.dirname(pending[0].log_path)})")
+        if pending:
+            time.sleep(poll)
+
+
+def _kill_all(procs: Sequence[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("process %d did not stop after SIGKILL", proc.pid)

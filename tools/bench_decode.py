@@ -1,0 +1,428 @@
+"""Decode benchmark: `python tools/benchmark.py --model_dir out/x --backend ms mslite`.
+
+Drives the real decode loop (`generation.generate_steps`, a greedy `Sampler`, per-row incremental
+detokenisation with `streamers.RowDetokenizer` when the export ships a tokenizer) and reports,
+per backend and batch: time to first token, per-step decode latency (median / p90), host time per
+step (step wall time minus the time inside graph calls, `Session.graph_seconds`), tokens/s and
+peak RSS. For `mslite` it also times the bare Lite Predict of the increment graph on inputs already
+bound (`session.bare_decode_predict()`): one after every decode step, outside that step's time, so
+step and bare Predict are measured side by side under the same load; it prints step / bare.
+
+Workload (notes/peers-and-performance.md): 32-token prompts, 128 greedy new tokens, EOS ignored.
+`--make-bench-model` builds the notes' benchmark model (random Llama, hidden 256, 4 layers, 4 heads,
+vocab 32000, seq 256, fp32) for batch 1 and 8: MindSpore 2.10 exports for `ms`, MindSpore 2.0
+exports for `mslite` (Lite 2.0 reads only MindIR of MindSpore 2.0), cached under --work_dir.
+
+Every measurement runs in a child process of its own (Lite and mindspore cannot share a process);
+this parent process never imports mindspore. Compare ratios measured in one run, not absolute
+times from different runs: these machines are shared and noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from bench_ranks import launch_command, launcher_startup_ms
+from lite_runtime.contract.errors import ToolchainError
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TOOLS)
+VENV_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+VENV_MS20_PYTHON = os.path.join(REPO, ".venv-ms20", "bin", "python")
+DEFAULT_WORK_DIR = os.path.join(REPO, "build", "bench_model")
+BACKENDS = ("ms", "mslite")
+
+# The notes' benchmark model: ≈ 20.6 M parameters (intermediate 1024 gives that count).
+BENCH_MODEL = dict(family="llama", vocab_size=32000, hidden_size=256, num_layers=4, n_heads=4, n_kv_heads=4,
+                   intermediate_size=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+BENCH_SEQ_LENGTH = 256
+
+# Run in a subprocess with the MindSpore 2.10 environment: random weights under MindFormers names.
+WRITE_CKPT = """
+import sys, json, numpy as np, mindspore as ms
+from exporter.families import family_by_name
+from exporter.models.attention import BuildContext
+from exporter.models.decoder import CausalLM
+sizes = {k: v for k, v in json.loads(sys.argv[2]).items()
+         if k not in ("family", "bos_token_id", "eos_token_id", "pad_token_id")}
+sizes["norm_eps"] = sizes.pop("rms_norm_eps")
+llama = family_by_name("llama", "bench")
+net = CausalLM(llama.config(sizes, "bench"), BuildContext(1, 0, "io", 1, 8, ms.float32))
+rng = np.random.default_rng(0)
+params = []
+for name, p in net.parameters_and_names():
+    if name.endswith(("key_cache", "value_cache")):
+        continue
+    source = llama.mindformers_weights.source_name(name)   # saved under MindFormers names
+    if "norm" in name:
+        data = 1.0 + 0.1 * rng.standard_normal(p.shape, dtype=np.float32)
+    else:
+        data = 0.02 * rng.standard_normal(p.shape, dtype=np.float32)
+    params.append({"name": source, "data": ms.Tensor(data.astype(np.float32))})
+ms.save_checkpoint(params, sys.argv[1])
+"""
+
+
+# --- measuring (child process) ------------------------------------------------------------------
+
+class TimedPick:
+    """The request's sampler with the seconds spent in it accumulated (host sampling time)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.seconds = 0.0
+
+    def __call__(self, logits, ids, lengths):
+        start = time.perf_counter()
+        tokens = self.sampler(logits, ids, lengths)
+        self.seconds += time.perf_counter() - start
+        return tokens
+
+
+def bench_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> List[List[int]]:
+    """Random prompt ids above the usual special ids (0..2), one row each."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(3, vocab, size=(batch, prompt_len)).tolist()
+
+
+def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
+                between: Optional[Callable[[], float]] = None) -> Dict[str, np.ndarray]:
+    """One greedy request of `new_tokens` per row, EOS ignored; per-step timings in seconds.
+
+    Entry 0 of every array is the first token (prefill + sampling + detokenisation), the others are
+    decode steps. `graph` is the time inside graph calls, `sample` inside the sampler, `detok` in
+    the detokenisers; `wall - graph` is the host time of the step. `between()` (e.g. one bare
+    Predict, returning its seconds) runs after each decode step, outside the step's time, so both
+    are measured side by side under the same machine load; its results are under `between`.
+    """
+    from lite_runtime.decode.generation import generate_steps, prepare_batch
+    from lite_runtime.decode.sampling import Sampler, SamplingParams
+    from lite_runtime.decode.streamers import RowDetokenizer
+
+    m = session.manifest
+    state = prepare_batch(prompts, m.batch_size, m.seq_length, [new_tokens] * len(prompts), [],
+                          int(m.pad_token_id))
+    pick = TimedPick(Sampler(SamplingParams()))
+    detoks = [RowDetokenizer(tokenizer) for _ in prompts] if tokenizer is not None else []
+    wall, graph, sample, detok, extra = [], [], [], [], []
+    clock = time.perf_counter
+    start, g0, s0 = clock(), session.graph_seconds, pick.seconds
+    for step in generate_steps(session, inputs, state, pick):
+        d0 = clock()
+        for row, decoder in enumerate(detoks):
+            if step.active[row]:
+                decoder.push([int(step.tokens[row])])
+        end = clock()
+        wall.append(end - start)
+        graph.append(session.graph_seconds - g0)
+        sample.append(pick.seconds - s0)
+        detok.append(end - d0)
+        if between is not None and len(wall) > 1:
+            extra.append(between())
+            end = clock()
+        start, g0, s0 = end, session.graph_seconds, pick.seconds
+    for decoder in detoks:
+        decoder.flush()
+    return {k: np.asarray(v) for k, v in
+            (("wall", wall), ("graph", graph), ("sample", sample), ("detok", detok), ("between", extra))}
+
+
+def _ms(values) -> Dict[str, float]:
+    values = np.asarray(values) * 1e3
+    return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)),
+            "mean": float(values.mean()), "min": float(values.min())}
+
+
+def measure(job: dict) -> dict:
+    """Load one export with one backend and time one warm request (the child's whole job)."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.decode.inputs import InputOfInfer
+    from lite_runtime.contract.manifest import load_manifest
+
+    manifest = load_manifest(job["model_dir"])
+    batch = job.get("batch") or manifest.batch_size
+    prompt_len, new_tokens = job["prompt_len"], job["new_tokens"]
+    if prompt_len >= manifest.seq_length:
+        raise ToolchainError(f"--prompt_len {prompt_len} leaves no room in seq_length {manifest.seq_length} "
+                             f"of {job['model_dir']}")
+    if prompt_len + new_tokens - 1 > manifest.seq_length:   # the last token needs no cache slot
+        new_tokens = manifest.seq_length - prompt_len + 1
+        print(f"note: {job['model_dir']} has seq_length {manifest.seq_length}: {new_tokens} new tokens after "
+              f"a {prompt_len}-token prompt (not {job['new_tokens']})", file=sys.stderr)
+    rank, join_s = 0, 0.0
+    if job.get("world_size", 1) > 1:
+        from bench_ranks import join_cluster
+        start = time.perf_counter()
+        rank = join_cluster()
+        join_s = time.perf_counter() - start
+    start = time.perf_counter()
+    session = load_session(job["backend"], manifest, rank, num_threads=job["threads"])
+    load_s = time.perf_counter() - start
+    tokenizer = None
+    if manifest.tokenizer_path() and not job.get("no_detok"):
+        from lite_runtime.tokenizers import load_tokenizer
+        tokenizer = load_tokenizer(manifest.tokenizer_path())
+    vocab = manifest.dims.vocab_size if tokenizer is None else min(manifest.dims.vocab_size, tokenizer.vocab_size)
+    prompts = bench_prompts(batch, prompt_len, vocab)
+    inputs = InputOfInfer.get_inputs(manifest.family)
+    bare = getattr(session, "bare_decode_predict", None)   # mslite: one Predict on inputs already bound
+    for _ in range(job["warmup"]):
+        run_request(session, inputs, prompts, min(new_tokens, 8), tokenizer, bare)
+    t = run_request(session, inputs, prompts, new_tokens, tokenizer, bare)
+    steps = {k: v[1:] for k, v in t.items() if k != "between"}
+    decode_total = float(steps["wall"].sum())
+    result = dict(
+        backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size,
+        cluster_join_s=join_s, batch=batch, graph_batch=manifest.batch_size,
+        seq_length=manifest.seq_length, kv_cache=manifest.kv_cache, mindspore_version=manifest.mindspore_version,
+        prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=int(len(steps["wall"])),
+        threads=job["threads"], detokenize=tokenizer is not None, load_s=load_s,
+        ttft_ms=float(t["wall"][0] * 1e3), ttft_graph_ms=float(t["graph"][0] * 1e3),
+        step_ms=_ms(steps["wall"]), graph_ms=_ms(steps["graph"]),
+        host_ms=_ms(steps["wall"] - steps["graph"]),
+        sample_ms=_ms(steps["sample"]), detok_ms=_ms(steps["detok"]),
+        tok_s=batch * len(steps["wall"]) / decode_total if decode_total > 0 else None,
+        e2e_tok_s=batch * new_tokens / float(t["wall"].sum()),
+        bare_predict_ms=None, step_over_bare=None,
+    )
+    if bare is not None:
+        result["bare_predict_ms"] = _ms(t["between"])
+        result["step_over_bare"] = result["step_ms"]["median"] / result["bare_predict_ms"]["median"]
+    session.close()
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["mindspore_in_process"] = "mindspore" in sys.modules
+    return result
+
+
+# --- the benchmark model (built with the exporter in subprocesses) ------------------------------
+
+def export_python(backend: str) -> str:
+    """The interpreter whose MindSpore writes graphs `backend` can read."""
+    return VENV_MS20_PYTHON if backend == "mslite" else VENV_PYTHON
+
+
+def _run(cmd: List[str], what: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("GLOG_v", "3")
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise ToolchainError(f"{what} failed ({' '.join(cmd[:4])} ...):\n{result.stderr[-3000:]}")
+    return result
+
+
+def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", rebuild: bool = False,
+                     log=print, world_sizes=(1,)) -> Dict[tuple, str]:
+    """Export the benchmark model for every (backend, batch, ranks); returns {(backend, batch, ranks): dir}.
+
+    Multi-rank (tensor-parallel) exports are made for backend ms only (Lite on CPU has no collectives).
+
+    Exports whose recorded recipe matches are reused; `rebuild` redoes them.
+    """
+    import yaml
+
+    os.makedirs(work_dir, exist_ok=True)
+    ckpt = os.path.join(work_dir, "bench_llama.ckpt")
+    recipe = dict(model=BENCH_MODEL, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0")
+    stamp = os.path.join(work_dir, "recipe.json")
+    same = False
+    if os.path.isfile(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            same = json.load(f) == recipe
+    if rebuild or not same or not os.path.isfile(ckpt):
+        log(f"writing random weights to {ckpt}")
+        _run([VENV_PYTHON, "-c", WRITE_CKPT, ckpt, json.dumps(BENCH_MODEL)], "writing the benchmark checkpoint")
+        with open(stamp, "w", encoding="utf-8") as f:
+            json.dump(recipe, f)
+        rebuild = True
+    out = {}
+    for backend in backends:
+        mode = "io" if backend == "mslite" else kv_cache
+        for batch, ranks in [(b, r) for b in batches for r in world_sizes if r == 1 or backend == "ms"]:
+            name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
+            folder = os.path.join(work_dir, name)
+            out[(backend, batch, ranks)] = folder
+            if not rebuild and os.path.isfile(os.path.join(folder, "manifest.json")):
+                continue
+            config = dict(model=BENCH_MODEL, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH,
+                          batch_size=batch, kv_cache=mode, output_dir=folder,
+                          parallel={"model_parallel": ranks})
+            path = os.path.join(work_dir, name + ".yaml")
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump(config, f, sort_keys=False)
+            python = export_python(backend)
+            log(f"exporting {name} with {os.path.relpath(python, REPO)}")
+            _run([python, "-m", "exporter", "--config", path], f"exporting {name}")
+    return out
+
+
+# --- the parent: jobs, child processes, the table -----------------------------------------------
+
+def child_python(backend: str, override: Optional[str]) -> str:
+    if override:
+        return override
+    return VENV_PYTHON if os.path.isfile(VENV_PYTHON) else sys.executable
+
+
+def run_child(job: dict, python: str, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        job_file, out_file = os.path.join(tmp, "job.json"), os.path.join(tmp, "result.json")
+        with open(job_file, "w", encoding="utf-8") as f:
+            json.dump(job, f)
+        cmd = [python, os.path.join(TOOLS, "benchmark.py"), "--child", job_file, out_file]
+        if job.get("world_size", 1) > 1:
+            cmd = launch_command(python, job_file, out_file, job["world_size"], tmp)
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.setdefault("GLOG_v", "3")
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return dict(job, error=f"timed out after {timeout} s")
+        if proc.returncode != 0 or not os.path.isfile(out_file):
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+            return dict(job, error=(lines[-1] if lines else f"exit code {proc.returncode}"),
+                        stderr=proc.stderr[-4000:])
+        for line in proc.stderr.splitlines():
+            if line.startswith("note:"):
+                print("  " + line, file=sys.stderr)
+        with open(out_file, encoding="utf-8") as f:
+            result = json.load(f)
+        result["launcher_startup_ms"] = launcher_startup_ms(proc.stderr)
+        return result
+
+
+def format_table(results: List[dict]) -> str:
+    head = ["backend", "ranks", "batch", "steps", "TTFT ms", "step med ms", "step p90 ms", "host ms/step", "tok/s",
+            "peak RSS MB", "bare predict ms", "step/bare"]
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append([r["backend"], str(r.get("world_size", 1)), str(r.get("batch") or "?"), f"error: {r['error']}"])
+            continue
+        bare = r.get("bare_predict_ms")
+        batch = str(r["batch"]) if r["batch"] == r["graph_batch"] else f"{r['batch']}/{r['graph_batch']}"
+        rows.append([r["backend"], str(r["world_size"]), batch, str(r["decode_steps"]), f"{r['ttft_ms']:.2f}", f"{r['step_ms']['median']:.3f}",
+                     f"{r['step_ms']['p90']:.3f}", f"{r['host_ms']['median']:.3f}", f"{r['tok_s']:.1f}",
+                     f"{r['peak_rss_mb']:.0f}", f"{bare['median']:.3f}" if bare else "-",
+                     f"{r['step_over_bare']:.3f}x" if bare else "-"])
+    widths = [max([len(head[i])] + [len(row[i]) for row in rows if len(row) == len(head)])
+              for i in range(len(head))]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    for row in rows:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)) if len(row) == len(head)
+                     else "  ".join(row))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python tools/benchmark.py", description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--model_dir", nargs="+", default=[], help="export folder(s); batch = the graph's batch size")
+    a("--make-bench-model", "--make_bench_model", dest="make_bench_model", action="store_true",
+      help="build (or reuse) the notes' benchmark model exports under --work_dir and bench them")
+    a("--work_dir", default=DEFAULT_WORK_DIR, help="where --make-bench-model keeps its checkpoint and exports")
+    a("--rebuild", action="store_true", help="re-export the benchmark model even if cached")
+    a("--kv_cache", default="io", choices=("io", "in_graph"), help="kv mode of the benchmark model's ms exports")
+    a("--backend", nargs="+", default=None, choices=BACKENDS, help="default: ms and mslite")
+    a("--batch", nargs="+", type=int, default=None,
+      help="batch sizes of the benchmark model (default 1 8); with --model_dir, prompts per request "
+           "(at most the graph's batch size, which is the default; the other rows are padding)")
+    a("--tp", nargs="+", type=int, default=[1],
+      help="rank counts of the benchmark model (tensor parallel, backend ms; e.g. --tp 1 2)")
+    a("--steps", type=int, default=128,
+      help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
+    a("--prompt_len", type=int, default=32)
+    a("--threads", type=int, default=2)
+    a("--warmup", type=int, default=1, help="short warm-up requests before the measured one")
+    a("--no-detok", "--no_detok", dest="no_detok", action="store_true", help="skip detokenisation")
+    a("--python", default=None, help="interpreter of the measuring child processes (default .venv/bin/python)")
+    a("--timeout", type=int, default=1800, help="seconds per child process")
+    a("--json", dest="json_path", default=None, help="also write the results to this file")
+    a("--child", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.child:
+        with open(args.child[0], encoding="utf-8") as f:
+            job = json.load(f)
+        try:
+            result = measure(job)
+        except ToolchainError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        if result["rank"] == 0:   # in a multi-rank job rank 0 reports
+            with open(args.child[1], "w", encoding="utf-8") as f:
+                json.dump(result, f)
+        return 0
+    try:
+        jobs = plan_jobs(args)
+    except ToolchainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    results = []
+    for job in jobs:
+        print(f"measuring {job['backend']} batch {job.get('batch') or '(graph)'}: {job['model_dir']}",
+              file=sys.stderr, flush=True)
+        result = run_child(job, child_python(job["backend"], args.python), args.timeout)
+        if "error" in result:
+            print(f"  failed: {result['error']}", file=sys.stderr)
+        results.append(result)
+    print(format_table(results))
+    for r in results:
+        if r.get("launcher_startup_ms") is not None:
+            print(f"{r['backend']} x{r['world_size']} batch {r['batch']}: launcher start-up "
+                  f"{r['launcher_startup_ms']:.0f} ms, joining MindSpore's cluster {r['cluster_join_s']:.1f} s, "
+                  f"model load {r['load_s']:.2f} s (rank 0)")
+    notes = sorted({"detokenisation on" if r.get("detokenize") else "no tokenizer: detokenisation off"
+                    for r in results if "error" not in r})
+    print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored; fewer where "
+          f"seq_length is shorter: steps = decode steps timed), {args.threads} threads; host = step - graph call; "
+          f"batch a/b = a prompts in a graph of batch b; {', '.join(notes)}")
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return 1 if any("error" in r for r in results) else 0
+
+
+def plan_jobs(args) -> List[dict]:
+    if bool(args.model_dir) == bool(args.make_bench_model):
+        raise ToolchainError("give --model_dir FOLDER... or --make-bench-model (one of them)")
+    if args.steps < 2 or args.prompt_len < 1:
+        raise ToolchainError(f"--steps must be >= 2 and --prompt_len >= 1, got {args.steps} and {args.prompt_len}")
+    backends = args.backend or list(BACKENDS)
+    common = dict(prompt_len=args.prompt_len, new_tokens=args.steps, threads=args.threads,
+                  warmup=args.warmup, no_detok=args.no_detok)
+    if args.make_bench_model:
+        batches = args.batch or [1, 8]
+        exports = make_bench_model(args.work_dir, backends, batches, args.kv_cache, args.rebuild,
+                                   log=lambda msg: print(msg, file=sys.stderr, flush=True), world_sizes=args.tp)
+        return [dict(common, backend=b, batch=n, world_size=r, model_dir=folder)
+                for (b, n, r), folder in exports.items()]
+    from lite_runtime.contract.manifest import load_manifest
+
+    jobs = []
+    for folder in args.model_dir:
+        manifest = load_manifest(folder)
+        graph_batch = manifest.batch_size
+        for n in args.batch or [graph_batch]:
+            if not 1 <= n <= graph_batch:
+                raise ToolchainError(f"--batch {n}: the graphs of {folder} have batch size {graph_batch}; "
+                                     f"allowed: 1..{graph_batch} prompts (rows beyond them are padding)")
+            jobs += [dict(common, backend=b, batch=n, world_size=manifest.world_size,
+                          model_dir=os.path.abspath(folder)) for b in backends]
+    return jobs
+
+
+if __name__ == "__main__":
+    sys.exit(main())
