@@ -41,10 +41,16 @@ VENV_MS20_PYTHON = os.path.join(REPO, ".venv-ms20", "bin", "python")
 DEFAULT_WORK_DIR = os.path.join(REPO, "build", "bench_model")
 BACKENDS = ("ms", "mslite")
 
-# The notes' benchmark model: ≈ 20.6 M parameters (intermediate 1024 gives that count).
-BENCH_MODEL = dict(family="llama", vocab_size=32000, hidden_size=256, num_layers=4, n_heads=4, n_kv_heads=4,
-                   intermediate_size=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+# The notes' benchmark model: ≈ 20.6 M parameters (intermediate 1024 gives that count), and the same
+# sizes in the other families' shapes (Bloom: ALiBi, LayerNorm, GELU, tied head; GPT-2: learned positions).
+BENCH_SIZES = dict(vocab_size=32000, hidden_size=256, num_layers=4, n_heads=4, intermediate_size=1024,
                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
+BENCH_MODELS = {
+    "llama": dict(BENCH_SIZES, family="llama", n_kv_heads=4, norm_eps=1e-5, rope_theta=10000.0,
+                  tie_word_embeddings=False),
+    "bloom": dict(BENCH_SIZES, family="bloom"),
+    "gpt2": dict(BENCH_SIZES, family="gpt2", max_position_embeddings=256),
+}
 BENCH_SEQ_LENGTH = 256
 
 # Run in a subprocess with the MindSpore 2.10 environment: random weights under MindFormers names.
@@ -55,19 +61,19 @@ from exporter.models.attention import BuildContext
 from exporter.models.decoder import CausalLM
 sizes = {k: v for k, v in json.loads(sys.argv[2]).items()
          if k not in ("family", "bos_token_id", "eos_token_id", "pad_token_id")}
-sizes["norm_eps"] = sizes.pop("rms_norm_eps")
-llama = family_by_name("llama", "bench")
-net = CausalLM(llama.config(sizes, "bench"), BuildContext(1, 0, "io", 1, 8, ms.float32))
+family = family_by_name(json.loads(sys.argv[2])["family"], "bench")
+net = CausalLM(family.config(sizes, "bench"), BuildContext(1, 0, "io", 1, 8, ms.float32))
 rng = np.random.default_rng(0)
 params = []
 for name, p in net.parameters_and_names():
     if name.endswith(("key_cache", "value_cache")):
         continue
-    source = llama.mindformers_weights.source_name(name)   # saved under MindFormers names
-    if "norm" in name:
-        data = 1.0 + 0.1 * rng.standard_normal(p.shape, dtype=np.float32)
+    source, transposed = family.mindformers_weights.source_of(name)   # saved under MindFormers names
+    shape = tuple(reversed(p.shape)) if transposed else tuple(p.shape)
+    if "norm" in name and name.endswith("weight"):
+        data = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
     else:
-        data = 0.02 * rng.standard_normal(p.shape, dtype=np.float32)
+        data = 0.02 * rng.standard_normal(shape, dtype=np.float32)
     params.append({"name": source, "data": ms.Tensor(data.astype(np.float32))})
 ms.save_checkpoint(params, sys.argv[1])
 """
@@ -182,7 +188,7 @@ def measure(job: dict) -> dict:
     steps = {k: v[1:] for k, v in t.items() if k != "between"}
     decode_total = float(steps["wall"].sum())
     result = dict(
-        backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size,
+        family=manifest.family, backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size,
         cluster_join_s=join_s, batch=batch, graph_batch=manifest.batch_size,
         seq_length=manifest.seq_length, kv_cache=manifest.kv_cache, mindspore_version=manifest.mindspore_version,
         prompt_len=prompt_len, new_tokens=new_tokens, decode_steps=int(len(steps["wall"])),
@@ -221,47 +227,49 @@ def _run(cmd: List[str], what: str, timeout: int = 1800) -> subprocess.Completed
 
 
 def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", rebuild: bool = False,
-                     log=print, world_sizes=(1,)) -> Dict[tuple, str]:
-    """Export the benchmark model for every (backend, batch, ranks); returns {(backend, batch, ranks): dir}.
+                     log=print, world_sizes=(1,), families=("llama",)) -> Dict[tuple, str]:
+    """Export the benchmark models for every (family, backend, batch, ranks); returns {that key: dir}.
 
     Multi-rank (tensor-parallel) exports are made for backend ms only (Lite on CPU has no collectives).
-
     Exports whose recorded recipe matches are reused; `rebuild` redoes them.
     """
     import yaml
 
-    os.makedirs(work_dir, exist_ok=True)
-    ckpt = os.path.join(work_dir, "bench_llama.ckpt")
-    recipe = dict(model=BENCH_MODEL, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0")
-    stamp = os.path.join(work_dir, "recipe.json")
-    same = False
-    if os.path.isfile(stamp):
-        with open(stamp, encoding="utf-8") as f:
-            same = json.load(f) == recipe
-    if rebuild or not same or not os.path.isfile(ckpt):
-        log(f"writing random weights to {ckpt}")
-        _run([VENV_PYTHON, "-c", WRITE_CKPT, ckpt, json.dumps(BENCH_MODEL)], "writing the benchmark checkpoint")
-        with open(stamp, "w", encoding="utf-8") as f:
-            json.dump(recipe, f)
-        rebuild = True
     out = {}
-    for backend in backends:
-        mode = "io" if backend == "mslite" else kv_cache
-        for batch, ranks in [(b, r) for b in batches for r in world_sizes if r == 1 or backend == "ms"]:
-            name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
-            folder = os.path.join(work_dir, name)
-            out[(backend, batch, ranks)] = folder
-            if not rebuild and os.path.isfile(os.path.join(folder, "manifest.json")):
-                continue
-            config = dict(model=BENCH_MODEL, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH,
-                          batch_size=batch, kv_cache=mode, output_dir=folder,
-                          parallel={"model_parallel": ranks})
-            path = os.path.join(work_dir, name + ".yaml")
-            with open(path, "w", encoding="utf-8") as f:
-                yaml.safe_dump(config, f, sort_keys=False)
-            python = export_python(backend)
-            log(f"exporting {name} with {os.path.relpath(python, REPO)}")
-            _run([python, "-m", "exporter", "--config", path], f"exporting {name}")
+    for family in families:
+        model = BENCH_MODELS[family]
+        folder_of = os.path.join(work_dir, family)
+        os.makedirs(folder_of, exist_ok=True)
+        ckpt = os.path.join(folder_of, f"bench_{family}.ckpt")
+        recipe = dict(model=model, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0")
+        stamp = os.path.join(folder_of, "recipe.json")
+        same = False
+        if os.path.isfile(stamp):
+            with open(stamp, encoding="utf-8") as f:
+                same = json.load(f) == recipe
+        fresh = rebuild or not same or not os.path.isfile(ckpt)
+        if fresh:
+            log(f"writing random weights to {ckpt}")
+            _run([VENV_PYTHON, "-c", WRITE_CKPT, ckpt, json.dumps(model)], "writing the benchmark checkpoint")
+            with open(stamp, "w", encoding="utf-8") as f:
+                json.dump(recipe, f)
+        for backend in backends:
+            mode = "io" if backend == "mslite" else kv_cache
+            for batch, ranks in [(b, r) for b in batches for r in world_sizes if r == 1 or backend == "ms"]:
+                name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
+                folder = os.path.join(folder_of, name)
+                out[(family, backend, batch, ranks)] = folder
+                if not fresh and os.path.isfile(os.path.join(folder, "manifest.json")):
+                    continue
+                config = dict(model=model, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH,
+                              batch_size=batch, kv_cache=mode, output_dir=folder,
+                              parallel={"model_parallel": ranks})
+                path = os.path.join(folder_of, name + ".yaml")
+                with open(path, "w", encoding="utf-8") as f:
+                    yaml.safe_dump(config, f, sort_keys=False)
+                python = export_python(backend)
+                log(f"exporting {family} {name} with {os.path.relpath(python, REPO)}")
+                _run([python, "-m", "exporter", "--config", path], f"exporting {family} {name}")
     return out
 
 
@@ -301,16 +309,16 @@ def run_child(job: dict, python: str, timeout: int) -> dict:
 
 
 def format_table(results: List[dict]) -> str:
-    head = ["backend", "ranks", "batch", "steps", "TTFT ms", "step med ms", "step p90 ms", "host ms/step", "tok/s",
+    head = ["model", "backend", "ranks", "batch", "steps", "TTFT ms", "step med ms", "step p90 ms", "host ms/step", "tok/s",
             "peak RSS MB", "bare predict ms", "step/bare"]
     rows = []
     for r in results:
         if "error" in r:
-            rows.append([r["backend"], str(r.get("world_size", 1)), str(r.get("batch") or "?"), f"error: {r['error']}"])
+            rows.append([r.get("family", "?"), r["backend"], str(r.get("world_size", 1)), str(r.get("batch") or "?"), f"error: {r['error']}"])
             continue
         bare = r.get("bare_predict_ms")
         batch = str(r["batch"]) if r["batch"] == r["graph_batch"] else f"{r['batch']}/{r['graph_batch']}"
-        rows.append([r["backend"], str(r["world_size"]), batch, str(r["decode_steps"]), f"{r['ttft_ms']:.2f}", f"{r['step_ms']['median']:.3f}",
+        rows.append([r.get("family", "?"), r["backend"], str(r["world_size"]), batch, str(r["decode_steps"]), f"{r['ttft_ms']:.2f}", f"{r['step_ms']['median']:.3f}",
                      f"{r['step_ms']['p90']:.3f}", f"{r['host_ms']['median']:.3f}", f"{r['tok_s']:.1f}",
                      f"{r['peak_rss_mb']:.0f}", f"{bare['median']:.3f}" if bare else "-",
                      f"{r['step_over_bare']:.3f}x" if bare else "-"])
@@ -331,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="build (or reuse) the notes' benchmark model exports under --work_dir and bench them")
     a("--work_dir", default=DEFAULT_WORK_DIR, help="where --make-bench-model keeps its checkpoint and exports")
     a("--rebuild", action="store_true", help="re-export the benchmark model even if cached")
+    a("--family", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS),
+      help="families of the benchmark model (same sizes in each family's shape; default: all)")
     a("--kv_cache", default="io", choices=("io", "in_graph"), help="kv mode of the benchmark model's ms exports")
     a("--backend", nargs="+", default=None, choices=BACKENDS, help="default: ms and mslite")
     a("--batch", nargs="+", type=int, default=None,
@@ -406,9 +416,10 @@ def plan_jobs(args) -> List[dict]:
     if args.make_bench_model:
         batches = args.batch or [1, 8]
         exports = make_bench_model(args.work_dir, backends, batches, args.kv_cache, args.rebuild,
-                                   log=lambda msg: print(msg, file=sys.stderr, flush=True), world_sizes=args.tp)
+                                   log=lambda msg: print(msg, file=sys.stderr, flush=True), world_sizes=args.tp,
+                                   families=args.family)
         return [dict(common, backend=b, batch=n, world_size=r, model_dir=folder)
-                for (b, n, r), folder in exports.items()]
+                for (_, b, n, r), folder in exports.items()]
     from lite_runtime.contract.manifest import load_manifest
 
     jobs = []

@@ -110,8 +110,8 @@ def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None) -> Non
     from mindspore import Tensor
     params = {name: p for name, p in net.parameters_and_names() if not name.endswith(("key_cache", "value_cache"))}
     def named(n):
-        source = plan.source_name(n) if plan is not None else None
-        return n if source is None or source == n else f"{source} ({n})"
+        found = plan.source_of(n) if plan is not None else None
+        return n if found is None or found[0] == n else f"{found[0]} ({n})"
 
     missing = sorted(named(n) for n in set(params) - set(weights))
     unexpected = sorted(named(n) for n in set(weights) - set(params))

@@ -78,8 +78,8 @@ class WeightPlan:
                     return r, m.groupdict()
         return None
 
-    def source_name(self, canonical: str) -> Optional[str]:
-        """The checkpoint name a canonical tensor comes from, when one rule maps it one to one."""
+    def source_of(self, canonical: str) -> Optional[Tuple[str, bool]]:
+        """(checkpoint name, stored transposed) of a canonical tensor a rule maps one to one."""
         for r, _ in self.rules:
             if len(r.targets) != 1:
                 continue
@@ -88,7 +88,7 @@ class WeightPlan:
                 text = text.replace(re.escape(token), group)
             m = re.fullmatch(text, canonical)
             if m:
-                return r.source.format(**m.groupdict())
+                return r.source.format(**m.groupdict()), r.transpose
         return None
 
 
