@@ -9,7 +9,7 @@ import pytest
 from tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.contract.errors import ValidationError
 from lite_runtime.decode.streamers import RowDetokenizer, TextIteratorStreamer, TextStreamer
-from lite_runtime.tokenizer import load_tokenizer
+from lite_runtime.tokenizers import load_tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

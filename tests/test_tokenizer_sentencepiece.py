@@ -5,7 +5,7 @@ import pytest
 
 from tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
-from lite_runtime.tokenizer import Tokenizer, load_tokenizer
+from lite_runtime.tokenizers import SentencePieceTokenizer as Tokenizer, load_tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -90,11 +90,10 @@ def test_load_errors_name_the_path(tmp_path):
         load_tokenizer(missing)
     assert str(missing) in str(info.value)
 
-    (tmp_path / "tokenizer.json").write_text("{}")
-    with pytest.raises(ArtifactError, match="tokenizer.json.*only sentencepiece"):
+    (tmp_path / "tokenizer.json").write_text("{}")        # a damaged tokenizer.json is named, not skipped
+    with pytest.raises(ArtifactError, match="cannot read .*tokenizer.json") as info:
         load_tokenizer(tmp_path)
-    with pytest.raises(ArtifactError, match="not a sentencepiece model"):
-        load_tokenizer(tmp_path / "tokenizer.json")
+    assert len(str(info.value).splitlines()) == 1
 
     broken = tmp_path / "broken.model"
     broken.write_bytes(b"not a model")
@@ -104,5 +103,6 @@ def test_load_errors_name_the_path(tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ArtifactError, match="no tokenizer.model in folder"):
+    with pytest.raises(ArtifactError, match="no tokenizer") as info:
         load_tokenizer(empty)
+    assert str(empty) in str(info.value)
