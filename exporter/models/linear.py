@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import numpy as np
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 
@@ -127,7 +126,3 @@ def split_rules(net: nn.Cell) -> Dict[str, int]:
                 continue
             rules[f"{prefix}.{name}" if prefix else name] = axis
     return rules
-
-
-def as_compute(x, dtype):
-    return ops.cast(x, dtype) if dtype != ms.float32 else x

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import GRAPH_KINDS, TensorSpec
-from lite_runtime.ascend.ge_config import SECTIONS, parse_ge_config, read_ge_config, split_config_paths
+from lite_runtime.ascend.ge_config import SECTIONS, parse_ge_config, read_ge_config
 from lite_runtime.contract.manifest import Manifest, load_manifest
 from lite_runtime.ascend.rank_table import load_rank_table
 
