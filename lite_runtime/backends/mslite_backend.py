@@ -20,7 +20,7 @@ import numpy as np
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError, ValidationError
 from lite_runtime.contract.families import GRAPH_KINDS, TensorSpec
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
-from lite_runtime.contract.graph_check import check_graph_inputs
+from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.backends.base import Session, require_kv_mode
 from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
@@ -149,6 +149,12 @@ class MSLiteSession(Session):
         self._feeds: Dict[str, List[np.ndarray]] = {}
         for kind in GRAPH_KINDS:
             path = m.graph_path(kind, self.rank)
+            found = collectives_in(path)
+            if found:   # Lite 2.0 CPU drops AllReduce with a warning and returns one rank's partial sums
+                raise UnsupportedError(f"{path} contains collective operators ({', '.join(found)}) that MindSpore "
+                                       "Lite on CPU cannot execute (it would silently return one rank's partial "
+                                       "results); run it with backend 'ms' under the launcher, or with mslite "
+                                       "on Ascend")
             model = LiteModel(path, paths[kind], num_threads)
             self._models[kind] = model
             check_graph_inputs(model.inputs, m.graphs[kind].inputs, path)

@@ -1,6 +1,8 @@
-"""Check a loaded graph's inputs against the manifest before the first call."""
+"""Checks of a graph before its first call: its inputs against the manifest, and the collective
+operators it holds (which a runtime without collectives must refuse)."""
 from __future__ import annotations
 
+import mmap
 import re
 from typing import List, Sequence
 
@@ -38,3 +40,16 @@ def check_graph_inputs(actual: Sequence[TensorSpec], expected: List[TensorSpec],
         if problem:
             raise ArtifactError(f"{where}: graph input {i} {problem}, but the manifest expects "
                                 f"{want.name} {want.dtype} {tuple(want.shape)}; export again")
+
+
+# MindIR names each node's primitive "REF::<Name>"; these are the collectives MindSpore exports.
+_COLLECTIVE = re.compile(rb"REF::(AllReduce|AllGather|ReduceScatter|AlltoAll|Broadcast|Send|Receive)\b")
+
+
+def collectives_in(path: str) -> List[str]:
+    """Names of the collective operators in the MindIR file `path` (read without MindSpore)."""
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            return []
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return sorted({m.group(1).decode() for m in _COLLECTIVE.finditer(data)})

@@ -22,7 +22,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 from lite_runtime.contract.errors import DistributedError
 
 log = logging.getLogger("lite_runtime.distributed.launch")
-SCHEDULER_CODE = "from mindspore.communication import init; init()"
+# GRAPH mode first: MindSpore 2.0 refuses to join a cluster in PyNative mode ("PyNative mode is not
+# supported in dynamic networking").
+SCHEDULER_CODE = ("import mindspore as ms; ms.set_context(mode=ms.GRAPH_MODE); "
+                  "from mindspore.communication import init; init()")
 
 
 def free_port() -> int:
