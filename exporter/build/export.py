@@ -90,13 +90,12 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Ma
         ge_config = GE_CONFIG_NAME
         shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
     manifest = Manifest(family=source.family.name, model_config=source.config.to_json(), graph_dims=dims.to_json(),
-                        kv_cache=config.kv_cache,
-                        seq_length=config.seq_length, batch_size=config.batch_size,
+                        kv_cache=config.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
-                        bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id,
-                        tokenizer=tokenizer, tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
-                        mindspore_version=ms.__version__,
-                        mindir_version=mindir_version, sha256=hashes, ge_config=ge_config)
+                        bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,
+                        tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
+                        mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
+                        ge_config=ge_config)
     manifest.save(tmp)
     return manifest
 
