@@ -83,7 +83,7 @@ def test_pipeline_upstream_forms(demo_exports):
 
 def test_interactive_prompt_loop_ends_cleanly_on_eof(demo_exports):
     result = run_cli(["run_infer_main.py", "--model_dir", demo_exports["ms"], "--backend", "ms",
-                      "--max_new_tokens", "6"], stdin="Counting: seven, eight,\n\nThe alphabet: a, b,\n")
+                      "--max_new_tokens", "6", "--interactive"], stdin="Counting: seven, eight,\n\nThe alphabet: a, b,\n")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 2

@@ -101,7 +101,7 @@ def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
-         str(tmp_path / "logs"), "--", "run_infer_main.py", "--model_dir", exports["full"]],
+         str(tmp_path / "logs"), "--", "run_infer_main.py", "--model_dir", exports["full"], "--interactive"],
         cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         victim, started = None, time.monotonic()

@@ -9,10 +9,12 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from tiny_models import run_cli
+from tiny_models import REPO, run_cli
 
 GRAPHS = {"prefill": "mindir_full_checkpoint/rank_0_graph.mindir",
           "increment": "mindir_inc_checkpoint/rank_0_graph.mindir"}
@@ -159,6 +161,26 @@ def test_blank_prompt_file(export_dir, tokenizer_model, tmp_path):
     prompts.write_text("   \n\n\t \n", encoding="utf-8")
     result = infer_cli(export_dir, tokenizer_model, "--predict_data", str(prompts))
     assert_one_line_error(result, "--predict_data", str(prompts), "no prompt")
+
+
+def test_prompt_file_that_is_not_utf8(export_dir, tokenizer_model, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("one two\n".encode() + b"caf\xe9 \xff\xfe\n")
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", str(prompts))
+    assert_one_line_error(result, str(prompts), "not UTF-8", "0xe9", "offset 11")
+
+
+def test_empty_prompt_is_an_error_not_interactive_mode(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "")
+    assert_one_line_error(result, "--predict_data is empty")
+
+
+def test_no_prompt_and_no_terminal_is_refused_not_a_hang(export_dir, tokenizer_model):
+    argv = ["run_infer_main.py", "--backend", "ms", "--model_dir", export_dir, "--tokenizer_path", tokenizer_model]
+    with open(os.devnull) as devnull:
+        result = subprocess.run([sys.executable] + argv, cwd=REPO, stdin=devnull, capture_output=True, text=True,
+                                timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert_one_line_error(result, "--predict_data", "--interactive")
 
 
 def test_over_long_prompt_is_refused_then_truncated_on_request(export_dir, tokenizer_model):

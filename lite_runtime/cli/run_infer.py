@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pa_block_size", type=int, default=16)
     a("--pa_num_blocks", type=int, default=512)
     a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job")
-    a("--predict_data", default="", help="a prompt, or a .txt file with one prompt per line")
+    a("--predict_data", default=None, help="a prompt, or a .txt file (UTF-8) with one prompt per line; "
+      "absent: read prompts from the terminal")
+    a("--interactive", action="store_true",
+      help="read prompts from stdin even when it is not a terminal (without --predict_data)")
     a("--batch_size", type=int, default=None, help="accepted; the export's static batch size is used")
     a("--generated_time", type=int, default=1, help="repeat each request this many times (timing)")
     a("--seed", type=int, default=None)
@@ -67,11 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_prompts(predict_data: str, template: Optional[str]) -> List[str]:
+    if not predict_data.strip():
+        raise ConfigError("--predict_data is empty; give a prompt or a .txt file (omit the option to type "
+                          "prompts at a terminal)")
     if predict_data.endswith(".txt"):
         if not os.path.isfile(predict_data):
             raise ConfigError(f"--predict_data file {predict_data} does not exist")
-        with open(predict_data, encoding="utf-8") as f:
-            prompts = [line.rstrip("\n") for line in f if line.strip()]
+        with open(predict_data, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--predict_data file {predict_data} is not UTF-8 text: byte 0x{raw[e.start]:02x} "
+                              f"at offset {e.start} ({e.reason}); save it as UTF-8") from None
+        prompts = [line for line in text.splitlines() if line.strip()]
         if not prompts:
             raise ConfigError(f"--predict_data file {predict_data} holds no prompt")
     else:
@@ -111,6 +123,10 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
     """Answer --predict_data or stdin prompts. `before_request(prompts)` and `coordinator` let a
     multi-rank run share each request and step with the other ranks (distributed_run.py)."""
     from lite_runtime.decode.streamers import TextStreamer
+    prompts = read_prompts(args.predict_data, args.prompt) if args.predict_data is not None else None
+    if prompts is None and not args.interactive and not sys.stdin.isatty():
+        raise ConfigError("no --predict_data and stdin is not a terminal: give --predict_data PROMPT_OR_FILE.txt, "
+                          "or --interactive to read prompts from stdin")
     rank = args.rank_id if args.rank_id is not None else int(os.environ.get("RANK_ID", "0"))
     generator = make_generator(args, rank)
     generator.coordinator = coordinator
@@ -139,8 +155,8 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
             log.info("generated %d prompt(s) in %.3f s", len(result), time.perf_counter() - start)
 
     try:
-        if args.predict_data:
-            answer(read_prompts(args.predict_data, args.prompt))
+        if prompts is not None:
+            answer(prompts)
         else:
             _interactive(answer, args.prompt)
     finally:
