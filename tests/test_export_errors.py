@@ -80,9 +80,11 @@ def bad_ckpts(tiny_ckpt, tmp_path_factory):
     (dict(compute_dtype="bfloat16"), ["compute_dtype", "'bfloat16'", "float32", "float16"]),
     (dict(model=dict(family="gpt5")), ["'gpt5'", "model.family", KNOWN_FAMILIES]),
     (dict(model=dict(family="llama2x")), ["'llama2x'", KNOWN_FAMILIES]),
+    (dict(infer=dict(model_type="onnx")), ["infer.model_type 'onnx'", "allowed: mindir"]),
     (dict(parallel=dict(model_parallel=4)), ["parallel.model_parallel 4", "model.n_kv_heads 2"]),
 ], ids=["unknown_top_key", "unknown_nested_key", "seq_length_str", "batch_size_float", "use_past_str",
-        "kv_cache", "compute_dtype", "unknown_family", "family_no_prefix_match", "model_parallel_kv_heads"])
+        "kv_cache", "compute_dtype", "unknown_family", "family_no_prefix_match", "infer_model_type",
+        "model_parallel_kv_heads"])
 def test_bad_yaml_value(tiny_ckpt, tmp_path, out_dir, change, facts):
     config = tiny_export_config(tiny_ckpt[0], out_dir)
     for key, value in change.items():

@@ -22,7 +22,8 @@ def mindformers_yaml(ckpt, output_dir, **model_config):
             "parallel_config": {"data_parallel": 1, "model_parallel": 1, "pipeline_stage": 1},
             "runner_config": {"epochs": 1, "batch_size": 1}, "optimizer": {"type": "FP32StateAdamWeightDecay"},
             "model": {"model_config": mc, "arch": {"type": "LlamaForCausalLM"}},
-            "processor": {"return_tensors": "ms", "tokenizer": {"type": "LlamaTokenizer"}}}
+            "processor": {"return_tensors": "ms", "tokenizer": {"type": "LlamaTokenizer"}},
+            "infer": {"model_type": "mindir", "infer_seq_length": 48}}
 
 
 def test_llama_ffn_width_matches_published_llama_sizes():

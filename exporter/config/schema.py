@@ -61,6 +61,11 @@ class InferSection:
     increment_model_path: Optional[str] = None   # extra copy of the rank-0 increment graph
     infer_seq_length: Optional[int] = None
     ge_config_path: Optional[str] = None         # shipped in the export as config.ini
+    model_type: str = "mindir"                   # upstream's graph format key; MindIR is the only one
+
+    def __post_init__(self):
+        if str(self.model_type).lower() != "mindir":
+            raise ConfigError(f"infer.model_type {self.model_type!r} is not supported; allowed: mindir")
 
 
 @dataclass
@@ -178,7 +183,10 @@ def _build(cls, data: dict, source: str, prefix: str, extra: Optional[dict] = No
             kwargs[name] = _build(hint, value, source, key + ".")
         else:
             kwargs[name] = _check_type(value, hint, source, key)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(str(e) if str(e).startswith(source) else f"{source}: {e}") from None
 
 
 def _check_type(value, hint, source: str, key: str):
