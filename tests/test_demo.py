@@ -5,6 +5,7 @@ The expected continuations are facts of the training corpus (tools/train_demo_mo
 outputs recorded from this code.
 """
 import os
+import re
 
 import pytest
 
@@ -43,6 +44,11 @@ def test_run_infer_main_continues_the_demo_prompts(demo_exports, backend, tmp_pa
     assert len(lines) == len(EXPECTED)
     for line, (prompt, continuation) in zip(lines, EXPECTED.items()):
         assert line.startswith(prompt + continuation), line
+    runtime = "MindSpore Lite 2.0.0 CPU" if backend == "mslite" else "MindSpore 2.10"
+    summary = [ln for ln in result.stderr.splitlines() if ln.startswith(f"{backend}: ")]
+    assert len(summary) == 1 and runtime in summary[0], result.stderr
+    pattern = rf"load [\d.]+ s; TTFT [\d.]+ ms; decode [\d.]+ tokens/s; {len(EXPECTED)} prompt\(s\)"
+    assert re.search(pattern, summary[0]), summary
 
 
 @pytest.mark.parametrize("backend", ["ms", "mslite"])

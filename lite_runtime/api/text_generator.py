@@ -51,6 +51,7 @@ class TextGeneratorInfer:
         start = time.perf_counter()
         self.session = factory(config.backend, self.manifest, config.rank_id, **options)
         self.load_seconds = time.perf_counter() - start
+        self.last_timing: Optional[RequestTiming] = None
         self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
@@ -94,19 +95,49 @@ class TextGeneratorInfer:
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
-        on_step = None
+        forward = None
         if streamer is not None:
             if hasattr(streamer, "prime"):
                 streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
-            on_step = _streaming(streamer, len(texts))
+            forward = _streaming(streamer, len(texts))
+        timing = RequestTiming()
+        self.last_timing = timing
+
+        def on_step(offset, step):
+            timing.step(int(step.active.sum()))
+            if forward is not None:
+                forward(offset, step)
         try:
             return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step)
         finally:
+            timing.stop()
             if streamer is not None:
                 streamer.end()
 
     def close(self) -> None:
         self.session.close()
+
+
+class RequestTiming:
+    """Time to the first token and the decode rate of one request (all its graph batches)."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.first = self.end = None
+        self.decode_tokens = 0
+
+    def step(self, tokens: int) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+        else:
+            self.decode_tokens += tokens
+
+    def stop(self) -> None:
+        self.end = time.perf_counter()
+
+    @property
+    def ttft_ms(self) -> float:
+        return ((self.first or self.end) - self.start) * 1e3
 
 
 def _streaming(streamer, n_rows: int):

@@ -50,6 +50,7 @@ class Session:
     """
 
     backend_name = "?"
+    runtime = "?"        # what runs the graphs, for the run summary (e.g. "MindSpore Lite 2.0.0 CPU, 2 threads")
 
     def __init__(self, manifest: Manifest, rank: int = 0):
         self.manifest = manifest

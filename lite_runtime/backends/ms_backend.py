@@ -34,6 +34,7 @@ class MSSession(Session):
                                    "install mindspore or use backend='mslite'") from None
         from mindspore import nn
         self._ms = ms
+        self.runtime = f"MindSpore {ms.__version__} GraphCell (CPU)"
         cpu_graph_mode(ms)
         if manifest.world_size > 1:
             _require_cluster(manifest)

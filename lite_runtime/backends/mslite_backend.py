@@ -27,6 +27,7 @@ from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
 
 log = logging.getLogger("lite_runtime.mslite")
 
+LITE_VERSION = "2.0.0"                # the wheel tools/setup_lite.sh installs
 LITE_MAX_MIND_IR_VERSION = 1          # Lite 2.0 reads mind_ir_version 1 (MindSpore 2.0); 2.10 writes 3
 FIRST_UNREADABLE_MINDSPORE = (2, 7)   # measured: MindIR of MindSpore >= 2.7 is refused by Lite 2.0
 TARGETS = ("cpu", "ascend")   # and "auto"
@@ -116,6 +117,8 @@ class MSLiteSession(Session):
             for config in present if target == "ascend" else ():
                 config.check_runnable(manifest.world_size)
             self._official = self._load_official(mslite, paths, present, device_id, num_threads, target, config_dict)
+            self.runtime = (f"MindSpore Lite {getattr(mslite, '__version__', '?')} (official API) {target}"
+                            + (f", {num_threads} threads" if target == "cpu" else f", device {device_id}"))
         else:
             if target != "cpu":
                 raise UnsupportedError(f"target {target!r} needs the mindspore_lite package of an Ascend server, "
@@ -124,6 +127,7 @@ class MSLiteSession(Session):
                 raise UnsupportedError("config_dict needs the official mindspore_lite package; on CPU put the "
                                        "settings in the config.ini")
             self._load_native(paths, present, num_threads)
+            self.runtime = f"MindSpore Lite {LITE_VERSION} CPU (native binding), {num_threads} threads"
         self.load_seconds = time.perf_counter() - start
 
     # --- loading --------------------------------------------------------------------------------

@@ -139,20 +139,25 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
         return generator.infer(prompts, **kwargs, **extra)
 
     def answer(prompts: List[str]) -> None:
-        for _ in range(args.generated_time):
+        for run_index in range(args.generated_time):
             start = time.perf_counter()
+            timings = []
             if args.stream:   # one prompt at a time, so each answer streams right after its prompt
                 result = []
                 for prompt in prompts:
                     out.write(prompt)
                     out.flush()
                     result += infer([prompt], streamer=TextStreamer(generator.tokenizer, file=out))
+                    timings.append(generator.last_timing)
             else:
                 result = infer(prompts)
+                timings.append(generator.last_timing)
                 for item in result:
                     out.write(item["text_generation_text"][0] + "\n")
             out.flush()
-            log.info("generated %d prompt(s) in %.3f s", len(result), time.perf_counter() - start)
+            which = f"run {run_index + 1}/{args.generated_time}: " if args.generated_time > 1 else ""
+            print(which + run_summary(generator, timings, len(result), time.perf_counter() - start),
+                  file=sys.stderr, flush=True)
 
     try:
         if prompts is not None:
@@ -161,6 +166,15 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
             _interactive(answer, args.prompt)
     finally:
         generator.close()
+
+
+def run_summary(generator, timings, prompts: int, seconds: float) -> str:
+    """One line: what ran, load time, time to first token, decode rate."""
+    tokens = sum(t.decode_tokens for t in timings)
+    decode_s = sum(t.end - t.first for t in timings if t.first is not None)
+    rate = f"{tokens / decode_s:.1f} tokens/s" if decode_s > 0 else "no decode steps"
+    return (f"{generator.session.backend_name}: {generator.session.runtime}; load {generator.load_seconds:.2f} s; "
+            f"TTFT {timings[0].ttft_ms:.1f} ms; decode {rate}; {prompts} prompt(s) in {seconds:.2f} s")
 
 
 def _interactive(answer, template) -> None:
