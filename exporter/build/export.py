@@ -15,7 +15,8 @@ from typing import List
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
-from lite_runtime.contract.manifest import MANIFEST_NAME, GraphEntry, Manifest, file_sha256, graph_relpath
+from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
+                                           file_sha256, graph_relpath)
 from exporter.config.schema import ExportConfig
 from exporter.build.trace import graph_dims, trace_rank
 from exporter.model_source import ModelSource, resolve_model
@@ -149,10 +150,23 @@ def _replace_dir(tmp: str, target: str) -> None:
 
 
 def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
-    """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs."""
+    """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs, each
+    with `<copy>.manifest.json` beside it: the export's manifest with paths relative to that folder
+    (the copies for their graphs, the export's files for the rest), so the runtime runs the copies
+    by their paths alone. One such file per copy, named after it: copies of several exports may
+    share a folder."""
+    copies = {}
     for kind, dest in (("prefill", config.infer.prefill_model_path), ("increment", config.infer.increment_model_path)):
-        if dest:
+        src = os.path.join(config.output_dir, graph_relpath(kind, 0))
+        if dest and os.path.realpath(dest) != os.path.realpath(src):   # not the export's own graph
             os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
             tmp = dest + ".tmp"
-            shutil.copyfile(os.path.join(config.output_dir, graph_relpath(kind, 0)), tmp)
+            shutil.copyfile(src, tmp)
             os.replace(tmp, dest)
+            copies[kind] = dest
+    for dest in copies.values():
+        folder = os.path.dirname(os.path.abspath(dest))
+        pointer = copy_manifest(manifest, config.output_dir, copies, folder)
+        name = os.path.basename(copy_manifest_path(dest))
+        pointer.save(folder, name + ".tmp")
+        os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))

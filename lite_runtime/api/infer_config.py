@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
-from lite_runtime.contract.manifest import GRAPH_FOLDERS, MANIFEST_NAME, Manifest, load_manifest
+from lite_runtime.contract.manifest import (GRAPH_FOLDERS, MANIFEST_NAME, Manifest, copy_manifest_path, load_manifest,
+                                           load_manifest_file)
 
 TARGETS = ("auto", "CPU", "Ascend")
 
@@ -71,7 +72,7 @@ class InferConfig:
             for path in (self.prefill_model_path, self.increment_model_path):
                 if not os.path.isfile(path):
                     raise ArtifactError(f"graph file {path} does not exist")
-            manifest = load_manifest(_export_root(self.prefill_model_path))
+            manifest = _graph_manifest(self.prefill_model_path, self.increment_model_path)
             for kind, path in (("prefill", self.prefill_model_path), ("increment", self.increment_model_path)):
                 expected = manifest.graph_path(kind, self.rank_id)
                 if os.path.realpath(expected) != os.path.realpath(path):
@@ -93,11 +94,22 @@ class InferConfig:
         return shipped, shipped
 
 
+def _graph_manifest(prefill_path: str, increment_path: str) -> Manifest:
+    """The manifest of two graph paths: the one the exporter writes beside its copies of the graphs
+    (upstream `infer.prefill_model_path` ...), else that of the export folder holding them."""
+    for path in (prefill_path, increment_path):
+        if os.path.isfile(copy_manifest_path(path)):
+            return load_manifest_file(copy_manifest_path(path))
+    return load_manifest(_export_root(prefill_path))
+
+
 def _export_root(graph_path: str) -> str:
     """`<export>/mindir_full_checkpoint/rank_0_graph.mindir` -> `<export>`."""
     folder = os.path.dirname(os.path.abspath(graph_path))
     for candidate in (folder, os.path.dirname(folder)):
         if os.path.isfile(os.path.join(candidate, MANIFEST_NAME)):
             return candidate
-    raise ArtifactError(f"no {MANIFEST_NAME} found beside {graph_path}: the runtime needs a whole export folder "
-                        f"written by `python -m exporter` ({MANIFEST_NAME} with {'/ and '.join(GRAPH_FOLDERS.values())}/)")
+    raise ArtifactError(f"no {MANIFEST_NAME} found beside {graph_path} (nor {copy_manifest_path(graph_path)}): the "
+                        f"runtime needs a whole export folder written by `python -m exporter` ({MANIFEST_NAME} with "
+                        f"{'/ and '.join(GRAPH_FOLDERS.values())}/), or graph copies the exporter wrote for "
+                        "infer.prefill_model_path / increment_model_path")

@@ -4,6 +4,7 @@ One schema, read and written here only. The runtime trusts nothing else about an
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from lite_runtime.contract.families import KV_MODES, GRAPH_KINDS, GraphDims, Ten
 
 FORMAT_VERSION = 2   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files
 MANIFEST_NAME = "manifest.json"
+COPY_MANIFEST_SUFFIX = ".manifest.json"   # beside an upstream infer.*_model_path graph copy
 GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint"}
 
 
@@ -61,6 +63,7 @@ class Manifest:
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
+    file: str = ""                   # the manifest file read (root/manifest.json or a copy's); not serialised
 
     @property
     def dims(self) -> GraphDims:
@@ -80,12 +83,12 @@ class Manifest:
         return os.path.join(self.root, self.ge_config) if self.ge_config else None
 
     def to_json(self) -> dict:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("graphs", "root")}
+        data = {k: v for k, v in self.__dict__.items() if k not in ("graphs", "root", "file")}
         data["graphs"] = {k: g.to_json() for k, g in self.graphs.items()}
         return data
 
-    def save(self, folder: str) -> None:
-        with open(os.path.join(folder, MANIFEST_NAME), "w", encoding="utf-8") as f:
+    def save(self, folder: str, name: str = MANIFEST_NAME) -> None:
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
             json.dump(self.to_json(), f, indent=2, sort_keys=True)
 
     def verify_files(self) -> None:
@@ -99,7 +102,7 @@ class Manifest:
                                     "the export was modified or damaged: export again")
 
     def _where(self) -> str:
-        return os.path.join(self.root, MANIFEST_NAME)
+        return self.file or os.path.join(self.root, MANIFEST_NAME)
 
 
 def file_sha256(path: str) -> str:
@@ -110,12 +113,43 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def copy_manifest_path(graph_copy: str) -> str:
+    """The manifest written beside a copy of a graph (upstream `infer.prefill_model_path` ...)."""
+    return graph_copy + COPY_MANIFEST_SUFFIX
+
+
+def copy_manifest(manifest: Manifest, export_dir: str, copies: Dict[str, str], folder: str) -> Manifest:
+    """`manifest` (of the export in `export_dir`) re-rooted at `folder`: the rank-0 graph of each kind
+    in `copies` ({kind: path of its byte copy}) is that copy, every other file the export's own, all
+    by paths relative to `folder`; the hashes are the export's (the copies are byte copies)."""
+    def rel(path: str) -> str:
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
+
+    moved = {}
+    for kind, entry in manifest.graphs.items():
+        for rank, name in enumerate(entry.files):
+            moved[name] = rel(copies[kind] if rank == 0 and kind in copies else os.path.join(export_dir, name))
+    graphs = {kind: GraphEntry([moved[n] for n in entry.files], entry.inputs, entry.outputs)
+              for kind, entry in manifest.graphs.items()}
+    in_export = (lambda name: rel(os.path.join(export_dir, name)) if name else name)
+    return dataclasses.replace(manifest, graphs=graphs, sha256={moved.get(k, k): v for k, v in manifest.sha256.items()},
+                               tokenizer=in_export(manifest.tokenizer),
+                               tokenizer_files=[in_export(n) for n in manifest.tokenizer_files],
+                               ge_config=in_export(manifest.ge_config), root=folder, file="")
+
+
 def load_manifest(folder: str) -> Manifest:
-    path = os.path.join(folder, MANIFEST_NAME)
     if not os.path.isdir(folder):
         raise ArtifactError(f"export folder {folder} does not exist")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(folder, MANIFEST_NAME)):
         raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME}")
+    return load_manifest_file(os.path.join(folder, MANIFEST_NAME))
+
+
+def load_manifest_file(path: str) -> Manifest:
+    """A manifest by its file: an export's `manifest.json` or the one beside a graph copy; its
+    relative paths are taken from the file's folder."""
+    folder = os.path.dirname(path)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -130,8 +164,8 @@ def load_manifest(folder: str) -> Manifest:
                             f"{FORMAT_VERSION}: {advice}")
     try:
         graphs = {k: GraphEntry.from_json(data["graphs"][k]) for k in GRAPH_KINDS}
-        fields = {k: v for k, v in data.items() if k != "graphs"}
-        manifest = Manifest(graphs=graphs, root=folder, **fields)
+        fields = {k: v for k, v in data.items() if k not in ("graphs", "root", "file")}
+        manifest = Manifest(graphs=graphs, root=folder, file=path, **fields)
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path} is malformed: {type(e).__name__}: {e}") from None
     get_family(manifest.family, source=path)

@@ -1,0 +1,58 @@
+"""Upstream `infer.prefill_model_path` / `increment_model_path`: the graph copies the exporter writes
+there run by their paths alone (`run_infer_main.py --prefill_model_path A --increment_model_path B`),
+with the same output as the export folder (`--model_dir`)."""
+import json
+import os
+import shutil
+
+import pytest
+
+from tiny_models import export_in_subprocess, make_tokenizer, run_cli, tiny_export_config, write_yaml
+
+PROMPT = "one two three"
+
+
+@pytest.fixture(scope="module")
+def export_with_copies(tiny_ckpt, tmp_path_factory):
+    """The tiny model exported into tree/out with its graph copies in tree/copies; returns the tree."""
+    tree = tmp_path_factory.mktemp("copies") / "tree"
+    tree.mkdir()
+    tokenizer = make_tokenizer(str(tmp_path_factory.mktemp("tok")))
+    config = tiny_export_config(tiny_ckpt[0], str(tree / "out"), model={"tokenizer": tokenizer},
+                                infer={"prefill_model_path": str(tree / "copies" / "llama_prefill.mindir"),
+                                       "increment_model_path": str(tree / "copies" / "llama_inc.mindir"),
+                                       "model_type": "mindir"})
+    export_in_subprocess(write_yaml(str(tree.parent / "export.yaml"), config))
+    return tree
+
+
+def infer(*source):
+    result = run_cli(["run_infer_main.py", "--backend", "ms", *source, "--predict_data", PROMPT,
+                      "--max_new_tokens", "8"], timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def copies(tree):
+    return ["--prefill_model_path", str(tree / "copies" / "llama_prefill.mindir"),
+            "--increment_model_path", str(tree / "copies" / "llama_inc.mindir")]
+
+
+def test_graph_copies_run_like_the_export_folder(export_with_copies):
+    tree = export_with_copies
+    expected = infer("--model_dir", str(tree / "out"))
+    assert expected.startswith(PROMPT) and len(expected.strip()) > len(PROMPT)
+    assert infer(*copies(tree)) == expected
+
+
+def test_copy_manifest_points_by_relative_paths_and_moves_with_the_tree(export_with_copies, tmp_path):
+    with open(export_with_copies / "copies" / "llama_prefill.mindir.manifest.json", encoding="utf-8") as f:
+        pointer = json.load(f)
+    assert pointer["graphs"]["prefill"]["files"] == ["llama_prefill.mindir"]
+    assert pointer["graphs"]["increment"]["files"] == ["llama_inc.mindir"]
+    assert pointer["tokenizer"] == os.path.join("..", "out", "tokenizer.model")
+    assert sorted(pointer["sha256"]) == ["llama_inc.mindir", "llama_prefill.mindir"]
+    expected = infer("--model_dir", str(export_with_copies / "out"))
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(export_with_copies, moved)
+    assert infer(*copies(moved)) == expected
