@@ -37,6 +37,8 @@ def command(config_path, model_dir, output_dir, batch_size, verbose, list_famili
             raise ConfigError(f"give exactly one of --config and --model_dir (see {PROG} --help)")
         config = load_config(config_path or find_model_dir_config(model_dir))
         overrides = {k: v for k, v in (("output_dir", output_dir), ("batch_size", batch_size)) if v is not None}
+        if output_dir is not None:
+            overrides["output_dir_default"] = False
         if overrides:   # replace() validates the overridden values like the yaml's own
             config = dataclasses.replace(config, **overrides)
         from exporter.build.export import export

@@ -1,4 +1,6 @@
 """MindFormers run yamls export as they are: same graphs as the project's own schema."""
+import os
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,34 @@ def test_mindformers_yaml_refuses_what_it_cannot_build(tiny_ckpt, tmp_path, chan
     for fact in facts:
         assert fact in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_run_yaml_without_output_dir_exports_into_the_working_directory_and_says_so(tiny_ckpt, tmp_path):
+    data = mindformers_yaml(tiny_ckpt[0], None)
+    del data["output_dir"]
+    path = write_yaml(str(tmp_path / "run_llama.yaml"), data)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    result = run_cli(["-m", "exporter", "--config", path], cwd=str(workdir))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = str(workdir / "output")
+    assert load_manifest(out).family == "llama"
+    said = [line for line in result.stderr.splitlines() if "exported llama to " in line]
+    assert len(said) == 1 and f"exported llama to {out} " in said[0] and "default output_dir ./output" in said[0]
+
+
+def test_default_output_dir_holding_mindformers_run_files_is_refused(tiny_ckpt, tmp_path):
+    """`./output` is also where MindFormers writes its logs and checkpoints."""
+    data = mindformers_yaml(tiny_ckpt[0], None)
+    del data["output_dir"]
+    path = write_yaml(str(tmp_path / "run_llama.yaml"), data)
+    (tmp_path / "output" / "log").mkdir(parents=True)
+    (tmp_path / "output" / "log" / "info.log").write_text("training log", encoding="utf-8")
+    result = run_cli(["-m", "exporter", "--config", path], cwd=str(tmp_path))
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fact in (f"output_dir {tmp_path / 'output'}", "default output_dir ./output", "sets no output_dir",
+                 "not an export", "set output_dir in the yaml or give --output_dir"):
+        assert fact in lines[0], lines[0]
+    assert os.listdir(tmp_path / "output") == ["log"]
+    assert (tmp_path / "output" / "log" / "info.log").read_text(encoding="utf-8") == "training log"

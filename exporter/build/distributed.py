@@ -10,7 +10,7 @@ import os
 import sys
 
 from lite_runtime.distributed.process_group import run_ranks
-from exporter.config.schema import ExportConfig, config_from_dict
+from exporter.config.schema import NOT_YAML_KEYS, ExportConfig, config_from_dict
 
 JOB_FILE = "export_job.json"
 
@@ -19,7 +19,8 @@ def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0)
     """Trace every rank's graphs into `folder` with one MindSpore worker process per rank."""
     job = os.path.join(folder, JOB_FILE)
     data = dataclasses.asdict(config)
-    data.pop("source")
+    for key in NOT_YAML_KEYS:
+        data.pop(key)
     with open(job, "w", encoding="utf-8") as f:
         json.dump({"config": data, "source": config.source}, f)
     logs = os.path.join(folder, "logs")

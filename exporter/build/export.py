@@ -17,6 +17,7 @@ from lite_runtime.contract.families import get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            file_sha256, graph_relpath)
+from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
 from exporter.build.trace import graph_dims, trace_rank
 from exporter.model_source import ModelSource, resolve_model
@@ -32,7 +33,7 @@ def export(config: ExportConfig) -> str:
         source.config.check_world_size(config.world_size)
     except ConfigError as e:
         raise ConfigError(f"{config.source}: {e}") from None
-    _check_output_dir(config.output_dir)
+    _check_output_dir(config)
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
     start = time.perf_counter()
@@ -49,8 +50,8 @@ def export(config: ExportConfig) -> str:
         _remove_empty(created)
         raise
     _write_infer_copies(config, manifest)
-    log.info("exported %s (%d rank(s)) to %s in %.1f s", source.family.name, config.world_size,
-             config.output_dir, time.perf_counter() - start)
+    log.info("exported %s to %s (%d rank(s), %.1f s%s)", source.family.name, config.output_dir, config.world_size,
+             time.perf_counter() - start, f"; {_default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
 
 
@@ -112,12 +113,21 @@ def _tokenizer_defaults(folder: str, bos, eos):
     return bos, eos
 
 
-def _check_output_dir(path: str) -> None:
+def _default_output_note(config: ExportConfig) -> str:
+    return (f"MindFormers' default output_dir {MF_DEFAULT_OUTPUT_DIR} of the working directory: "
+            f"{config.source} sets no output_dir")
+
+
+def _check_output_dir(config: ExportConfig) -> None:
+    path = config.output_dir
+    where = f" ({_default_output_note(config)})" if config.output_dir_default else ""
+    fix = "set output_dir in the yaml or give --output_dir" if config.output_dir_default else \
+        "choose another folder or empty it"
     if os.path.isfile(path):
-        raise ConfigError(f"output_dir {path} is a file; give a folder")
+        raise ConfigError(f"output_dir {path}{where} is a file; {fix}")
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
-        raise ConfigError(f"output_dir {path} exists and is not an export (no {MANIFEST_NAME}); "
-                          "refusing to overwrite it: choose another folder or empty it")
+        raise ConfigError(f"output_dir {path}{where} exists and is not an export (no {MANIFEST_NAME}); "
+                          f"refusing to overwrite it: {fix}")
 
 
 def _missing_folders(path: str) -> List[str]:

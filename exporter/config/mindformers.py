@@ -29,6 +29,7 @@ MF_IGNORED_MODEL_KEYS = {
     "post_layernorm_residual", "qkv_has_bias"}
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
+MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
 MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer"}
 
 
@@ -59,7 +60,7 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
     tokenizer = ((data.get("processor") or {}).get("tokenizer") or {}).get("vocab_file")
     if tokenizer:
         ours["tokenizer"] = tokenizer
-    config = {"model": ours, "output_dir": data.get("output_dir") or "./output"}
+    config = {"model": ours, "output_dir": data.get("output_dir") or MF_DEFAULT_OUTPUT_DIR}
     config.update({k: mc[k] for k in MF_EXPORT_KEYS if mc.get(k) is not None})
     for key in ("load_checkpoint", "infer"):
         if data.get(key):

@@ -19,6 +19,7 @@ from lite_runtime.contract.families import KV_MODES
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
 COMPUTE_DTYPES = ("float32", "float16")
+NOT_YAML_KEYS = ("source", "output_dir_default")   # ExportConfig fields a yaml cannot set
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -81,6 +82,7 @@ class ExportConfig:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
+    output_dir_default: bool = False             # output_dir is MindFormers' default (the run yaml sets none); not a yaml key
 
     def __post_init__(self):
         where = self.source
@@ -132,9 +134,12 @@ def load_config(path: str) -> ExportConfig:
         raise ConfigError(f"{path}: not valid yaml: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    output_dir_default = False
     if is_mindformers_yaml(data):
+        output_dir_default = not data.get("output_dir")
         data = from_mindformers(data, path)
     config = config_from_dict(data, source=path)
+    config.output_dir_default = output_dir_default
     _resolve_paths(config, os.path.dirname(os.path.abspath(path)))
     return config
 
@@ -164,7 +169,7 @@ def find_model_dir_config(model_dir: str) -> str:
 
 def _build(cls, data: dict, source: str, prefix: str, extra: Optional[dict] = None):
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in NOT_YAML_KEYS}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{source}: unknown key {prefix}{unknown[0]}; allowed keys"
