@@ -29,6 +29,8 @@ class ModelSource:
     tokenizer: Optional[str]             # main tokenizer file (tokenizer.model, tokenizer.json, *.tiktoken)
     checkpoint: str                      # .ckpt file, folder of rank_{i}/ shards, or safetensors folder
     tokenizer_side_files: List[str] = field(default_factory=list)
+    adapter: Optional[str] = None        # Hugging Face PEFT LoRA folder
+    pet_config: Optional[dict] = None    # MindFormers LoRA settings (the checkpoint holds the LoRA tensors)
 
 
 def resolve_model(config: ExportConfig) -> ModelSource:
@@ -65,8 +67,14 @@ def resolve_model(config: ExportConfig) -> ModelSource:
     eos = special.get("eos_token_id")
     eos_ids = [] if eos is None else ([int(e) for e in eos] if isinstance(eos, list) else [int(eos)])
     pad = special.get("pad_token_id")
+    if section.adapter is not None and not os.path.isdir(section.adapter):
+        raise ConfigError(f"{config.source}: model.adapter {section.adapter} is not a folder (a PEFT LoRA folder "
+                          "with adapter_config.json and adapter_model.safetensors)")
+    if section.adapter and section.pet_config:
+        raise ConfigError(f"{config.source}: give model.adapter (a PEFT folder) or pet_config (LoRA tensors in the "
+                          "checkpoint), not both")
     return ModelSource(family, model, special.get("bos_token_id"), eos_ids, 0 if pad is None else int(pad),
-                       tokenizer, checkpoint, side)
+                       tokenizer, checkpoint, side, section.adapter, section.pet_config)
 
 
 def _read_hf_config(hf_dir: str) -> dict:

@@ -21,6 +21,7 @@ from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
 from exporter.build.trace import graph_dims, trace_rank
 from exporter.model_source import ModelSource, resolve_model
+from exporter.weights.adapters import adapter_record
 
 log = logging.getLogger("exporter")
 GE_CONFIG_NAME = "config.ini"
@@ -96,6 +97,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Ma
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
                         bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,
                         tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
+                        adapters=adapter_record(source),
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config)
     manifest.save(tmp)

@@ -29,9 +29,12 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
         if len(shards) != world_size:
             raise WeightError(f"load_checkpoint {source.checkpoint} has {len(shards)} rank folders but "
                               f"parallel.model_parallel is {world_size}; they must be equal")
+        if source.adapter or source.pet_config:
+            raise WeightError(f"load_checkpoint {source.checkpoint}: LoRA adapters with rank-sharded checkpoints "
+                              "are not supported yet; merge the shards first or export from a full checkpoint")
         weights = W.read_rank_shard(shards[rank], source.family, source.config)
         return W.tie_head(weights, expects_head, source.config.tie_word_embeddings, 0, 1)
-    full = W.read_source(source.checkpoint, source.family, source.config)
+    full = W.read_source(source)
     full = W.tie_head(full, expects_head, source.config.tie_word_embeddings, 0, 1)
     return W.shard(full, rules, rank, world_size)
 

@@ -15,6 +15,7 @@ log = logging.getLogger("exporter")
 
 MF_EXPORT_KEYS = ("seq_length", "batch_size", "use_past", "compute_dtype")
 MF_SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+MF_PET_KEY = "pet_config"
 # Keys of training, of other executors, or of upstream's own kernels: no effect on the exported math.
 MF_IGNORED_MODEL_KEYS = {
     "type", "ignore_token_id", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype", "param_init_type",
@@ -50,12 +51,19 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
         if key in mc and mc[key] not in allowed:
             raise UnsupportedError(f"{source}: model.model_config.{key} {mc[key]!r} is not supported; allowed: "
                                    f"{', '.join(repr(a) for a in allowed)}")
-    understood = set(family.mindformers_keys) | set(MF_SPECIAL_KEYS) | set(MF_EXPORT_KEYS)
+    understood = set(family.mindformers_keys) | set(MF_SPECIAL_KEYS) | set(MF_EXPORT_KEYS) | {MF_PET_KEY}
     unknown = sorted(set(mc) - understood - MF_IGNORED_MODEL_KEYS - set(family.mindformers_required))
     if unknown:
         raise ConfigError(f"{source}: unknown key model.model_config.{unknown[0]} for a MindFormers {family.name} "
                           f"config; understood: {', '.join(sorted(understood))}")
     ours = dict(family.from_mindformers(mc, source), family=family.name)
+    pet = mc.get("pet_config")
+    if pet:
+        if not isinstance(pet, dict) or pet.get("pet_type") != "lora":
+            kind = pet.get("pet_type") if isinstance(pet, dict) else pet
+            raise UnsupportedError(f"{source}: model.model_config.pet_config pet_type {kind!r} is not supported yet; "
+                                   "allowed: lora (merged into the weights at export)")
+        ours["pet_config"] = pet
     ours.update({k: mc[k] for k in MF_SPECIAL_KEYS if mc.get(k) is not None})
     tokenizer = ((data.get("processor") or {}).get("tokenizer") or {}).get("vocab_file")
     if tokenizer:

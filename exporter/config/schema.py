@@ -42,6 +42,8 @@ class ModelSection:
     eos_token_id: Optional[Union[int, list]] = None
     pad_token_id: Optional[int] = None
     tokenizer: Optional[str] = None         # tokenizer.model / tokenizer.json / *.tiktoken to ship
+    adapter: Optional[str] = None           # a Hugging Face PEFT LoRA folder, merged into the weights
+    pet_config: Optional[dict] = None       # MindFormers LoRA: {pet_type: lora, lora_rank, lora_alpha, ...}
 
     def __post_init__(self):
         if self.rms_norm_eps is not None and self.norm_eps is None:
@@ -218,6 +220,7 @@ def _resolve_paths(config: ExportConfig, base: str) -> None:
     config.load_checkpoint = resolve(config.load_checkpoint, base)
     config.model.hf_dir = resolve(config.model.hf_dir, base)
     config.model.tokenizer = resolve(config.model.tokenizer, base)
+    config.model.adapter = resolve(config.model.adapter, base)
     config.infer.ge_config_path = resolve(config.infer.ge_config_path, base)
     cwd = os.getcwd()
     config.output_dir = resolve(config.output_dir, cwd)

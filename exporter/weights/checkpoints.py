@@ -39,23 +39,40 @@ def plan_for(path: str, family):
         else family.mindformers_weights
 
 
-def read_source(path: str, family, cfg) -> Dict[str, np.ndarray]:
-    """A full (unsharded) model under canonical names, from a .ckpt file or a safetensors folder."""
+def read_source(source) -> Dict[str, np.ndarray]:
+    """A full (unsharded) model under canonical names, from a .ckpt file or a safetensors folder,
+    with its LoRA adapter (if any) merged in."""
+    path, family, cfg = source.checkpoint, source.family, source.config
+    plan = plan_for(path, family)
     if os.path.isfile(path):
         if not path.endswith(".ckpt"):
             raise WeightError(f"load_checkpoint {path}: a file must be a MindSpore .ckpt")
-        return family.mindformers_weights.apply(read_ckpt(path), cfg, path, family.name)
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if files:
+        tensors = read_ckpt(path)
+    elif glob.glob(os.path.join(path, "*.safetensors")):
         tensors = {}
-        for f in files:
+        for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
             tensors.update(read_safetensors(f))
-        return family.hf_weights.apply(tensors, cfg, path, family.name)
-    ckpts = sorted(glob.glob(os.path.join(path, "*.ckpt")))
-    if len(ckpts) == 1:
-        return family.mindformers_weights.apply(read_ckpt(ckpts[0]), cfg, ckpts[0], family.name)
-    raise WeightError(f"load_checkpoint {path}: found no weights; allowed: a .ckpt file, a folder with one "
-                      ".ckpt, a folder of *.safetensors, or a folder of rank_{i}/*.ckpt shards")
+    else:
+        ckpts = sorted(glob.glob(os.path.join(path, "*.ckpt")))
+        if len(ckpts) != 1:
+            raise WeightError(f"load_checkpoint {path}: found no weights; allowed: a .ckpt file, a folder with one "
+                              ".ckpt, a folder of *.safetensors, or a folder of rank_{i}/*.ckpt shards")
+        path = ckpts[0]
+        tensors = read_ckpt(path)
+    tensors = _with_adapter(tensors, source, plan, path)
+    return plan.apply(tensors, cfg, path, family.name)
+
+
+def _with_adapter(tensors, source, plan, where: str) -> Dict[str, np.ndarray]:
+    from exporter.weights.adapters import merge_lora, read_peft_adapter, split_mindformers_lora
+    if source.pet_config:
+        tensors, adapter = split_mindformers_lora(tensors, source.pet_config.get("lora_rank"),
+                                                  source.pet_config.get("lora_alpha"), where)
+    elif source.adapter:
+        adapter = read_peft_adapter(source.adapter)
+    else:
+        return tensors
+    return merge_lora(tensors, adapter, plan, where)
 
 
 def read_rank_shard(folder: str, family, cfg) -> Dict[str, np.ndarray]:

@@ -78,6 +78,11 @@ class WeightPlan:
                     return r, m.groupdict()
         return None
 
+    def stored_transposed(self, name: str) -> bool:
+        """Whether the source tensor `name` is stored (in, out) (its rule transposes it)."""
+        found = self._match(name)
+        return bool(found and found[0].transpose)
+
     def source_of(self, canonical: str) -> Optional[Tuple[str, bool]]:
         """(checkpoint name, stored transposed) of a canonical tensor a rule maps one to one."""
         for r, _ in self.rules:

@@ -60,6 +60,7 @@ class Manifest:
     mindir_version: str
     sha256: Dict[str, str] = field(default_factory=dict)
     tokenizer_files: List[str] = field(default_factory=list)   # side files (tokenizer_config.json ...)
+    adapters: List[dict] = field(default_factory=list)         # LoRA adapters merged into the weights
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
