@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tiny_models import REPO, run_cli
+from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config, write_yaml
 
 GRAPHS = {"prefill": "mindir_full_checkpoint/rank_0_graph.mindir",
           "increment": "mindir_inc_checkpoint/rank_0_graph.mindir"}
@@ -138,6 +138,17 @@ def test_unknown_family_in_model_name(export_dir, tokenizer_model):
 def test_seq_length_other_than_the_exports(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--seq_length", "1024", "--predict_data", "hello")
     assert_one_line_error(result, "infer_seq_length 1024", "seq_length 48")
+
+
+def test_lite_compatible_export_on_backend_ms_is_refused_before_loading(tiny_ckpt, tokenizer_model, tmp_path):
+    """A MindSpore 2.0 export (the one Lite reads) crashes MindSpore 2.10's compiler with a long C++ trace."""
+    out = str(tmp_path / "ms20")
+    yaml_path = write_yaml(str(tmp_path / "ms20.yaml"), tiny_export_config(tiny_ckpt[0], out))
+    export_in_subprocess(yaml_path, python=VENV_MS20_PYTHON)
+    result = infer_cli(out, tokenizer_model, "--predict_data", "hello world")
+    assert_one_line_error(result, out, "written by MindSpore 2.0", "for MindSpore Lite",
+                          "export with the .venv environment (`make export CONFIG=...`) for backend ms")
+    assert "AbstractBasePtr" not in result.stderr
 
 
 def test_unknown_backend(export_dir, tokenizer_model):

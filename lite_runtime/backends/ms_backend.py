@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import List
+import re
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -20,6 +21,8 @@ from lite_runtime.contract.manifest import Manifest
 from lite_runtime.backends.base import Session
 
 log = logging.getLogger("lite_runtime.ms")
+# Exports of MindSpore older than this are the Lite-compatible ones (mslite_backend: Lite 2.0 refuses newer MindIR).
+LITE_COMPATIBLE_BELOW = (2, 7)
 
 
 class MSSession(Session):
@@ -32,6 +35,7 @@ class MSSession(Session):
         except ImportError:
             raise UnsupportedError("backend 'ms' needs the mindspore package, which is not installed here; "
                                    "install mindspore or use backend='mslite'") from None
+        _check_exporting_version(manifest, ms.__version__)
         from mindspore import nn
         self._ms = ms
         self.runtime = f"MindSpore {ms.__version__} GraphCell (CPU)"
@@ -69,6 +73,29 @@ class MSSession(Session):
         if isinstance(out, (tuple, list)):
             return [o.asnumpy() for o in out]
         return [out.asnumpy()]
+
+
+def _major_minor(version: str) -> Optional[Tuple[int, int]]:
+    found = re.match(r"(\d+)\.(\d+)", str(version))
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _check_exporting_version(manifest: Manifest, running: str) -> None:
+    """MindSpore runs the MindIR of its own release: a MindSpore 2.0 graph (the Lite-compatible
+    export) fails deep inside MindSpore 2.10's graph compiler ("Got null AbstractBasePtr ...
+    primitive Add"), so refuse before loading, naming the environment that writes the right one."""
+    written, here = _major_minor(manifest.mindspore_version), _major_minor(running)
+    if written is None or here is None or written == here:
+        return
+    where = f"the export {manifest.root or '.'}"
+    if written < LITE_COMPATIBLE_BELOW <= here:
+        raise UnsupportedError(
+            f"{where} was written by MindSpore {manifest.mindspore_version} for MindSpore Lite (MindIR version "
+            f"{manifest.mindir_version}); backend ms runs MindIR of the MindSpore it has ({running}): export with "
+            "the .venv environment (`make export CONFIG=...`) for backend ms, or run this export with backend mslite")
+    raise UnsupportedError(
+        f"{where} was written by MindSpore {manifest.mindspore_version}; backend ms here has MindSpore {running} and "
+        f"runs MindIR of its own release only: export again with MindSpore {running} for backend ms")
 
 
 def _require_cluster(manifest: Manifest) -> None:
