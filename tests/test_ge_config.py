@@ -138,6 +138,26 @@ def test_unknown_ascend_context_key_is_logged(caplog):
     assert "typo.ini: line 3" in caplog.text and "'rank_tabel_file'" in caplog.text
 
 
+@pytest.mark.parametrize("section, key, close", [
+    ("ge_session_options", "ge.exec.formatMod", "'ge.exec.formatMode'?"),
+    ("ge_graph_options", "ge.inputshape", "'ge.inputShape'?"),
+    ("ge_graph_options", "ge.exec.precision_mod", "'ge.exec.precision_mode' in [ge_session_options]?"),
+    ("ascend_context", "rank_tabel_file", "'rank_table_file'?"),
+])
+def test_misspelt_key_is_logged_with_the_known_key_it_is_close_to(caplog, section, key, close):
+    with caplog.at_level("WARNING", logger="lite_runtime.ascend.ge_config"):
+        parse_ge_config(f"[{section}]\n{key}=1\n", "typo.ini")
+    assert len(caplog.records) == 1
+    assert "typo.ini: line 2" in caplog.text and f"{key!r}" in caplog.text and f"did you mean {close}" in caplog.text
+
+
+def test_ge_keys_far_from_known_ones_stay_quiet(caplog):
+    """GE has many options this project does not list: only near misses of known keys are reported."""
+    with caplog.at_level("WARNING", logger="lite_runtime.ascend.ge_config"):
+        parse_ge_config("[ge_session_options]\nge.exec.enableDump=1\nge.exec.formatMode=1\n", "ok.ini")
+    assert caplog.text == ""
+
+
 def test_placeholder_rank_table_refused_at_load_time():
     config = read_ge_config(str(REPO / "ge_configs" / "atlas_800_distributed.ini"))
     with pytest.raises(ConfigError, match="rank_table_file is empty"):
@@ -260,6 +280,17 @@ def test_cli_errors_are_one_line(tmp_path):
         assert run.returncode != 0, args
         assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
     assert "line 2" in run_cli("check", str(bad)).stderr
+
+
+def test_cli_check_names_the_known_key_a_misspelt_one_is_close_to(tmp_path):
+    ini = tmp_path / "typo.ini"
+    ini.write_text("[ascend_context]\nprovider=ge\n\n[ge_session_options]\nge.exec.formatMod=1\n")
+    run = run_cli("check", str(ini))
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "line 5" in lines[0] and "'ge.exec.formatMod'" in lines[0], run.stderr
+    assert "did you mean 'ge.exec.formatMode'?" in lines[0]
+    assert run.stdout.startswith(f"{ini}: provider ge")
 
 
 def test_write_export_configs_writes_both(tmp_path):

@@ -14,6 +14,7 @@ CLI: python -m lite_runtime.ascend.ge_config check FILE[,FILE] ... | generate --
 from __future__ import annotations
 
 import configparser
+import difflib
 import logging
 import os
 import re
@@ -74,6 +75,15 @@ VALUE_CHECKS: Dict[Tuple[str, str], Callable[[str], Optional[str]]] = {
     ("ge_graph_options", "ge.dynamicNodeType"): _ON_OFF,
     ("ge_graph_options", "ge.exec.variable_acc"): _choice("0", "1", "True", "False"),
     ("ge_graph_options", "input_format"): _choice("ND", "NCHW", "NHWC", "NCDHW", "NDHWC"),
+}
+
+
+# Keys this project knows per section: the checked ones, the shape keys, the ascend_context keys.
+KNOWN_KEYS: Dict[str, Tuple[str, ...]] = {
+    "ascend_context": ASCEND_CONTEXT_KEYS,
+    "ge_session_options": tuple(k for s, k in VALUE_CHECKS if s == "ge_session_options"),
+    "ge_graph_options": tuple(k for s, k in VALUE_CHECKS if s == "ge_graph_options")
+    + tuple(k for k in GRAPH_ONLY_KEYS if ("ge_graph_options", k) not in VALUE_CHECKS),
 }
 
 
@@ -247,10 +257,24 @@ def _check_value(config: GeConfig, section: str, key: str, value: str) -> None:
             raise ConfigError(f"{where}: not allowed; allowed: {allowed}")
     elif section == "ascend_context" and key not in ASCEND_CONTEXT_KEYS:
         logger.warning("%s: [ascend_context] key %r is not one this project knows (%s); Lite may ignore it",
-                       config._at(section, key), key, ", ".join(ASCEND_CONTEXT_KEYS))
+                       config._at(section, key), key, _did_you_mean(section, key) or ", ".join(ASCEND_CONTEXT_KEYS))
+    elif key not in KNOWN_KEYS.get(section, ()) and _did_you_mean(section, key):
+        # GE has many options this project does not list; only a near miss of a known one is worth a word.
+        logger.warning("%s: [%s] key %r is not one this project knows (%s); GE may refuse or ignore it",
+                       config._at(section, key), section, key, _did_you_mean(section, key))
     if section == "ge_session_options" and key == "ge.exec.precision_mode_v2" and \
             "ge.exec.precision_mode" in config.sections[section]:
         raise ConfigError(f"{where}: ge.exec.precision_mode and ge.exec.precision_mode_v2 cannot both be set")
+
+
+def _did_you_mean(section: str, key: str) -> str:
+    """`did you mean 'k'?` for the known key closest to a misspelt one (same section first), else ''."""
+    for candidates in (KNOWN_KEYS.get(section, ()), [k for keys in KNOWN_KEYS.values() for k in keys]):
+        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
+        if close:
+            home = next(s for s, keys in KNOWN_KEYS.items() if close[0] in keys)
+            return f"did you mean {close[0]!r}" + ("?" if home == section else f" in [{home}]?")
+    return ""
 
 
 def _load_rank_table(config: GeConfig, value: str) -> RankTable:
