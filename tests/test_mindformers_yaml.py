@@ -121,3 +121,15 @@ def test_default_output_dir_holding_mindformers_run_files_is_refused(tiny_ckpt, 
         assert fact in lines[0], lines[0]
     assert os.listdir(tmp_path / "output") == ["log"]
     assert (tmp_path / "output" / "log" / "info.log").read_text(encoding="utf-8") == "training log"
+
+
+def test_data_parallel_is_a_warning_that_the_export_holds_model_parallel_ranks_only(tiny_ckpt, tmp_path):
+    data = mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out"))
+    data["parallel_config"]["data_parallel"] = 2
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "run_llama_dp2.yaml"), data)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in result.stderr.splitlines() if "parallel_config.data_parallel" in line]
+    assert len(said) == 1, result.stderr
+    for fact in ("run_llama_dp2.yaml", "parallel_config.data_parallel 2", "runtime concern", "model_parallel rank(s) only"):
+        assert fact in said[0], said[0]
+    assert load_manifest(str(tmp_path / "out")).world_size == 1

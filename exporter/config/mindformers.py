@@ -76,6 +76,11 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
     parallel = data.get("parallel_config") or {}
     if parallel.get("model_parallel"):
         config["parallel"] = {"model_parallel": parallel["model_parallel"]}
+    data_parallel = parallel.get("data_parallel")
+    if isinstance(data_parallel, int) and not isinstance(data_parallel, bool) and data_parallel > 1:
+        log.warning("%s: parallel_config.data_parallel %d: data parallel is a runtime concern (start that many "
+                    "copies of the export); the export holds the model_parallel rank(s) only (%s)", source,
+                    data_parallel, parallel.get("model_parallel") or 1)
     skipped = sorted(set(data) - MF_TOP_USED)
     if skipped:
         log.info("%s: MindFormers sections not used by export: %s", source, ", ".join(skipped))
