@@ -8,6 +8,7 @@ Every CLI mistake: exit != 0, one `error:` line on stderr naming the facts, no t
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,34 @@ def test_over_long_prompt_is_refused_then_truncated_on_request(export_dir, token
     assert "Traceback" not in result.stderr
     assert "dropped its first" in result.stderr
     assert result.stdout.startswith(LONG_PROMPT)
+
+
+def warnings_of(result, *facts):
+    """stderr lines holding every fact (the run summary line is there too)."""
+    return [line for line in result.stderr.splitlines() if all(str(f) in line for f in facts)]
+
+
+def test_max_length_above_seq_length_is_said_not_clamped_silently(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world", "--max_length", "1000")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert len(warnings_of(result, "--max_length 1000", "seq_length 48")) == 1, result.stderr
+    assert result.stdout.startswith("hello world")
+
+
+def test_max_length_at_or_below_the_prompt_is_an_error_not_an_empty_answer(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world one two", "--max_length", "3")
+    line = assert_one_line_error(result, "max_length is 3", "nothing is left to generate")
+    count = int(re.search(r"prompt 0 has (\d+) tokens", line).group(1))
+    assert count >= 3 and f"max_length above {count}" in line
+    assert result.stdout == ""
+
+
+def test_batch_size_other_than_the_exports_is_said(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world", "--batch_size", "8")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert len(warnings_of(result, "--batch_size 8", "the export's batch size 3 is used", "batches of 3")) == 1
+    quiet = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world", "--batch_size", "3")
+    assert quiet.returncode == 0 and not warnings_of(quiet, "--batch_size"), quiet.stderr
 
 
 def test_defaults_and_model_name_common_run(export_dir, tokenizer_model):

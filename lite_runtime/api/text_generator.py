@@ -94,6 +94,13 @@ class TextGeneratorInfer:
         pad = self.pad_id if pad_token_id is None else int(pad_token_id)
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
+        if max_length is not None:
+            for i, prompt in enumerate(prompts):
+                if len(prompt) >= max_length:
+                    raise ValidationError(
+                        f"prompt {i} has {len(prompt)} tokens and max_length is {max_length} (prompt + new tokens): "
+                        f"nothing is left to generate; give max_length above {len(prompt)}, or leave it unset "
+                        "and limit the answer with max_new_tokens")
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
         forward = None
         if streamer is not None:

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--top_p", type=float, default=1.0)
     a("--repetition_penalty", type=float, default=1.0)
     a("--temperature", type=float, default=1.0)
-    a("--max_length", type=int, default=512, help="prompt + new tokens")
+    a("--max_length", type=int, default=None,
+      help="prompt + new tokens; default: the export's seq_length (a larger value is capped by it)")
     a("--max_output_length", "--max_new_tokens", dest="max_new_tokens", type=int, default=128)
     a("--is_sample_acceleration", type=str2bool, default=False, help="accepted; sampling is always on the host")
     a("--add_special_tokens", type=str2bool, default=False)
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
       "absent: read prompts from the terminal")
     a("--interactive", action="store_true",
       help="read prompts from stdin even when it is not a terminal (without --predict_data)")
-    a("--batch_size", type=int, default=None, help="accepted; the export's static batch size is used")
+    a("--batch_size", type=int, default=None,
+      help="accepted; the export's static batch size is used and prompts run in batches of it")
     a("--generated_time", type=int, default=1, help="repeat each request this many times (timing)")
     a("--seed", type=int, default=None)
     a("--num_threads", type=int, default=2)
@@ -131,6 +133,7 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
     generator = make_generator(args, rank)
     generator.coordinator = coordinator
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
+    _warn_about_fixed_shapes(args, generator.manifest)
     kwargs = generation_kwargs(args)
 
     def infer(prompts, **extra):
@@ -166,6 +169,17 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
             _interactive(answer, args.prompt)
     finally:
         generator.close()
+
+
+def _warn_about_fixed_shapes(args, manifest) -> None:
+    """Values the export's static shapes override: said once, not clamped or ignored silently."""
+    if args.max_length is not None and args.max_length > manifest.seq_length:
+        log.warning("--max_length %d is above the export's seq_length %d: prompt + new tokens are capped by "
+                    "seq_length %d (export with a larger seq_length for longer answers)", args.max_length,
+                    manifest.seq_length, manifest.seq_length)
+    if args.batch_size is not None and args.batch_size != manifest.batch_size:
+        log.warning("--batch_size %d: the export's batch size %d is used (graphs have static shapes); prompts "
+                    "run in batches of %d", args.batch_size, manifest.batch_size, manifest.batch_size)
 
 
 def run_summary(generator, timings, prompts: int, seconds: float) -> str:
