@@ -1,18 +1,27 @@
 """Multi-rank export: graphs with collectives must be traced inside a launched job, after the
 communication group exists (notes/distributed-on-cpu.md). The exporter starts that job itself:
 one worker per rank under MindSpore's distributed engine, each tracing its own rank's graphs.
+When the job fails its rank logs are kept in `<output_dir>.export-logs/` and each failed rank's
+first error line goes into the error.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
+import shutil
 import sys
+from typing import Optional
 
+from lite_runtime.contract.errors import DistributedError
 from lite_runtime.distributed.process_group import run_ranks
 from exporter.config.schema import NOT_YAML_KEYS, ExportConfig, config_from_dict
 
 JOB_FILE = "export_job.json"
+LOGS_SUFFIX = ".export-logs"   # <output_dir>.export-logs: the rank logs of a failed export
+FAILURE_GRACE = 5.0            # seconds the other ranks get to fail on their own after the first
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0) -> None:
@@ -24,15 +33,45 @@ def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0)
     with open(job, "w", encoding="utf-8") as f:
         json.dump({"config": data, "source": config.source}, f)
     logs = os.path.join(folder, "logs")
+    kept = config.output_dir + LOGS_SUFFIX
     try:
         run_ranks(config.world_size, lambda rank: [sys.executable, "-m", "exporter.build.distributed", job, folder],
-                  logs, with_ms_cluster=True, timeout=timeout)
+                  logs, with_ms_cluster=True, timeout=timeout, failure_grace=FAILURE_GRACE)
+    except DistributedError as e:
+        # `folder` is removed with the failed export: the rank logs move next to the output first.
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.move(logs, kept)
+        raise DistributedError(_failure_message(e, config.world_size, kept)) from None
     finally:
         os.remove(job)
-    # Logs of a successful export are not part of the artifact.
-    for name in os.listdir(logs):
-        os.remove(os.path.join(logs, name))
-    os.rmdir(logs)
+    # Logs of a successful export are not part of the artifact; those of an earlier failure are stale.
+    shutil.rmtree(logs)
+    shutil.rmtree(kept, ignore_errors=True)
+
+
+def _failure_message(error: DistributedError, world_size: int, kept: str) -> str:
+    """Each failed rank's first error line, and where its log is."""
+    errors = []
+    for rank in range(world_size):
+        line = first_error_line(os.path.join(kept, f"rank_{rank}.log"))
+        if line:
+            errors.append(f"rank {rank}: {line}")
+    if not errors:   # no rank wrote an error of its own (killed, timed out): the launcher's account
+        errors = [re.sub(r" \((logs?): [^)]*\)", "", str(error))]
+    return f"the {world_size}-rank export failed: {'; '.join(errors)} (rank logs: {kept})"
+
+
+def first_error_line(log_path: str) -> Optional[str]:
+    """A rank's own error: its first `error:` line, else the first Python exception line."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("error:"):
+            return line[len("error:"):].strip()
+    return next((line for line in lines if _EXCEPTION_LINE.match(line)), None)
 
 
 def _worker(job_path: str, folder: str) -> None:

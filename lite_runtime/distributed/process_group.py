@@ -68,11 +68,13 @@ def _error_line(path: str) -> str:
 
 def run_ranks(world_size: int, command: Callable[[int], List[str]], log_dir: str, *,
               env: Optional[Callable[[int], Dict[str, str]]] = None, with_ms_cluster: bool = False,
-              rank0_console: bool = False, timeout: float = 600.0, poll: float = 0.1) -> LaunchResult:
+              rank0_console: bool = False, timeout: float = 600.0, poll: float = 0.1,
+              failure_grace: float = 0.0) -> LaunchResult:
     """Run `command(rank)` for every rank; raise DistributedError naming the first rank that fails.
 
     On failure or timeout every process started here is killed (SIGKILL to its process group)
-    before the error is raised, so nothing is left behind.
+    before the error is raised, so nothing is left behind. `failure_grace` seconds after the first
+    failure the other ranks may still end by themselves, so their logs hold their own errors too.
     """
     os.makedirs(log_dir, exist_ok=True)
     base = dict(os.environ)
@@ -97,7 +99,7 @@ def run_ranks(world_size: int, command: Callable[[int], List[str]], log_dir: str
             path = os.path.join(log_dir, f"rank_{rank}.log")
             procs.append(RankProcess(rank, _spawn(command(rank), rank_env, path, rank0_console and rank == 0), path))
         start_seconds = time.perf_counter() - started
-        _wait(procs, scheduler, timeout, started, poll)
+        _wait(procs, scheduler, timeout, started, poll, failure_grace)
         return LaunchResult(start_seconds, time.perf_counter() - started)
     finally:
         _kill_all([p.proc for p in procs] + ([scheduler] if scheduler else []))
@@ -113,22 +115,29 @@ def _spawn(argv: Sequence[str], env: Dict[str, str], log_path: str, console: boo
         logf.close()
 
 
-def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, poll: float) -> None:
+def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, poll: float,
+          grace: float = 0.0) -> None:
     pending = list(procs)
+    failure: Optional[DistributedError] = None
+    failed_at = 0.0
     while pending:
         for p in list(pending):
             code = p.proc.poll()
             if code is None:
                 continue
-            if code != 0:
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                raise DistributedError(f"rank {p.rank} {how}: {_error_line(p.log_path)} (log: {p.log_path})")
             pending.remove(p)
-        if scheduler is not None and scheduler.poll() not in (None, 0) and pending:
+            if code != 0 and failure is None:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                failure = DistributedError(f"rank {p.rank} {how}: {_error_line(p.log_path)} (log: {p.log_path})")
+                failed_at = time.perf_counter()
+        if failure is not None:
+            if not pending or time.perf_counter() - failed_at >= grace:
+                raise failure
+        elif scheduler is not None and scheduler.poll() not in (None, 0) and pending:
             raise DistributedError(f"the MindSpore scheduler exited with code {scheduler.returncode} "
                                    f"while ranks {', '.join(str(p.rank) for p in pending)} were running")
         if time.perf_counter() - started > timeout:
-            raise DistributedError(f"ranks {', '.join(str(p.rank) for p in pending)} still running after "
+            raise failure or DistributedError(f"ranks {', '.join(str(p.rank) for p in pending)} still running after "
                                    f"{timeout:.0f} s; stopped them all (logs: {os.path.dirname(pending[0].log_path)})")
         if pending:
             time.sleep(poll)
