@@ -236,6 +236,25 @@ def test_batch_size_other_than_the_exports_is_said(export_dir, tokenizer_model):
     assert quiet.returncode == 0 and not warnings_of(quiet, "--batch_size"), quiet.stderr
 
 
+def test_save_result_writes_one_line_per_prompt_in_the_working_directory(export_dir, tokenizer_model, tmp_path):
+    import ast
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe quick brown fox\n", encoding="utf-8")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    argv = [os.path.join(REPO, "run_infer_main.py"), "--backend", "ms", "--model_dir", export_dir, "--tokenizer_path",
+            tokenizer_model, "--max_new_tokens", "3", "--predict_data", str(prompts)]
+    result = run_cli(argv + ["--save_result", "True"], cwd=str(workdir), timeout=180)
+    assert result.returncode == 0, result.stderr
+    lines = (workdir / "text_generation_result.txt").read_text(encoding="utf-8").splitlines()
+    assert [ast.literal_eval(line) for line in lines] == [{"text_generation_text": [text]}
+                                                          for text in result.stdout.splitlines()]
+    assert lines[0].startswith("{'text_generation_text': ['hello world")
+    os.remove(workdir / "text_generation_result.txt")
+    assert run_cli(argv, cwd=str(workdir), timeout=180).returncode == 0
+    assert os.listdir(workdir) == []            # not without --save_result (default False)
+
+
 def test_defaults_and_model_name_common_run(export_dir, tokenizer_model):
     """No --config_path (None) and --model_name common: the export's own settings are used."""
     result = infer_cli(export_dir, tokenizer_model, "--model_name", "common", "--predict_data", "hello world")

@@ -16,6 +16,7 @@ from lite_runtime.cli.cli_common import OneLineParser, report_errors
 from lite_runtime.contract.errors import ConfigError
 
 log = logging.getLogger("lite_runtime")
+RESULT_FILE = "text_generation_result.txt"   # upstream run_mindformer's name, in the working directory
 
 
 def str2bool(value: str) -> bool:
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="read prompts from stdin even when it is not a terminal (without --predict_data)")
     a("--batch_size", type=int, default=None,
       help="accepted; the export's static batch size is used and prompts run in batches of it")
+    a("--save_result", type=str2bool, default=False,
+      help=f"also write the results to {RESULT_FILE} in the working directory, one line per prompt "
+      "({'text_generation_text': [...]}, as upstream run_mindformer)")
     a("--generated_time", type=int, default=1, help="repeat each request this many times (timing)")
     a("--seed", type=int, default=None)
     a("--num_threads", type=int, default=2)
@@ -130,7 +134,13 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
         raise ConfigError("no --predict_data and stdin is not a terminal: give --predict_data PROMPT_OR_FILE.txt, "
                           "or --interactive to read prompts from stdin")
     rank = args.rank_id if args.rank_id is not None else int(os.environ.get("RANK_ID", "0"))
-    generator = make_generator(args, rank)
+    saved = _open_result_file() if args.save_result else None
+    try:
+        generator = make_generator(args, rank)
+    except BaseException:
+        if saved is not None:
+            saved.close()
+        raise
     generator.coordinator = coordinator
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
     _warn_about_fixed_shapes(args, generator.manifest)
@@ -158,6 +168,9 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
                 for item in result:
                     out.write(item["text_generation_text"][0] + "\n")
             out.flush()
+            if saved is not None and run_index == 0:   # repeats (--generated_time) are for timing
+                saved.writelines(f"{item}\n" for item in result)
+                saved.flush()
             which = f"run {run_index + 1}/{args.generated_time}: " if args.generated_time > 1 else ""
             print(which + run_summary(generator, timings, len(result), time.perf_counter() - start),
                   file=sys.stderr, flush=True)
@@ -169,6 +182,15 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
             _interactive(answer, args.prompt)
     finally:
         generator.close()
+        if saved is not None:
+            saved.close()
+
+
+def _open_result_file():
+    try:
+        return open(RESULT_FILE, "w", encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--save_result: cannot write {os.path.abspath(RESULT_FILE)}: {e.strerror}") from None
 
 
 def _warn_about_fixed_shapes(args, manifest) -> None:
