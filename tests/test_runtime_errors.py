@@ -168,6 +168,24 @@ def test_bad_arguments(args, facts):
     assert "usage:" not in result.stdout
 
 
+def test_help_gives_every_option_a_help_line_and_its_default():
+    from lite_runtime.cli.run_infer import build_parser
+    result = run_cli(["run_infer_main.py", "--help"])
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    blocks = re.split(r"\n  (?=-)", result.stdout.split("\noptions:\n", 1)[1])
+    helps = {block.split()[0].rstrip(","): " ".join(block.split()) for block in blocks}
+    options = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 35
+    for action in options:
+        text = helps.get(action.option_strings[0])
+        assert text is not None, f"{action.option_strings[0]} missing from --help"
+        assert "default" in text and len(text) > len(action.option_strings[0]) + 30, text
+        if action.default not in (None, "") and "(default: " in text:
+            assert f"(default: {action.default})" in text, text
+    assert "(default: 128)" in helps["--max_output_length"] and "(default: mslite)" in helps["--backend"]
+    assert "text_generation_result.txt" in helps["--save_result"] and "(default: False)" in helps["--save_result"]
+
+
 def test_blank_prompt_file(export_dir, tokenizer_model, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("   \n\n\t \n", encoding="utf-8")

@@ -28,50 +28,76 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says what the default is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default is not argparse.SUPPRESS and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(description="Generate text from an export with MindSpore Lite (or MindSpore).")
+    p = OneLineParser(description="Generate text from an export with MindSpore Lite (or MindSpore).",
+                      formatter_class=_HelpWithDefaults)
     a = p.add_argument
-    a("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph paths")
+    a("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph paths; "
+      "default: none, give the two graph paths instead")
     a("--backend", default="mslite", help="mslite (MindSpore Lite) or ms (MindSpore's MindIR executor)")
-    a("--device_id", type=int, default=0)
-    a("--rank_id", type=int, default=None, help="default: $RANK_ID, else 0")
-    a("--model_name", default="common", help="family name such as llama2_7b; 'common' = from the manifest")
-    a("--seq_length", type=int, default=None, help="checked against the export's seq_length")
-    a("--tokenizer_path", default=None)
-    a("--prefill_model_path", default="")
-    a("--increment_model_path", default="")
-    a("--config_path", default=None, help="GE config.ini, or 'prefill.ini,increment.ini'")
-    a("--do_sample", type=str2bool, default=False)
-    a("--top_k", type=int, default=1)
-    a("--top_p", type=float, default=1.0)
-    a("--repetition_penalty", type=float, default=1.0)
-    a("--temperature", type=float, default=1.0)
+    a("--device_id", type=int, default=0, help="the Ascend device the graphs run on")
+    a("--rank_id", type=int, default=None, help="this process's rank of a multi-rank export; default: $RANK_ID, else 0")
+    a("--model_name", default="common", help="family name such as llama2_7b, checked against the export; "
+      "'common' = the family in the manifest")
+    a("--seq_length", type=int, default=None, help="checked against the export's seq_length (graphs have static "
+      "shapes); default: the export's")
+    a("--tokenizer_path", default=None, help="tokenizer file or folder; default: the tokenizer shipped in the export")
+    a("--prefill_model_path", default="", help="prefill graph: an export's mindir_full_checkpoint/rank_N_graph.mindir "
+      "or the copy written for infer.prefill_model_path; default: none, use --model_dir")
+    a("--increment_model_path", default="", help="increment graph: an export's mindir_inc_checkpoint/"
+      "rank_N_graph.mindir or the copy written for infer.increment_model_path; default: none, use --model_dir")
+    a("--config_path", default=None, help="GE config.ini (Ascend), or 'prefill.ini,increment.ini'; default: the "
+      "export's config.ini when it ships one, else none")
+    a("--do_sample", type=str2bool, default=False, help="sample the next token instead of taking the most likely")
+    a("--top_k", type=int, default=1, help="sampling keeps the k most likely tokens")
+    a("--top_p", type=float, default=1.0, help="sampling keeps the most likely tokens up to this probability mass")
+    a("--repetition_penalty", type=float, default=1.0, help="penalise tokens already in the text (> 1 discourages "
+      "repeats; 1 = off)")
+    a("--temperature", type=float, default=1.0, help="divide the logits by this before sampling")
     a("--max_length", type=int, default=None,
       help="prompt + new tokens; default: the export's seq_length (a larger value is capped by it)")
-    a("--max_output_length", "--max_new_tokens", dest="max_new_tokens", type=int, default=128)
+    a("--max_output_length", "--max_new_tokens", dest="max_new_tokens", type=int, default=128,
+      help="new tokens per prompt at most")
     a("--is_sample_acceleration", type=str2bool, default=False, help="accepted; sampling is always on the host")
-    a("--add_special_tokens", type=str2bool, default=False)
-    a("--stream", type=str2bool, default=False)
-    a("--prompt", default=None, help="a template with {} where each input goes")
-    a("--dynamic", type=str2bool, default=False)
-    a("--paged_attention", type=str2bool, default=False)
-    a("--pa_block_size", type=int, default=16)
-    a("--pa_num_blocks", type=int, default=512)
-    a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job")
+    a("--add_special_tokens", type=str2bool, default=False, help="add the tokenizer's special tokens (such as BOS) "
+      "to each prompt")
+    a("--stream", type=str2bool, default=False, help="print each answer while it is generated, one prompt at a time")
+    a("--prompt", default=None, help="a template with {} where each input goes; default: none, inputs as they are")
+    a("--dynamic", type=str2bool, default=False, help="upstream's dynamic shapes: not supported (exports have "
+      "static shapes); leave it False")
+    a("--paged_attention", type=str2bool, default=False, help="upstream's paged attention: not supported (the KV "
+      "cache is a graph input or parameter); leave it False")
+    a("--pa_block_size", type=int, default=16, help="upstream's paged-attention block size; accepted, unused")
+    a("--pa_num_blocks", type=int, default=512, help="upstream's paged-attention block count; accepted, unused")
+    a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job "
+      "(python -m lite_runtime.distributed.launch sets it)")
     a("--predict_data", default=None, help="a prompt, or a .txt file (UTF-8) with one prompt per line; "
-      "absent: read prompts from the terminal")
+      "default: none, read prompts from the terminal")
     a("--interactive", action="store_true",
       help="read prompts from stdin even when it is not a terminal (without --predict_data)")
     a("--batch_size", type=int, default=None,
-      help="accepted; the export's static batch size is used and prompts run in batches of it")
+      help="accepted; the export's static batch size is used and prompts run in batches of it; "
+      "default: the export's batch size")
     a("--save_result", type=str2bool, default=False,
       help=f"also write the results to {RESULT_FILE} in the working directory, one line per prompt "
       "({'text_generation_text': [...]}, as upstream run_mindformer)")
-    a("--generated_time", type=int, default=1, help="repeat each request this many times (timing)")
-    a("--seed", type=int, default=None)
-    a("--num_threads", type=int, default=2)
+    a("--generated_time", type=int, default=1, help="repeat each request this many times; each run prints its "
+      "timings")
+    a("--seed", type=int, default=None, help="seed of sampling, for the same text every run; default: a fresh "
+      "random seed")
+    a("--num_threads", type=int, default=2, help="CPU threads of the runtime")
     a("--truncate", type=str2bool, default=False, help="keep the tail of over-long prompts instead of failing")
-    a("--verbose", action="store_true")
+    a("--verbose", action="store_true", help="log loading and generation details")
     return p
 
 
