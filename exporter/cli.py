@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 
 import click
@@ -19,7 +20,7 @@ PROG = "python -m exporter"
 @click.option("--model_dir", type=str, default=None, help="A folder holding exactly one yaml and its weights.")
 @click.option("--output_dir", type=str, default=None, help="Override output_dir of the yaml.")
 @click.option("--batch_size", type=int, default=None, help="Override batch_size of the yaml.")
-@click.option("--verbose", is_flag=True, help="Log MindSpore's progress too.")
+@click.option("--verbose", is_flag=True, help="Add MindSpore's own log to the stage lines.")
 @click.option("--list_families", "--list-families", "list_families", is_flag=True,
               help="List the model families, the Hugging Face model_types and MindFormers types each accepts.")
 def command(config_path, model_dir, output_dir, batch_size, verbose, list_families):
@@ -30,6 +31,8 @@ def command(config_path, model_dir, output_dir, batch_size, verbose, list_famili
         for name, aliases, hf, mf in family_table():
             click.echo(f"{name:<10} {aliases or '-':<28} {hf:<14} {mf}")
         return
+    if verbose:   # MindSpore's own log (its C++ side reads GLOG_v when it loads)
+        os.environ["GLOG_v"] = "1"
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("exporter").setLevel(logging.INFO)
     try:

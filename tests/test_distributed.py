@@ -16,7 +16,7 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import (REPO, shard_mindformers_llama, export_in_subprocess, make_tokenizer, run_cli, save_ckpt, tiny_export_config,
+from tiny_models import (error_lines, REPO, shard_mindformers_llama, export_in_subprocess, make_tokenizer, run_cli, save_ckpt, tiny_export_config,
                          write_yaml)
 from greedy_runner import greedy_run
 
@@ -92,7 +92,7 @@ def test_rank_table_size_mismatch_is_refused_before_start(tp_setup, tmp_path):
                       "--", "run_infer_main.py", "--model_dir", exports["full"], "--predict_data", "one"])
     assert result.returncode == 1
     assert "has 4 ranks" in result.stderr and "written for 2" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(error_lines(result.stderr)) == 1
     assert not logs.exists()
 
 
@@ -148,7 +148,7 @@ def test_failed_rank_during_export_is_reported_and_its_log_kept(tp_setup, tmp_pa
     wrong = shard_mindformers_llama(random_weights(llama_config(hidden_size=48), seed=1), 1, 2)
     result, out = bad_shard_export(tp_setup, tmp_path, {1: wrong})
     assert result.returncode == 1
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(error_lines(result.stderr)) == 1
     logs = tmp_path / "out.export-logs"
     assert "rank 1: " in result.stderr and "wrong shape" in result.stderr and f"(rank logs: {logs})" in result.stderr
     assert "rank 0: " not in result.stderr
@@ -167,7 +167,7 @@ def test_every_failed_rank_of_an_export_is_named_with_its_first_error(tp_setup, 
     no_norm = {k: v for k, v in shard_mindformers_llama(tiny_ckpt[1], 0, 2).items() if k != "model.norm_out.weight"}
     wrong = shard_mindformers_llama(random_weights(llama_config(hidden_size=48), seed=1), 1, 2)
     result, out = bad_shard_export(tp_setup, tmp_path, {0: no_norm, 1: wrong})
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr
     line = result.stderr.strip()
     assert "the 2-rank export failed: rank 0: " in line and "model.norm_out.weight" in line.split("; rank 1: ")[0]
     assert "; rank 1: " in line and "wrong shape" in line.split("; rank 1: ")[1]

@@ -12,7 +12,7 @@ from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 from parity_runner import greedy_prompts
 from test_families import check_parity
-from tiny_models import REPO, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from tiny_models import error_lines, REPO, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 STEPS = 32
 
@@ -84,7 +84,7 @@ def test_bad_adapters_are_refused_in_one_line(lora_model, tmp_path, damage, fact
     save_file(tensors, str(adapter / "adapter_model.safetensors"))
     cfg = peft_yaml(folder, tmp_path / "out", adapter=str(adapter))
     result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "bad.yaml"), cfg)])
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr
     for fact in facts:
         assert fact in result.stderr, (fact, result.stderr)
     assert not os.path.exists(tmp_path / "out")

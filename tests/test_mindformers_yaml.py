@@ -7,7 +7,7 @@ import pytest
 from exporter.families.llama import llama_ffn_size
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import export_in_subprocess, run_cli, save_ckpt, write_yaml
+from tiny_models import error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 
 def mindformers_yaml(ckpt, output_dir, **model_config):
@@ -86,7 +86,7 @@ def test_mindformers_yaml_refuses_what_it_cannot_build(tiny_ckpt, tmp_path, chan
     if "type" in change:
         data["model"]["arch"]["type"] = "GLM2ForCausalLM"
     result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "bad.yaml"), data)])
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert result.returncode == 1 and len(error_lines(result.stderr)) == 1
     for fact in facts:
         assert fact in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()

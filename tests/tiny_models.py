@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Dict
@@ -126,3 +127,11 @@ def train_byte_bpe_tokenizer(folder, corpus, vocab_size: int = 400) -> str:
                                    byte_fallback=True, character_coverage=0.98, unk_id=0, bos_id=1, eos_id=2,
                                    pad_id=-1, minloglevel=2)
     return prefix + ".model"
+
+
+_PROGRESS = re.compile(r"exporter: .* \(\d+\.\d s\)")
+
+
+def error_lines(stderr: str):
+    """stderr without the exporter's stage lines ('exporter: traced the prefill graph (1.0 s)')."""
+    return [ln for ln in stderr.strip("\n").splitlines() if ln.strip() and not _PROGRESS.fullmatch(ln)]

@@ -19,6 +19,7 @@ from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest,
                                            file_sha256, graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
+from exporter.build.progress import deferred_interrupts, stage
 from exporter.build.trace import graph_dims, trace_rank
 from exporter.model_source import ModelSource, resolve_model
 from exporter.weights.adapters import adapter_record
@@ -43,9 +44,11 @@ def export(config: ExportConfig) -> str:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
     try:
-        _trace_all(config, source, tmp)
-        manifest = _write_side_files(config, source, tmp)
-        _replace_dir(tmp, config.output_dir)
+        with deferred_interrupts():
+            _trace_all(config, source, tmp)
+            with stage("checked the graphs and wrote the manifest"):
+                manifest = _write_side_files(config, source, tmp)
+            _replace_dir(tmp, config.output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(created)

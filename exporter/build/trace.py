@@ -9,6 +9,7 @@ import numpy as np
 from lite_runtime.contract.errors import WeightError
 from lite_runtime.contract.families import GRAPH_KINDS, GraphDims, get_family
 from lite_runtime.contract.manifest import graph_relpath
+from exporter.build.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
 from exporter.weights import checkpoints as W
@@ -51,14 +52,16 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
     cpu_graph_mode(ms)
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
     ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype)
-    net = CausalLM(source.config, ctx)
-    expects_head = not net.head_is_embedding
-    weights = rank_weights(source, split_rules(net), expects_head, rank, config.world_size)
-    W.load_into(net, weights, f"{source.checkpoint} (rank {rank})" if config.world_size > 1 else source.checkpoint,
-                W.plan_for(source.checkpoint, source.family))
+    where = f" (rank {rank})" if config.world_size > 1 else ""
+    with stage(f"built the {source.family.name} network{where}"):
+        net = CausalLM(source.config, ctx)
+    with stage(f"read and loaded the weights{where}"):
+        weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size)
+        W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family))
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     for kind, graph in zip(GRAPH_KINDS, (PrefillGraph(net), IncrementGraph(net))):
         dummies = [Tensor(np.zeros(t.shape, t.dtype)) for t in spec.inputs(kind, config.kv_cache, dims)]
         path = os.path.join(folder, graph_relpath(kind, rank))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        ms.export(graph, *dummies, file_name=path[: -len(".mindir")], file_format="MINDIR")
+        with stage(f"traced the {kind} graph{where}"):
+            ms.export(graph, *dummies, file_name=path[: -len(".mindir")], file_format="MINDIR")

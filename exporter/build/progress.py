@@ -1,0 +1,51 @@
+"""What a long export shows while it runs: each stage with its time, and Ctrl-C that stops cleanly.
+
+MindSpore's graph compiler polls for signals and, on Ctrl-C, aborts with a long analyzer dump and an
+`analyze_fail.ir` file in the working directory. While an export runs, SIGINT only sets a flag;
+the export checks it between stages and stops there, removing what it had written.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+
+from lite_runtime.contract.errors import ToolchainError
+
+log = logging.getLogger("exporter")
+_interrupted = threading.Event()
+
+
+class Interrupted(ToolchainError):
+    pass
+
+
+@contextlib.contextmanager
+def stage(what: str):
+    """Log `what` with its duration when it ends; stop first if Ctrl-C was pressed."""
+    check_interrupt()
+    start = time.perf_counter()
+    yield
+    log.info("%s (%.1f s)", what, time.perf_counter() - start)
+    check_interrupt()
+
+
+def check_interrupt() -> None:
+    if _interrupted.is_set():
+        raise Interrupted("interrupted (Ctrl-C): the export stopped and removed what it had written")
+
+
+@contextlib.contextmanager
+def deferred_interrupts():
+    """SIGINT sets a flag instead of raising inside MindSpore (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, lambda *_: _interrupted.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
