@@ -314,3 +314,33 @@ def test_pipeline_refuses_an_empty_prompt(export_dir, tokenizer_model):
         assert generator("hello", max_new_tokens=2)[0]["text_generation_text"][0].startswith("hello")
     finally:
         generator.close()
+
+
+def test_pipeline_from_an_export_yaml_and_from_a_model_name_with_config(export_dir, tokenizer_model, tmp_path):
+    """Upstream forms: pipeline(model="x.yaml") and pipeline(model="llama2_7b", config="x.yaml"); the yaml's
+    infer: graph copies, else the export in its output_dir, are what runs."""
+    from lite_runtime import pipeline
+    yaml_path = tmp_path / "run_llama.yaml"
+    yaml_path.write_text(f"output_dir: {export_dir}\nmodel:\n  family: llama\n")
+    by_folder = pipeline(model=export_dir, backend="ms", tokenizer_path=tokenizer_model)("one two", max_new_tokens=3)
+    by_yaml = pipeline(model=str(yaml_path), backend="ms", tokenizer_path=tokenizer_model)("one two", max_new_tokens=3)
+    by_name = pipeline(model="llama2_7b", config=str(yaml_path), backend="ms",
+                       tokenizer_path=tokenizer_model)("one two", max_new_tokens=3)
+    assert by_yaml == by_folder == by_name
+
+
+@pytest.mark.parametrize("yaml_text, facts", [
+    ("infer:\n  prefill_model_path: {d}/p.mindir\n  increment_model_path: {d}/i.mindir\n",
+     ["infer.prefill_model_path", "p.mindir", "does not exist", "export first"]),
+    ("infer:\n  prefill_model_path: {d}/p.mindir\n", ["infer.increment_model_path is missing"]),
+    ("output_dir: {d}/empty\n", ["names no graphs", "holds no export", "export first"]),
+])
+def test_pipeline_yaml_says_exactly_what_is_missing(tmp_path, yaml_text, facts):
+    from lite_runtime import pipeline
+    from lite_runtime.contract.errors import ToolchainError
+    yaml_path = tmp_path / "run.yaml"
+    yaml_path.write_text(yaml_text.format(d=tmp_path))
+    with pytest.raises(ToolchainError) as info:
+        pipeline(model=str(yaml_path), backend="ms")
+    for fact in facts:
+        assert fact in str(info.value), (fact, str(info.value))

@@ -2,7 +2,8 @@
 
 - an export folder (`model="out/llama"`);
 - a `(prefill_path, increment_path)` tuple;
-- a configured model name (`model="llama2_7b"` with `model_dir=` or the graph paths in kwargs);
+- a configured model name (`model="llama2_7b"` with `model_dir=`, the graph paths, or `config=` a yaml);
+- an export yaml (`model="run_llama.yaml"`): its `infer:` graph paths, else the export in its output_dir;
 - an `InferConfig` (the same as `InferTask.get_infer_task(task, config, tokenizer=...)`).
 """
 from __future__ import annotations
@@ -28,7 +29,13 @@ def pipeline(task: str = "text_generation", model: Union[str, tuple, InferConfig
         config = model
     else:
         settings = dict(kwargs, backend=backend)
-        settings.update(_model_settings(model, settings))
+        yaml_path = settings.pop("config", None)
+        if isinstance(model, str) and model.endswith((".yaml", ".yml")):
+            yaml_path, model = model, None
+        if yaml_path is not None:
+            settings.update(_yaml_settings(yaml_path))
+        if model is not None or yaml_path is None:
+            settings.update(_model_settings(model, settings))
         unknown = sorted(set(settings) - _CONFIG_KEYS)
         if unknown:
             raise ConfigError(f"pipeline: unknown keyword {unknown[0]!r}; allowed: {', '.join(sorted(_CONFIG_KEYS))}")
@@ -53,3 +60,33 @@ def _model_settings(model, settings: dict) -> dict:
         raise ConfigError(f"pipeline: model name {model!r} needs model_dir= (an export folder) or "
                           "prefill_model_path= and increment_model_path=")
     return {"model_name": model}
+
+
+def _yaml_settings(path) -> dict:
+    """Where the graphs of an export yaml are: its `infer:` copies, else the export in its output_dir."""
+    import yaml
+    if not isinstance(path, str) or not os.path.isfile(path):
+        raise ArtifactError(f"pipeline: config file {path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    infer = data.get("infer") or {}
+    export_first = f"export first: python -m exporter --config {path}"
+    paths = {k: infer.get(k) for k in ("prefill_model_path", "increment_model_path")}
+    if any(paths.values()):
+        for key, graph in paths.items():
+            if not graph:
+                raise ConfigError(f"{path}: infer.{key} is missing (the infer section names only one graph)")
+        for key, graph in paths.items():
+            if not os.path.isfile(graph):
+                raise ArtifactError(f"{path}: infer.{key} {graph} does not exist; {export_first}")
+        settings = dict(paths)
+    else:
+        folder = data.get("output_dir") or "./output"
+        if not os.path.isfile(os.path.join(folder, "manifest.json")):
+            raise ArtifactError(f"{path} names no graphs (infer.prefill_model_path, infer.increment_model_path) and "
+                                f"its output_dir {folder} holds no export; {export_first}")
+        settings = {"model_dir": folder}
+    for key in ("infer_seq_length", "ge_config_path"):
+        if infer.get(key):
+            settings[key] = infer[key]
+    return settings
