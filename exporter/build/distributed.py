@@ -1,5 +1,5 @@
 """Multi-rank export: graphs with collectives must be traced inside a launched job, after the
-communication group exists (notes/distributed-on-cpu.md). The exporter starts that job itself:
+communication group exists (an export without it records a group of one rank). The exporter starts that job itself:
 one worker per rank under MindSpore's distributed engine, each tracing its own rank's graphs.
 When the job fails its rank logs are kept in `<output_dir>.export-logs/` and each failed rank's
 first error line goes into the error.

@@ -3,7 +3,7 @@
 `PREFILL_MODEL_INPUT_MAP`, `INCREMENT_MODEL_INPUT_MAP` (exporter side, upstream names) and
 `InputOfInfer.MAPPING` (runtime side) are all derived from `FAMILIES`, so they cannot drift.
 
-Graph inputs of a decoder family, `io` kv mode (see DESIGN.md):
+Graph inputs of a decoder family, `io` kv mode (see docs/architecture.md):
   prefill:   input_ids (B, S) int32, batch_valid_length (B,) int32
   increment: input_ids (B, 1) int32, batch_valid_length (B,) int32,
              key_cache_{l}, value_cache_{l} (B, kv_heads_per_rank, S, head_dim) for each layer l

@@ -44,7 +44,7 @@ def run_distributed(args, run, make_generator, generation_kwargs) -> None:
     passed in so this module does not import the CLI that calls it."""
     if args.backend == "ms":
         from mindspore.communication import init
-        init()   # before any graph with collectives is loaded (notes/distributed-on-cpu.md)
+        init()   # before any graph with collectives is loaded: one without a group crashes the process
     channel = RankChannel.from_env()
     try:
         if channel.rank == 0:
