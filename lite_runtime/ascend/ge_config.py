@@ -9,7 +9,8 @@ giving one value per -1 in order, become GearProfiles; `GeConfig.pick_gear` pick
 gear that holds a (batch, length) request.
 
 Writing inis (presets, per-export and per-rank copies) lives in `ge_config_writer.py`.
-CLI: python -m lite_runtime.ascend.ge_config check FILE[,FILE] ... | generate --model_dir D --preset P -o OUT
+CLI (lite_runtime/cli/ge_config.py):
+    python -m lite_runtime.cli.ge_config check FILE[,FILE] ... | generate --model_dir D --preset P -o OUT
 """
 from __future__ import annotations
 
@@ -134,7 +135,7 @@ class GeConfig:
         value = self.rank_table_file
         if value == "":
             raise ConfigError(f"{self._at('ascend_context', 'rank_table_file')}: rank_table_file is empty; set it "
-                              "(python -m lite_runtime.ascend.ge_config generate --rank_table FILE) or remove the line")
+                              "(python -m lite_runtime.cli.ge_config generate --rank_table FILE) or remove the line")
         if value and self.rank_table is None:        # read with check_files=False
             self.rank_table = _load_rank_table(self, value)
         if world_size > 1 and self.rank_table is None:
