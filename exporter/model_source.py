@@ -10,7 +10,7 @@ from typing import List, Optional, Type
 from lite_runtime.contract.errors import ConfigError
 from exporter.config.schema import ExportConfig
 from exporter.families import Family, family_by_hf_type, family_by_name
-from exporter.families.base import SIZE_KEYS
+from exporter.families.base import SIZE_KEYS, VARIANT_KEYS
 from exporter.models.config import DecoderConfig
 
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -47,7 +47,7 @@ def resolve_model(config: ExportConfig) -> ModelSource:
         special.update({k: hf[k] for k in _SPECIAL if hf.get(k) is not None})
     else:
         family = family_by_name(section.family, f"{config.source}: model.family")
-    sizes.update({k: getattr(section, k) for k in SIZE_KEYS if getattr(section, k) is not None})
+    sizes.update({k: getattr(section, k) for k in SIZE_KEYS + VARIANT_KEYS if getattr(section, k) is not None})
     special.update({k: getattr(section, k) for k in _SPECIAL if getattr(section, k) is not None})
     try:
         model = family.config(sizes, config.source)

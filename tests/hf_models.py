@@ -36,31 +36,67 @@ def _gpt2(transformers):
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2))
 
 
+def _internlm(transformers):
+    """InternLM v1: Llama with biases on q, k, v and o (attention_bias puts one on o_proj too), MHA."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=8, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=50000.0,
+        attention_bias=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
 # Every registered family needs a builder here or a numpy reference (tests/test_registry.py checks it).
 # torch and transformers are imported only when run as a script: test modules import this for BUILDERS.
-BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2}
+BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm}
+SENTENCEPIECE = ("llama", "internlm")     # folders shipped with a tokenizer.model (others: tokenizer.json)
 
 
 # Default initialisation is tiny; widen it so logits differ meaningfully between tokens and steps:
-# (scale of matrices, of the word embedding, of the noise added to vectors) per family.
-WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05)}
+# (scale of matrices, of the word embedding, of the noise added to vectors[, of the noise added to
+# biases]) per family.
+WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05),
+         "internlm": (4.0, 4.0, 0.05, 0.2)}
 
 
 def widen(model, family):
     import torch
-    matrices, embedding, noise = WIDEN[family]
+    matrices, embedding, noise, *bias = WIDEN[family]
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.add_(noise * torch.randn_like(p))
+                p.add_((bias[0] if bias and name.endswith(".bias") else noise) * torch.randn_like(p))
             elif "wpe" in name:
                 p.mul_(20.0)     # learned positions: make them matter
             else:
                 p.mul_(embedding if "word_embeddings" in name else matrices)
 
 
+def rewrite_config(hf_dir, drop=(), **values):
+    """Turn the config.json transformers wrote into the family's own: keys dropped, keys set."""
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for key in drop:
+        config.pop(key, None)
+    config.update(values)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return config
+
+
+def internlm_folder(model, hf_dir):
+    """An InternLM v1 (remote code) folder: Llama's tensor names; config.json with InternLM's keys."""
+    rewrite_config(hf_dir, drop=("attention_bias", "mlp_bias", "rope_parameters", "rope_theta", "head_dim",
+                                 "pretraining_tp", "attention_dropout"),
+                   model_type="internlm", architectures=["InternLMForCausalLM"], bias=True,
+                   rotary={"base": model.config.rope_parameters["rope_theta"], "type": "dynamic"})
+
+
+# Families whose folder is not the one transformers saved: family -> rewrite(model, hf_dir).
+FOLDERS = {"internlm": internlm_folder}
+
+
 def save_tokenizer(family, folder):
-    if family == "llama":
+    if family in SENTENCEPIECE:
         import sentencepiece as spm
         text = os.path.join(folder, "corpus.txt")
         with open(text, "w", encoding="utf-8") as f:
@@ -105,7 +141,7 @@ def mindformers_names(family, sd, cfg):
     """The state dict under MindFormers' parameter names, converted as its conversion scripts do."""
     t = {k: v.numpy() for k, v in sd.items()}
     out = {}
-    if family == "llama":
+    if family in ("llama", "internlm"):     # research/internlm/convert_weight.py: Llama's renames, biases kept
         names = {"embed_tokens.weight": "tok_embeddings.embedding_weight", "model.norm.weight": "model.norm_out.weight",
                  "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
                  "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
@@ -185,6 +221,8 @@ def main(family, out_dir, steps):
     widen(model, family)
     hf_dir = os.path.join(out_dir, "hf")
     model.save_pretrained(hf_dir, safe_serialization=True)
+    if family in FOLDERS:
+        FOLDERS[family](model, hf_dir)
     save_tokenizer(family, hf_dir)
     logits, tokens = greedy_reference(model, steps)
     np.savez(os.path.join(out_dir, "reference.npz"), logits=logits, tokens=tokens)

@@ -14,7 +14,7 @@ import pytest
 
 from tiny_models import error_lines, run_cli, save_ckpt, tiny_export_config, write_yaml
 
-KNOWN_FAMILIES = "known families: bloom, gpt2, llama (llama2, llama3, codellama)"
+KNOWN_FAMILIES = "known families: bloom, gpt2, internlm, llama (llama2, llama3, codellama)"
 
 
 # --- helpers ------------------------------------------------------------------------------------------
@@ -82,9 +82,10 @@ def bad_ckpts(tiny_ckpt, tmp_path_factory):
     (dict(model=dict(family="llama2x")), ["'llama2x'", KNOWN_FAMILIES]),
     (dict(infer=dict(model_type="onnx")), ["infer.model_type 'onnx'", "allowed: mindir"]),
     (dict(parallel=dict(model_parallel=4)), ["parallel.model_parallel 4", "model.n_kv_heads 2"]),
+    (dict(model=dict(bias=False)), ["model.bias", "llama", "families with a choice of model.bias: internlm"]),
 ], ids=["unknown_top_key", "unknown_nested_key", "seq_length_str", "batch_size_float", "use_past_str",
         "kv_cache", "compute_dtype", "unknown_family", "family_no_prefix_match", "infer_model_type",
-        "model_parallel_kv_heads"])
+        "model_parallel_kv_heads", "variant_key_of_another_family"])
 def test_bad_yaml_value(tiny_ckpt, tmp_path, out_dir, change, facts):
     config = tiny_export_config(tiny_ckpt[0], out_dir)
     for key, value in change.items():

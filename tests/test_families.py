@@ -54,6 +54,12 @@ def mindformers_yaml(family, folder, ckpt, output_dir):
                   intermediate_size=hf["intermediate_size"], rms_norm_eps=hf["rms_norm_eps"],
                   theta=hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"])
         arch = "LlamaForCausalLM"
+    elif family == "internlm":   # research/internlm/predict_internlm_7b.yaml
+        mc = dict(common, type="InternLMConfig", hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                  num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+                  rms_norm_eps=hf["rms_norm_eps"], theta=hf["rotary"]["base"], has_bias=True, multiple_of=256,
+                  extend_method="None", scaling_factor=1.0)
+        arch = "InternLMForCausalLM"
     elif family == "bloom":
         mc = dict(common, type="BloomConfig", hidden_size=hf["hidden_size"], num_layers=hf["n_layer"],
                   num_heads=hf["n_head"], hidden_act="gelu")
@@ -137,7 +143,7 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-@pytest.mark.parametrize("family", ["bloom", "gpt2"])
+@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm"])
 def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
     export = family_export(family, "tp2")
     assert load_manifest(export).world_size == 2
@@ -179,3 +185,23 @@ def test_text_generation_with_the_models_own_tokenizer(hf_family, family_export,
                       "--predict_data", prompt, "--max_new_tokens", str(new)])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines()[0] == prompt + decode(expected_ids)
+
+
+def test_internlm_config_json_bias_and_dynamic_rotary():
+    """config.json `bias: false` (InternLM-20B) drops the q, k, v, o biases; `rotary.type: dynamic` is
+    plain rotary with `rotary.base` up to max_position_embeddings, so longer exports are refused."""
+    from exporter.families import family_by_hf_type
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    hf = {"model_type": "internlm", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 64, "bias": False,
+          "rotary": {"base": 20000, "type": "dynamic"}}
+    family = family_by_hf_type("internlm", "config.json")
+    cfg = family.config(family.from_hf(hf, "config.json"), "export.yaml")
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.rope_theta) == (False, False, 20000)
+    cfg.check_seq_length(64)
+    with pytest.raises(ConfigError, match="seq_length 65 exceeds 64"):
+        cfg.check_seq_length(65)
+    cfg = family.config(family.from_hf(dict(hf, bias=True, rotary={"base": 10000, "type": "origin"}), "c"), "e")
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.seq_length_limit) == (True, True, None)
+    with pytest.raises(UnsupportedError, match="rotary type 'linear'"):
+        family.from_hf(dict(hf, rotary={"base": 10000, "type": "linear"}), "config.json")

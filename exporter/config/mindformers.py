@@ -52,7 +52,8 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
             raise UnsupportedError(f"{source}: model.model_config.{key} {mc[key]!r} is not supported; allowed: "
                                    f"{', '.join(repr(a) for a in allowed)}")
     understood = set(family.mindformers_keys) | set(MF_SPECIAL_KEYS) | set(MF_EXPORT_KEYS) | {MF_PET_KEY}
-    unknown = sorted(set(mc) - understood - MF_IGNORED_MODEL_KEYS - set(family.mindformers_required))
+    unknown = sorted(set(mc) - understood - MF_IGNORED_MODEL_KEYS - set(MF_REQUIRED_VALUES)
+                     - set(family.mindformers_required))
     if unknown:
         raise ConfigError(f"{source}: unknown key model.model_config.{unknown[0]} for a MindFormers {family.name} "
                           f"config; understood: {', '.join(sorted(understood))}")

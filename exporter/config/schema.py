@@ -38,6 +38,7 @@ class ModelSection:
     rope_theta: Optional[float] = None
     max_position_embeddings: Optional[int] = None
     tie_word_embeddings: Optional[bool] = None
+    bias: Optional[bool] = None             # q, k, v and o biases where a family has both shapes (internlm)
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Union[int, list]] = None
     pad_token_id: Optional[int] = None

@@ -17,6 +17,9 @@ from exporter.weights.plan import WeightPlan
 # Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names).
 SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size",
              "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings")
+# Yaml `model:` keys that choose between the shapes of one family (`Family.variants`), e.g. InternLM's
+# `bias: false` (20B); other families refuse them.
+VARIANT_KEYS = ("bias",)
 
 
 class Family:
@@ -25,6 +28,7 @@ class Family:
     hf_model_types: Tuple[str, ...] = ()       # config.json model_type values
     mindformers_types: Tuple[str, ...] = ()    # MindFormers arch / config class names
     features: Dict[str, object] = {}           # DecoderConfig feature fields fixed by the family
+    variants: Dict[str, Dict[object, Dict[str, object]]] = {}   # VARIANT_KEYS key -> value -> features
     hf_weights: WeightPlan = WeightPlan([])
     mindformers_weights: WeightPlan = WeightPlan([])
 
@@ -37,7 +41,20 @@ class Family:
             raise ConfigError(f"{where}: missing required key model.{missing[0]} for a {cls.name} model "
                               "(give it in the model section or point model.hf_dir at a folder with config.json)")
         values.setdefault("intermediate_size", cls.default_intermediate_size(int(values["hidden_size"])))
-        return DecoderConfig(**dict(cls.features, **values))
+        features = dict(cls.features)
+        for key in VARIANT_KEYS:
+            if key not in values:
+                continue
+            choice, allowed = values.pop(key), cls.variants.get(key)
+            if allowed is None:
+                readers = ", ".join(f.name for f in FAMILIES.values() if key in f.variants)
+                raise ConfigError(f"{where}: model.{key} is not read for a {cls.name} model (it has one shape); "
+                                  f"families with a choice of model.{key}: {readers}")
+            if choice not in allowed:
+                raise ConfigError(f"{where}: model.{key} {choice!r} is not allowed for {cls.name}; allowed: "
+                                  f"{', '.join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)}")
+            features.update(allowed[choice])
+        return DecoderConfig(**dict(features, **values))
 
     @classmethod
     def default_intermediate_size(cls, hidden: int) -> int:

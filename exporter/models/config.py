@@ -30,6 +30,8 @@ class DecoderConfig:
     rotary_fraction: float = 1.0               # share of each head's dims that rotate
     rotary_interleaved: bool = False           # pairs (0,1),(2,3)... instead of rotate-half
     max_position_embeddings: Optional[int] = None   # size of the learned table; a limit for rotary
+    seq_length_limit: Optional[int] = None     # longest sequence the built math is exact for (dynamic NTK
+                                               # rotary scaling, e.g. InternLM's, changes positions past it)
     alibi: bool = False                        # ALiBi score bias (Bloom, Baichuan2 13B)
     mlp: str = "swiglu"                        # swiglu | gelu_tanh | gelu (exact, erf)
     qkv_bias: bool = False
@@ -84,6 +86,10 @@ class DecoderConfig:
         if self.positions == "learned" and seq_length > limit:
             raise ConfigError(f"seq_length {seq_length} exceeds the model's learned position table "
                               f"(max_position_embeddings {limit}); export with seq_length <= {limit}")
+        if self.seq_length_limit is not None and seq_length > self.seq_length_limit:
+            raise ConfigError(f"seq_length {seq_length} exceeds {self.seq_length_limit}, past which the model's "
+                              f"dynamic rotary scaling changes every position; export with seq_length <= "
+                              f"{self.seq_length_limit}")
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -109,6 +109,7 @@ FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (
     FamilySpec("llama", aliases=("llama2", "llama3", "codellama")),
     FamilySpec("bloom"),
     FamilySpec("gpt2"),
+    FamilySpec("internlm"),
 )}
 _BY_NAME: Dict[str, FamilySpec] = {n: spec for spec in FAMILIES.values() for n in (spec.name,) + spec.aliases}
 

@@ -1,0 +1,97 @@
+"""InternLM (v1: InternLM-7B, InternLM-20B): Llama with biases on the q, k, v and o projections.
+
+Hugging Face folders (`model_type: internlm`, remote code) use Llama's tensor names; config.json
+says `bias` (q, k, v and o together; default true, InternLM-20B has false) and
+`rotary: {base, type}`. `type: dynamic` (dynamic NTK scaling) is plain rotary up to
+`max_position_embeddings` and rescales every position past it, so such an export is limited to
+seq_length <= max_position_embeddings. MindFormers (research/internlm: `InternLMForCausalLM`,
+`InternLMConfig`) stores Llama's MindFormers names plus `.bias` on wq, wk, wv, wo, and says
+`has_bias`. Either becomes the model section's `bias` (a yaml may also give `model.bias`).
+"""
+from __future__ import annotations
+
+from lite_runtime.contract.errors import UnsupportedError
+
+from exporter.weights.plan import WeightPlan, rule
+from exporter.families.base import register_family
+from exporter.families.llama import Llama, check_head_dim
+
+ROTARY_TYPES = ("origin", "dynamic")
+
+
+@register_family
+class InternLM(Llama):
+    name = "internlm"
+    aliases = ()
+    hf_model_types = ("internlm",)
+    mindformers_types = ("InternLMForCausalLM", "InternLMConfig", "InternLMModel")
+    features = dict(norm="rms", positions="rotary", mlp="swiglu", qkv_bias=True, o_bias=True)
+    variants = {"bias": {True: dict(qkv_bias=True, o_bias=True), False: dict(qkv_bias=False, o_bias=False)}}
+    hf_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+               "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
+               "intermediate_size": "intermediate_size", "rms_norm_eps": "norm_eps",
+               "tie_word_embeddings": "tie_word_embeddings"}
+    mindformers_required = {"has_bias": (True, False)}     # read by from_mindformers
+
+    hf_weights = WeightPlan([
+        rule("model.embed_tokens.weight", "embed.weight"),
+        rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
+        rule("model.layers.{L}.self_attn.q_proj.{wb}", "layers.{L}.attn.q.{wb}"),
+        rule("model.layers.{L}.self_attn.k_proj.{wb}", "layers.{L}.attn.k.{wb}"),
+        rule("model.layers.{L}.self_attn.v_proj.{wb}", "layers.{L}.attn.v.{wb}"),
+        rule("model.layers.{L}.self_attn.o_proj.{wb}", "layers.{L}.attn.o.{wb}"),
+        rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
+        rule("model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.mlp.gate.weight"),
+        rule("model.layers.{L}.mlp.up_proj.weight", "layers.{L}.mlp.up.weight"),
+        rule("model.layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down.weight"),
+        rule("model.norm.weight", "final_norm.weight"),
+        rule("lm_head.weight", "head.weight"),
+    ], ignore=[r".*rotary_emb\.inv_freq"])
+
+    # research/internlm/convert_weight.py: Llama's renames, the biases keep their suffix.
+    mindformers_weights = WeightPlan([
+        rule("model.tok_embeddings.embedding_weight", "embed.weight"),
+        rule("model.layers.{L}.attention_norm.weight", "layers.{L}.attn_norm.weight"),
+        rule("model.layers.{L}.attention.wq.{wb}", "layers.{L}.attn.q.{wb}"),
+        rule("model.layers.{L}.attention.wk.{wb}", "layers.{L}.attn.k.{wb}"),
+        rule("model.layers.{L}.attention.wv.{wb}", "layers.{L}.attn.v.{wb}"),
+        rule("model.layers.{L}.attention.wo.{wb}", "layers.{L}.attn.o.{wb}"),
+        rule("model.layers.{L}.ffn_norm.weight", "layers.{L}.mlp_norm.weight"),
+        rule("model.layers.{L}.feed_forward.w1.weight", "layers.{L}.mlp.gate.weight"),
+        rule("model.layers.{L}.feed_forward.w3.weight", "layers.{L}.mlp.up.weight"),
+        rule("model.layers.{L}.feed_forward.w2.weight", "layers.{L}.mlp.down.weight"),
+        rule("model.norm_out.weight", "final_norm.weight"),
+        rule("lm_head.weight", "head.weight"),
+    ])
+
+    @classmethod
+    def from_hf(cls, hf, where):
+        cls.check_hf(hf, where)
+        sizes = {ours: hf[key] for key, ours in cls.hf_keys.items() if hf.get(key) is not None}
+        sizes["bias"] = bool(hf.get("bias", True))           # the remote code's default
+        rotary = hf.get("rotary") or {}
+        if rotary.get("base") is not None:
+            sizes["rope_theta"] = rotary["base"]
+        if rotary.get("type") == "dynamic" and hf.get("max_position_embeddings"):
+            sizes["seq_length_limit"] = hf["max_position_embeddings"]
+        return sizes
+
+    @classmethod
+    def check_hf(cls, hf, where):
+        if hf.get("hidden_act", "silu") != "silu":
+            raise UnsupportedError(f"{where}: hidden_act {hf['hidden_act']!r} is not supported by the internlm "
+                                   "family; allowed: silu")
+        rotary = hf.get("rotary") or {}
+        if rotary.get("type", "origin") not in ROTARY_TYPES:
+            raise UnsupportedError(f"{where}: rotary type {rotary['type']!r} is not supported by the internlm "
+                                   f"family; allowed: {', '.join(ROTARY_TYPES)}")
+        if hf.get("rope_scaling"):
+            raise UnsupportedError(f"{where}: rope scaling {hf['rope_scaling']!r} is not supported yet; "
+                                   "supported: rotary type origin or dynamic (within max_position_embeddings)")
+        check_head_dim(hf, where)
+
+    @classmethod
+    def from_mindformers(cls, model_config, where):
+        sizes = super().from_mindformers(model_config, where)
+        sizes["bias"] = bool(model_config.get("has_bias", True))   # InternLMConfig's default
+        return sizes
