@@ -44,17 +44,26 @@ def _internlm(transformers):
         attention_bias=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
 
 
+def _baichuan2(transformers):
+    """Baichuan2-7B's computation: Llama, MHA, rotary theta 10000; the folder fuses q, k, v as W_pack
+    (baichuan2_folder) and the reference uses the head with unit rows (NormHead, baichuan2_reference)."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=8, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
 # Every registered family needs a builder here or a numpy reference (tests/test_registry.py checks it).
 # torch and transformers are imported only when run as a script: test modules import this for BUILDERS.
-BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm}
-SENTENCEPIECE = ("llama", "internlm")     # folders shipped with a tokenizer.model (others: tokenizer.json)
+BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm, "baichuan2": _baichuan2}
+SENTENCEPIECE = ("llama", "internlm", "baichuan2")   # folders with a tokenizer.model (others: tokenizer.json)
 
 
 # Default initialisation is tiny; widen it so logits differ meaningfully between tokens and steps:
 # (scale of matrices, of the word embedding, of the noise added to vectors[, of the noise added to
 # biases]) per family.
 WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05),
-         "internlm": (4.0, 4.0, 0.05, 0.2)}
+         "internlm": (4.0, 4.0, 0.05, 0.2), "baichuan2": (4.0, 4.0, 0.05)}
 
 
 def widen(model, family):
@@ -64,6 +73,9 @@ def widen(model, family):
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_((bias[0] if bias and name.endswith(".bias") else noise) * torch.randn_like(p))
+            elif family == "baichuan2" and name == "lm_head.weight":
+                # rows of unequal norms, so that NormHead matters
+                p.mul_(matrices * (0.25 + 2.5 * torch.rand(p.shape[0], 1)))
             elif "wpe" in name:
                 p.mul_(20.0)     # learned positions: make them matter
             else:
@@ -85,14 +97,53 @@ def rewrite_config(hf_dir, drop=(), **values):
 
 def internlm_folder(model, hf_dir):
     """An InternLM v1 (remote code) folder: Llama's tensor names; config.json with InternLM's keys."""
-    rewrite_config(hf_dir, drop=("attention_bias", "mlp_bias", "rope_parameters", "rope_theta", "head_dim",
-                                 "pretraining_tp", "attention_dropout"),
-                   model_type="internlm", architectures=["InternLMForCausalLM"], bias=True,
-                   rotary={"base": model.config.rope_parameters["rope_theta"], "type": "dynamic"})
+    rewrite_config(hf_dir, drop=LLAMA_ONLY_KEYS[1:], model_type="internlm", architectures=["InternLMForCausalLM"],
+                   bias=True, rotary={"base": model.config.rope_parameters["rope_theta"], "type": "dynamic"})
+
+
+def baichuan_layout(tensors):
+    """Llama tensor names -> Baichuan2's (remote code): q, k, v rows stacked as self_attn.W_pack."""
+    out = {}
+    for name, value in tensors.items():
+        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            continue
+        if ".self_attn.q_proj." in name:
+            p = name.split("q_proj.")[0]
+            value = np.concatenate([tensors[p + "q_proj.weight"], tensors[p + "k_proj.weight"],
+                                    tensors[p + "v_proj.weight"]])
+            name = p + "W_pack.weight"
+        out[name] = value
+    return out
+
+
+# config.json keys of transformers' Llama that Baichuan2's and InternLM's remote-code configs do not have
+LLAMA_ONLY_KEYS = ("num_key_value_heads", "attention_bias", "mlp_bias", "rope_parameters", "rope_theta", "head_dim",
+                   "pretraining_tp", "attention_dropout")
+BAICHUAN_AUTO_MAP = {"AutoConfig": "configuration_baichuan.BaichuanConfig",
+                     "AutoModelForCausalLM": "modeling_baichuan.BaichuanForCausalLM"}
+
+
+def baichuan2_folder(model, hf_dir):
+    """A Baichuan2-7B folder: W_pack, NormHead's weight as trained (rows not normalised), the 7B
+    config.json (with max_position_embeddings, the rotary table size)."""
+    from safetensors.numpy import load_file, save_file
+    path = os.path.join(hf_dir, "model.safetensors")
+    save_file(baichuan_layout(load_file(path)), path, metadata={"format": "pt"})
+    rewrite_config(hf_dir, drop=LLAMA_ONLY_KEYS, model_type="baichuan", architectures=["BaichuanForCausalLM"],
+                   auto_map=BAICHUAN_AUTO_MAP, model_max_length=model.config.max_position_embeddings, z_loss_weight=0)
+
+
+def baichuan2_reference(model):
+    """Baichuan2's NormHead in eval: the head's rows normalised (torch's normalize) once, then used."""
+    import torch
+    with torch.no_grad():
+        model.lm_head.weight.copy_(torch.nn.functional.normalize(model.lm_head.weight))
 
 
 # Families whose folder is not the one transformers saved: family -> rewrite(model, hf_dir).
-FOLDERS = {"internlm": internlm_folder}
+FOLDERS = {"internlm": internlm_folder, "baichuan2": baichuan2_folder}
+# Families whose computation is transformers' model changed after saving: family -> change(model).
+REFERENCES = {"baichuan2": baichuan2_reference}
 
 
 def save_tokenizer(family, folder):
@@ -137,22 +188,42 @@ def greedy_reference(model, steps):
     return np.stack(logits_all), np.array(tokens_all)
 
 
+LLAMA_MF_NAMES = {"embed_tokens.weight": "tok_embeddings.embedding_weight",
+                  "model.norm.weight": "model.norm_out.weight",
+                  "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+                  "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+                  "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+                  "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+                  "post_attention_layernorm": "ffn_norm"}
+
+
+def llama_mf_name(name):
+    for a, b in LLAMA_MF_NAMES.items():
+        name = name.replace(a, b)
+    return name
+
+
+def baichuan2_mindformers(tensors, hidden):
+    """research/baichuan2/convert_weight.py on a Baichuan2 folder's tensors: W_pack split in three
+    blocks of hidden_size rows (wq, wk, wv), Llama's renames, lm_head.weight kept as it is."""
+    out = {}
+    for k, v in tensors.items():
+        if ".self_attn.W_pack." in k:
+            for i, part in enumerate(("wq", "wk", "wv")):
+                out[k.replace(".self_attn.W_pack.", f".attention.{part}.")] = v[i * hidden:(i + 1) * hidden]
+            continue
+        out[llama_mf_name(k)] = v
+    return out
+
+
 def mindformers_names(family, sd, cfg):
     """The state dict under MindFormers' parameter names, converted as its conversion scripts do."""
     t = {k: v.numpy() for k, v in sd.items()}
     out = {}
     if family in ("llama", "internlm"):     # research/internlm/convert_weight.py: Llama's renames, biases kept
-        names = {"embed_tokens.weight": "tok_embeddings.embedding_weight", "model.norm.weight": "model.norm_out.weight",
-                 "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
-                 "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
-                 "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
-                 "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
-                 "post_attention_layernorm": "ffn_norm"}
-        for k, v in t.items():
-            for a, b in names.items():
-                k = k.replace(a, b)
-            out[k] = v
-        return out
+        return {llama_mf_name(k): v for k, v in t.items()}
+    if family == "baichuan2":
+        return baichuan2_mindformers(baichuan_layout(t), cfg.hidden_size)
     if family == "bloom":
         n, hd = cfg.n_head, cfg.hidden_size // cfg.n_head
         for k, v in t.items():
@@ -224,9 +295,12 @@ def main(family, out_dir, steps):
     if family in FOLDERS:
         FOLDERS[family](model, hf_dir)
     save_tokenizer(family, hf_dir)
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if family in REFERENCES:
+        REFERENCES[family](model)
     logits, tokens = greedy_reference(model, steps)
     np.savez(os.path.join(out_dir, "reference.npz"), logits=logits, tokens=tokens)
-    np.savez(os.path.join(out_dir, "mindformers.npz"), **mindformers_names(family, model.state_dict(), model.config))
+    np.savez(os.path.join(out_dir, "mindformers.npz"), **mindformers_names(family, saved, model.config))
     with open(os.path.join(out_dir, "prompts.json"), "w") as f:
         json.dump(PROMPTS, f)
 

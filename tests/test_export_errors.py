@@ -14,7 +14,7 @@ import pytest
 
 from tiny_models import error_lines, run_cli, save_ckpt, tiny_export_config, write_yaml
 
-KNOWN_FAMILIES = "known families: bloom, gpt2, internlm, llama (llama2, llama3, codellama)"
+KNOWN_FAMILIES = "known families: baichuan2, bloom, gpt2, internlm, llama (llama2, llama3, codellama)"
 
 
 # --- helpers ------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Every family against an independent reference: Hugging Face transformers.
+"""Every family against an independent reference: Hugging Face transformers, or a numpy forward pass
+written from the published formulas where transformers has no such model (tests/numpy_references.py).
 
-For each family a tiny random model is made locally with transformers (tests/hf_models.py, its own
-process) and exported from the minimal HF-folder yaml. Checked, on a batch of 3 prompts of
+For each case (a family, or one shape of a family: `baichuan2_13b`) a tiny random model is made
+locally (tests/hf_models.py or tests/numpy_references.py, its own process) and exported from the
+minimal HF-folder yaml. Checked, on a batch of 3 prompts of
 different lengths for 32 greedy steps: identical tokens and logits within 1e-4 of transformers on
 the `ms` backend (MindSpore 2.10 export, both kv modes) and on real Lite (MindSpore 2.0 export,
 run in a process without mindspore); a MindFormers-named .ckpt with a MindFormers run yaml gives
@@ -18,14 +20,19 @@ from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 from greedy_runner import greedy_run
 from hf_models import BUILDERS
+from numpy_references import CASES as NUMPY_CASES
 from parity_runner import greedy_prompts
 from test_distributed import rank_table
 from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 STEPS = 32
 TOLERANCE = 1e-4
-FAMILIES = sorted(BUILDERS)
+FAMILIES = sorted(BUILDERS) + sorted(NUMPY_CASES)   # the cases: a family, or a shape of one
 SEQ, BATCH = 48, 3
+
+
+def family_of(case):
+    return NUMPY_CASES.get(case, case)
 
 
 @pytest.fixture(scope="session")
@@ -36,16 +43,18 @@ def hf_family(tmp_path_factory):
     def get(family):
         if family not in made:
             folder = tmp_path_factory.mktemp(f"family_{family}")
-            result = run_cli([os.path.join(REPO, "tests", "hf_models.py"), family, str(folder), str(STEPS)])
+            script = "numpy_references.py" if family in NUMPY_CASES else "hf_models.py"
+            result = run_cli([os.path.join(REPO, "tests", script), family, str(folder), str(STEPS)])
             assert result.returncode == 0, result.stderr[-3000:]
             made[family] = folder
         return made[family]
     return get
 
 
-def mindformers_yaml(family, folder, ckpt, output_dir):
-    """A MindFormers run yaml of the family, sizes from the HF config of the same model."""
+def mindformers_yaml(case, folder, ckpt, output_dir):
+    """A MindFormers run yaml of the case's family, sizes from the HF config of the same model."""
     hf = json.loads((folder / "hf" / "config.json").read_text())
+    family = family_of(case)
     common = {"vocab_size": hf["vocab_size"], "seq_length": SEQ, "batch_size": BATCH,
               "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "compute_dtype": "float32"}
     if family == "llama":
@@ -60,6 +69,12 @@ def mindformers_yaml(family, folder, ckpt, output_dir):
                   rms_norm_eps=hf["rms_norm_eps"], theta=hf["rotary"]["base"], has_bias=True, multiple_of=256,
                   extend_method="None", scaling_factor=1.0)
         arch = "InternLMForCausalLM"
+    elif family == "baichuan2":  # research/baichuan2/predict_baichuan2_{7b,13b}.yaml: LlamaConfig, one arch per size
+        mc = dict(common, type="LlamaConfig", hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                  num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+                  rms_norm_eps=hf["rms_norm_eps"], multiple_of=128, pretrain_seqlen=2048, extend_method="None",
+                  compute_in_2d=True, use_past_shard=False, temperature=1.0)
+        arch = "Baichuan13BV2ForCausalLM" if case == "baichuan2_13b" else "Baichuan7BV2ForCausalLM"
     elif family == "bloom":
         mc = dict(common, type="BloomConfig", hidden_size=hf["hidden_size"], num_layers=hf["n_layer"],
                   num_heads=hf["n_head"], hidden_act="gelu")
@@ -115,7 +130,7 @@ def check_parity(logits, tokens, ref_logits, ref_tokens, what):
 def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mode):
     prompts, ref_logits, ref_tokens = reference(hf_family(family))
     export = family_export(family, kv_mode)
-    assert load_manifest(export).family == family
+    assert load_manifest(export).family == family_of(family)
     logits, tokens = greedy_prompts(load_session("ms", load_manifest(export)), prompts, STEPS)
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} ms {kv_mode}")
 
@@ -136,14 +151,14 @@ def test_lite_matches_transformers(hf_family, family_export, family):
 def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, family_export, family):
     prompts, _, _ = reference(hf_family(family))
     mf = load_manifest(family_export(family, "mindformers"))
-    assert mf.family == family
+    assert mf.family == family_of(family)
     got = greedy_prompts(load_session("ms", mf), prompts, STEPS)
     want = greedy_prompts(load_session("ms", load_manifest(family_export(family, "io"))), prompts, STEPS)
     np.testing.assert_array_equal(got[1], want[1])
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm"])
+@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm", "baichuan2", "baichuan2_13b"])
 def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
     export = family_export(family, "tp2")
     assert load_manifest(export).world_size == 2
@@ -205,3 +220,24 @@ def test_internlm_config_json_bias_and_dynamic_rotary():
     assert (cfg.qkv_bias, cfg.o_bias, cfg.seq_length_limit) == (True, True, None)
     with pytest.raises(UnsupportedError, match="rotary type 'linear'"):
         family.from_hf(dict(hf, rotary={"base": 10000, "type": "linear"}), "config.json")
+
+
+def test_baichuan2_shape_from_config_json_or_model_positions():
+    """Rotary when config.json has max_position_embeddings (the 7B configuration), ALiBi when it has
+    model_max_length only (the 13B one); `model.positions` overrides; Baichuan-7B v1 is refused."""
+    from exporter.families import family_by_hf_type, family_by_name
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    hf = {"model_type": "baichuan", "vocab_size": 320, "hidden_size": 48, "num_hidden_layers": 2,
+          "num_attention_heads": 6, "intermediate_size": 96, "model_max_length": 64}
+    family = family_by_hf_type("baichuan", "config.json")
+    shape = lambda sizes: (lambda c: (c.positions, c.alibi))(family.config(sizes, "export.yaml"))  # noqa: E731
+    assert shape(family.from_hf(hf, "config.json")) == ("none", True)
+    assert shape(family.from_hf(dict(hf, max_position_embeddings=64), "config.json")) == ("rotary", False)
+    assert shape(dict(family.from_hf(hf, "config.json"), positions="rotary")) == ("rotary", False)
+    with pytest.raises(ConfigError, match="model.positions 'learned' is not allowed for baichuan2; "
+                                          "allowed: rotary, alibi"):
+        family.config(dict(family.from_hf(hf, "config.json"), positions="learned"), "export.yaml")
+    with pytest.raises(ConfigError, match="model.positions is not read for a llama model"):
+        family_by_name("llama", "x").config(dict(family.from_hf(hf, "c"), positions="alibi"), "export.yaml")
+    with pytest.raises(UnsupportedError, match="'BaiChuanForCausalLM'"):
+        family.from_hf(dict(hf, architectures=["BaiChuanForCausalLM"]), "config.json")

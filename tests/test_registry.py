@@ -11,7 +11,7 @@ from lite_runtime.contract.families import FAMILIES, get_family
 from hf_models import BUILDERS
 from test_families import FAMILIES as PARITY_TESTED
 
-KNOWN = "known families: bloom, gpt2, internlm, llama (llama2, llama3, codellama)"
+KNOWN = "known families: baichuan2, bloom, gpt2, internlm, llama (llama2, llama3, codellama)"
 
 
 def test_exporter_and_runtime_register_the_same_families_and_aliases():

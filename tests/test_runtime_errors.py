@@ -134,7 +134,7 @@ def test_export_without_tokenizer_needs_tokenizer_path(export_dir):
 def test_unknown_family_in_model_name(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--model_name", "gpt5_7b", "--predict_data", "hello")
     assert_one_line_error(result, "'gpt5'", "gpt5_7b",
-                          "known families: bloom, gpt2, internlm, llama (llama2, llama3, codellama)")
+                          "known families: baichuan2, bloom, gpt2, internlm, llama (llama2, llama3, codellama)")
 
 
 def test_seq_length_other_than_the_exports(export_dir, tokenizer_model):

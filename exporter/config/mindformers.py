@@ -27,7 +27,7 @@ MF_IGNORED_MODEL_KEYS = {
     "ffn_dim_multiplier", "scaling_factor", "batch_valid_length", "dropout_prob", "qkv_concat",
     "embedding_dropout_prob", "hidden_dropout_rate", "attention_dropout_rate", "expand_ratio", "hidden_act",
     "use_seq_parallel", "use_select_recompute", "unk_token_id", "is_sample_acceleration", "num_labels",
-    "post_layernorm_residual", "qkv_has_bias"}
+    "post_layernorm_residual", "qkv_has_bias", "pretrain_seqlen", "compute_in_2d", "use_past_shard", "temperature"}
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
@@ -58,6 +58,7 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
         raise ConfigError(f"{source}: unknown key model.model_config.{unknown[0]} for a MindFormers {family.name} "
                           f"config; understood: {', '.join(sorted(understood))}")
     ours = dict(family.from_mindformers(mc, source), family=family.name)
+    ours.update(family.mindformers_variants.get(arch, {}))     # e.g. Baichuan2's 7B / 13B classes
     pet = mc.get("pet_config")
     if pet:
         if not isinstance(pet, dict) or pet.get("pet_type") != "lora":

@@ -38,6 +38,7 @@ class ModelSection:
     rope_theta: Optional[float] = None
     max_position_embeddings: Optional[int] = None
     tie_word_embeddings: Optional[bool] = None
+    positions: Optional[str] = None         # position scheme where a family has two (baichuan2: rotary | alibi)
     bias: Optional[bool] = None             # q, k, v and o biases where a family has both shapes (internlm)
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Union[int, list]] = None

@@ -17,9 +17,9 @@ from exporter.weights.plan import WeightPlan
 # Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names).
 SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size",
              "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings")
-# Yaml `model:` keys that choose between the shapes of one family (`Family.variants`), e.g. InternLM's
-# `bias: false` (20B); other families refuse them.
-VARIANT_KEYS = ("bias",)
+# Yaml `model:` keys that choose between the shapes of one family (`Family.variants`), e.g. Baichuan2's
+# `positions: alibi` (13B) or InternLM's `bias: false` (20B); other families refuse them.
+VARIANT_KEYS = ("positions", "bias")
 
 
 class Family:
@@ -27,6 +27,7 @@ class Family:
     aliases: Tuple[str, ...] = ()              # other names users write (upstream model_name prefixes)
     hf_model_types: Tuple[str, ...] = ()       # config.json model_type values
     mindformers_types: Tuple[str, ...] = ()    # MindFormers arch / config class names
+    mindformers_variants: Dict[str, Dict[str, object]] = {}   # MindFormers arch type -> VARIANT_KEYS values
     features: Dict[str, object] = {}           # DecoderConfig feature fields fixed by the family
     variants: Dict[str, Dict[object, Dict[str, object]]] = {}   # VARIANT_KEYS key -> value -> features
     hf_weights: WeightPlan = WeightPlan([])

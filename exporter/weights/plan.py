@@ -123,3 +123,11 @@ def halves(value: np.ndarray, cfg) -> List[np.ndarray]:
     if value.shape[0] % 2:
         raise WeightError(f"a fused gate/up tensor of shape {value.shape} has an odd number of rows")
     return np.split(value, 2, axis=0)
+
+
+def unit_rows(value: np.ndarray, cfg) -> List[np.ndarray]:
+    """Each row scaled to unit L2 norm (Baichuan2's NormHead, done once on the weights at export:
+    torch's `normalize`, w / max(||w||, 1e-12)). Rows stay rows, so a vocabulary shard normalises alike."""
+    wide = np.asarray(value, np.float64)
+    norms = np.maximum(np.sqrt((wide * wide).sum(axis=-1, keepdims=True)), 1e-12)
+    return [(wide / norms).astype(np.float32)]

@@ -110,6 +110,7 @@ FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (
     FamilySpec("bloom"),
     FamilySpec("gpt2"),
     FamilySpec("internlm"),
+    FamilySpec("baichuan2"),
 )}
 _BY_NAME: Dict[str, FamilySpec] = {n: spec for spec in FAMILIES.values() for n in (spec.name,) + spec.aliases}
 
