@@ -104,11 +104,12 @@ def family_export(hf_family, tmp_path_factory):
                 ckpt = save_ckpt(weights, str(folder / "mindformers.ckpt"))
                 cfg = mindformers_yaml(family, folder, ckpt, out)
             else:
+                kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic"}.get(variant, "io")
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
-                       "kv_cache": "in_graph" if variant == "in_graph" else "io", "output_dir": out}
+                       "kv_cache": kv_cache, "output_dir": out}
                 if variant == "tp2":
                     cfg["parallel"] = {"model_parallel": 2}
-            python = str(VENV_MS20_PYTHON) if variant == "lite" else sys.executable
+            python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[key]
     return get
@@ -125,7 +126,7 @@ def check_parity(logits, tokens, ref_logits, ref_tokens, what):
     assert diff <= TOLERANCE, f"{what}: max abs logit difference {diff} > {TOLERANCE}"
 
 
-@pytest.mark.parametrize("kv_mode", ["io", "in_graph"])
+@pytest.mark.parametrize("kv_mode", ["io", "in_graph", "dynamic"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mode):
     prompts, ref_logits, ref_tokens = reference(hf_family(family))
@@ -135,16 +136,18 @@ def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mo
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} ms {kv_mode}")
 
 
+@pytest.mark.parametrize("variant", ["lite", "lite_dynamic"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_lite_matches_transformers(hf_family, family_export, family):
+def test_lite_matches_transformers(hf_family, family_export, family, variant):
+    """Both Lite layouts; the dynamic one's cache grows through buckets of 16 rows (seq_length 48)."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
-    out = str(folder / "lite_run.npz")
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", family_export(family, "lite"),
+    out = str(folder / f"{variant}_run.npz")
+    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", family_export(family, variant),
                       str(folder / "prompts.json"), str(STEPS), out])
     assert result.returncode == 0, result.stderr[-3000:]
     got = np.load(out)
-    check_parity(got["logits"], got["tokens"], ref_logits, ref_tokens, f"{family} Lite")
+    check_parity(got["logits"], got["tokens"], ref_logits, ref_tokens, f"{family} Lite ({variant})")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

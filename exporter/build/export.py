@@ -13,7 +13,7 @@ import time
 from typing import List
 
 from lite_runtime.contract.errors import ConfigError
-from lite_runtime.contract.families import get_family
+from lite_runtime.contract.families import get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            file_sha256, graph_relpath)
@@ -74,7 +74,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Ma
 
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     graphs, hashes, mindir_version = {}, {}, ""
-    for kind in ("prefill", "increment"):
+    for kind in graph_kinds(config.kv_cache):
         files = [graph_relpath(kind, r) for r in range(config.world_size)]
         entry = GraphEntry(files, spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
         for rel in files:

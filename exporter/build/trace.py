@@ -7,7 +7,7 @@ from typing import Dict
 import numpy as np
 
 from lite_runtime.contract.errors import WeightError
-from lite_runtime.contract.families import GRAPH_KINDS, GraphDims, get_family
+from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family, graph_kinds
 from lite_runtime.contract.manifest import graph_relpath
 from exporter.build.progress import stage
 from exporter.config.schema import ExportConfig
@@ -40,13 +40,23 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
     return W.shard(full, rules, rank, world_size)
 
 
+def _dummy(spec):
+    """A tracing input: zeros, or a shape-only tensor where a dimension is chosen per call."""
+    import mindspore as ms
+    from mindspore import Tensor
+    if DYNAMIC in spec.shape:
+        dtype = {"int32": ms.int32, "float32": ms.float32}[spec.dtype]
+        return Tensor(shape=[None if d == DYNAMIC else d for d in spec.shape], dtype=dtype)
+    return Tensor(np.zeros(spec.shape, spec.dtype))
+
+
 def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
     """Build rank `rank`'s network, load its weights and write both graphs into `folder`."""
     import mindspore as ms
     from mindspore import Tensor
     from lite_runtime.contract.mindir import cpu_graph_mode
     from exporter.models.attention import BuildContext
-    from exporter.models.decoder import CausalLM, IncrementGraph, PrefillGraph
+    from exporter.models.decoder import CausalLM, IncrementGraph, PrefillGraph, StepGraph
     from exporter.models.linear import split_rules
 
     cpu_graph_mode(ms)
@@ -59,8 +69,10 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
         weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size)
         W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family))
     spec, dims = get_family(source.family.name), graph_dims(config, source)
-    for kind, graph in zip(GRAPH_KINDS, (PrefillGraph(net), IncrementGraph(net))):
-        dummies = [Tensor(np.zeros(t.shape, t.dtype)) for t in spec.inputs(kind, config.kv_cache, dims)]
+    graphs = {"prefill": PrefillGraph, "increment": IncrementGraph, STEP: StepGraph}
+    for kind in graph_kinds(config.kv_cache):
+        graph = graphs[kind](net)
+        dummies = [_dummy(t) for t in spec.inputs(kind, config.kv_cache, dims)]
         path = os.path.join(folder, graph_relpath(kind, rank))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with stage(f"traced the {kind} graph{where}"):

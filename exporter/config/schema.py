@@ -114,6 +114,14 @@ class ExportConfig:
             if getattr(self.parallel, key) != 1:
                 raise ConfigError(f"{where}: parallel.{key} {getattr(self.parallel, key)} is not supported "
                                   "for inference export; allowed: 1 (use model_parallel to split a model)")
+        if self.kv_cache == "dynamic":
+            if self.parallel.model_parallel > 1:
+                raise ConfigError(f"{where}: kv_cache dynamic is not supported with parallel.model_parallel "
+                                  f"{self.parallel.model_parallel} yet; allowed with model_parallel 1, or use kv_cache io")
+            for key in ("prefill_model_path", "increment_model_path"):
+                if getattr(self.infer, key):
+                    raise ConfigError(f"{where}: infer.{key} needs the two graphs of kv_cache io or in_graph; "
+                                      "kv_cache dynamic writes one graph (mindir_step/rank_0_graph.mindir)")
         if self.model.hf_dir is None and self.model.family is None:
             raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
                               "and the model sizes")

@@ -1,6 +1,11 @@
 """The attention core, written once for every family: prefill, the `io` decode step (host-owned
-cache in, new rows out) and the `in_graph` decode step (cache as Parameters), with grouped
-query heads (GQA/MQA: no repeated K/V) and an additive score bias shared by all layers.
+cache in, new rows out), the `in_graph` decode step (cache as Parameters) and the `dynamic` step
+(T new tokens per row against P past rows, T and P chosen per call), with grouped query heads
+(GQA/MQA: no repeated K/V) and an additive score bias shared by all layers.
+
+The dynamic step follows what MindSpore Lite 2.0 accepts in graphs with dynamic dimensions:
+reshapes name at most one unknown dimension (-1), nothing slices or asks for a shape at run time,
+and index ranges come from `CumSum` over a tensor of ones of the right shape.
 
 The score bias (`ScoreBias`) carries what differs between families at the score level: causal
 masking, ALiBi, and the cache rows each row may see. Positions that rotate q/k come in as cos/sin.
@@ -13,6 +18,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from lite_runtime.contract.errors import ConfigError
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear, zeros_param
 from exporter.models.positions import Rotary, alibi_slopes
@@ -24,7 +30,7 @@ class BuildContext(NamedTuple):
     """What one rank's graph is built for."""
     world_size: int
     rank: int
-    kv_mode: str          # io | in_graph
+    kv_mode: str          # io | in_graph | dynamic
     batch: int
     seq: int
     dtype: object         # compute dtype (ms.float32 / ms.float16)
@@ -39,6 +45,9 @@ class ScoreBias(nn.Cell):
         n_local, self.n_kv, self.group = cfg.n_heads // ctx.world_size, cfg.n_kv_heads // ctx.world_size, cfg.group
         seq = ctx.seq
         self.alibi = cfg.alibi
+        if self.alibi and self.group > 1 and ctx.kv_mode == "dynamic":
+            raise ConfigError("kv_cache dynamic does not support ALiBi with grouped KV heads (n_kv_heads "
+                              f"{cfg.n_kv_heads} < n_heads {cfg.n_heads}); use kv_cache io")
         self.key_pos = Tensor(np.arange(seq, dtype=np.float32).reshape(1, 1, 1, seq))
         self.query_pos = Tensor(np.tile(np.arange(seq, dtype=np.float32), self.group).reshape(self.group * seq, 1))
         if self.alibi:
@@ -48,8 +57,13 @@ class ScoreBias(nn.Cell):
             self.slopes_prefill = Tensor(np.repeat(slopes, seq, axis=1).reshape(1, self.n_kv, self.group * seq, 1))
         self.cast = ops.Cast()
         self.greater = ops.Greater()
+        self.greater_equal = ops.GreaterEqual()
         self.less = ops.Less()
         self.reshape = ops.Reshape()
+        self.ones_like = ops.OnesLike()
+        self.cumsum = ops.CumSum()
+        self.floor_mod = ops.FloorMod()
+        self.sum = ops.ReduceSum(keep_dims=True)
 
     def prefill(self):
         """(1, 1 | kv, group*S, S): each query sees keys up to its own position."""
@@ -72,6 +86,49 @@ class ScoreBias(nn.Cell):
             new_bias = self.slopes_step * self.reshape(self.cast(pos, ms.float32), (batch, 1, 1, 1))
         return bias, new_bias
 
+    def _index(self, scores, axis):
+        """0, 1, 2, ... along `axis` of `scores`, as float32 of its shape."""
+        return self.cumsum(self.ones_like(scores), axis) - 1.0
+
+    def dynamic_past(self, s_past, past):
+        """Bias of the past keys (B, kv, g*T, P): those at or beyond `past` (B, 1, 1, 1) rows are
+        not the row's (a dummy row, or room left in a bucket)."""
+        key = self._index(s_past, -1)
+        bias = self.cast(self.greater_equal(key, past), ms.float32) * NEG
+        if self.alibi:
+            bias = bias + self.slopes_step * key
+        return bias
+
+    def dynamic_new(self, s_new, past):
+        """Bias of the new keys (B, kv, g*T, T): causal among the call's tokens (row g*T + t is
+        token t); padding tokens past a row's valid count only precede padding queries."""
+        key = self._index(s_new, -1)
+        query = self._index(s_new, -2)
+        if self.group > 1:
+            query = self.floor_mod(query, self.sum(self.ones_like(s_new), -1))
+        bias = self.cast(self.greater(key, query), ms.float32) * NEG
+        if self.alibi:
+            bias = bias + self.slopes_step * (key + past)
+        return bias
+
+
+def shape_tensor(*dims) -> Tensor:
+    """A reshape target for graphs with dynamic dimensions (Lite 2.0 cannot build tuple targets there)."""
+    return Tensor(np.array(dims, np.int32))
+
+
+class DynamicShapes(nn.Cell):
+    """The reshape targets of the dynamic step: one unknown dimension (-1) each."""
+
+    def __init__(self, batch: int, n_heads: int, n_kv: int, hd: int):
+        super().__init__()
+        self.rows = shape_tensor(-1, hd)
+        self.tokens_q, self.tokens_kv = shape_tensor(-1, n_heads, hd), shape_tensor(-1, n_kv, hd)
+        self.heads_q, self.heads_kv = shape_tensor(batch, -1, n_heads, hd), shape_tensor(batch, -1, n_kv, hd)
+        self.grouped = shape_tensor(batch, n_kv, -1, hd)
+        self.heads_out = shape_tensor(batch, n_heads, -1, hd)
+        self.merged = shape_tensor(-1, n_heads * hd)
+
 
 class Attention(nn.Cell):
     def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
@@ -83,13 +140,16 @@ class Attention(nn.Cell):
         self.hd = cfg.head_dim
         self.scale = 1.0 / float(np.sqrt(cfg.head_dim))
         self.dtype = ctx.dtype
-        self.q = ColumnParallelLinear(hidden, cfg.n_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias)
-        self.k = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias)
-        self.v = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias)
-        self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias)
+        flat = ctx.kv_mode == "dynamic"
+        self.q = ColumnParallelLinear(hidden, cfg.n_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat)
+        self.k = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat)
+        self.v = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat)
+        self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias, flat)
         self.use_rotary = cfg.positions == "rotary"
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype)
         self.in_graph = ctx.kv_mode == "in_graph"
+        if ctx.kv_mode == "dynamic":
+            self.dyn = DynamicShapes(ctx.batch, self.n_heads, self.n_kv, self.hd)
         if self.in_graph:
             shape = (ctx.batch, self.n_kv, ctx.seq, self.hd)
             self.key_cache = zeros_param(shape, ms.float32, "key_cache")
@@ -149,6 +209,36 @@ class Attention(nn.Cell):
         e_new = self.exp(s_new - m)
         o = (self.bmm(e_cache, v_cache) + e_new * v) / (self.sum(e_cache, -1) + e_new)
         return self._merge(o, batch, 1), k, v
+
+    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias):
+        """x (B*T, H): T new tokens per row, against host-owned past K/V (B, kv, P, hd) whose
+        first `past` (B, 1, 1, 1) rows are the row's; cos/sin (B*T, 1, hd). Returns the output
+        (B*T, H) and the new K/V rows (B, kv, T, hd). Past and new keys are two softmax terms:
+        joining them would copy the cache on every call."""
+        d = self.dyn
+        q = self._heads_dynamic(self.q(x), d.tokens_q, d.heads_q, cos, sin)
+        k = self._heads_dynamic(self.k(x), d.tokens_kv, d.heads_kv, cos, sin)
+        v = self.transpose(self.reshape(self.v(x), d.heads_kv), (0, 2, 1, 3))
+        q = self.cast(self.reshape(q, d.grouped), ms.float32)
+        k, v = self.cast(k, ms.float32), self.cast(v, ms.float32)
+        s_past = self.bmm_t(q, k_past) * self.scale
+        s_past = s_past + bias.dynamic_past(s_past, past)
+        s_new = self.bmm_t(q, k) * self.scale
+        s_new = s_new + bias.dynamic_new(s_new, past)
+        m = self.maximum(self.max(s_past, -1), self.max(s_new, -1))
+        e_past = self.exp(s_past - m)
+        e_new = self.exp(s_new - m)
+        o = (self.bmm(e_past, v_past) + self.bmm(e_new, v)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
+        o = self.transpose(self.cast(self.reshape(o, d.heads_out), self.dtype), (0, 2, 1, 3))
+        return self.o(self.reshape(o, d.merged)), k, v
+
+    def _heads_dynamic(self, x, tokens_shape, heads_shape, cos, sin):
+        """(B*T, n*hd) -> rotated (B, n, T, hd)."""
+        if self.use_rotary:
+            x = self.reshape(x, tokens_shape)                                             # (B*T, n, hd)
+            partner = self.reshape(self.rotary.matmul(self.reshape(x, self.dyn.rows), self.rotary.p), tokens_shape)
+            x = x * cos + partner * sin
+        return self.transpose(self.reshape(x, heads_shape), (0, 2, 1, 3))
 
     def step_in_graph(self, x, cos, sin, row_onehot, cache_bias):
         """One token per row; the row at pos is written into the Parameter caches first."""

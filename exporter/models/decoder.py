@@ -1,5 +1,6 @@
 """`CausalLM`: one rank's share of a decoder-only model, assembled from blocks chosen by the
-config's features, with the two graph entry points (`prefill`, `increment`).
+config's features, with its graph entry points: `prefill` and `increment` (kv modes io and
+in_graph), or the one `step` of the dynamic kv mode (prefill and decode alike).
 
 Parameter names are the project's canonical names (`embed.weight`, `layers.0.attn.q.weight`,
 `layers.0.mlp.up.bias`, `final_norm.weight`, `head.weight` ...); each family's weight plan maps its
@@ -12,7 +13,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from exporter.models.attention import Attention, BuildContext, ScoreBias
+from exporter.models.attention import Attention, BuildContext, ScoreBias, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
 from exporter.models.mlp import make_mlp
@@ -26,11 +27,25 @@ class DecoderLayer(nn.Cell):
         self.attn_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
         self.attn = Attention(cfg, ctx)
         self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
-        self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias)
+        self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
+                            ctx.kv_mode == "dynamic")
 
     def finish(self, x, attn_out):
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h))
+
+
+class StepShapes(nn.Cell):
+    """Reshape targets and the gather axis of the dynamic step (Lite 2.0 builds graphs with dynamic
+    dimensions only with these as tensors)."""
+
+    def __init__(self, batch: int, hidden: int, head_dim: int):
+        super().__init__()
+        self.flat, self.column = shape_tensor(-1), shape_tensor(batch, 1)
+        self.per_token, self.per_row = shape_tensor(-1, 1, head_dim), shape_tensor(batch, 1, 1, 1)
+        self.pick, self.rows, self.hidden = shape_tensor(batch, 1, -1), shape_tensor(batch, -1, hidden), \
+            shape_tensor(batch, hidden)
+        self.axis0 = Tensor(np.array([0], np.int32))
 
 
 class CausalLM(nn.Cell):
@@ -40,10 +55,13 @@ class CausalLM(nn.Cell):
         cfg.check_seq_length(ctx.seq)
         self.cfg = cfg
         self.batch, self.seq, self.kv_mode, self.dtype = ctx.batch, ctx.seq, ctx.kv_mode, ctx.dtype
-        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype)
+        if ctx.kv_mode == "dynamic":
+            self.dyn = StepShapes(ctx.batch, cfg.hidden_size, cfg.head_dim)
+        dynamic = ctx.kv_mode == "dynamic"
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype, dynamic)
         self.learned_positions = cfg.positions == "learned"
         if self.learned_positions:
-            self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype)
+            self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype, dynamic)
         self.use_embed_norm = cfg.embed_norm
         if cfg.embed_norm:
             self.embed_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
@@ -53,7 +71,8 @@ class CausalLM(nn.Cell):
         # parallelism each rank holds its vocabulary rows of it as `head.weight`.
         self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1
         if not self.head_is_embedding:
-            self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype)
+            self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
+                                             flat=dynamic)
         self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size)
         self.bias = ScoreBias(cfg, ctx)
@@ -67,6 +86,9 @@ class CausalLM(nn.Cell):
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
         self.equal = ops.Equal()
+        self.ones_like = ops.OnesLike()
+        self.cumsum = ops.CumSum()
+        self.bmm = ops.BatchMatMul()
 
     def _embed(self, ids, positions):
         x = self.embed(ids)
@@ -120,6 +142,32 @@ class CausalLM(nn.Cell):
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
 
+    def step(self, input_ids, batch_valid_length, past_length, kv):
+        """T new tokens per row (B, T) after `past_length` (B,) rows of the host cache `kv`
+        (per layer K, V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's valid new
+        tokens. Returns logits of each row's last valid token and the new K/V rows (B, kv, T, hd)."""
+        d = self.dyn
+        steps = self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0       # (B, T): 0 .. T-1
+        past = self.cast(self.reshape(past_length, d.column), ms.float32)
+        pos = self.reshape(self.cast(steps + past, ms.int32), d.flat)                        # (B*T,)
+        cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
+        sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
+        x = self._embed(self.reshape(input_ids, d.flat), pos)                                # (B*T, H)
+        past = self.reshape(past, d.per_row)
+        new_kv = ()
+        i = 0
+        for layer in self.layers:
+            attn, k, v = layer.attn.step_dynamic(layer.attn_norm(x), cos, sin, kv[2 * i], kv[2 * i + 1], past,
+                                                 self.bias)
+            x = layer.finish(x, attn)
+            new_kv = new_kv + (k, v)
+            i = i + 1
+        last = self.reshape(self.cast(batch_valid_length - past_length, ms.float32) - 1.0, d.column)
+        pick = self.reshape(self.cast(self.equal(steps, last), self.dtype), d.pick)         # (B, 1, T)
+        hidden = self.bmm(pick, self.reshape(x, d.rows))
+        return (self._logits(self.reshape(hidden, d.hidden)),) + new_kv
+
+
 class PrefillGraph(nn.Cell):
     """The exported prefill graph (inputs and outputs: the runtime contract)."""
 
@@ -129,6 +177,17 @@ class PrefillGraph(nn.Cell):
 
     def construct(self, input_ids, batch_valid_length):
         return self.net.prefill(input_ids, batch_valid_length)
+
+
+class StepGraph(nn.Cell):
+    """The one exported graph of the dynamic kv mode."""
+
+    def __init__(self, net: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.net = net
+
+    def construct(self, input_ids, batch_valid_length, past_length, *kv):
+        return self.net.step(input_ids, batch_valid_length, past_length, kv)
 
 
 class IncrementGraph(nn.Cell):

@@ -27,8 +27,9 @@ class Linear(nn.Cell):
     split: Dict[str, int] = {}
 
     def __init__(self, in_features: int, out_features: int, dtype, bias: bool = False,
-                 reduce: Optional[nn.Cell] = None):
+                 reduce: Optional[nn.Cell] = None, flat: bool = False):
         super().__init__()
+        self.flat = flat          # inputs are (tokens, in): the dynamic graph's layout, no reshapes
         self.in_features = in_features
         self.out_features = out_features
         self.weight = zeros_param((out_features, in_features), dtype, "weight")
@@ -41,6 +42,9 @@ class Linear(nn.Cell):
         self.reduce = reduce if reduce is not None else nn.Identity()
 
     def construct(self, x):
+        if self.flat:
+            y = self.reduce(self.matmul(x, self.weight))
+            return y + self.bias if self.has_bias else y
         lead = self.shape(x)[:-1]
         y = self.reduce(self.matmul(self.reshape(x, (-1, self.in_features)), self.weight))
         if self.has_bias:
@@ -53,8 +57,9 @@ class ColumnParallelLinear(Linear):
 
     split = {"weight": 0, "bias": 0}
 
-    def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False):
-        super().__init__(in_features, out_features // world_size, dtype, bias)
+    def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False,
+                 flat: bool = False):
+        super().__init__(in_features, out_features // world_size, dtype, bias, flat=flat)
 
 
 class RowParallelLinear(Linear):
@@ -63,20 +68,23 @@ class RowParallelLinear(Linear):
 
     split = {"weight": 1}
 
-    def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False):
-        super().__init__(in_features // world_size, out_features, dtype, bias, Collective.all_reduce(world_size))
+    def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False,
+                 flat: bool = False):
+        super().__init__(in_features // world_size, out_features, dtype, bias, Collective.all_reduce(world_size), flat)
 
 
 class Embedding(nn.Cell):
     """Table lookup; the table is replicated on every rank."""
 
-    def __init__(self, rows: int, dim: int, dtype):
+    def __init__(self, rows: int, dim: int, dtype, dynamic: bool = False):
         super().__init__()
         self.weight = zeros_param((rows, dim), dtype, "weight")
         self.gather = ops.Gather()
+        # Lite 2.0 builds a gather in a graph with dynamic dimensions only with the axis as a tensor
+        self.axis = Tensor(np.array([0], np.int32)) if dynamic else 0
 
     def construct(self, ids):
-        return self.gather(self.weight, ids, 0)
+        return self.gather(self.weight, ids, self.axis)
 
 
 class Collective:

@@ -11,11 +11,11 @@ from exporter.models.linear import ColumnParallelLinear, RowParallelLinear
 class SwiGLU(nn.Cell):
     """down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False):
+    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False, flat: bool = False):
         super().__init__()
-        self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias)
-        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias)
-        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias)
+        self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat)
+        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat)
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat)
         self.sigmoid = ops.Sigmoid()
 
     def construct(self, x):
@@ -29,10 +29,11 @@ class GeluMLP(nn.Cell):
     Written from primitives: the fused GeLU kernels differ in which form they compute.
     """
 
-    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, approximate: bool):
+    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, approximate: bool,
+                 flat: bool = False):
         super().__init__()
-        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias)
-        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias)
+        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat)
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat)
         self.approximate = approximate
         self.tanh = ops.Tanh()
         self.erf = ops.Erf()
@@ -48,7 +49,9 @@ class GeluMLP(nn.Cell):
         return self.down(g)
 
 
-def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool) -> nn.Cell:
+def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool,
+             flat: bool = False) -> nn.Cell:
+    """`flat`: inputs are (tokens, hidden), the dynamic graph's layout."""
     if kind == "swiglu":
-        return SwiGLU(hidden, intermediate, world_size, dtype, bias)
-    return GeluMLP(hidden, intermediate, world_size, dtype, bias, approximate=kind == "gelu_tanh")
+        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat)
+    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind == "gelu_tanh", flat)

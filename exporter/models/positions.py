@@ -44,10 +44,11 @@ class Rotary(nn.Cell):
         self.p = Tensor(rotate_matrix(head_dim, rotary_dim, interleaved), dtype)
         self.matmul = ops.MatMul()
         self.reshape = ops.Reshape()
-        self.shape = ops.Shape()
 
     def construct(self, x, cos, sin):
-        partner = self.reshape(self.matmul(self.reshape(x, (-1, self.head_dim)), self.p), self.shape(x))
+        batch, heads = x.shape[0], x.shape[1]       # static in every graph; the steps may not be
+        partner = self.matmul(self.reshape(x, (-1, self.head_dim)), self.p)
+        partner = self.reshape(partner, (batch, heads, -1, self.head_dim))
         return x * cos + partner * sin
 
 

@@ -11,6 +11,7 @@ from typing import List, Optional
 import numpy as np
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import STEP
 from lite_runtime.contract.manifest import Manifest
 
 
@@ -39,6 +40,61 @@ class HostKVCache:
 
 
 
+class BucketedKVCache:
+    """Per-layer key/value buffers of the `dynamic` kv mode, sized to a bucket of rows.
+
+    The graph reads all `capacity` rows (the rows past each row's length are masked), so the
+    buffers are as small as the longest row allows, rounded up to a bucket of rows so that the
+    graph's shapes (and Lite's Resize, ≈0.15 ms plus a slower first call) change only every bucket:
+    a quarter of seq_length, within 16..64 rows. Growing reallocates and copies once; the arrays
+    are contiguous so a backend binds them without copying.
+    """
+
+    def __init__(self, manifest: Manifest):
+        d = manifest.dims
+        self.bucket = min(64, max(16, d.seq_length // 4))
+        self._shape = (d.batch_size, d.kv_heads_per_rank, 0, d.head_dim)
+        self._limit = d.seq_length
+        self._rows = np.arange(d.batch_size)
+        self.arrays: List[np.ndarray] = []
+        self._layers = 2 * d.num_layers
+        self.reset()
+
+    @property
+    def capacity(self) -> int:
+        return self.arrays[0].shape[2]
+
+    def reset(self) -> None:
+        """One masked dummy row: a prefill's past (Lite refuses zero-size dimensions)."""
+        b, kv, _, hd = self._shape
+        self.arrays = [np.zeros((b, kv, 1, hd), np.float32) for _ in range(self._layers)]
+
+    def ensure(self, rows: int) -> None:
+        """Room for `rows` rows, keeping what is stored."""
+        if rows <= self.capacity:
+            return
+        size = min(-(-rows // self.bucket) * self.bucket, max(self._limit, rows))
+        b, kv, _, hd = self._shape
+        grown = []
+        for old in self.arrays:
+            new = np.zeros((b, kv, size, hd), np.float32)
+            new[:, :, :old.shape[2]] = old
+            grown.append(new)
+        self.arrays = grown
+
+    def write_prefill(self, new_rows: List[np.ndarray]) -> None:
+        steps = new_rows[0].shape[2]
+        self.reset()
+        self.ensure(steps + 1)
+        for cache, new in zip(self.arrays, new_rows):
+            cache[:, :, :steps] = new
+
+    def write_step(self, new_rows: List[np.ndarray], positions: np.ndarray) -> None:
+        rows = self._rows
+        for cache, new in zip(self.arrays, new_rows):
+            cache[rows, :, positions, :] = new[:, :, 0, :]
+
+
 class Session:
     """One rank's loaded prefill + increment graphs.
 
@@ -56,20 +112,32 @@ class Session:
         self.manifest = manifest
         self.rank = rank
         self.graph_seconds = 0.0
-        self.cache: Optional[HostKVCache] = HostKVCache(manifest) if manifest.kv_cache == "io" else None
+        self.dynamic = manifest.kv_cache == "dynamic"
+        self.cache = {"io": HostKVCache, "dynamic": BucketedKVCache}.get(manifest.kv_cache, lambda m: None)(manifest)
 
     # --- the protocol ---------------------------------------------------------------------------
     def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        outputs = self._timed_run("prefill", [input_ids, valid_length, *extra])
+        if self.dynamic:   # the prompt's own length: the longest row, not seq_length
+            steps = int(valid_length.max())
+            past = np.zeros_like(valid_length)
+            self.cache.reset()
+            feeds = [np.ascontiguousarray(input_ids[:, :steps]), valid_length, past, *extra, *self.cache.arrays]
+            outputs = self._timed_run(STEP, feeds)
+        else:
+            outputs = self._timed_run("prefill", [input_ids, valid_length, *extra])
         if self.cache is not None:
             self.cache.write_prefill(outputs[1:])
         return outputs[0]
 
     def decode(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
         feeds = [input_ids, valid_length, *extra]
+        if self.dynamic:
+            past = valid_length - 1
+            self.cache.ensure(int(past.max()) + 1)      # room for this step's row
+            feeds = [input_ids, valid_length, past, *extra]
         if self.cache is not None:
             feeds += self.cache.arrays
-        outputs = self._timed_run("increment", feeds)
+        outputs = self._timed_run(STEP if self.dynamic else "increment", feeds)
         if self.cache is not None:
             self.cache.write_step(outputs[1:], valid_length - 1)
         return outputs[0]

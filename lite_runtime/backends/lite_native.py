@@ -91,8 +91,10 @@ def load_shim() -> ctypes.CDLL:
     lib.lite_bind_input.argtypes = [vp, c_int, vp, c_size]
     lib.lite_bind_output.argtypes = [vp, c_int, vp, c_size]
     lib.lite_predict.argtypes = [vp]
+    lib.lite_resize.argtypes = [vp, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(c_int)]
+    lib.lite_result.argtypes = [vp, c_int, ctypes.POINTER(vp), ctypes.POINTER(c_size)]
     for name in ("lite_model_create", "lite_num_tensors", "lite_tensor_info", "lite_bind_input",
-                 "lite_bind_output", "lite_predict"):
+                 "lite_bind_output", "lite_predict", "lite_resize", "lite_result"):
         getattr(lib, name).restype = c_int
     _lib = lib
     return lib
@@ -121,16 +123,40 @@ class LiteModel:
                                 or f"MindSpore Lite cannot load {path}"
                                 + (f" with config {config_path}" if config_path else "") + f": {text}")
         self.load_seconds = time.perf_counter() - start
+        self.dynamic = False
+        self._take_shapes()
+        # Outputs of dynamic dimensions: Lite learns their shapes while running (see `_results`).
+        self.dynamic = any(d < 0 for s in self.outputs for d in s.shape)
+
+    def _take_shapes(self) -> None:
+        """Read the tensors' shapes (at load and after a resize) and bind fresh output buffers."""
         self.inputs: List[TensorSpec] = self._specs(is_output=0)
         self.outputs: List[TensorSpec] = self._specs(is_output=1)
         self._bound_inputs: List[Optional[np.ndarray]] = [None] * len(self.inputs)
-        self._outputs = [np.empty(s.shape, s.dtype) for s in self.outputs]
         self._output_views = []
+        self._result_shapes = None
+        if self.dynamic or any(d < 0 for s in self.outputs for d in s.shape):
+            return
+        self._outputs = [np.empty(s.shape, s.dtype) for s in self.outputs]
         for i, array in enumerate(self._outputs):
             self._call("lite_bind_output", i, array.ctypes.data, array.nbytes)
             view = array.view()
             view.flags.writeable = False
             self._output_views.append(view)
+
+    def resize(self, shapes: Sequence[Sequence[int]], output_shapes: Sequence[Sequence[int]]) -> None:
+        """New shapes for every input of a graph exported with dynamic dimensions, and the output
+        shapes they give (the caller's contract: Lite 2.0 reports output shapes one call late).
+        Drops all bindings: bind the inputs again."""
+        if len(shapes) != len(self.inputs) or len(output_shapes) != len(self.outputs):
+            raise ValueError(f"{self.path} has {len(self.inputs)} inputs and {len(self.outputs)} outputs, "
+                             f"got {len(shapes)} and {len(output_shapes)} shapes")
+        flat = [int(d) for shape in shapes for d in shape]
+        dims = (ctypes.c_int64 * max(len(flat), 1))(*flat)
+        ndims = (ctypes.c_int * len(shapes))(*[len(shape) for shape in shapes])
+        self._call("lite_resize", dims, ndims)
+        self._take_shapes()
+        self._result_shapes = [tuple(int(d) for d in shape) for shape in output_shapes]
 
     # --- introspection --------------------------------------------------------------------------
     def _specs(self, is_output: int) -> List[TensorSpec]:
@@ -178,7 +204,26 @@ class LiteModel:
 
     def predict(self) -> List[np.ndarray]:
         self.run()
-        return list(self._output_views)
+        return list(self._output_views) if self._output_views else self._results()
+
+    def _results(self) -> List[np.ndarray]:
+        """Read-only views of the outputs in Lite's memory, valid until the next predict, shaped as
+        `resize` was told (a graph with dynamic dimensions)."""
+        if self._result_shapes is None:
+            raise LiteError(f"{self.path} has dynamic dimensions: call resize() with the output shapes first")
+        views = []
+        data, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
+        for i, (spec, shape) in enumerate(zip(self.outputs, self._result_shapes)):
+            self._call("lite_result", i, ctypes.byref(data), ctypes.byref(nbytes))
+            count = int(np.prod(shape))
+            if nbytes.value != count * np.dtype(spec.dtype).itemsize:
+                raise LiteError(f"{self.path}: output {spec.name} came back with {nbytes.value} bytes, "
+                                f"expected {spec.dtype} {tuple(shape)}")
+            buffer = (ctypes.c_char * nbytes.value).from_address(data.value)
+            view = np.frombuffer(buffer, spec.dtype, count).reshape(shape)
+            view.flags.writeable = False
+            views.append(view)
+        return views
 
     def close(self) -> None:
         if self._handle:

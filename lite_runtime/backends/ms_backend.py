@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from lite_runtime.contract.errors import ArtifactError, UnsupportedError
+from lite_runtime.contract.families import graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.mindir import cpu_graph_mode, read_mindir_io
 from lite_runtime.contract.manifest import Manifest
@@ -43,7 +44,7 @@ class MSSession(Session):
         if manifest.world_size > 1:
             _require_cluster(manifest)
         self._cells = {}
-        for kind in ("prefill", "increment"):
+        for kind in graph_kinds(manifest.kv_cache):
             path = manifest.graph_path(kind, rank)
             inputs, _ = read_mindir_io(path)
             check_graph_inputs(inputs, manifest.graphs[kind].inputs, path)

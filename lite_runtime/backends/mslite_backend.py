@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError, ValidationError
-from lite_runtime.contract.families import GRAPH_KINDS, TensorSpec
+from lite_runtime.contract.families import GRAPH_KINDS, STEP, TensorSpec, graph_kinds
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
 from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
@@ -132,6 +132,7 @@ class MSLiteSession(Session):
 
     # --- loading --------------------------------------------------------------------------------
     def _load_official(self, mslite, paths, present, device_id, num_threads, target, config_dict):
+        require_kv_mode(self.manifest, "mslite (official API)", ("io", "in_graph"))
         from lite_runtime.backends.mslite_official import OfficialLiteGraphs
         use_ge = any(c.provider == "ge" for c in present)
         graphs = OfficialLiteGraphs(mslite, self.manifest, self.rank, config_paths=paths, use_ge=use_ge,
@@ -144,14 +145,14 @@ class MSLiteSession(Session):
 
     def _load_native(self, paths, present, num_threads) -> None:
         m = self.manifest
-        require_kv_mode(m, "mslite (CPU)", ("io",))
+        require_kv_mode(m, "mslite (CPU)", ("io", "dynamic"))
         if m.world_size > 1:
             raise UnsupportedError(f"this export has {m.world_size} ranks; MindSpore Lite on CPU has no collectives. "
                                    "Run multi-rank exports with backend 'ms' (CPU) or mslite on Ascend")
         check_mindir_readable(m)
         _log_ge_ignored(present)
         self._feeds: Dict[str, List[np.ndarray]] = {}
-        for kind in GRAPH_KINDS:
+        for kind in graph_kinds(m.kv_cache):
             path = m.graph_path(kind, self.rank)
             found = collectives_in(path)
             if found:   # Lite 2.0 CPU drops AllReduce with a warning and returns one rank's partial sums
@@ -159,9 +160,12 @@ class MSLiteSession(Session):
                                        "Lite on CPU cannot execute (it would silently return one rank's partial "
                                        "results); run it with backend 'ms' under the launcher, or with mslite "
                                        "on Ascend")
-            model = LiteModel(path, paths[kind], num_threads)
+            model = LiteModel(path, paths.get(kind, paths["increment"]), num_threads)
             self._models[kind] = model
             check_graph_inputs(model.inputs, m.graphs[kind].inputs, path)
+            if model.dynamic:      # shapes and bindings are set per call (`_run_dynamic`)
+                self._feeds[kind] = []
+                continue
             check_graph_outputs(model.outputs, m.graphs[kind].outputs, path)
             n_feeds = len(model.inputs) - (len(self.cache.arrays) if kind == "increment" else 0)
             feeds = [np.zeros(s.shape, s.dtype) for s in model.inputs[:n_feeds]]
@@ -174,6 +178,8 @@ class MSLiteSession(Session):
     def _run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
         if self._official is not None:
             return self._official.run(kind, feeds)
+        if self._models[kind].dynamic:
+            return self._run_dynamic(kind, feeds)
         bound = self._feeds[kind]
         if len(feeds) != len(bound):
             raise ValidationError(f"the {kind} graph takes {len(bound)} inputs, got {len(feeds)}")
@@ -187,6 +193,30 @@ class MSLiteSession(Session):
             np.copyto(target, array, casting="same_kind")
         return self._models[kind].predict()
 
+    def _run_dynamic(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
+        """A graph with dynamic dimensions: Resize when the shapes change (prefill to decode, a cache
+        bucket growing), then rebind; otherwise copy the small inputs into the bound arrays. The host
+        cache arrays (`self.cache.arrays`) are bound themselves: Lite reads them in place."""
+        model, bound = self._models[kind], self._feeds[kind]
+        caches = {id(a) for a in self.cache.arrays}
+        if [np.shape(f) for f in feeds] != [b.shape for b in bound]:
+            d, steps = self.manifest.dims, np.shape(feeds[0])[1]
+            new_rows = (d.batch_size, d.kv_heads_per_rank, steps, d.head_dim)
+            model.resize([np.shape(f) for f in feeds], [(d.batch_size, d.vocab_size)] + [new_rows] * len(caches))
+            bound = [f if id(f) in caches else np.array(f, dtype=spec.dtype) for f, spec in zip(feeds, model.inputs)]
+            model.bind_inputs(bound)
+            self._feeds[kind] = bound
+            return model.predict()
+        for i, (array, target) in enumerate(zip(feeds, bound)):
+            if array is target:
+                continue
+            if id(array) in caches:           # a cache array replaced at the same shape (a new request)
+                model.bind_input(i, array)
+                bound[i] = array
+            else:
+                np.copyto(target, array, casting="same_kind")
+        return model.predict()
+
     def bare_decode_predict(self) -> float:
         """Seconds of one bare Predict of the increment graph on the inputs as bound now.
 
@@ -194,7 +224,7 @@ class MSLiteSession(Session):
         """
         if self._official is not None:
             return self._official.bare_predict("increment")
-        model = self._models["increment"]
+        model = self._models.get("increment") or self._models[STEP]
         start = time.perf_counter()
         model.run()
         return time.perf_counter() - start

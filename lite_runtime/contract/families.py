@@ -12,6 +12,13 @@ increment token sits at position `batch_valid_length - 1`.
 Outputs: logits (B, vocab) float32, then (io mode) key_new_{l}, value_new_{l} per layer:
 (B, kv_heads_per_rank, S, head_dim) from prefill, (B, kv_heads_per_rank, 1, head_dim) from increment.
 In `in_graph` mode the cache is graph state and neither graph has cache inputs or outputs.
+
+The `dynamic` kv mode has one graph, `step`, for prefill and decode alike (-1: chosen per call):
+  step: input_ids (B, T) int32, batch_valid_length (B,) int32, past_length (B,) int32,
+        key_cache_{l}, value_cache_{l} (B, kv_heads_per_rank, P, head_dim)
+  outputs: logits (B, vocab), key_new_{l}, value_new_{l} (B, kv_heads_per_rank, T, head_dim)
+The first `past_length` rows of each row's cache are its past; P may be larger (a bucket) and is at
+least 1 (a prefill passes one masked dummy row: Lite refuses zero-size dimensions).
 """
 from __future__ import annotations
 
@@ -20,8 +27,15 @@ from typing import Dict, List, Tuple
 
 from lite_runtime.contract.errors import UnsupportedError
 
-KV_MODES = ("io", "in_graph")
+KV_MODES = ("io", "in_graph", "dynamic")
 GRAPH_KINDS = ("prefill", "increment")
+STEP = "step"                 # the one graph of the dynamic kv mode
+DYNAMIC = -1                  # a dimension chosen per call
+
+
+def graph_kinds(kv_mode: str) -> Tuple[str, ...]:
+    """The graphs an export of this kv mode has."""
+    return (STEP,) if kv_mode == "dynamic" else GRAPH_KINDS
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,11 @@ class FamilySpec:
 
     def inputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
+        if kind == STEP:
+            return [TensorSpec(self.token_input, "int32", (dims.batch_size, DYNAMIC)),
+                    TensorSpec(self.length_input, "int32", (dims.batch_size,)),
+                    TensorSpec("past_length", "int32", (dims.batch_size,))] + \
+                self._cache_specs("cache", dims, DYNAMIC)
         steps = dims.seq_length if kind == "prefill" else 1
         specs = [TensorSpec(self.token_input, "int32", (dims.batch_size, steps)),
                  TensorSpec(self.length_input, "int32", (dims.batch_size,))]
@@ -77,13 +96,17 @@ class FamilySpec:
     def outputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
         specs = [TensorSpec("logits", "float32", (dims.batch_size, dims.vocab_size))]
-        if kv_mode == "io":
+        if kind == STEP:
+            specs += self._cache_specs("new", dims, DYNAMIC)
+        elif kv_mode == "io":
             rows = dims.seq_length if kind == "prefill" else 1
             specs += self._cache_specs("new", dims, rows)
         return specs
 
     def input_names(self, kind: str) -> Tuple[str, ...]:
         """The non-cache input names, in graph order (the upstream-style input maps)."""
+        if kind == STEP:
+            return (self.token_input, self.length_input, "past_length")
         return (self.token_input, self.length_input)
 
     @staticmethod
@@ -97,10 +120,10 @@ class FamilySpec:
 
 
 def _check_kind(kind: str, kv_mode: str) -> None:
-    if kind not in GRAPH_KINDS:
-        raise ValueError(f"graph kind {kind!r} is not one of {GRAPH_KINDS}")
     if kv_mode not in KV_MODES:
         raise UnsupportedError(f"kv_cache {kv_mode!r} is not supported; allowed: {', '.join(KV_MODES)}")
+    if kind not in graph_kinds(kv_mode):
+        raise ValueError(f"graph kind {kind!r} is not one of {graph_kinds(kv_mode)} (kv_cache {kv_mode})")
 
 
 # The families the runtime serves, with the names users write for them (upstream: the part of

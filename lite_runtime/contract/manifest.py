@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ArtifactError
-from lite_runtime.contract.families import KV_MODES, GRAPH_KINDS, GraphDims, TensorSpec, get_family
+from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
 
 FORMAT_VERSION = 2   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files
 MANIFEST_NAME = "manifest.json"
 COPY_MANIFEST_SUFFIX = ".manifest.json"   # beside an upstream infer.*_model_path graph copy
-GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint"}
+GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint", "step": "mindir_step"}
 
 
 def graph_relpath(kind: str, rank: int) -> str:
@@ -164,12 +164,12 @@ def load_manifest_file(path: str) -> Manifest:
         raise ArtifactError(f"{path} has format_version {version!r}; this runtime reads format_version "
                             f"{FORMAT_VERSION}: {advice}")
     try:
-        graphs = {k: GraphEntry.from_json(data["graphs"][k]) for k in GRAPH_KINDS}
+        if data.get("kv_cache") not in KV_MODES:
+            raise ArtifactError(f"{path}: kv_cache {data.get('kv_cache')!r} is not one of {KV_MODES}")
+        graphs = {k: GraphEntry.from_json(data["graphs"][k]) for k in graph_kinds(data["kv_cache"])}
         fields = {k: v for k, v in data.items() if k not in ("graphs", "root", "file")}
         manifest = Manifest(graphs=graphs, root=folder, file=path, **fields)
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path} is malformed: {type(e).__name__}: {e}") from None
     get_family(manifest.family, source=path)
-    if manifest.kv_cache not in KV_MODES:
-        raise ArtifactError(f"{path}: kv_cache {manifest.kv_cache!r} is not one of {KV_MODES}")
     return manifest

@@ -114,6 +114,14 @@ struct LiteHandle {
   std::vector<mindspore::MSTensor> results;  // Predict's outputs (Lite's memory)
 };
 
+// Takes the model's tensors (shapes included) afresh; every binding is dropped.
+void Refresh(LiteHandle *h) {
+  h->inputs = h->model.GetInputs();
+  h->outputs = h->model.GetOutputs();
+  h->input_data.assign(h->inputs.size(), nullptr);
+  h->output_data.assign(h->outputs.size(), nullptr);
+}
+
 LiteHandle *AsHandle(void *handle) { return static_cast<LiteHandle *>(handle); }
 
 // Runs body() and turns any C++ exception into an error code: none may cross the C boundary.
@@ -151,7 +159,8 @@ extern "C" {
 
 const char *lite_last_error() { return g_last_error.c_str(); }
 
-// Loads a MindIR file for the CPU. config_path may be NULL or "" (no ini).
+// Loads a model for the CPU: Lite's own format when the path ends in ".ms" (converted offline),
+// else MindIR (converted by Lite at load time). config_path may be NULL or "" (no ini).
 int lite_model_create(const char *model_path, const char *config_path, int num_threads, void **out) {
   return Guarded("lite_model_create", [&]() -> int {
     *out = nullptr;
@@ -167,16 +176,16 @@ int lite_model_create(const char *model_path, const char *config_path, int num_t
       auto status = handle->model.LoadConfig(config_path);
       if (status != mindspore::kSuccess) return FailStatus("LoadConfig", status, capture.Finish(false));
     }
-    auto status = handle->model.Build(model_path, mindspore::ModelType::kMindIR, context);
+    std::string path(model_path);
+    bool lite_format = path.size() > 3 && path.compare(path.size() - 3, 3, ".ms") == 0;
+    auto type = lite_format ? mindspore::ModelType::kMindIR_Lite : mindspore::ModelType::kMindIR;
+    auto status = handle->model.Build(model_path, type, context);
     if (status != mindspore::kSuccess) return FailStatus("Build", status, capture.Finish(false));
     capture.Finish(true);
 
-    handle->inputs = handle->model.GetInputs();
-    handle->outputs = handle->model.GetOutputs();
+    Refresh(handle.get());
     for (auto &t : handle->inputs) handle->input_names.push_back(t.Name());
     for (auto &t : handle->outputs) handle->output_names.push_back(t.Name());
-    handle->input_data.assign(handle->inputs.size(), nullptr);
-    handle->output_data.assign(handle->outputs.size(), nullptr);
     *out = handle.release();
     return 0;
   });
@@ -205,6 +214,23 @@ int lite_tensor_info(void *handle, int is_output, int index, const char **name, 
     *dtype = static_cast<int>(tensors[index].DataType());
     *ndim = static_cast<int>(dims.size());
     for (size_t i = 0; i < dims.size(); ++i) shape[i] = dims[i];
+    return 0;
+  });
+}
+
+// Gives the inputs new shapes (dims: every input's dims one after the other, ndims[i] of input i;
+// a graph exported with dynamic dims). Every binding is dropped: bind inputs and outputs again.
+int lite_resize(void *handle, const int64_t *dims, const int *ndims) {
+  return Guarded("lite_resize", [&]() -> int {
+    auto *h = AsHandle(handle);
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < h->inputs.size(); ++i) {
+      shapes.emplace_back(dims, dims + ndims[i]);
+      dims += ndims[i];
+    }
+    auto status = h->model.Resize(h->inputs, shapes);
+    if (status != mindspore::kSuccess) return FailStatus("Resize", status);
+    Refresh(h);
     return 0;
   });
 }
@@ -256,6 +282,21 @@ int lite_predict(void *handle) {
       }
       std::memcpy(h->output_data[i], produced, nbytes);
     }
+    return 0;
+  });
+}
+
+// Where Predict left output `index` (Lite's memory, valid until the next Predict) and its size in
+// bytes: how a graph with dynamic dimensions returns its outputs. Their shapes are the caller's to
+// know (Lite 2.0 reports the shapes of the previous call after a Resize).
+int lite_result(void *handle, int index, void **data, size_t *nbytes) {
+  return Guarded("lite_result", [&]() -> int {
+    auto *h = AsHandle(handle);
+    if (CheckIndex(h->results.size(), index, "result")) return 1;
+    auto &result = h->results[index];
+    *data = result.MutableData();
+    *nbytes = result.DataSize();
+    if (*data == nullptr) return Fail("result " + h->output_names[index] + " has no data");
     return 0;
   });
 }
