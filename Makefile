@@ -2,14 +2,17 @@
 PY311 ?= python3.11
 # Python 3.9 for the MindSpore 2.0 (Lite-compatible) export environment: pyenv's, else PATH's.
 PY39 ?= $(shell (pyenv prefix 3.9 2>/dev/null || pyenv prefix 3.9.18 2>/dev/null) | head -n1 | sed 's|$$|/bin/python|' | grep -v '^/bin/python' || command -v python3.9)
+# Python 3.7 for MindSpore Lite 2.0's converter (its Python API exists only for 3.7): .ms models.
+PY37 ?= $(shell (pyenv prefix 3.7 2>/dev/null || pyenv prefix 3.7.16 2>/dev/null) | head -n1 | sed 's|$$|/bin/python|' | grep -v '^/bin/python' || command -v python3.7)
 VENV := .venv
 VENV_LITE := .venv-ms20
+VENV_CONVERTER := .venv-lite37
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
 .PHONY: setup demo test export export-lite bench clean
 
-setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite
+setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 
 $(STAMP)/venv: setup.cfg pyproject.toml
 	@mkdir -p $(STAMP)
@@ -27,6 +30,13 @@ $(STAMP)/venv-ms20: setup.cfg pyproject.toml
 $(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/native/lite_shim.cc
 	@mkdir -p $(STAMP)
 	bash tools/setup_lite.sh
+	@touch $@
+
+# The converter environment installs the same Lite wheel tools/setup_lite.sh downloaded and checked.
+$(STAMP)/converter: $(STAMP)/lite
+	@test -n "$(PY37)" || { echo "error: Python 3.7 not found (pyenv install 3.7.16, or set PY37=/path/to/python3.7): it hosts MindSpore Lite 2.0's converter for .ms models" >&2; exit 1; }
+	@test -x $(VENV_CONVERTER)/bin/python || $(PY37) -m venv $(VENV_CONVERTER)
+	$(VENV_CONVERTER)/bin/pip install -q build/lite/wheel/mindspore_lite-2.0.0-cp37-cp37m-manylinux1_x86_64.whl
 	@touch $@
 
 # The demo: export the bundled model with MindSpore 2.0 and generate on the real Lite runtime.
@@ -52,4 +62,4 @@ bench: setup
 	$(VENV)/bin/python tools/benchmark.py
 
 clean:
-	rm -rf build output $(VENV) $(VENV_LITE)
+	rm -rf build output $(VENV) $(VENV_LITE) $(VENV_CONVERTER)

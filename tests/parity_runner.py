@@ -1,5 +1,6 @@
 """Greedy decode of given prompts on one backend, in a process of its own (Lite and mindspore cannot
-share one): python tests/parity_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz
+share one): python tests/parity_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz [KEY=VALUE ...]
+(KEY=VALUE: session options, e.g. lite_format=mindir)
 
 Saves logits (P, STEPS+1, V) and tokens (P, STEPS+1): the prompts fill the graph batch (in order,
 the last batch padded with copies), each row's greedy token fed back every step.
@@ -38,9 +39,10 @@ if __name__ == "__main__":
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     backend, export, prompts_file, steps, out = sys.argv[1:6]
+    options = dict(arg.split("=", 1) for arg in sys.argv[6:])
     with open(prompts_file) as f:
         prompts = json.load(f)
-    session = load_session(backend, load_manifest(export))
+    session = load_session(backend, load_manifest(export), **options)
     logits, tokens = greedy_prompts(session, prompts, int(steps))
     assert backend != "mslite" or "mindspore" not in sys.modules
     np.savez(out, logits=logits, tokens=tokens)

@@ -8,8 +8,9 @@ import os
 import re
 
 import pytest
+import yaml
 
-from tiny_models import REPO, VENV_MS20_PYTHON, run_cli
+from tiny_models import REPO, VENV_MS20_PYTHON, run_cli, write_yaml
 
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 EXPECTED = {
@@ -23,10 +24,18 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def demo_exports(tmp_path_factory):
+    """The demo yaml (kv_cache dynamic) for ms and mslite, and in the two-graph io layout for ms."""
     folder = tmp_path_factory.mktemp("demo")
+    with open(DEMO_YAML) as f:
+        io_config = yaml.safe_load(f)
+    demo_dir = os.path.dirname(DEMO_YAML)
+    io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
+    io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
+    io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
     out = {}
-    for name, python in (("ms", None), ("mslite", VENV_MS20_PYTHON)):
-        args = ["-m", "exporter", "--config", DEMO_YAML, "--output_dir", str(folder / name)]
+    for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
+                                 ("ms_io", None, io_yaml)):
+        args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
         result = run_cli(args, python=python) if python else run_cli(args)
         assert result.returncode == 0, result.stderr[-2000:]
         out[name] = str(folder / name)
@@ -78,12 +87,12 @@ def test_pipeline_batch_equals_each_prompt_alone(demo_exports):
 def test_pipeline_upstream_forms(demo_exports):
     from lite_runtime import InferConfig, InferTask, pipeline
     folder = demo_exports["ms"]
-    graphs = (os.path.join(folder, "mindir_full_checkpoint", "rank_0_graph.mindir"),
-              os.path.join(folder, "mindir_inc_checkpoint", "rank_0_graph.mindir"))
+    graphs = (os.path.join(demo_exports["ms_io"], "mindir_full_checkpoint", "rank_0_graph.mindir"),
+              os.path.join(demo_exports["ms_io"], "mindir_inc_checkpoint", "rank_0_graph.mindir"))
     prompt, continuation = "Counting: seven, eight,", " nine, ten"
     for pipe in (pipeline("text_generation", model=graphs, backend="ms"),
                  pipeline("text_generation", model="llama_demo", model_dir=folder, backend="ms"),
-                 InferTask.get_infer_task("text_generation", InferConfig(model_dir=folder, backend="ms"))):
+                 InferTask.get_infer_task("text_generation", InferConfig(model_dir=folder, backend="ms", dynamic=True))):
         assert pipe(prompt, max_new_tokens=4)[0]["text_generation_text"][0].startswith(prompt + continuation)
 
 

@@ -81,6 +81,8 @@ def bad_ckpts(tiny_ckpt, tmp_path_factory):
      ["kv_cache dynamic", "parallel.model_parallel 2", "use kv_cache io"]),
     (dict(kv_cache="dynamic", infer=dict(prefill_model_path="p.mindir")),
      ["infer.prefill_model_path", "kv_cache dynamic writes one graph"]),
+    (dict(lite_ms=True, kv_cache="in_graph"), ["lite_ms: true", "kv_cache in_graph", "io or dynamic"]),
+    (dict(lite_ms=True), ["lite_ms: true", "MindSpore 2.10", "make export-lite"]),
     (dict(compute_dtype="bfloat16"), ["compute_dtype", "'bfloat16'", "float32", "float16"]),
     (dict(model=dict(family="gpt5")), ["'gpt5'", "model.family", KNOWN_FAMILIES]),
     (dict(model=dict(family="llama2x")), ["'llama2x'", KNOWN_FAMILIES]),
@@ -88,7 +90,8 @@ def bad_ckpts(tiny_ckpt, tmp_path_factory):
     (dict(parallel=dict(model_parallel=4)), ["parallel.model_parallel 4", "model.n_kv_heads 2"]),
     (dict(model=dict(bias=False)), ["model.bias", "llama", "families with a choice of model.bias: internlm"]),
 ], ids=["unknown_top_key", "unknown_nested_key", "seq_length_str", "batch_size_float", "use_past_str",
-        "kv_cache", "dynamic_with_tp", "dynamic_with_graph_copies", "compute_dtype", "unknown_family", "family_no_prefix_match", "infer_model_type",
+        "kv_cache", "dynamic_with_tp", "dynamic_with_graph_copies", "lite_ms_in_graph", "lite_ms_new_mindspore",
+        "compute_dtype", "unknown_family", "family_no_prefix_match", "infer_model_type",
         "model_parallel_kv_heads", "variant_key_of_another_family"])
 def test_bad_yaml_value(tiny_ckpt, tmp_path, out_dir, change, facts):
     config = tiny_export_config(tiny_ckpt[0], out_dir)

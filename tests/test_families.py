@@ -109,6 +109,8 @@ def family_export(hf_family, tmp_path_factory):
                        "kv_cache": kv_cache, "output_dir": out}
                 if variant == "tp2":
                     cfg["parallel"] = {"model_parallel": 2}
+                if variant == "lite_dynamic":
+                    cfg["lite_ms"] = True
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[key]
@@ -136,18 +138,36 @@ def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mo
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} ms {kv_mode}")
 
 
+def lite_run(folder, export, name, *options):
+    out = str(folder / f"{name}.npz")
+    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", export,
+                      str(folder / "prompts.json"), str(STEPS), out, *options])
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(out)
+    return got["logits"], got["tokens"]
+
+
 @pytest.mark.parametrize("variant", ["lite", "lite_dynamic"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lite_matches_transformers(hf_family, family_export, family, variant):
-    """Both Lite layouts; the dynamic one's cache grows through buckets of 16 rows (seq_length 48)."""
+    """Both Lite layouts: static MindIR pair, and the dynamic graph converted to .ms (`lite_ms`),
+    whose cache grows through buckets of 16 rows (seq_length 48)."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
-    out = str(folder / f"{variant}_run.npz")
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", family_export(family, variant),
-                      str(folder / "prompts.json"), str(STEPS), out])
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = np.load(out)
-    check_parity(got["logits"], got["tokens"], ref_logits, ref_tokens, f"{family} Lite ({variant})")
+    logits, tokens = lite_run(folder, family_export(family, variant), f"{variant}_run")
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
+
+
+@pytest.mark.parametrize("family", ["llama", "bloom"])
+def test_lite_ms_model_equals_its_mindir(hf_family, family_export, family):
+    """The converter's .ms and the MindIR it came from give the same logits (rotary and ALiBi)."""
+    folder = hf_family(family)
+    export = family_export(family, "lite_dynamic")
+    assert load_manifest(export).lite_files["step"] == ["mindir_step/rank_0_graph.ms"]
+    ms_logits, ms_tokens = lite_run(folder, export, "as_ms", "lite_format=ms")
+    ir_logits, ir_tokens = lite_run(folder, export, "as_mindir", "lite_format=mindir")
+    np.testing.assert_array_equal(ms_tokens, ir_tokens)
+    assert np.abs(ms_logits - ir_logits).max() <= 1e-5
 
 
 @pytest.mark.parametrize("family", FAMILIES)

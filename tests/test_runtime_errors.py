@@ -293,6 +293,11 @@ def test_infer_config_unknown_keyword():
     assert "allowed:" in message and "model_dir" in message and "tokenizer_path" in message
 
 
+def test_dynamic_true_needs_a_dynamic_export(export_dir, tokenizer_model):
+    result = infer_cli(export_dir, tokenizer_model, "--dynamic", "True", "--predict_data", "hello")
+    assert_one_line_error(result, "dynamic=True needs an export with kv_cache dynamic", "kv_cache io")
+
+
 @pytest.mark.parametrize("model", ["no/such/dir", "no/such/llama2_7b", "missing.mindir"])
 def test_pipeline_reports_a_missing_path_not_an_unknown_model(model):
     from lite_runtime import pipeline

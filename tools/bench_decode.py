@@ -254,8 +254,9 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
             with open(stamp, "w", encoding="utf-8") as f:
                 json.dump(recipe, f)
         for backend in backends:
-            mode = "io" if backend == "mslite" else kv_cache
-            for batch, ranks in [(b, r) for b in batches for r in world_sizes if r == 1 or backend == "ms"]:
+            mode = "io" if backend == "mslite" and kv_cache == "in_graph" else kv_cache
+            for batch, ranks in [(b, r) for b in batches for r in world_sizes
+                                 if r == 1 or (backend == "ms" and mode != "dynamic")]:
                 name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
                 folder = os.path.join(folder_of, name)
                 out[(family, backend, batch, ranks)] = folder
@@ -341,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--rebuild", action="store_true", help="re-export the benchmark model even if cached")
     a("--family", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS),
       help="families of the benchmark model (same sizes in each family's shape; default: all)")
-    a("--kv_cache", default="io", choices=("io", "in_graph"), help="kv mode of the benchmark model's ms exports")
+    a("--kv_cache", default="io", choices=("io", "in_graph", "dynamic"),
+      help="kv mode of the benchmark model's exports (mslite runs io or dynamic: in_graph gives io there)")
     a("--backend", nargs="+", default=None, choices=BACKENDS, help="default: ms and mslite")
     a("--batch", nargs="+", type=int, default=None,
       help="batch sizes of the benchmark model (default 1 8); with --model_dir, prompts per request "

@@ -19,6 +19,7 @@ from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest,
                                            file_sha256, graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
+from exporter.build.lite_convert import convert_graphs, converter_python
 from exporter.build.progress import deferred_interrupts, stage
 from exporter.build.trace import graph_dims, trace_rank
 from exporter.model_source import ModelSource, resolve_model
@@ -38,6 +39,7 @@ def export(config: ExportConfig) -> str:
     _check_output_dir(config)
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
+    converter = _lite_converter(config)
     start = time.perf_counter()
     parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
     created = _missing_folders(parent)
@@ -46,8 +48,12 @@ def export(config: ExportConfig) -> str:
     try:
         with deferred_interrupts():
             _trace_all(config, source, tmp)
+            lite_files = {}
+            if converter:
+                with stage("converted the graphs to MindSpore Lite's .ms format"):
+                    lite_files = convert_graphs(tmp, _graph_files(config), converter)
             with stage("checked the graphs and wrote the manifest"):
-                manifest = _write_side_files(config, source, tmp)
+                manifest = _write_side_files(config, source, tmp, lite_files)
             _replace_dir(tmp, config.output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -68,18 +74,35 @@ def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
         trace_rank(config, source, 0, tmp)
 
 
-def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Manifest:
+def _lite_converter(config: ExportConfig):
+    """The converter's Python when the yaml asks for .ms models (checked before any tracing)."""
+    if not config.lite_ms:
+        return None
+    import mindspore as ms
+    if tuple(int(p) for p in ms.__version__.split(".")[:2]) >= (2, 7):
+        raise ConfigError(f"{config.source}: lite_ms: true converts MindIR for MindSpore Lite 2.0, which reads only "
+                          f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with the "
+                          "Lite-compatible environment (`make export-lite CONFIG=...`)")
+    return converter_python(config.source)
+
+
+def _graph_files(config: ExportConfig):
+    return {kind: [graph_relpath(kind, r) for r in range(config.world_size)] for kind in graph_kinds(config.kv_cache)}
+
+
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files) -> Manifest:
     import mindspore as ms
     from lite_runtime.contract.mindir import read_mindir_io
 
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     graphs, hashes, mindir_version = {}, {}, ""
-    for kind in graph_kinds(config.kv_cache):
-        files = [graph_relpath(kind, r) for r in range(config.world_size)]
+    for kind, files in _graph_files(config).items():
         entry = GraphEntry(files, spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
         for rel in files:
             actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))
             check_graph_inputs(actual, entry.inputs, f"exported {rel}")
+            hashes[rel] = file_sha256(os.path.join(tmp, rel))
+        for rel in lite_files.get(kind, []):
             hashes[rel] = file_sha256(os.path.join(tmp, rel))
         graphs[kind] = entry
     tokenizer = None
@@ -100,7 +123,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str) -> Ma
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
                         bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,
                         tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
-                        adapters=adapter_record(source),
+                        adapters=adapter_record(source), lite_files=lite_files,
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config)
     manifest.save(tmp)

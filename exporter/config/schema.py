@@ -83,6 +83,7 @@ class ExportConfig:
     use_past: bool = True
     kv_cache: str = "io"
     compute_dtype: str = "float32"
+    lite_ms: bool = False                        # also write Lite's own .ms model of each graph
     parallel: ParallelSection = field(default_factory=ParallelSection)
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
@@ -122,6 +123,10 @@ class ExportConfig:
                 if getattr(self.infer, key):
                     raise ConfigError(f"{where}: infer.{key} needs the two graphs of kv_cache io or in_graph; "
                                       "kv_cache dynamic writes one graph (mindir_step/rank_0_graph.mindir)")
+        if self.lite_ms and (self.kv_cache == "in_graph" or self.parallel.model_parallel > 1):
+            raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io or dynamic "
+                              f"on one rank; this config has kv_cache {self.kv_cache} and model_parallel "
+                              f"{self.parallel.model_parallel}")
         if self.model.hf_dir is None and self.model.family is None:
             raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
                               "and the model sizes")

@@ -50,10 +50,9 @@ class InferConfig:
             raise UnsupportedError(f"InferConfig: model_type {self.model_type!r} is not supported; allowed: mindir")
         if self.target not in TARGETS:
             raise ConfigError(f"InferConfig: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")
-        if self.dynamic or self.paged_attention:
-            which = "dynamic" if self.dynamic else "paged_attention"
-            raise UnsupportedError(f"InferConfig: {which}=True is not supported: exports have static shapes "
-                                   "and an io or in-graph KV cache; leave it False")
+        if self.paged_attention:
+            raise UnsupportedError("InferConfig: paged_attention=True is not supported: exports have an io, "
+                                   "in-graph or dynamic KV cache; leave it False")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):
             value = getattr(self, name)
             if name == "infer_seq_length" and value is None:
@@ -78,6 +77,10 @@ class InferConfig:
                 if os.path.realpath(expected) != os.path.realpath(path):
                     raise ConfigError(f"InferConfig: {kind}_model_path {path} is not the {kind} graph of rank "
                                       f"{self.rank_id} of its export ({expected})")
+        if self.dynamic and manifest.kv_cache != "dynamic":
+            raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache dynamic; "
+                              f"{manifest.root or 'this export'} has kv_cache {manifest.kv_cache}: export again "
+                              "with kv_cache: dynamic, or leave dynamic False")
         if self.infer_seq_length not in (None, manifest.seq_length):
             raise ConfigError(f"InferConfig: infer_seq_length {self.infer_seq_length} differs from the export's "
                               f"seq_length {manifest.seq_length}; graphs have static shapes: export again")

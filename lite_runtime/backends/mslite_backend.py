@@ -31,6 +31,7 @@ LITE_VERSION = "2.0.0"                # the wheel tools/setup_lite.sh installs
 LITE_MAX_MIND_IR_VERSION = 1          # Lite 2.0 reads mind_ir_version 1 (MindSpore 2.0); 2.10 writes 3
 FIRST_UNREADABLE_MINDSPORE = (2, 7)   # measured: MindIR of MindSpore >= 2.7 is refused by Lite 2.0
 TARGETS = ("cpu", "ascend")   # and "auto"
+LITE_FORMATS = ("auto", "ms", "mindir")
 _ge_notice_logged = False
 
 
@@ -94,9 +95,13 @@ class MSLiteSession(Session):
 
     def __init__(self, manifest: Manifest, rank: int = 0, *, config_path: Optional[str] = None,
                  device_id: int = 0, num_threads: int = 2, target: str = "cpu",
-                 config_dict: Optional[dict] = None):
+                 config_dict: Optional[dict] = None, lite_format: str = "auto"):
         """`config_path`: one ini, or 'prefill.ini,increment.ini'; default: the export's own ini, if any.
-        `config_dict` ({section: {key: value}}) overrides ini entries (official API only)."""
+        `config_dict` ({section: {key: value}}) overrides ini entries (official API only).
+        `lite_format` (CPU): 'auto' loads the export's .ms models when it has them (`lite_ms: true`),
+        else the MindIR; 'ms' or 'mindir' insist on one."""
+        if lite_format not in LITE_FORMATS:
+            raise ConfigError(f"lite_format {lite_format!r} is not allowed; allowed: {', '.join(LITE_FORMATS)}")
         target = str(target).lower()
         if target == "auto":   # Ascend where the official package (an Ascend server's) is present
             target = "ascend" if official_module() is not None else "cpu"
@@ -126,7 +131,7 @@ class MSLiteSession(Session):
             if config_dict:
                 raise UnsupportedError("config_dict needs the official mindspore_lite package; on CPU put the "
                                        "settings in the config.ini")
-            self._load_native(paths, present, num_threads)
+            self._load_native(paths, present, num_threads, lite_format)
             self.runtime = f"MindSpore Lite {LITE_VERSION} CPU (native binding), {num_threads} threads"
         self.load_seconds = time.perf_counter() - start
 
@@ -143,7 +148,7 @@ class MSLiteSession(Session):
                                self.manifest.graph_path(kind, self.rank))
         return graphs
 
-    def _load_native(self, paths, present, num_threads) -> None:
+    def _load_native(self, paths, present, num_threads, lite_format) -> None:
         m = self.manifest
         require_kv_mode(m, "mslite (CPU)", ("io", "dynamic"))
         if m.world_size > 1:
@@ -160,7 +165,12 @@ class MSLiteSession(Session):
                                        "Lite on CPU cannot execute (it would silently return one rank's partial "
                                        "results); run it with backend 'ms' under the launcher, or with mslite "
                                        "on Ascend")
-            model = LiteModel(path, paths.get(kind, paths["increment"]), num_threads)
+            lite = m.lite_path(kind, self.rank)
+            if lite_format == "ms" and not lite:
+                raise UnsupportedError(f"{m.root or 'the export'} has no .ms models; export with lite_ms: true, "
+                                       "or use lite_format 'auto' or 'mindir'")
+            model = LiteModel(lite if lite and lite_format != "mindir" else path, paths.get(kind, paths["increment"]),
+                              num_threads)
             self._models[kind] = model
             check_graph_inputs(model.inputs, m.graphs[kind].inputs, path)
             if model.dynamic:      # shapes and bindings are set per call (`_run_dynamic`)

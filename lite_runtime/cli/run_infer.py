@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
       "to each prompt")
     a("--stream", type=str2bool, default=False, help="print each answer while it is generated, one prompt at a time")
     a("--prompt", default=None, help="a template with {} where each input goes; default: none, inputs as they are")
-    a("--dynamic", type=str2bool, default=False, help="upstream's dynamic shapes: not supported (exports have "
-      "static shapes); leave it False")
+    a("--dynamic", type=str2bool, default=False, help="upstream's dynamic shapes: True requires an export with "
+      "kv_cache dynamic (one graph; prompts at their own length); such exports run dynamic either way")
     a("--paged_attention", type=str2bool, default=False, help="upstream's paged attention: not supported (the KV "
       "cache is a graph input or parameter); leave it False")
     a("--pa_block_size", type=int, default=16, help="upstream's paged-attention block size; accepted, unused")

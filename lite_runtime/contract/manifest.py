@@ -61,6 +61,7 @@ class Manifest:
     sha256: Dict[str, str] = field(default_factory=dict)
     tokenizer_files: List[str] = field(default_factory=list)   # side files (tokenizer_config.json ...)
     adapters: List[dict] = field(default_factory=list)         # LoRA adapters merged into the weights
+    lite_files: Dict[str, List[str]] = field(default_factory=dict)   # per graph kind: MindSpore Lite .ms per rank
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
@@ -76,6 +77,11 @@ class Manifest:
 
     def graph_path(self, kind: str, rank: int) -> str:
         return os.path.join(self.root, self.graphs[kind].files[rank])
+
+    def lite_path(self, kind: str, rank: int) -> Optional[str]:
+        """The graph converted to Lite's .ms format, when the export has it."""
+        files = self.lite_files.get(kind)
+        return os.path.join(self.root, files[rank]) if files else None
 
     def tokenizer_path(self) -> Optional[str]:
         return os.path.join(self.root, self.tokenizer) if self.tokenizer else None
@@ -133,7 +139,11 @@ def copy_manifest(manifest: Manifest, export_dir: str, copies: Dict[str, str], f
     graphs = {kind: GraphEntry([moved[n] for n in entry.files], entry.inputs, entry.outputs)
               for kind, entry in manifest.graphs.items()}
     in_export = (lambda name: rel(os.path.join(export_dir, name)) if name else name)
+    for files in manifest.lite_files.values():
+        moved.update({name: in_export(name) for name in files})
+    lite_files = {kind: [moved[n] for n in files] for kind, files in manifest.lite_files.items()}
     return dataclasses.replace(manifest, graphs=graphs, sha256={moved.get(k, k): v for k, v in manifest.sha256.items()},
+                               lite_files=lite_files,
                                tokenizer=in_export(manifest.tokenizer),
                                tokenizer_files=[in_export(n) for n in manifest.tokenizer_files],
                                ge_config=in_export(manifest.ge_config), root=folder, file="")
