@@ -7,10 +7,11 @@ PY37 ?= $(shell (pyenv prefix 3.7 2>/dev/null || pyenv prefix 3.7.16 2>/dev/null
 VENV := .venv
 VENV_LITE := .venv-ms20
 VENV_CONVERTER := .venv-lite37
+VENV_PEERS := .venv-peers
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
-.PHONY: setup demo test export export-lite bench clean
+.PHONY: setup demo test export export-lite bench peers clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 
@@ -61,5 +62,15 @@ test: setup
 bench: setup
 	$(VENV)/bin/python tools/benchmark.py
 
+# Side by side with ONNX Runtime GenAI and OpenVINO GenAI (their own venv, not needed by anything else).
+$(STAMP)/venv-peers: tools/peers-requirements.txt
+	@mkdir -p $(STAMP)
+	@test -x $(VENV_PEERS)/bin/python || $(PY311) -m venv $(VENV_PEERS)
+	$(VENV_PEERS)/bin/pip install -q -r tools/peers-requirements.txt
+	@touch $@
+
+peers: setup $(STAMP)/venv-peers
+	$(VENV)/bin/python tools/compare_peers.py $(ARGS)
+
 clean:
-	rm -rf build output $(VENV) $(VENV_LITE) $(VENV_CONVERTER)
+	rm -rf build output $(VENV) $(VENV_LITE) $(VENV_CONVERTER) $(VENV_PEERS)

@@ -107,7 +107,7 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
 
     Entry 0 of every array is the first token (prefill + sampling + detokenisation), the others are
     decode steps. `graph` is the time inside graph calls, `sample` inside the sampler, `detok` in
-    the detokenisers; `wall - graph` is the host time of the step. `between()` (e.g. one bare
+    the detokenisers; `wall - graph` is the host time of the step; `tokens` (steps, prompts) the ids. `between()` (e.g. one bare
     Predict, returning its seconds) runs after each decode step, outside the step's time, so both
     are measured side by side under the same machine load; its results are under `between`.
     """
@@ -120,11 +120,12 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
                           int(m.pad_token_id))
     pick = TimedPick(Sampler(SamplingParams()))
     detoks = [RowDetokenizer(tokenizer) for _ in prompts] if tokenizer is not None else []
-    wall, graph, sample, detok, extra = [], [], [], [], []
+    wall, graph, sample, detok, extra, tokens = [], [], [], [], [], []
     clock = time.perf_counter
     start, g0, s0 = clock(), session.graph_seconds, pick.seconds
     for step in generate_steps(session, inputs, state, pick):
         d0 = clock()
+        tokens.append(step.tokens[:len(prompts)].copy())
         for row, decoder in enumerate(detoks):
             if step.active[row]:
                 decoder.push([int(step.tokens[row])])
@@ -139,8 +140,8 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
         start, g0, s0 = end, session.graph_seconds, pick.seconds
     for decoder in detoks:
         decoder.flush()
-    return {k: np.asarray(v) for k, v in
-            (("wall", wall), ("graph", graph), ("sample", sample), ("detok", detok), ("between", extra))}
+    return {k: np.asarray(v) for k, v in (("wall", wall), ("graph", graph), ("sample", sample), ("detok", detok),
+                                          ("between", extra), ("tokens", tokens))}
 
 
 def _ms(values) -> Dict[str, float]:
@@ -172,20 +173,21 @@ def measure(job: dict) -> dict:
         rank = join_cluster()
         join_s = time.perf_counter() - start
     start = time.perf_counter()
-    session = load_session(job["backend"], manifest, rank, num_threads=job["threads"])
+    options = {"lite_format": job["lite_format"]} if job["backend"] == "mslite" else {}
+    session = load_session(job["backend"], manifest, rank, num_threads=job["threads"], **options)
     load_s = time.perf_counter() - start
     tokenizer = None
     if manifest.tokenizer_path() and not job.get("no_detok"):
         from lite_runtime.tokenizers import load_tokenizer
         tokenizer = load_tokenizer(manifest.tokenizer_path())
     vocab = manifest.dims.vocab_size if tokenizer is None else min(manifest.dims.vocab_size, tokenizer.vocab_size)
-    prompts = bench_prompts(batch, prompt_len, vocab)
+    prompts = job.get("prompts") or bench_prompts(batch, prompt_len, vocab)
     inputs = InputOfInfer.get_inputs(manifest.family)
     bare = getattr(session, "bare_decode_predict", None)   # mslite: one Predict on inputs already bound
     for _ in range(job["warmup"]):
         run_request(session, inputs, prompts, min(new_tokens, 8), tokenizer, bare)
     t = run_request(session, inputs, prompts, new_tokens, tokenizer, bare)
-    steps = {k: v[1:] for k, v in t.items() if k != "between"}
+    steps = {k: v[1:] for k, v in t.items() if k not in ("between", "tokens")}
     decode_total = float(steps["wall"].sum())
     result = dict(
         family=manifest.family, backend=job["backend"], model_dir=job["model_dir"], rank=rank, world_size=manifest.world_size,
@@ -199,7 +201,7 @@ def measure(job: dict) -> dict:
         sample_ms=_ms(steps["sample"]), detok_ms=_ms(steps["detok"]),
         tok_s=batch * len(steps["wall"]) / decode_total if decode_total > 0 else None,
         e2e_tok_s=batch * new_tokens / float(t["wall"].sum()),
-        bare_predict_ms=None, step_over_bare=None,
+        bare_predict_ms=None, step_over_bare=None, tokens=t["tokens"].T.tolist(),
     )
     if bare is not None:
         result["bare_predict_ms"] = _ms(t["between"])
@@ -241,7 +243,7 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
         folder_of = os.path.join(work_dir, family)
         os.makedirs(folder_of, exist_ok=True)
         ckpt = os.path.join(folder_of, f"bench_{family}.ckpt")
-        recipe = dict(model=model, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0")
+        recipe = dict(model=model, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0", mslite="lite_ms")
         stamp = os.path.join(folder_of, "recipe.json")
         same = False
         if os.path.isfile(stamp):
@@ -265,6 +267,8 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
                 config = dict(model=model, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH,
                               batch_size=batch, kv_cache=mode, output_dir=folder,
                               parallel={"model_parallel": ranks})
+                if backend == "mslite":     # also Lite's .ms models (the runtime's --lite_format picks)
+                    config["lite_ms"] = True
                 path = os.path.join(folder_of, name + ".yaml")
                 with open(path, "w", encoding="utf-8") as f:
                     yaml.safe_dump(config, f, sort_keys=False)
@@ -354,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
     a("--prompt_len", type=int, default=32)
     a("--threads", type=int, default=2)
+    a("--lite_format", default="auto", choices=("auto", "ms", "mindir"),
+      help="mslite: the export's .ms models when it has them (auto), or insist on one format")
     a("--warmup", type=int, default=1, help="short warm-up requests before the measured one")
     a("--no-detok", "--no_detok", dest="no_detok", action="store_true", help="skip detokenisation")
     a("--python", default=None, help="interpreter of the measuring child processes (default .venv/bin/python)")
@@ -414,7 +420,7 @@ def plan_jobs(args) -> List[dict]:
         raise ToolchainError(f"--steps must be >= 2 and --prompt_len >= 1, got {args.steps} and {args.prompt_len}")
     backends = args.backend or list(BACKENDS)
     common = dict(prompt_len=args.prompt_len, new_tokens=args.steps, threads=args.threads,
-                  warmup=args.warmup, no_detok=args.no_detok)
+                  warmup=args.warmup, no_detok=args.no_detok, lite_format=args.lite_format)
     if args.make_bench_model:
         batches = args.batch or [1, 8]
         exports = make_bench_model(args.work_dir, backends, batches, args.kv_cache, args.rebuild,

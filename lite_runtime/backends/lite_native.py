@@ -100,6 +100,15 @@ def load_shim() -> ctypes.CDLL:
     return lib
 
 
+def _release_freed_memory() -> None:
+    """Return the heap Lite freed while converting a MindIR at Build to the system (glibc keeps it
+    otherwise: measured ≈ 140 MB of a second graph's Build)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc
+        pass
+
+
 def _last_error(lib) -> str:
     return (lib.lite_last_error() or b"").decode("utf-8", "replace")
 
@@ -123,6 +132,7 @@ class LiteModel:
                                 or f"MindSpore Lite cannot load {path}"
                                 + (f" with config {config_path}" if config_path else "") + f": {text}")
         self.load_seconds = time.perf_counter() - start
+        _release_freed_memory()
         self.dynamic = False
         self._take_shapes()
         # Outputs of dynamic dimensions: Lite learns their shapes while running (see `_results`).

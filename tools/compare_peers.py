@@ -1,0 +1,224 @@
+"""Side-by-side benchmark against the peers: `make peers` (or `.venv/bin/python tools/compare_peers.py`).
+
+One random Llama (the benchmark sizes: hidden 256, 4 layers, 4 heads, ffn 1024, vocab 32000, fp32,
+untied) is made as a Hugging Face folder and run by every runtime from that folder:
+  - mslite: this project's export (MindSpore 2.0, one dynamic step graph, Lite's .ms) on real Lite 2.0;
+  - ort: ONNX Runtime GenAI (its model builder, fp32, CPU);
+  - openvino: OpenVINO GenAI (a stateful f32 IR, f32 KV cache);
+  - transformers: Hugging Face `generate` on torch (the tokens reference).
+Workload: 32-token prompts, 128 greedy new tokens (EOS ignored), batch 1 and 8, 2 threads. Rounds
+are interleaved (each round runs every runtime once per batch, in a rotated order), and each timed
+child process starts when the machine is idle. Every runtime's tokens must equal the transformers
+tokens; a runtime that differs is reported and left out of the ratios. The figures that count are
+the same-round ratios mslite / peer (median over rounds): absolute times differ between machines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_decode import BENCH_MODELS, BENCH_SEQ_LENGTH, REPO, VENV_MS20_PYTHON, VENV_PYTHON, bench_prompts  # noqa: E402
+from lite_runtime.contract.errors import ToolchainError  # noqa: E402
+
+PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
+PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
+DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
+OURS = ("mslite", "mslite_io")   # the project: dynamic step graph (.ms); the older static io pair
+PEERS = ("ort", "openvino", "transformers")
+REFERENCE = "transformers"
+METRICS = (("step", "step med ms"), ("ttft", "TTFT ms"), ("rss", "peak RSS MB"))
+
+
+def _run(cmd: List[str], what: str, timeout: int = 1800) -> None:
+    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise ToolchainError(f"{what} failed ({' '.join(cmd[:4])} ...):\n{result.stderr[-3000:]}")
+
+
+def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int, rebuild: bool, log) -> Dict[tuple, str]:
+    """Build (or reuse) the HF folder and each runtime's model; returns {(runtime, batch): model dir}."""
+    sizes = dict(BENCH_MODELS["llama"], seq_length=BENCH_SEQ_LENGTH)
+    hf = os.path.join(work_dir, "hf")
+    stamp = os.path.join(work_dir, "recipe.json")
+    recipe = dict(sizes=sizes, threads=threads, weights="normal(0, 0.02) seed 0, layer matrices x4")
+    same = os.path.isfile(stamp) and json.load(open(stamp, encoding="utf-8")) == recipe
+    if rebuild or not same:
+        import shutil
+        shutil.rmtree(work_dir, ignore_errors=True)
+        os.makedirs(work_dir)
+        log(f"making the random Llama in {hf}")
+        _run([PEERS_PYTHON, PEER_TOOL, "model", hf, json.dumps(sizes)], "making the model")
+        with open(stamp, "w", encoding="utf-8") as f:
+            json.dump(recipe, f)
+    out = {}
+    for runtime in runtimes:
+        for batch in batches:
+            if runtime in PEERS:   # one model serves every batch size
+                folder = hf if runtime == "transformers" else os.path.join(work_dir, runtime)
+            else:
+                folder = os.path.join(work_dir, f"{runtime}_b{batch}")
+            out[(runtime, batch)] = folder
+            if os.path.isdir(folder):
+                continue
+            log(f"building {runtime} model {folder}")
+            if runtime in ("ort", "openvino"):
+                extra = [str(threads)] if runtime == "ort" else []
+                _run([PEERS_PYTHON, PEER_TOOL, runtime, hf, folder] + extra, f"building the {runtime} model")
+            else:
+                _export_ours(hf, folder, batch, "io" if runtime == "mslite_io" else "dynamic")
+    return out
+
+
+def _export_ours(hf: str, folder: str, batch: int, kv_cache: str) -> None:
+    import yaml
+
+    config = {"model": {"hf_dir": hf}, "seq_length": BENCH_SEQ_LENGTH, "batch_size": batch, "kv_cache": kv_cache,
+              "output_dir": folder, "lite_ms": kv_cache == "dynamic"}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config, f)
+    try:
+        _run([VENV_MS20_PYTHON, "-m", "exporter", "--config", f.name], f"exporting {folder}")
+    finally:
+        os.unlink(f.name)
+
+
+def busy_fraction(seconds: float = 0.5) -> float:
+    def sample():
+        with open("/proc/stat", encoding="ascii") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]     # total, idle + iowait
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def wait_until_idle(limit: float, timeout: float) -> float:
+    """Wait (up to `timeout` s) until the CPUs are less than `limit` busy; returns the last reading."""
+    deadline = time.monotonic() + timeout
+    busy = busy_fraction()
+    while busy > limit and time.monotonic() < deadline:
+        busy = busy_fraction()
+    return busy
+
+
+def measure(runtime: str, folder: str, prompts, args) -> dict:
+    common = dict(model_dir=folder, prompts=prompts, new_tokens=args.steps, warmup=1, threads=args.threads)
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        job_file, out_file = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
+        if runtime in PEERS:
+            job = dict(common, runtime=runtime)
+            cmd = [PEERS_PYTHON, PEER_TOOL, "measure", job_file, out_file]
+        else:
+            job = dict(common, backend="mslite", batch=len(prompts), prompt_len=len(prompts[0]), no_detok=True,
+                       lite_format="auto", world_size=1)
+            cmd = [VENV_PYTHON, os.path.join(REPO, "tools", "benchmark.py"), "--child", job_file, out_file]
+        with open(job_file, "w", encoding="utf-8") as f:
+            json.dump(job, f)
+        _run(cmd, f"measuring {runtime} on {folder}", timeout=args.timeout)
+        with open(out_file, encoding="utf-8") as f:
+            r = json.load(f)
+    return dict(runtime=runtime, batch=len(prompts), step=r["step_ms"]["median"], ttft=r["ttft_ms"],
+                rss=r["peak_rss_mb"], load_s=r["load_s"], steps=r["decode_steps"], tokens=r["tokens"])
+
+
+def summarise(results: List[dict], ours: str = "mslite") -> dict:
+    """Medians per (runtime, batch), the tokens check, and the same-round ratios ours / peer."""
+    by_key: Dict[tuple, List[dict]] = {}
+    for r in results:
+        by_key.setdefault((r["runtime"], r["batch"]), []).append(r)
+    reference = {b: rs[0]["tokens"] for (rt, b), rs in by_key.items() if rt == REFERENCE}
+    rows = {}
+    for (rt, b), rs in sorted(by_key.items()):
+        ref = reference.get(b)
+        same = ref is None or all(r["tokens"] == ref for r in rs)
+        rows[(rt, b)] = dict({m: float(np.median([r[m] for r in rs])) for m, _ in METRICS},
+                             load_s=float(np.median([r["load_s"] for r in rs])), rounds=len(rs), same_tokens=same)
+    ratios = {}
+    for (rt, b), row in rows.items():
+        if rt == ours or (ours, b) not in rows or not row["same_tokens"] or not rows[(ours, b)]["same_tokens"]:
+            continue
+        mine = {r["round"]: r for r in by_key[(ours, b)]}
+        per_round = [{m: mine[r["round"]][m] / r[m] for m, _ in METRICS} for r in by_key[(rt, b)]
+                     if r["round"] in mine]
+        ratios[(rt, b)] = {m: float(np.median([x[m] for x in per_round])) for m, _ in METRICS}
+    return dict(rows=rows, ratios=ratios)
+
+
+def format_report(summary: dict, ours: str = "mslite") -> str:
+    lines = ["runtime       batch  " + "  ".join(f"{h:>12}" for _, h in METRICS) + "    load s  tokens"]
+    for (rt, b), row in summary["rows"].items():
+        lines.append(f"{rt:<13} {b:>5}  " + "  ".join(f"{row[m]:>12.2f}" for m, _ in METRICS)
+                     + f"  {row['load_s']:>8.2f}  " + ("same" if row["same_tokens"] else f"DIFFER from {REFERENCE}"))
+    lines += ["", f"same-round ratios, {ours} / peer (median over rounds; < 1 means {ours} is faster or smaller):",
+              "peer          batch  " + "  ".join(f"{h:>12}" for _, h in METRICS)]
+    for (rt, b), ratio in summary["ratios"].items():
+        lines.append(f"{rt:<13} {b:>5}  " + "  ".join(f"{ratio[m]:>11.2f}x" for m, _ in METRICS))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python tools/compare_peers.py", description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--runtime", nargs="+", default=["mslite", "ort", "openvino", "transformers"], choices=OURS + PEERS,
+      help="runtimes to run (mslite_io: the static prefill + increment export, for comparison)")
+    a("--batch", nargs="+", type=int, default=[1, 8])
+    a("--rounds", type=int, default=5)
+    a("--steps", type=int, default=128, help="new tokens per row")
+    a("--prompt_len", type=int, default=32)
+    a("--threads", type=int, default=2)
+    a("--idle", type=float, default=0.15, help="start a timed run when the CPUs are less busy than this")
+    a("--idle_timeout", type=float, default=60.0, help="seconds to wait for an idle machine before a run")
+    a("--work_dir", default=DEFAULT_WORK_DIR)
+    a("--rebuild", action="store_true", help="remake the model and every runtime's files")
+    a("--timeout", type=int, default=900, help="seconds per measuring child process")
+    a("--json", dest="json_path", default=None, help="also write every round's results to this file")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
+    try:
+        if not os.path.isfile(PEERS_PYTHON):
+            raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
+        if args.prompt_len + args.steps > BENCH_SEQ_LENGTH:
+            raise ToolchainError(f"--prompt_len {args.prompt_len} + --steps {args.steps} exceeds the "
+                                 f"export's seq_length {BENCH_SEQ_LENGTH}")
+        models = prepare(args.work_dir, args.batch, args.runtime, args.threads, args.rebuild, log)
+        results = []
+        for round_ in range(args.rounds):
+            order = args.runtime[round_ % len(args.runtime):] + args.runtime[:round_ % len(args.runtime)]
+            for batch in args.batch:
+                prompts = bench_prompts(batch, args.prompt_len, BENCH_MODELS["llama"]["vocab_size"])
+                for runtime in order:
+                    busy = wait_until_idle(args.idle, args.idle_timeout)
+                    r = measure(runtime, models[(runtime, batch)], prompts, args)
+                    results.append(dict(r, round=round_, busy_before=busy))
+                    log(f"round {round_ + 1}/{args.rounds} batch {batch} {runtime}: step {r['step']:.2f} ms, "
+                        f"TTFT {r['ttft']:.1f} ms, RSS {r['rss']:.0f} MB (CPUs {busy:.0%} busy before)")
+    except ToolchainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summary = summarise(results)
+    print(format_report(summary))
+    print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored), "
+          f"{args.threads} threads, {args.rounds} interleaved rounds; medians over rounds")
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump(results, f)
+    return 0 if all(row["same_tokens"] for row in summary["rows"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
