@@ -13,6 +13,7 @@ and mindspore's cannot live in one process.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import re
 import time
@@ -167,6 +168,7 @@ class LiteModel:
         self._call("lite_resize", dims, ndims)
         self._take_shapes()
         self._result_shapes = [tuple(int(d) for d in shape) for shape in output_shapes]
+        self._result_views = [(None, None)] * len(self.outputs)   # (address, view) of the last results
 
     # --- introspection --------------------------------------------------------------------------
     def _specs(self, is_output: int) -> List[TensorSpec]:
@@ -225,13 +227,16 @@ class LiteModel:
         data, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
         for i, (spec, shape) in enumerate(zip(self.outputs, self._result_shapes)):
             self._call("lite_result", i, ctypes.byref(data), ctypes.byref(nbytes))
-            count = int(np.prod(shape))
-            if nbytes.value != count * np.dtype(spec.dtype).itemsize:
-                raise LiteError(f"{self.path}: output {spec.name} came back with {nbytes.value} bytes, "
-                                f"expected {spec.dtype} {tuple(shape)}")
-            buffer = (ctypes.c_char * nbytes.value).from_address(data.value)
-            view = np.frombuffer(buffer, spec.dtype, count).reshape(shape)
-            view.flags.writeable = False
+            address, view = self._result_views[i]
+            if address != data.value:       # Lite placed this output elsewhere: a new view (same place: reuse)
+                count = math.prod(shape)
+                if nbytes.value != count * np.dtype(spec.dtype).itemsize:
+                    raise LiteError(f"{self.path}: output {spec.name} came back with {nbytes.value} bytes, "
+                                    f"expected {spec.dtype} {tuple(shape)}")
+                buffer = (ctypes.c_char * nbytes.value).from_address(data.value)
+                view = np.frombuffer(buffer, spec.dtype, count).reshape(shape)
+                view.flags.writeable = False
+                self._result_views[i] = (data.value, view)
             views.append(view)
         return views
 
