@@ -45,6 +45,7 @@ def resolve_model(config: ExportConfig) -> ModelSource:
                               f"(model_type {hf.get('model_type')!r}, family {family.name!r}); remove model.family")
         sizes.update(family.from_hf(hf, where))
         special.update({k: hf[k] for k in _SPECIAL if hf.get(k) is not None})
+        special["eos_token_id"] = _with_generation_eos(section.hf_dir, special.get("eos_token_id"))
     else:
         family = family_by_name(section.family, f"{config.source}: model.family")
     sizes.update({k: getattr(section, k) for k in SIZE_KEYS + VARIANT_KEYS if getattr(section, k) is not None})
@@ -86,6 +87,22 @@ def _read_hf_config(hf_dir: str) -> dict:
             return json.load(f)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read {path}: {e}") from None
+
+
+def _with_generation_eos(hf_dir: str, eos):
+    """config.json's eos ids, then the further ones generation_config.json stops at (as transformers'
+    generate does: ChatGLM3's role tokens, Llama 3's <|eot_id|>)."""
+    ids = [] if eos is None else (list(eos) if isinstance(eos, list) else [eos])
+    path = os.path.join(hf_dir, "generation_config.json")
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                more = json.load(f).get("eos_token_id")
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read {path}: {e}") from None
+        more = [] if more is None else (more if isinstance(more, list) else [more])
+        ids += [int(i) for i in more if int(i) not in ids]
+    return ids or None
 
 
 def _tokenizer_in(folder: Optional[str]) -> Optional[str]:

@@ -178,8 +178,7 @@ def measure(job: dict) -> dict:
     load_s = time.perf_counter() - start
     tokenizer = None
     if manifest.tokenizer_path() and not job.get("no_detok"):
-        from lite_runtime.tokenizers import load_tokenizer
-        tokenizer = load_tokenizer(manifest.tokenizer_path())
+        tokenizer = manifest.load_tokenizer()
     vocab = manifest.dims.vocab_size if tokenizer is None else min(manifest.dims.vocab_size, tokenizer.vocab_size)
     prompts = job.get("prompts") or bench_prompts(batch, prompt_len, vocab)
     inputs = InputOfInfer.get_inputs(manifest.family)

@@ -111,7 +111,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
         tokenizer = os.path.basename(source.tokenizer)
         for path in [source.tokenizer] + source.tokenizer_side_files:
             shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
-        bos, eos = _tokenizer_defaults(tmp, bos, eos)
+        bos, eos = _tokenizer_defaults(tmp, bos, eos, source.family.tokenizer_options())
     if not eos:
         raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
     ge_config = None
@@ -123,6 +123,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
                         bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,
                         tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
+                        tokenizer_options=source.family.tokenizer_options() if tokenizer else {},
                         adapters=adapter_record(source), lite_files=lite_files,
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config)
@@ -130,10 +131,10 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     return manifest
 
 
-def _tokenizer_defaults(folder: str, bos, eos):
+def _tokenizer_defaults(folder: str, bos, eos, options: dict):
     """Special ids the config did not give, from the tokenizer files copied into `folder`."""
     from lite_runtime.tokenizers import load_tokenizer
-    tok = load_tokenizer(folder)
+    tok = load_tokenizer(folder, **options)
     if bos is None:
         bos = tok.bos_token_id
     if not eos:

@@ -32,6 +32,14 @@ class Family:
     variants: Dict[str, Dict[object, Dict[str, object]]] = {}   # VARIANT_KEYS key -> value -> features
     hf_weights: WeightPlan = WeightPlan([])
     mindformers_weights: WeightPlan = WeightPlan([])
+    tokenizer_special_tokens: Tuple[str, ...] = ()   # strings encoded as single ids (added after the pieces)
+    tokenizer_prefix: Tuple[str, ...] = ()           # tokens before every prompt instead of BOS
+
+    @classmethod
+    def tokenizer_options(cls) -> Dict[str, List[str]]:
+        """load_tokenizer() keyword arguments the runtime needs for this family (kept in the manifest)."""
+        options = {"special_tokens": list(cls.tokenizer_special_tokens), "prefix_tokens": list(cls.tokenizer_prefix)}
+        return {k: v for k, v in options.items() if v}
 
     @classmethod
     def config(cls, sizes: Dict[str, object], where: str) -> DecoderConfig:

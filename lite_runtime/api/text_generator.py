@@ -176,7 +176,6 @@ def _resolve_tokenizer(tokenizer, manifest) -> Tokenizer:
         return load_tokenizer(tokenizer)
     if tokenizer is not None and not isinstance(tokenizer, str):
         return tokenizer
-    path = manifest.tokenizer_path()
-    if path is None:
+    if manifest.tokenizer is None:
         raise ArtifactError(f"the export {manifest.root} ships no tokenizer; give tokenizer_path")
-    return load_tokenizer(path)
+    return manifest.load_tokenizer()

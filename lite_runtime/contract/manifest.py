@@ -60,6 +60,8 @@ class Manifest:
     mindir_version: str
     sha256: Dict[str, str] = field(default_factory=dict)
     tokenizer_files: List[str] = field(default_factory=list)   # side files (tokenizer_config.json ...)
+    tokenizer_options: Dict[str, List[str]] = field(default_factory=dict)   # load_tokenizer() keywords: the
+                                                                 # family's special_tokens, prefix_tokens
     adapters: List[dict] = field(default_factory=list)         # LoRA adapters merged into the weights
     lite_files: Dict[str, List[str]] = field(default_factory=dict)   # per graph kind: MindSpore Lite .ms per rank
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
@@ -85,6 +87,11 @@ class Manifest:
 
     def tokenizer_path(self) -> Optional[str]:
         return os.path.join(self.root, self.tokenizer) if self.tokenizer else None
+
+    def load_tokenizer(self):
+        """The export's tokenizer as its family uses it (special tokens, prompt prefix), or None."""
+        from lite_runtime.tokenizers import load_tokenizer
+        return load_tokenizer(self.tokenizer_path(), **self.tokenizer_options) if self.tokenizer else None
 
     def ge_config_path(self) -> Optional[str]:
         return os.path.join(self.root, self.ge_config) if self.ge_config else None
