@@ -53,17 +53,29 @@ def _baichuan2(transformers):
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
 
 
+def _glm2(transformers):
+    """ChatGLM2/3's computation as transformers' Glm has it: rotary on half of each head with interleaved
+    pairs, bias on q, k, v only, fused [gate; up]; 2 key/value groups. The vocabulary leaves room for
+    ChatGLM's 9 special tokens after the tokenizer's pieces (glm2_folder rewrites it as a ChatGLM folder)."""
+    return transformers.GlmForCausalLM(transformers.GlmConfig(
+        vocab_size=VOCAB + 16, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5, attention_bias=True,
+        max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
 # Every registered family needs a builder here or a numpy reference (tests/test_registry.py checks it).
 # torch and transformers are imported only when run as a script: test modules import this for BUILDERS.
-BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm, "baichuan2": _baichuan2}
-SENTENCEPIECE = ("llama", "internlm", "baichuan2")   # folders with a tokenizer.model (others: tokenizer.json)
+BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm, "baichuan2": _baichuan2,
+            "glm2": _glm2}
+SENTENCEPIECE = ("llama", "internlm", "baichuan2", "glm2")   # folders with a tokenizer.model (others: tokenizer.json)
 
 
 # Default initialisation is tiny; widen it so logits differ meaningfully between tokens and steps:
 # (scale of matrices, of the word embedding, of the noise added to vectors[, of the noise added to
 # biases]) per family.
 WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05),
-         "internlm": (4.0, 4.0, 0.05, 0.2), "baichuan2": (4.0, 4.0, 0.05)}
+         "internlm": (4.0, 4.0, 0.05, 0.2), "baichuan2": (4.0, 4.0, 0.05), "glm2": (4.0, 4.0, 0.05, 0.2)}
 
 
 def widen(model, family):
@@ -140,8 +152,57 @@ def baichuan2_reference(model):
         model.lm_head.weight.copy_(torch.nn.functional.normalize(model.lm_head.weight))
 
 
+def chatglm_layout(tensors):
+    """transformers' Glm names -> the ChatGLM2/3 remote code's: q, k, v (weights and biases) stacked as
+    query_key_value, the rest renamed."""
+    out = {}
+    for name, value in tensors.items():
+        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            continue
+        if ".self_attn.q_proj." in name:
+            p, kind = name.split("q_proj.")
+            value = np.concatenate([tensors[p + "q_proj." + kind], tensors[p + "k_proj." + kind],
+                                    tensors[p + "v_proj." + kind]])
+            name = p + "query_key_value." + kind
+        for a, b in CHATGLM_NAMES:
+            name = name.replace(a, b)
+        out[name] = value
+    return out
+
+
+CHATGLM_NAMES = (("model.embed_tokens.weight", "transformer.embedding.word_embeddings.weight"),
+                 ("model.norm.weight", "transformer.encoder.final_layernorm.weight"),
+                 ("lm_head.weight", "transformer.output_layer.weight"), ("model.layers.", "transformer.encoder.layers."),
+                 ("self_attn.query_key_value", "self_attention.query_key_value"),
+                 ("self_attn.o_proj", "self_attention.dense"), ("mlp.gate_up_proj", "mlp.dense_h_to_4h"),
+                 ("mlp.down_proj", "mlp.dense_4h_to_h"))
+CHATGLM_SPECIALS = 9   # [MASK] [gMASK] [sMASK] sop eop <|system|> <|user|> <|assistant|> <|observation|>
+
+
+def glm2_folder(model, hf_dir):
+    """A ChatGLM3 folder (model_type chatglm, remote-code names and config keys, generation_config.json
+    stopping at eos, <|user|> and <|observation|>); the folder transformers saved is kept as hf_glm/."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(hf_dir, os.path.join(os.path.dirname(hf_dir), "hf_glm"))
+    path = os.path.join(hf_dir, "model.safetensors")
+    save_file(chatglm_layout(load_file(path)), path, metadata={"format": "pt"})
+    c = model.config
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump({"model_type": "chatglm", "architectures": ["ChatGLMModel"], "padded_vocab_size": c.vocab_size,
+                   "hidden_size": c.hidden_size, "num_layers": c.num_hidden_layers, "ffn_hidden_size": c.intermediate_size,
+                   "num_attention_heads": c.num_attention_heads, "kv_channels": c.head_dim,
+                   "multi_query_attention": True, "multi_query_group_num": c.num_key_value_heads,
+                   "layernorm_epsilon": c.rms_norm_eps, "rmsnorm": True, "add_qkv_bias": True,
+                   "add_bias_linear": False, "post_layer_norm": True, "original_rope": True, "rope_ratio": 1,
+                   "apply_residual_connection_post_layernorm": False, "seq_length": c.max_position_embeddings,
+                   "eos_token_id": 2, "pad_token_id": 0}, f, indent=2)
+    with open(os.path.join(hf_dir, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [2, VOCAB + 6, VOCAB + 8], "pad_token_id": 0}, f)
+
+
 # Families whose folder is not the one transformers saved: family -> rewrite(model, hf_dir).
-FOLDERS = {"internlm": internlm_folder, "baichuan2": baichuan2_folder}
+FOLDERS = {"internlm": internlm_folder, "baichuan2": baichuan2_folder, "glm2": glm2_folder}
 # Families whose computation is transformers' model changed after saving: family -> change(model).
 REFERENCES = {"baichuan2": baichuan2_reference}
 
@@ -224,6 +285,19 @@ def mindformers_names(family, sd, cfg):
         return {llama_mf_name(k): v for k, v in t.items()}
     if family == "baichuan2":
         return baichuan2_mindformers(baichuan_layout(t), cfg.hidden_size)
+    if family == "glm2":   # models/glm2/convert_weight.py with qkv_concat and mlp_concat false
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        for k, v in chatglm_layout(t).items():
+            k = k.replace("word_embeddings.weight", "embedding_weight")
+            if "query_key_value" in k:
+                for part, rows in zip(("wq", "wk", "wv"), np.split(v, [q, q + kv])):
+                    out[k.replace("query_key_value", part)] = rows
+            elif "dense_h_to_4h" in k:
+                out[k.replace("dense_h_to_4h", "dense_left")], out[k.replace("dense_h_to_4h", "dense_right")] = \
+                    np.split(v, 2)
+            else:
+                out[k] = v
+        return out
     if family == "bloom":
         n, hd = cfg.n_head, cfg.hidden_size // cfg.n_head
         for k, v in t.items():

@@ -55,7 +55,7 @@ def mindformers_yaml(case, folder, ckpt, output_dir):
     """A MindFormers run yaml of the case's family, sizes from the HF config of the same model."""
     hf = json.loads((folder / "hf" / "config.json").read_text())
     family = family_of(case)
-    common = {"vocab_size": hf["vocab_size"], "seq_length": SEQ, "batch_size": BATCH,
+    common = {"vocab_size": hf.get("vocab_size"), "seq_length": SEQ, "batch_size": BATCH,
               "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "compute_dtype": "float32"}
     if family == "llama":
         mc = dict(common, type="LlamaConfig", hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
@@ -75,6 +75,16 @@ def mindformers_yaml(case, folder, ckpt, output_dir):
                   rms_norm_eps=hf["rms_norm_eps"], multiple_of=128, pretrain_seqlen=2048, extend_method="None",
                   compute_in_2d=True, use_past_shard=False, temperature=1.0)
         arch = "Baichuan13BV2ForCausalLM" if case == "baichuan2_13b" else "Baichuan7BV2ForCausalLM"
+    elif family == "glm2":   # configs/glm3/run_glm3_6b.yaml, with q, k, v and gate/up stored apart
+        mc = dict({k: v for k, v in common.items() if k != "vocab_size"}, type="ChatGLM2Config",
+                  padded_vocab_size=hf["padded_vocab_size"], num_layers=hf["num_layers"],
+                  hidden_size=hf["hidden_size"], ffn_hidden_size=hf["ffn_hidden_size"], kv_channels=hf["kv_channels"],
+                  num_attention_heads=hf["num_attention_heads"], layernorm_epsilon=hf["layernorm_epsilon"],
+                  rmsnorm=True, apply_residual_connection_post_layernorm=False, post_layer_norm=True,
+                  add_bias_linear=False, add_qkv_bias=True, multi_query_attention=True,
+                  multi_query_group_num=hf["multi_query_group_num"], rope_ratio=1, qkv_concat=False,
+                  mlp_concat=False, use_rearrange_rope=False, pre_seq_len="None", quantization_bit=0)
+        arch = "ChatGLM2ForConditionalGeneration"
     elif family == "bloom":
         mc = dict(common, type="BloomConfig", hidden_size=hf["hidden_size"], num_layers=hf["n_layer"],
                   num_heads=hf["n_head"], hidden_act="gelu")
@@ -181,7 +191,7 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm", "baichuan2", "baichuan2_13b"])
+@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm", "baichuan2", "baichuan2_13b", "glm2"])
 def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
     export = family_export(family, "tp2")
     assert load_manifest(export).world_size == 2
@@ -264,3 +274,69 @@ def test_baichuan2_shape_from_config_json_or_model_positions():
         family_by_name("llama", "x").config(dict(family.from_hf(hf, "c"), positions="alibi"), "export.yaml")
     with pytest.raises(UnsupportedError, match="'BaiChuanForCausalLM'"):
         family.from_hf(dict(hf, architectures=["BaiChuanForCausalLM"]), "config.json")
+
+
+def test_glm_layout_folder_is_the_chatglm_folders_model(hf_family, tmp_path):
+    """transformers' own `glm` folder (GlmForCausalLM names and config) exports the same network."""
+    folder = hf_family("glm2")
+    prompts, ref_logits, ref_tokens = reference(folder)
+    cfg = {"model": {"hf_dir": str(folder / "hf_glm")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
+           "output_dir": str(tmp_path / "export")}
+    export = export_in_subprocess(write_yaml(str(tmp_path / "glm.yaml"), cfg))
+    logits, tokens = greedy_prompts(load_session("ms", load_manifest(export)), prompts, STEPS)
+    check_parity(logits, tokens, ref_logits, ref_tokens, "glm2 from a transformers glm folder")
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_chatglm_prompt_prefix_role_tokens_and_stop_ids(hf_family, family_export, backend):
+    """A ChatGLM3 export encodes text as [gMASK] sop + the sentencepiece ids, role tokens as single ids
+    after the model's pieces, stops at eos, <|user|> and <|observation|> (generation_config.json), and
+    run_infer_main.py continues the prompt with what greedy decoding of those ids gives."""
+    import sentencepiece as spm
+    folder = hf_family("glm2")
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "hf" / "tokenizer.model"))
+    n = sp.get_piece_size()
+    gmask, sop, user, observation = n + 1, n + 3, n + 6, n + 8    # ChatGLM's order of special tokens
+    manifest = load_manifest(family_export("glm2", "io"))
+    tok = manifest.load_tokenizer()
+    prompt = "An increasing sequence: one, two,"
+    ids = [gmask, sop] + sp.encode(prompt)
+    assert tok.encode(prompt, add_special_tokens=True) == ids and tok.encode(prompt) == ids[2:]
+    assert tok.encode("<|user|>one<|observation|>") == [user] + sp.encode("one") + [observation]
+    assert manifest.eos_token_id == [2, user, observation]
+    new = 8
+    _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
+    expected = tokens[0][:new].tolist()
+    stops = [i for i, t in enumerate(expected) if t in (2, user, observation)]
+    expected = expected[:stops[0]] if stops else expected
+    export = family_export("glm2", "lite" if backend == "mslite" else "io")
+    result = run_cli(["run_infer_main.py", "--model_dir", export, "--backend", backend, "--model_name", "glm3_6b",
+                      "--predict_data", prompt, "--max_new_tokens", str(new)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    # the other special ids ([MASK] ... sop, eop) are skipped in the text, as ChatGLM's decode(skip_special_tokens)
+    assert result.stdout.splitlines()[0] == prompt + sp.decode([t for t in expected if t < n])
+
+
+def test_glm2_refuses_what_it_does_not_compute():
+    """ChatGLM-6B (v1) folders, settings that change ChatGLM2's math, rearranged-rope MindFormers
+    checkpoints and other rotary fractions are refused by name; ChatGLM's rope_ratio scales the base."""
+    from exporter.families import family_by_hf_type
+    from lite_runtime.contract.errors import UnsupportedError
+    family = family_by_hf_type("chatglm", "config.json")
+    hf = {"model_type": "chatglm", "padded_vocab_size": 336, "hidden_size": 64, "num_layers": 2,
+          "num_attention_heads": 4, "kv_channels": 16, "ffn_hidden_size": 96, "multi_query_attention": True,
+          "multi_query_group_num": 2, "rope_ratio": 50}
+    cfg = family.config(family.from_hf(hf, "config.json"), "export.yaml")
+    assert (cfg.n_kv_heads, cfg.rope_theta, cfg.rotary_dim) == (2, 500000.0, 8)
+    assert family.config(family.from_hf(dict(hf, multi_query_attention=False), "c"), "e").n_kv_heads == 4
+    for bad, match in [({"position_encoding_2d": True}, "ChatGLM-6B \\(v1\\)"),
+                       ({"add_bias_linear": True}, "add_bias_linear True"), ({"pre_seq_len": 8}, "pre_seq_len 8"),
+                       ({"kv_channels": 32}, "kv_channels 32")]:
+        with pytest.raises(UnsupportedError, match=match):
+            family.from_hf(dict(hf, **bad), "config.json")
+    with pytest.raises(UnsupportedError, match="use_rearrange_rope True"):
+        family.from_mindformers({"num_attention_heads": 4, "use_rearrange_rope": True}, "run.yaml")
+    glm = family_by_hf_type("glm", "config.json")
+    with pytest.raises(UnsupportedError, match="partial_rotary_factor 1.0"):
+        glm.from_hf({"model_type": "glm", "hidden_size": 64, "num_attention_heads": 4,
+                     "partial_rotary_factor": 1.0}, "config.json")

@@ -27,7 +27,10 @@ MF_IGNORED_MODEL_KEYS = {
     "ffn_dim_multiplier", "scaling_factor", "batch_valid_length", "dropout_prob", "qkv_concat",
     "embedding_dropout_prob", "hidden_dropout_rate", "attention_dropout_rate", "expand_ratio", "hidden_act",
     "use_seq_parallel", "use_select_recompute", "unk_token_id", "is_sample_acceleration", "num_labels",
-    "post_layernorm_residual", "qkv_has_bias", "pretrain_seqlen", "compute_in_2d", "use_past_shard", "temperature"}
+    "post_layernorm_residual", "qkv_has_bias", "pretrain_seqlen", "compute_in_2d", "use_past_shard", "temperature",
+    "hidden_dropout", "attention_dropout", "bias_dropout_fusion", "apply_query_key_layer_scaling",
+    "attention_softmax_in_fp32", "fp32_residual_connection", "prefix_projection", "residual_dtype",
+    "enable_high_performance", "mlp_concat", "gmask_token_id", "mask_generate"}
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
@@ -51,7 +54,8 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
         if key in mc and mc[key] not in allowed:
             raise UnsupportedError(f"{source}: model.model_config.{key} {mc[key]!r} is not supported; allowed: "
                                    f"{', '.join(repr(a) for a in allowed)}")
-    understood = set(family.mindformers_keys) | set(MF_SPECIAL_KEYS) | set(MF_EXPORT_KEYS) | {MF_PET_KEY}
+    understood = (set(family.mindformers_keys) | set(family.mindformers_also_read) | set(MF_SPECIAL_KEYS)
+                  | set(MF_EXPORT_KEYS) | {MF_PET_KEY})
     unknown = sorted(set(mc) - understood - MF_IGNORED_MODEL_KEYS - set(MF_REQUIRED_VALUES)
                      - set(family.mindformers_required))
     if unknown:

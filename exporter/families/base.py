@@ -72,6 +72,7 @@ class Family:
     hf_keys: Dict[str, str] = {}               # config.json key -> size key
     mindformers_keys: Dict[str, str] = {}      # model_config key -> size key
     mindformers_required: Dict[str, tuple] = {}   # model_config keys accepted at these values only
+    mindformers_also_read: Tuple[str, ...] = ()   # model_config keys the family's from_mindformers reads itself
 
     @classmethod
     def from_hf(cls, hf: dict, where: str) -> Dict[str, object]:

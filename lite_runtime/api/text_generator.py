@@ -60,7 +60,7 @@ class TextGeneratorInfer:
     def infer(self, inputs, do_sample: bool = False, top_k: int = 1, top_p: float = 1.0,
               temperature: float = 1.0, repetition_penalty: float = 1.0, eos_token_id=None,
               pad_token_id=None, max_length: Optional[int] = 256, is_sample_acceleration: bool = False,
-              add_special_tokens: bool = False, streamer=None, max_new_tokens: Optional[int] = None,
+              add_special_tokens: Optional[bool] = None, streamer=None, max_new_tokens: Optional[int] = None,
               seed: Optional[int] = None, truncate: bool = False) -> List[Dict[str, List[str]]]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         prompts, new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
@@ -76,7 +76,7 @@ class TextGeneratorInfer:
 
     def generate_ids(self, texts: Sequence[str], *, do_sample=False, top_k=1, top_p=1.0, temperature=1.0,
                      repetition_penalty=1.0, eos_token_id=None, pad_token_id=None, max_length=256,
-                     max_new_tokens=None, add_special_tokens=False, streamer=None, seed=None,
+                     max_new_tokens=None, add_special_tokens=None, streamer=None, seed=None,
                      truncate=False) -> Tuple[List[List[int]], List[List[int]]]:
         """(prompt token ids, new token ids) per text; EOS is included when produced."""
         if not texts:
@@ -92,6 +92,8 @@ class TextGeneratorInfer:
                 raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
         eos = self.eos_ids if eos_token_id is None else _as_list(eos_token_id)
         pad = self.pad_id if pad_token_id is None else int(pad_token_id)
+        if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop, none for the others
+            add_special_tokens = bool(self.manifest.tokenizer_options.get("prefix_tokens"))
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
         if max_length is not None:

@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max_output_length", "--max_new_tokens", dest="max_new_tokens", type=int, default=128,
       help="new tokens per prompt at most")
     a("--is_sample_acceleration", type=str2bool, default=False, help="accepted; sampling is always on the host")
-    a("--add_special_tokens", type=str2bool, default=False, help="add the tokenizer's special tokens (such as BOS) "
-      "to each prompt")
+    a("--add_special_tokens", type=str2bool, default=None, help="add the tokenizer's special tokens (such as BOS) "
+      "to each prompt; default: only the prefix a family's prompts need (ChatGLM2/3: [gMASK] sop)")
     a("--stream", type=str2bool, default=False, help="print each answer while it is generated, one prompt at a time")
     a("--prompt", default=None, help="a template with {} where each input goes; default: none, inputs as they are")
     a("--dynamic", type=str2bool, default=False, help="upstream's dynamic shapes: True requires an export with "
