@@ -12,9 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tiny_models import error_lines, run_cli, save_ckpt, tiny_export_config, write_yaml
+from tiny_models import KNOWN_FAMILIES, error_lines, run_cli, save_ckpt, tiny_export_config, write_yaml
 
-KNOWN_FAMILIES = "known families: baichuan2, bloom, gpt2, internlm, llama (llama2, llama3, codellama)"
 
 
 # --- helpers ------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config, write_yaml
+from tiny_models import (KNOWN_FAMILIES, REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config,
+                         write_yaml)
 
 GRAPHS = {"prefill": "mindir_full_checkpoint/rank_0_graph.mindir",
           "increment": "mindir_inc_checkpoint/rank_0_graph.mindir"}
@@ -95,7 +96,7 @@ def test_unknown_manifest_format_version(export_dir, tokenizer_model):
     edit_manifest(export_dir, lambda m: m.update(format_version=99))
     result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
     assert_one_line_error(result, os.path.join(export_dir, "manifest.json"), "format_version 99",
-                          "format_version 2")
+                          "format_version 3")
 
 
 def _retype_caches(manifest):
@@ -134,7 +135,7 @@ def test_export_without_tokenizer_needs_tokenizer_path(export_dir):
 def test_unknown_family_in_model_name(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--model_name", "gpt5_7b", "--predict_data", "hello")
     assert_one_line_error(result, "'gpt5'", "gpt5_7b",
-                          "known families: baichuan2, bloom, gpt2, internlm, llama (llama2, llama3, codellama)")
+                          KNOWN_FAMILIES)
 
 
 def test_seq_length_other_than_the_exports(export_dir, tokenizer_model):

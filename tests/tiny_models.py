@@ -74,6 +74,11 @@ def save_ckpt(weights: Dict[str, np.ndarray], path: str) -> str:
     return path
 
 
+# How unknown-family errors list the families (one place for the tests that check those messages).
+KNOWN_FAMILIES = ("known families: baichuan2, bloom, glm2 (glm3, chatglm2, chatglm3), gpt2, internlm, "
+                  "llama (llama2, llama3, codellama)")
+
+
 def write_yaml(path: str, data: dict) -> str:
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(data, f, sort_keys=False)

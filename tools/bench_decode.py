@@ -33,6 +33,7 @@ import numpy as np
 
 from bench_ranks import launch_command, launcher_startup_ms
 from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.contract.manifest import FORMAT_VERSION
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TOOLS)
@@ -242,7 +243,8 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
         folder_of = os.path.join(work_dir, family)
         os.makedirs(folder_of, exist_ok=True)
         ckpt = os.path.join(folder_of, f"bench_{family}.ckpt")
-        recipe = dict(model=model, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0", mslite="lite_ms")
+        recipe = dict(model=model, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0", mslite="lite_ms",
+                      export_format=FORMAT_VERSION)
         stamp = os.path.join(folder_of, "recipe.json")
         same = False
         if os.path.isfile(stamp):

@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_decode import BENCH_MODELS, BENCH_SEQ_LENGTH, REPO, VENV_MS20_PYTHON, VENV_PYTHON, bench_prompts  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
+from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 
 PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
@@ -50,7 +51,8 @@ def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int
     sizes = dict(BENCH_MODELS["llama"], seq_length=BENCH_SEQ_LENGTH)
     hf = os.path.join(work_dir, "hf")
     stamp = os.path.join(work_dir, "recipe.json")
-    recipe = dict(sizes=sizes, threads=threads, weights="normal(0, 0.02) seed 0, layer matrices x4")
+    recipe = dict(sizes=sizes, threads=threads, weights="normal(0, 0.02) seed 0, layer matrices x4",
+                  export_format=FORMAT_VERSION)
     same = os.path.isfile(stamp) and json.load(open(stamp, encoding="utf-8")) == recipe
     if rebuild or not same:
         import shutil

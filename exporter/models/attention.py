@@ -210,27 +210,31 @@ class Attention(nn.Cell):
         o = (self.bmm(e_cache, v_cache) + e_new * v) / (self.sum(e_cache, -1) + e_new)
         return self._merge(o, batch, 1), k, v
 
-    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias):
-        """x (B*T, H): T new tokens per row, against host-owned past K/V (B, kv, P, hd) whose
-        first `past` (B, 1, 1, 1) rows are the row's; cos/sin (B*T, 1, hd). Returns the output
-        (B*T, H) and the new K/V rows (B, kv, T, hd). Past and new keys are two softmax terms:
-        joining them would copy the cache on every call."""
+    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None):
+        """x (B*T, H): T new tokens per row, against host-owned past keys (B, kv, hd, P, transposed)
+        and values (B, kv, P, hd) whose first `past` (B, 1, 1, 1) positions are the row's; cos/sin
+        (B*T, 1, hd). Returns the output (B*T, H), the new keys (B, kv, hd, T) and values (B, kv, T, hd)
+        and the score biases of past and new keys, which
+        every layer shares: the first layer makes them (`biases` None), the others reuse them.
+        Past and new keys are two softmax terms: joining them would copy the cache on every call."""
         d = self.dyn
         q = self._heads_dynamic(self.q(x), d.tokens_q, d.heads_q, cos, sin)
         k = self._heads_dynamic(self.k(x), d.tokens_kv, d.heads_kv, cos, sin)
         v = self.transpose(self.reshape(self.v(x), d.heads_kv), (0, 2, 1, 3))
         q = self.cast(self.reshape(q, d.grouped), ms.float32)
-        k, v = self.cast(k, ms.float32), self.cast(v, ms.float32)
-        s_past = self.bmm_t(q, k_past) * self.scale
-        s_past = s_past + bias.dynamic_past(s_past, past)
-        s_new = self.bmm_t(q, k) * self.scale
-        s_new = s_new + bias.dynamic_new(s_new, past)
+        k, v = self.transpose(self.cast(k, ms.float32), (0, 1, 3, 2)), self.cast(v, ms.float32)
+        s_past = self.bmm(q, k_past) * self.scale
+        s_new = self.bmm(q, k) * self.scale
+        if biases is None:
+            biases = (bias.dynamic_past(s_past, past), bias.dynamic_new(s_new, past))
+        s_past = s_past + biases[0]
+        s_new = s_new + biases[1]
         m = self.maximum(self.max(s_past, -1), self.max(s_new, -1))
         e_past = self.exp(s_past - m)
         e_new = self.exp(s_new - m)
         o = (self.bmm(e_past, v_past) + self.bmm(e_new, v)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
         o = self.transpose(self.cast(self.reshape(o, d.heads_out), self.dtype), (0, 2, 1, 3))
-        return self.o(self.reshape(o, d.merged)), k, v
+        return self.o(self.reshape(o, d.merged)), k, v, biases
 
     def _heads_dynamic(self, x, tokens_shape, heads_shape, cos, sin):
         """(B*T, n*hd) -> rotated (B, n, T, hd)."""

@@ -155,10 +155,11 @@ class CausalLM(nn.Cell):
         x = self._embed(self.reshape(input_ids, d.flat), pos)                                # (B*T, H)
         past = self.reshape(past, d.per_row)
         new_kv = ()
+        biases = None
         i = 0
         for layer in self.layers:
-            attn, k, v = layer.attn.step_dynamic(layer.attn_norm(x), cos, sin, kv[2 * i], kv[2 * i + 1], past,
-                                                 self.bias)
+            attn, k, v, biases = layer.attn.step_dynamic(layer.attn_norm(x), cos, sin, kv[2 * i], kv[2 * i + 1],
+                                                         past, self.bias, biases)
             x = layer.finish(x, attn)
             new_kv = new_kv + (k, v)
             i = i + 1

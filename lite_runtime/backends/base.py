@@ -41,58 +41,69 @@ class HostKVCache:
 
 
 class BucketedKVCache:
-    """Per-layer key/value buffers of the `dynamic` kv mode, sized to a bucket of rows.
+    """Per-layer key/value buffers of the `dynamic` kv mode, sized to a bucket of positions.
 
-    The graph reads all `capacity` rows (the rows past each row's length are masked), so the
-    buffers are as small as the longest row allows, rounded up to a bucket of rows so that the
-    graph's shapes (and Lite's Resize, ≈0.15 ms plus a slower first call) change only every bucket:
-    a quarter of seq_length, within 16..64 rows. Growing reallocates and copies once; the arrays
-    are contiguous so a backend binds them without copying.
+    The graph reads all `capacity` positions (those past each row's length are masked), so the
+    buffers are as small as the longest row allows, rounded up to a bucket so that the graph's
+    shapes (and Lite's Resize, ≈0.15 ms plus a slower first call) change only every bucket: a
+    quarter of seq_length, within 16..64 positions. Growing reallocates and copies once; the arrays
+    are contiguous so a backend binds them without copying. Keys are stored transposed
+    (B, kv, hd, P), values (B, kv, P, hd): `arrays` alternates them, layer by layer.
     """
 
     def __init__(self, manifest: Manifest):
         d = manifest.dims
         self.bucket = min(64, max(16, d.seq_length // 4))
-        self._shape = (d.batch_size, d.kv_heads_per_rank, 0, d.head_dim)
+        self._b, self._kv, self._hd = d.batch_size, d.kv_heads_per_rank, d.head_dim
         self._limit = d.seq_length
         self._rows = np.arange(d.batch_size)
         self.arrays: List[np.ndarray] = []
-        self._layers = 2 * d.num_layers
+        self._layers = d.num_layers
         self.reset()
 
     @property
     def capacity(self) -> int:
-        return self.arrays[0].shape[2]
+        return self.arrays[1].shape[2]
+
+    def _new(self, positions: int) -> List[np.ndarray]:
+        key = np.zeros((self._b, self._kv, self._hd, positions), np.float32)
+        value = np.zeros((self._b, self._kv, positions, self._hd), np.float32)
+        return [a.copy() for _ in range(self._layers) for a in (key, value)]
 
     def reset(self) -> None:
-        """One masked dummy row: a prefill's past (Lite refuses zero-size dimensions)."""
-        b, kv, _, hd = self._shape
-        self.arrays = [np.zeros((b, kv, 1, hd), np.float32) for _ in range(self._layers)]
+        """One masked dummy position: a prefill's past (Lite refuses zero-size dimensions)."""
+        self.arrays = self._new(1)
 
-    def ensure(self, rows: int) -> None:
-        """Room for `rows` rows, keeping what is stored."""
-        if rows <= self.capacity:
+    def ensure(self, positions: int) -> None:
+        """Room for `positions` positions, keeping what is stored."""
+        if positions <= self.capacity:
             return
-        size = min(-(-rows // self.bucket) * self.bucket, max(self._limit, rows))
-        b, kv, _, hd = self._shape
-        grown = []
-        for old in self.arrays:
-            new = np.zeros((b, kv, size, hd), np.float32)
-            new[:, :, :old.shape[2]] = old
-            grown.append(new)
+        size = min(-(-positions // self.bucket) * self.bucket, max(self._limit, positions))
+        grown = self._new(size)
+        for i, (old, new) in enumerate(zip(self.arrays, grown)):
+            if i % 2:
+                new[:, :, :old.shape[2]] = old
+            else:
+                new[..., :old.shape[3]] = old
         self.arrays = grown
 
     def write_prefill(self, new_rows: List[np.ndarray]) -> None:
-        steps = new_rows[0].shape[2]
+        steps = new_rows[1].shape[2]
         self.reset()
         self.ensure(steps + 1)
-        for cache, new in zip(self.arrays, new_rows):
-            cache[:, :, :steps] = new
+        for i, (cache, new) in enumerate(zip(self.arrays, new_rows)):
+            if i % 2:
+                cache[:, :, :steps] = new
+            else:
+                cache[..., :steps] = new
 
     def write_step(self, new_rows: List[np.ndarray], positions: np.ndarray) -> None:
         rows = self._rows
-        for cache, new in zip(self.arrays, new_rows):
-            cache[rows, :, positions, :] = new[:, :, 0, :]
+        for i, (cache, new) in enumerate(zip(self.arrays, new_rows)):
+            if i % 2:
+                cache[rows, :, positions, :] = new[:, :, 0, :]
+            else:
+                cache[rows, :, :, positions] = new[:, :, :, 0]
 
 
 class Session:

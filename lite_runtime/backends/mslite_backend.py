@@ -211,8 +211,9 @@ class MSLiteSession(Session):
         caches = {id(a) for a in self.cache.arrays}
         if [np.shape(f) for f in feeds] != [b.shape for b in bound]:
             d, steps = self.manifest.dims, np.shape(feeds[0])[1]
-            new_rows = (d.batch_size, d.kv_heads_per_rank, steps, d.head_dim)
-            model.resize([np.shape(f) for f in feeds], [(d.batch_size, d.vocab_size)] + [new_rows] * len(caches))
+            keys = (d.batch_size, d.kv_heads_per_rank, d.head_dim, steps)       # stored transposed
+            values = (d.batch_size, d.kv_heads_per_rank, steps, d.head_dim)
+            model.resize([np.shape(f) for f in feeds], [(d.batch_size, d.vocab_size)] + [keys, values] * d.num_layers)
             bound = [f if id(f) in caches else np.array(f, dtype=spec.dtype) for f, spec in zip(feeds, model.inputs)]
             model.bind_inputs(bound)
             self._feeds[kind] = bound

@@ -14,7 +14,8 @@ from typing import Dict, List, Optional
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
 
-FORMAT_VERSION = 2   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files
+FORMAT_VERSION = 3   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files;
+                     # 3: the dynamic kv mode stores keys transposed (B, kv, head_dim, P)
 MANIFEST_NAME = "manifest.json"
 COPY_MANIFEST_SUFFIX = ".manifest.json"   # beside an upstream infer.*_model_path graph copy
 GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint", "step": "mindir_step"}
@@ -175,8 +176,8 @@ def load_manifest_file(path: str) -> Manifest:
         raise ArtifactError(f"cannot read {path}: {e}") from None
     version = data.get("format_version")
     if version != FORMAT_VERSION:
-        advice = ("it was written by an older exporter (format 1 did not record graph dimensions): export the "
-                  "model again with this version's `python -m exporter`" if isinstance(version, int)
+        advice = ("it was written by an older exporter (its graphs' inputs differ): export the model again "
+                  "with this version's `python -m exporter`" if isinstance(version, int)
                   and version < FORMAT_VERSION else "export the model again with the matching exporter")
         raise ArtifactError(f"{path} has format_version {version!r}; this runtime reads format_version "
                             f"{FORMAT_VERSION}: {advice}")
