@@ -64,10 +64,20 @@ def _glm2(transformers):
         bos_token_id=1, eos_token_id=2, pad_token_id=0))
 
 
+def _qwen(transformers):
+    """Qwen v1's computation as transformers' Qwen2 has it (bias on q, k, v only, SwiGLU, rotate-half
+    rotary), heads as many as KV heads; qwen_folder rewrites it as a Qwen v1 folder. The vocabulary
+    leaves room for the tiktoken file's 208 special tokens after its ranks."""
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, use_sliding_window=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
 # Every registered family needs a builder here or a numpy reference (tests/test_registry.py checks it).
 # torch and transformers are imported only when run as a script: test modules import this for BUILDERS.
 BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm, "baichuan2": _baichuan2,
-            "glm2": _glm2}
+            "glm2": _glm2, "qwen": _qwen}
 SENTENCEPIECE = ("llama", "internlm", "baichuan2", "glm2")   # folders with a tokenizer.model (others: tokenizer.json)
 
 
@@ -75,7 +85,8 @@ SENTENCEPIECE = ("llama", "internlm", "baichuan2", "glm2")   # folders with a to
 # (scale of matrices, of the word embedding, of the noise added to vectors[, of the noise added to
 # biases]) per family.
 WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05),
-         "internlm": (4.0, 4.0, 0.05, 0.2), "baichuan2": (4.0, 4.0, 0.05), "glm2": (4.0, 4.0, 0.05, 0.2)}
+         "internlm": (4.0, 4.0, 0.05, 0.2), "baichuan2": (4.0, 4.0, 0.05), "glm2": (4.0, 4.0, 0.05, 0.2),
+         "qwen": (4.0, 4.0, 0.05, 0.2)}
 
 
 def widen(model, family):
@@ -201,13 +212,74 @@ def glm2_folder(model, hf_dir):
         json.dump({"eos_token_id": [2, VOCAB + 6, VOCAB + 8], "pad_token_id": 0}, f)
 
 
+QWEN_NAMES = (("model.embed_tokens", "transformer.wte"), ("model.norm", "transformer.ln_f"),
+              ("model.layers.", "transformer.h."), ("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2"),
+              ("self_attn.o_proj", "attn.c_proj"), ("mlp.gate_proj", "mlp.w2"), ("mlp.up_proj", "mlp.w1"),
+              ("mlp.down_proj", "mlp.c_proj"))
+
+
+def qwen_layout(tensors):
+    """transformers' Qwen2 names -> Qwen v1's remote code: q, k, v (weights, biases) stacked as c_attn;
+    MLP gate as w2, up as w1 (`c_proj(w1(x) * silu(w2(x)))`), down as c_proj."""
+    out = {}
+    for name, value in tensors.items():
+        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            continue
+        if ".self_attn.q_proj." in name:
+            p, kind = name.split("q_proj.")
+            value = np.concatenate([tensors[p + "q_proj." + kind], tensors[p + "k_proj." + kind],
+                                    tensors[p + "v_proj." + kind]])
+            name = p.replace("self_attn.", "attn.") + "c_attn." + kind
+        for a, b in QWEN_NAMES:
+            name = name.replace(a, b)
+        out[name] = value
+    return out
+
+
+def qwen_folder(model, hf_dir):
+    """A Qwen v1 folder (remote-code names and config.json, intermediate_size twice the MLP width, NTK
+    and logn switches on) with a qwen.tiktoken; the folder transformers saved is kept as hf_qwen2/."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(hf_dir, os.path.join(os.path.dirname(hf_dir), "hf_qwen2"))
+    path = os.path.join(hf_dir, "model.safetensors")
+    save_file(qwen_layout(load_file(path)), path, metadata={"format": "pt"})
+    c = model.config
+    endoftext = 256 + len(QWEN_MERGES)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump({"model_type": "qwen", "architectures": ["QWenLMHeadModel"], "vocab_size": c.vocab_size,
+                   "hidden_size": c.hidden_size, "num_hidden_layers": c.num_hidden_layers,
+                   "num_attention_heads": c.num_attention_heads, "kv_channels": c.hidden_size // c.num_attention_heads,
+                   "intermediate_size": 2 * c.intermediate_size, "layer_norm_epsilon": c.rms_norm_eps,
+                   "rotary_emb_base": 10000, "rotary_pct": 1.0, "seq_length": c.max_position_embeddings,
+                   "max_position_embeddings": c.max_position_embeddings, "use_dynamic_ntk": True,
+                   "use_logn_attn": True, "no_bias": True, "tie_word_embeddings": False}, f, indent=2)
+    with open(os.path.join(hf_dir, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": endoftext, "pad_token_id": endoftext}, f)
+
+
+# A tiny qwen.tiktoken: every byte, then these tokens, each after its prefixes (so BPE can build it).
+QWEN_MERGES = list(dict.fromkeys(w.encode()[:i] for w in (" one", " two", " three", "中国", "首都")
+                                 for i in range(2, len(w.encode()) + 1)))
+
+
+def save_tiktoken(folder):
+    import base64
+    ranks = [bytes([b]) for b in range(256)] + QWEN_MERGES
+    with open(os.path.join(folder, "qwen.tiktoken"), "w") as f:
+        f.writelines(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(ranks))
+
+
 # Families whose folder is not the one transformers saved: family -> rewrite(model, hf_dir).
-FOLDERS = {"internlm": internlm_folder, "baichuan2": baichuan2_folder, "glm2": glm2_folder}
+FOLDERS = {"internlm": internlm_folder, "baichuan2": baichuan2_folder, "glm2": glm2_folder, "qwen": qwen_folder}
 # Families whose computation is transformers' model changed after saving: family -> change(model).
 REFERENCES = {"baichuan2": baichuan2_reference}
 
 
 def save_tokenizer(family, folder):
+    if family == "qwen":
+        save_tiktoken(folder)
+        return
     if family in SENTENCEPIECE:
         import sentencepiece as spm
         text = os.path.join(folder, "corpus.txt")
@@ -285,6 +357,19 @@ def mindformers_names(family, sd, cfg):
         return {llama_mf_name(k): v for k, v in t.items()}
     if family == "baichuan2":
         return baichuan2_mindformers(baichuan_layout(t), cfg.hidden_size)
+    if family == "qwen":   # research/qwen/convert_weight.py on the Qwen v1 names
+        mf = (("transformer.h.", "transformer.layers."), (".wte.weight", ".wte.embedding_weight"),
+              ("attn.c_proj.", "attention.wo."), ("ln_1.", "attention_norm."), ("ln_2.", "ffn_norm."),
+              ("mlp.w1.", "feed_forward.w1."), ("mlp.w2.", "feed_forward.w3."), ("mlp.c_proj.", "feed_forward.w2."))
+        for k, v in qwen_layout(t).items():
+            for a, b in mf:
+                k = k.replace(a, b)
+            if "attn.c_attn." in k:
+                for part, rows in zip(("wq", "wk", "wv"), np.split(v, 3)):
+                    out[k.replace("attn.c_attn.", f"attention.{part}.")] = rows
+            else:
+                out[k] = v
+        return out
     if family == "glm2":   # models/glm2/convert_weight.py with qkv_concat and mlp_concat false
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         for k, v in chatglm_layout(t).items():

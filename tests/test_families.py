@@ -75,6 +75,12 @@ def mindformers_yaml(case, folder, ckpt, output_dir):
                   rms_norm_eps=hf["rms_norm_eps"], multiple_of=128, pretrain_seqlen=2048, extend_method="None",
                   compute_in_2d=True, use_past_shard=False, temperature=1.0)
         arch = "Baichuan13BV2ForCausalLM" if case == "baichuan2_13b" else "Baichuan7BV2ForCausalLM"
+    elif family == "qwen":   # research/qwen/qwen_7b/predict_qwen_7b.yaml (intermediate_size: the MLP width)
+        mc = dict(common, type="QwenConfig", hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                  num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"] // 2,
+                  rms_norm_eps=hf["layer_norm_epsilon"], emb_dropout_prob=0.0, rotary_pct=1.0,
+                  rotary_emb_base=hf["rotary_emb_base"], kv_channels=hf["kv_channels"])
+        arch = "QwenForCausalLM"
     elif family == "glm2":   # configs/glm3/run_glm3_6b.yaml, with q, k, v and gate/up stored apart
         mc = dict({k: v for k, v in common.items() if k != "vocab_size"}, type="ChatGLM2Config",
                   padded_vocab_size=hf["padded_vocab_size"], num_layers=hf["num_layers"],
@@ -191,7 +197,7 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm", "baichuan2", "baichuan2_13b", "glm2"])
+@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm", "baichuan2", "baichuan2_13b", "glm2", "qwen"])
 def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
     export = family_export(family, "tp2")
     assert load_manifest(export).world_size == 2
@@ -208,7 +214,8 @@ def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["ms", "mslite"])
-@pytest.mark.parametrize("family, model_name", [("bloom", "bloom_560m"), ("gpt2", "gpt2"), ("llama", "llama2_7b")])
+@pytest.mark.parametrize("family, model_name", [("bloom", "bloom_560m"), ("gpt2", "gpt2"), ("llama", "llama2_7b"),
+                                                ("qwen", "qwen_7b")])
 def test_text_generation_with_the_models_own_tokenizer(hf_family, family_export, family, model_name, backend):
     """run_infer_main.py with an upstream model name: the prompt is encoded by the export's tokenizer
     (tokenizer.json / tokenizer.model shipped from the HF folder) and the continuation is what greedy
@@ -216,7 +223,18 @@ def test_text_generation_with_the_models_own_tokenizer(hf_family, family_export,
     folder = hf_family(family)
     prompt, new = "An increasing sequence: one, two,", 8
     hf = folder / "hf"
-    if (hf / "tokenizer.json").exists():
+    if (hf / "qwen.tiktoken").exists():        # Qwen's pattern and special tokens, with tiktoken itself
+        import base64
+        import tiktoken
+        lines = (hf / "qwen.tiktoken").read_bytes().splitlines()
+        ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in lines)}
+        pattern = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+        specials = {"<|endoftext|>": len(ranks), "<|im_start|>": len(ranks) + 1, "<|im_end|>": len(ranks) + 2}
+        enc = tiktoken.Encoding("qwen_test", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+        # generated special ids (<|extra_N|> ...) are left out of the text, as Qwen's decode does
+        ids, decode = enc.encode(prompt), lambda t: enc.decode([i for i in t if i < len(ranks)])
+    elif (hf / "tokenizer.json").exists():
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(str(hf / "tokenizer.json"))
         ids, decode = tok.encode(prompt, add_special_tokens=False).ids, lambda t: tok.decode(t)
@@ -226,8 +244,8 @@ def test_text_generation_with_the_models_own_tokenizer(hf_family, family_export,
         ids, decode = sp.encode(prompt), lambda t: sp.decode(t)
     _, tokens = greedy_prompts(load_session("ms", load_manifest(family_export(family, "io"))), [ids], new)
     expected_ids = tokens[0][:new].tolist()
-    if 2 in expected_ids:                       # eos (id 2 in these models) ends generation
-        expected_ids = expected_ids[:expected_ids.index(2)]
+    stops = [i for i, t in enumerate(expected_ids) if t in load_manifest(family_export(family, "io")).eos_token_id]
+    expected_ids = expected_ids[:stops[0]] if stops else expected_ids       # eos ends generation
     export = family_export(family, "lite" if backend == "mslite" else "io")
     result = run_cli(["run_infer_main.py", "--model_dir", export, "--backend", backend, "--model_name", model_name,
                       "--predict_data", prompt, "--max_new_tokens", str(new)])
@@ -276,15 +294,17 @@ def test_baichuan2_shape_from_config_json_or_model_positions():
         family.from_hf(dict(hf, architectures=["BaiChuanForCausalLM"]), "config.json")
 
 
-def test_glm_layout_folder_is_the_chatglm_folders_model(hf_family, tmp_path):
-    """transformers' own `glm` folder (GlmForCausalLM names and config) exports the same network."""
-    folder = hf_family("glm2")
+@pytest.mark.parametrize("family, layout", [("glm2", "hf_glm"), ("qwen", "hf_qwen2")])
+def test_other_hf_layout_of_a_family_is_the_same_model(hf_family, family, layout, tmp_path):
+    """transformers' own folder (GlmForCausalLM, Qwen2ForCausalLM names and config) exports the network
+    the remote-code folder of the family does."""
+    folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
-    cfg = {"model": {"hf_dir": str(folder / "hf_glm")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
+    cfg = {"model": {"hf_dir": str(folder / layout)}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
            "output_dir": str(tmp_path / "export")}
-    export = export_in_subprocess(write_yaml(str(tmp_path / "glm.yaml"), cfg))
+    export = export_in_subprocess(write_yaml(str(tmp_path / "layout.yaml"), cfg))
     logits, tokens = greedy_prompts(load_session("ms", load_manifest(export)), prompts, STEPS)
-    check_parity(logits, tokens, ref_logits, ref_tokens, "glm2 from a transformers glm folder")
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} from {layout}")
 
 
 @pytest.mark.parametrize("backend", ["ms", "mslite"])

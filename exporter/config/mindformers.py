@@ -30,7 +30,7 @@ MF_IGNORED_MODEL_KEYS = {
     "post_layernorm_residual", "qkv_has_bias", "pretrain_seqlen", "compute_in_2d", "use_past_shard", "temperature",
     "hidden_dropout", "attention_dropout", "bias_dropout_fusion", "apply_query_key_layer_scaling",
     "attention_softmax_in_fp32", "fp32_residual_connection", "prefix_projection", "residual_dtype",
-    "enable_high_performance", "mlp_concat", "gmask_token_id", "mask_generate"}
+    "enable_high_performance", "mlp_concat", "gmask_token_id", "mask_generate", "emb_dropout_prob"}
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory

@@ -139,6 +139,7 @@ FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (
     FamilySpec("internlm"),
     FamilySpec("baichuan2"),
     FamilySpec("glm2", aliases=("glm3", "chatglm2", "chatglm3")),
+    FamilySpec("qwen", aliases=("qwen1.5", "qwen2")),
 )}
 _BY_NAME: Dict[str, FamilySpec] = {n: spec for spec in FAMILIES.values() for n in (spec.name,) + spec.aliases}
 
