@@ -16,7 +16,8 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import (error_lines, REPO, shard_mindformers_llama, export_in_subprocess, make_tokenizer, run_cli, save_ckpt, tiny_export_config,
+from tiny_models import (error_lines, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess, make_tokenizer, run_cli,
+                         save_ckpt, tiny_export_config,
                          write_yaml)
 from greedy_runner import greedy_run
 
@@ -186,3 +187,45 @@ def test_pipeline_in_a_launched_job_agrees_with_single_rank(tp_setup, tmp_path):
     expected = single(PROMPTS, max_new_tokens=10, do_sample=True, top_k=10, seed=3)
     for rank in range(2):
         assert json.loads((tmp_path / f"rank_{rank}.txt").read_text()) == expected
+
+
+@pytest.fixture(scope="module")
+def lite_single_export(tiny_ckpt, tp_setup):
+    """A single-rank export with the MindSpore 2.0 environment (the graphs Lite reads), with a tokenizer."""
+    folder, _, _ = tp_setup
+    cfg = tiny_export_config(tiny_ckpt[0], str(folder / "lite_single"))
+    cfg["model"]["tokenizer"] = make_tokenizer(str(folder))
+    return export_in_subprocess(write_yaml(str(folder / "lite_single.yaml"), cfg), python=str(VENV_MS20_PYTHON))
+
+
+@pytest.mark.parametrize("backend", ["mslite", "ms"])
+def test_data_parallel_answers_in_input_order(tp_setup, lite_single_export, backend, tmp_path):
+    """dp=2 on a 2-rank table: 5 prompts split 3 + 2 over two replicas come back in input order, each
+    the single-process answer (export batch 3: rank 0 runs one batch, rank 1 one padded batch)."""
+    folder, exports, table = tp_setup
+    export = lite_single_export if backend == "mslite" else exports["single"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one two three\nalpha beta\nfive six seven eight nine\nten\neleven twelve\n")
+    gen = ["--model_dir", export, "--predict_data", str(prompts), "--max_new_tokens", "8"]
+    single = run_cli(["run_infer_main.py", "--backend", backend] + gen)
+    assert single.returncode == 0, single.stderr[-2000:]
+    expected = single.stdout.strip().splitlines()
+    assert len(expected) == 5
+    logs = tmp_path / "logs"
+    multi = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+                     "--log_dir", str(logs), "--", "run_infer_main.py", "--data_parallel", "2"] + gen)
+    assert multi.returncode == 0, multi.stderr[-2000:]
+    assert multi.stdout.strip().splitlines() == expected
+    assert "rank_1.log" in os.listdir(logs)
+
+
+def test_data_parallel_needs_a_matching_table_and_a_single_rank_export(tp_setup, tmp_path):
+    folder, exports, table = tp_setup
+    for export, dp, facts in ((exports["full"], "2", ["--data_parallel 2", "export of 2 ranks", "model_parallel 1"]),
+                              (exports["single"], "3", ["has 2 ranks", "x data_parallel 3"])):
+        result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--",
+                          "run_infer_main.py", "--model_dir", export, "--data_parallel", dp, "--predict_data", "one"])
+        assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr
+        assert all(f in result.stderr for f in facts), result.stderr
+    alone = run_cli(["run_infer_main.py", "--model_dir", exports["single"], "--data_parallel", "2", "--predict_data", "x"])
+    assert alone.returncode == 2 and "under the launcher" in alone.stderr

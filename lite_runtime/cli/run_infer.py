@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pa_num_blocks", type=int, default=512, help="upstream's paged-attention block count; accepted, unused")
     a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job "
       "(python -m lite_runtime.distributed.launch sets it)")
+    a("--data_parallel", type=int, default=1, help="model replicas under the launcher (a single-rank export on "
+      "a rank table of that many devices): each request's prompts are split over them in order")
     a("--predict_data", default=None, help="a prompt, or a .txt file (UTF-8) with one prompt per line; "
       "default: none, read prompts from the terminal")
     a("--interactive", action="store_true",
@@ -151,9 +153,10 @@ def generation_kwargs(args) -> dict:
                 seed=args.seed, truncate=args.truncate)
 
 
-def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
+def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=None) -> None:
     """Answer --predict_data or stdin prompts. `before_request(prompts)` and `coordinator` let a
-    multi-rank run share each request and step with the other ranks (distributed_run.py)."""
+    multi-rank run share each request and step with the other ranks; `distribute(prompts, infer)`
+    answers a request over data-parallel ranks (distributed_run.py)."""
     from lite_runtime.decode.streamers import TextStreamer
     prompts = read_prompts(args.predict_data, args.prompt) if args.predict_data is not None else None
     if prompts is None and not args.interactive and not sys.stdin.isatty():
@@ -175,6 +178,8 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None) -> None:
     def infer(prompts, **extra):
         if before_request is not None:
             before_request(prompts)
+        if distribute is not None:
+            return distribute(prompts, lambda share: generator.infer(share, **kwargs, **extra))
         return generator.infer(prompts, **kwargs, **extra)
 
     def answer(prompts: List[str]) -> None:
@@ -257,6 +262,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
+    if args.data_parallel < 1 or (args.data_parallel > 1 and not args.distributed):
+        print(f"error: --data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank table of "
+              f"that many devices (python -m lite_runtime.distributed.launch --rank_table FILE -- "
+              "run_infer_main.py --data_parallel N ...)", file=sys.stderr)
+        return 2
     if args.distributed:
         from lite_runtime.distributed.distributed_run import run_distributed
         return report_errors(lambda: run_distributed(args, run, make_generator, generation_kwargs))

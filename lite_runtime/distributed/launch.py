@@ -46,17 +46,28 @@ def _without(args: Sequence[str], name: str) -> List[str]:
     return out
 
 
-def check_world_size(table_size: int, program_args: Sequence[str], table_path: str) -> None:
-    """Refuse, before anything starts, a rank table whose size differs from the export's ranks."""
+def check_world_size(table_size: int, program_args: Sequence[str], table_path: str) -> int:
+    """Refuse, before anything starts, a rank table whose size is not data_parallel x the export's
+    ranks; returns data_parallel."""
+    text = _option(program_args, "--data_parallel") or "1"
+    dp = int(text) if text.isdigit() else 0
+    if dp < 1:
+        raise ConfigError(f"--data_parallel {text!r} must be a positive integer")
     model_dir = _option(program_args, "--model_dir")
     if not model_dir:
-        return
+        return dp
     from lite_runtime.contract.manifest import load_manifest
     manifest = load_manifest(model_dir)
-    if manifest.world_size != table_size:
+    if dp > 1 and manifest.world_size > 1:
+        raise ConfigError(f"--data_parallel {dp} with an export of {manifest.world_size} ranks (model_parallel): "
+                          "data parallel runs replicas of a single-rank export here (the CPU collectives of "
+                          "MindSpore have one world group); export with model_parallel 1")
+    if dp * manifest.world_size != table_size:
         raise ConfigError(f"rank table {table_path} has {table_size} ranks but the export {model_dir} was "
-                          f"written for {manifest.world_size}; use a rank table with {manifest.world_size} "
-                          "devices or export with that model_parallel")
+                          f"written for {manifest.world_size}" + (f" x data_parallel {dp}" if dp > 1 else "") +
+                          f"; use a rank table with {dp * manifest.world_size} devices or export with that "
+                          "model_parallel")
+    return dp
 
 
 def rank_ini_files(program_args: Sequence[str], table_path: str, log_dir: str, world_size: int) -> Optional[List[str]]:
@@ -81,7 +92,7 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     table = load_rank_table(rank_table)
     world = len(table.ranks)
     args = list(program[1:])
-    check_world_size(world, args, rank_table)
+    data_parallel = check_world_size(world, args, rank_table)
     backend = backend or _option(args, "--backend") or "mslite"
     args = _without(_without(args, "--backend"), "--distributed") + ["--backend", backend, "--distributed", "True"]
     log_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
@@ -98,7 +109,7 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
                 "LITE_CHANNEL_PORT": str(channel_port)}
 
     started = time.perf_counter()
-    result = run_ranks(world, command, log_dir, env=env, with_ms_cluster=backend == "ms",
+    result = run_ranks(world, command, log_dir, env=env, with_ms_cluster=backend == "ms" and data_parallel == 1,
                        rank0_console=True, timeout=timeout)
     print(f"launcher: {world} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
           f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
