@@ -31,6 +31,7 @@ class ModelSource:
     tokenizer_side_files: List[str] = field(default_factory=list)
     adapter: Optional[str] = None        # Hugging Face PEFT LoRA folder
     pet_config: Optional[dict] = None    # MindFormers LoRA settings (the checkpoint holds the LoRA tensors)
+    strategy: Optional[str] = None       # MindSpore strategy file(s) describing how rank_{i} shards were cut
 
 
 def resolve_model(config: ExportConfig) -> ModelSource:
@@ -75,7 +76,7 @@ def resolve_model(config: ExportConfig) -> ModelSource:
         raise ConfigError(f"{config.source}: give model.adapter (a PEFT folder) or pet_config (LoRA tensors in the "
                           "checkpoint), not both")
     return ModelSource(family, model, special.get("bos_token_id"), eos_ids, 0 if pad is None else int(pad),
-                       tokenizer, checkpoint, side, section.adapter, section.pet_config)
+                       tokenizer, checkpoint, side, section.adapter, section.pet_config, config.src_strategy_path_or_dir)
 
 
 def _read_hf_config(hf_dir: str) -> dict:

@@ -16,9 +16,8 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import (error_lines, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess, make_tokenizer, run_cli,
-                         save_ckpt, tiny_export_config,
-                         write_yaml)
+from tiny_models import (error_lines, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess, make_tokenizer,
+                         run_cli, save_ckpt, tiny_export_config, write_strategy, write_yaml)
 from greedy_runner import greedy_run
 
 STEPS = 32
@@ -38,18 +37,22 @@ def tp_setup(tiny_ckpt, tmp_path_factory):
     ckpt, weights = tiny_ckpt
     tokenizer = make_tokenizer(str(folder))
     exports = {}
-    for name, source, mp in (("single", ckpt, 1), ("full", ckpt, 2), ("sharded", str(folder / "shards"), 2)):
-        if name == "sharded":
-            for rank in range(2):
-                os.makedirs(folder / "shards" / f"rank_{rank}")
-                save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
+    for rank in range(2):
+        os.makedirs(folder / "shards" / f"rank_{rank}")
+        save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
+    strategy = write_strategy(str(folder / "strategy.ckpt"), {n: v.shape for n, v in weights.items()}, 2)
+    shards = str(folder / "shards")
+    for name, source, mp in (("single", ckpt, 1), ("full", ckpt, 2), ("sharded", shards, 2),
+                             ("merged", shards, 1), ("resharded", shards, 2)):
         cfg = tiny_export_config(source, str(folder / name), parallel={"model_parallel": mp})
         cfg["model"]["tokenizer"] = tokenizer
+        if name in ("merged", "resharded"):    # upstream: load_checkpoint dir + src_strategy_path_or_dir
+            cfg.update(src_strategy_path_or_dir=strategy, auto_trans_ckpt=True)
         exports[name] = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg))
     return folder, exports, rank_table(folder / "table2.json", 2)
 
 
-@pytest.mark.parametrize("source", ["full", "sharded"])
+@pytest.mark.parametrize("source", ["full", "sharded", "resharded"])
 def test_tp2_greedy_matches_single_rank(tp_setup, source):
     folder, exports, table = tp_setup
     assert load_manifest(exports[source]).world_size == 2
@@ -229,3 +232,28 @@ def test_data_parallel_needs_a_matching_table_and_a_single_rank_export(tp_setup,
         assert all(f in result.stderr for f in facts), result.stderr
     alone = run_cli(["run_infer_main.py", "--model_dir", exports["single"], "--data_parallel", "2", "--predict_data", "x"])
     assert alone.returncode == 2 and "under the launcher" in alone.stderr
+
+
+def test_shards_merged_by_their_strategy_export_for_one_rank(tp_setup):
+    """2-way shards + the training run's strategy file -> model_parallel 1: the unsharded model."""
+    folder, exports, _ = tp_setup
+    assert load_manifest(exports["merged"]).world_size == 1
+    got = greedy_run(load_session("ms", load_manifest(exports["merged"])), STEPS)
+    want = greedy_run(load_session("ms", load_manifest(exports["single"])), STEPS)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert np.abs(got[0] - want[0]).max() <= 1e-6
+
+
+@pytest.mark.parametrize("devices, split_axis, facts", [
+    (4, None, ["laid out over 4 devices", "2 rank folders"]),
+    (2, lambda n: 1 if n.endswith("attention.wq.weight") else None, ["attention.wq.weight", "wrong shape"]),
+], ids=["device_count", "layout"])
+def test_strategy_that_does_not_fit_the_shards_is_refused(tp_setup, tiny_ckpt, devices, split_axis, facts, tmp_path):
+    folder, _, _ = tp_setup
+    shapes = {n: v.shape for n, v in tiny_ckpt[1].items()}
+    strategy = write_strategy(str(tmp_path / "strategy.ckpt"), shapes, devices, split_axis)
+    cfg = tiny_export_config(str(folder / "shards"), str(tmp_path / "out"), src_strategy_path_or_dir=strategy)
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "bad.yaml"), cfg)])
+    assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
+    assert all(f in result.stderr for f in facts), result.stderr[-2000:]
+    assert not (tmp_path / "out").exists()

@@ -68,6 +68,28 @@ def shard_mindformers_llama(weights: Dict[str, np.ndarray], rank: int, world_siz
     return out
 
 
+def write_strategy(path: str, shapes: Dict[str, tuple], devices: int, split_axis=None) -> str:
+    """A MindSpore strategy file for `devices`-way model parallel shards: each tensor cut along
+    `split_axis(name)` (default: the Megatron layout of shard_mindformers_llama), or whole."""
+    from mindspore.train import node_strategy_pb2 as pb
+    split_axis = split_axis or (lambda n: next((a for s, a in _SPLIT_AXIS.items() if n.endswith(s)), None))
+    strategy = pb.ParallelStrategyMap()
+    strategy.current_stage = 0
+    for name, shape in shapes.items():
+        item = strategy.parallel_layout_item.add()
+        item.param_name = name
+        layouts = item.parallel_layouts
+        layouts.dev_matrix.add().dim.extend([devices])
+        axis = split_axis(name)
+        layouts.tensor_map.add().dim.extend([0 if d == axis else -1 for d in range(len(shape))])
+        layouts.param_split_shape.add()
+        layouts.indices_offset.add()
+        layouts.field, layouts.opt_weight_shard_step, layouts.opt_weight_shard_size = 0, 0, 0
+    with open(path, "wb") as f:
+        f.write(strategy.SerializeToString())
+    return path
+
+
 def save_ckpt(weights: Dict[str, np.ndarray], path: str) -> str:
     import mindspore as ms
     ms.save_checkpoint([{"name": n, "data": ms.Tensor(v)} for n, v in weights.items()], path)

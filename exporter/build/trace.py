@@ -23,19 +23,24 @@ def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
                  world_size: int) -> Dict[str, np.ndarray]:
-    """This rank's weights under canonical names: a pre-sharded rank folder as is, or a slice of the
-    full model cut by the network's split rules."""
+    """This rank's weights under canonical names: a pre-sharded rank folder as is, shards of any
+    layout merged by their strategy file and cut again, or a slice of the full model cut by the
+    network's split rules."""
     shards = W.rank_folders(source.checkpoint)
-    if shards:
+    if shards and (source.adapter or source.pet_config):
+        raise WeightError(f"load_checkpoint {source.checkpoint}: LoRA adapters with rank-sharded checkpoints "
+                          "are not supported yet; merge the shards first or export from a full checkpoint")
+    if shards and not source.strategy:
         if len(shards) != world_size:
             raise WeightError(f"load_checkpoint {source.checkpoint} has {len(shards)} rank folders but "
-                              f"parallel.model_parallel is {world_size}; they must be equal")
-        if source.adapter or source.pet_config:
-            raise WeightError(f"load_checkpoint {source.checkpoint}: LoRA adapters with rank-sharded checkpoints "
-                              "are not supported yet; merge the shards first or export from a full checkpoint")
+                              f"parallel.model_parallel is {world_size}; give src_strategy_path_or_dir (the "
+                              "training run's strategy file) to re-split them, or export with that model_parallel")
         weights = W.read_rank_shard(shards[rank], source.family, source.config)
         return W.tie_head(weights, expects_head, source.config.tie_word_embeddings, 0, 1)
-    full = W.read_source(source)
+    if shards:
+        full = W.merge_shards(shards, source.strategy, source.family, source.config)
+    else:
+        full = W.read_source(source)
     full = W.tie_head(full, expects_head, source.config.tie_word_embeddings, 0, 1)
     return W.shard(full, rules, rank, world_size)
 

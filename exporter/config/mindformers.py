@@ -34,7 +34,8 @@ MF_IGNORED_MODEL_KEYS = {
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
-MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer"}
+MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer",
+               "src_strategy_path_or_dir", "auto_trans_ckpt"}
 
 
 def is_mindformers_yaml(data: dict) -> bool:
@@ -76,7 +77,7 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
         ours["tokenizer"] = tokenizer
     config = {"model": ours, "output_dir": data.get("output_dir") or MF_DEFAULT_OUTPUT_DIR}
     config.update({k: mc[k] for k in MF_EXPORT_KEYS if mc.get(k) is not None})
-    for key in ("load_checkpoint", "infer"):
+    for key in ("load_checkpoint", "infer", "src_strategy_path_or_dir", "auto_trans_ckpt"):
         if data.get(key):
             config[key] = data[key]
     parallel = data.get("parallel_config") or {}

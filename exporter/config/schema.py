@@ -78,6 +78,8 @@ class ExportConfig:
     output_dir: str
     model: ModelSection = field(default_factory=ModelSection)
     load_checkpoint: Optional[str] = None
+    src_strategy_path_or_dir: Optional[str] = None   # MindSpore strategy file(s) of rank_{i} shards: merged, re-split
+    auto_trans_ckpt: bool = False                # upstream's switch for the above; a strategy alone is enough here
     seq_length: Optional[int] = None
     batch_size: int = 1
     use_past: bool = True
@@ -127,6 +129,10 @@ class ExportConfig:
             raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io or dynamic "
                               f"on one rank; this config has kv_cache {self.kv_cache} and model_parallel "
                               f"{self.parallel.model_parallel}")
+        strategy = self.src_strategy_path_or_dir
+        if strategy and not os.path.exists(strategy):
+            raise ConfigError(f"{where}: src_strategy_path_or_dir {strategy} does not exist (a MindSpore strategy "
+                              "file, or a folder of them, written by the training run of the rank_{i} shards)")
         if self.model.hf_dir is None and self.model.family is None:
             raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
                               "and the model sizes")

@@ -1,7 +1,8 @@
 """Reading checkpoints into the network's canonical names, sharding them, loading them with checks.
 
-Sources: a MindSpore `.ckpt` (MindFormers names), a folder of `rank_{i}/*.ckpt` shards already
-split for the target model_parallel, or a Hugging Face folder of `*.safetensors`. The family's
+Sources: a MindSpore `.ckpt` (MindFormers names), a folder of `rank_{i}/*.ckpt` shards (split for
+the target model_parallel, or of any layout with the training run's strategy file), or a Hugging
+Face folder of `*.safetensors`. The family's
 weight plan maps source names; the network's layers say how each tensor splits across ranks.
 Nothing is left at its placeholder value: missing, unexpected and misshapen tensors stop the export.
 """
@@ -76,10 +77,55 @@ def _with_adapter(tensors, source, plan, where: str) -> Dict[str, np.ndarray]:
 
 
 def read_rank_shard(folder: str, family, cfg) -> Dict[str, np.ndarray]:
+    path = _ckpt_in(folder)
+    return family.mindformers_weights.apply(read_ckpt(path), cfg, path, family.name)
+
+
+def merge_shards(folders: List[str], strategy_path: str, family, cfg) -> Dict[str, np.ndarray]:
+    """The full model under canonical names from rank_{i} shards cut by any layout, put back together by
+    MindSpore's own `merge_sliced_parameter` from the training run's strategy file (or a folder of
+    per-stage files, merged first with `merge_pipeline_strategys`)."""
+    import tempfile
+    import mindspore as ms
+    with tempfile.TemporaryDirectory(prefix="strategy-") as tmp:
+        path = strategy_path
+        if os.path.isdir(path):
+            path = os.path.join(tmp, "merged_strategy.ckpt")
+            ms.merge_pipeline_strategys(strategy_path, path)
+        try:
+            strategy = ms.build_searched_strategy(path)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise WeightError(f"src_strategy_path_or_dir {strategy_path}: not a MindSpore strategy file: "
+                              f"{str(e).splitlines()[0]}") from None
+    shards = [read_ckpt(_ckpt_in(folder)) for folder in folders]
+    full = {}
+    for name in shards[0]:
+        if name not in strategy:       # not cut by the training run: every rank holds all of it
+            full[name] = shards[0][name]
+            continue
+        layout = strategy[name]
+        devices = int(np.prod(list(layout.dev_matrix[0].dim)))
+        if devices != len(shards):
+            raise WeightError(f"src_strategy_path_or_dir {strategy_path}: {name} is laid out over {devices} devices "
+                              f"but load_checkpoint has {len(shards)} rank folders")
+        missing = [i for i, s in enumerate(shards) if name not in s]
+        if missing:
+            raise WeightError(f"{folders[missing[0]]}: the shard has no {name}")
+        slices = [ms.Parameter(ms.Tensor(s[name]), name=name) for s in shards]
+        try:
+            full[name] = ms.merge_sliced_parameter(slices, strategy).asnumpy()
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:
+            raise WeightError(f"src_strategy_path_or_dir {strategy_path}: cannot merge the shards of {name} "
+                              f"{list(shards[0][name].shape)} by its layout: {str(e).splitlines()[0]}") from None
+    where = f"{os.path.dirname(folders[0])} (merged by {strategy_path})"
+    return family.mindformers_weights.apply(full, cfg, where, family.name)
+
+
+def _ckpt_in(folder: str) -> str:
     ckpts = sorted(glob.glob(os.path.join(folder, "*.ckpt")))
     if len(ckpts) != 1:
         raise WeightError(f"{folder} must hold exactly one .ckpt, found {len(ckpts)}")
-    return family.mindformers_weights.apply(read_ckpt(ckpts[0]), cfg, ckpts[0], family.name)
+    return ckpts[0]
 
 
 def read_ckpt(path: str) -> Dict[str, np.ndarray]:
