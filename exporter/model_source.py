@@ -32,6 +32,7 @@ class ModelSource:
     adapter: Optional[str] = None        # Hugging Face PEFT LoRA folder
     pet_config: Optional[dict] = None    # MindFormers LoRA settings (the checkpoint holds the LoRA tensors)
     strategy: Optional[str] = None       # MindSpore strategy file(s) describing how rank_{i} shards were cut
+    slora: Optional[object] = None       # weights.slora.SLoraSet: adapters served side by side
 
 
 def resolve_model(config: ExportConfig) -> ModelSource:
@@ -75,8 +76,15 @@ def resolve_model(config: ExportConfig) -> ModelSource:
     if section.adapter and section.pet_config:
         raise ConfigError(f"{config.source}: give model.adapter (a PEFT folder) or pet_config (LoRA tensors in the "
                           "checkpoint), not both")
+    pet, slora = section.pet_config, None
+    if isinstance(pet, dict) and pet.get("pet_type") == "slora":
+        from exporter.weights.slora import read_slora
+        if config.world_size > 1:
+            raise ConfigError(f"{config.source}: pet_config pet_type slora with parallel.model_parallel "
+                              f"{config.world_size} is not supported yet; allowed: model_parallel 1")
+        pet, slora = None, read_slora(section.pet_config, family, f"{config.source}: model.pet_config")
     return ModelSource(family, model, special.get("bos_token_id"), eos_ids, 0 if pad is None else int(pad),
-                       tokenizer, checkpoint, side, section.adapter, section.pet_config, config.src_strategy_path_or_dir)
+                       tokenizer, checkpoint, side, section.adapter, pet, config.src_strategy_path_or_dir, slora)
 
 
 def _read_hf_config(hf_dir: str) -> dict:

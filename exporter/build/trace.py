@@ -18,7 +18,8 @@ from exporter.weights import checkpoints as W
 def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
     cfg = source.config
     return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
-                     cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size)
+                     cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size,
+                     source.slora.slots if source.slora else 0)
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
@@ -27,7 +28,7 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
     layout merged by their strategy file and cut again, or a slice of the full model cut by the
     network's split rules."""
     shards = W.rank_folders(source.checkpoint)
-    if shards and (source.adapter or source.pet_config):
+    if shards and (source.adapter or source.pet_config or source.slora):
         raise WeightError(f"load_checkpoint {source.checkpoint}: LoRA adapters with rank-sharded checkpoints "
                           "are not supported yet; merge the shards first or export from a full checkpoint")
     if shards and not source.strategy:
@@ -41,6 +42,9 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
         full = W.merge_shards(shards, source.strategy, source.family, source.config)
     else:
         full = W.read_source(source)
+    if source.slora:
+        from exporter.weights.slora import stacked_weights
+        full.update(stacked_weights(source.slora, source.config))
     full = W.tie_head(full, expects_head, source.config.tie_word_embeddings, 0, 1)
     return W.shard(full, rules, rank, world_size)
 
@@ -66,7 +70,12 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
 
     cpu_graph_mode(ms)
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
-    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype)
+    lora = {}
+    if source.slora:
+        from exporter.weights.slora import targets
+        lora = dict(lora_width=source.slora.slots * source.slora.rank, lora_rank=source.slora.rank,
+                    lora_targets=targets(source.slora))
+    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype, **lora)
     where = f" (rank {rank})" if config.world_size > 1 else ""
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)

@@ -66,10 +66,11 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
     ours.update(family.mindformers_variants.get(arch, {}))     # e.g. Baichuan2's 7B / 13B classes
     pet = mc.get("pet_config")
     if pet:
-        if not isinstance(pet, dict) or pet.get("pet_type") != "lora":
+        if not isinstance(pet, dict) or pet.get("pet_type") not in ("lora", "slora"):
             kind = pet.get("pet_type") if isinstance(pet, dict) else pet
-            raise UnsupportedError(f"{source}: model.model_config.pet_config pet_type {kind!r} is not supported yet; "
-                                   "allowed: lora (merged into the weights at export)")
+            raise UnsupportedError(f"{source}: model.model_config.pet_config pet_type {kind!r} is not supported; "
+                                   "allowed: lora (merged into the weights at export), slora (adapters chosen per "
+                                   "request)")
         ours["pet_config"] = pet
     ours.update({k: mc[k] for k in MF_SPECIAL_KEYS if mc.get(k) is not None})
     tokenizer = ((data.get("processor") or {}).get("tokenizer") or {}).get("vocab_file")

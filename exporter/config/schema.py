@@ -45,7 +45,8 @@ class ModelSection:
     pad_token_id: Optional[int] = None
     tokenizer: Optional[str] = None         # tokenizer.model / tokenizer.json / *.tiktoken to ship
     adapter: Optional[str] = None           # a Hugging Face PEFT LoRA folder, merged into the weights
-    pet_config: Optional[dict] = None       # MindFormers LoRA: {pet_type: lora, lora_rank, lora_alpha, ...}
+    pet_config: Optional[dict] = None       # MindFormers LoRA: {pet_type: lora, lora_rank, lora_alpha, ...};
+                                            # SLoRA: {pet_type: slora, adapter_path: lora_adapter.json}
 
     def __post_init__(self):
         if self.rms_norm_eps is not None and self.norm_eps is None:
@@ -243,6 +244,10 @@ def _resolve_paths(config: ExportConfig, base: str) -> None:
     config.model.tokenizer = resolve(config.model.tokenizer, base)
     config.model.adapter = resolve(config.model.adapter, base)
     config.infer.ge_config_path = resolve(config.infer.ge_config_path, base)
+    config.src_strategy_path_or_dir = resolve(config.src_strategy_path_or_dir, base)
+    pet = config.model.pet_config
+    if isinstance(pet, dict) and isinstance(pet.get("adapter_path"), str):      # SLoRA's lora_adapter.json
+        config.model.pet_config = dict(pet, adapter_path=resolve(pet["adapter_path"], base))
     cwd = os.getcwd()
     config.output_dir = resolve(config.output_dir, cwd)
     config.infer.prefill_model_path = resolve(config.infer.prefill_model_path, cwd)

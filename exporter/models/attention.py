@@ -34,6 +34,9 @@ class BuildContext(NamedTuple):
     batch: int
     seq: int
     dtype: object         # compute dtype (ms.float32 / ms.float16)
+    lora_width: int = 0   # SLoRA: adapter slots x lora_rank, 0 without adapters
+    lora_rank: int = 0    # SLoRA: the largest adapter rank (smaller ones padded with zeros)
+    lora_targets: frozenset = frozenset()   # adapted layers of every block: "attn.q", "mlp.down" ...
 
 
 class ScoreBias(nn.Cell):
@@ -141,10 +144,11 @@ class Attention(nn.Cell):
         self.scale = 1.0 / float(np.sqrt(cfg.head_dim))
         self.dtype = ctx.dtype
         flat = ctx.kv_mode == "dynamic"
-        self.q = ColumnParallelLinear(hidden, cfg.n_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat)
-        self.k = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat)
-        self.v = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat)
-        self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias, flat)
+        lora = {n: ctx.lora_width if f"attn.{n}" in ctx.lora_targets else 0 for n in "qkvo"}
+        self.q = ColumnParallelLinear(hidden, cfg.n_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["q"])
+        self.k = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["k"])
+        self.v = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["v"])
+        self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias, flat, lora["o"])
         self.use_rotary = cfg.positions == "rotary"
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype)
         self.in_graph = ctx.kv_mode == "in_graph"
@@ -170,10 +174,10 @@ class Attention(nn.Cell):
     def _heads(self, x, n, batch, steps):
         return self.transpose(self.reshape(x, (batch, steps, n, self.hd)), (0, 2, 1, 3))
 
-    def _project(self, x, cos, sin, batch, steps):
-        q = self._heads(self.q(x), self.n_heads, batch, steps)
-        k = self._heads(self.k(x), self.n_kv, batch, steps)
-        v = self._heads(self.v(x), self.n_kv, batch, steps)
+    def _project(self, x, cos, sin, batch, steps, select):
+        q = self._heads(self.q(x, select), self.n_heads, batch, steps)
+        k = self._heads(self.k(x, select), self.n_kv, batch, steps)
+        v = self._heads(self.v(x, select), self.n_kv, batch, steps)
         if self.use_rotary:
             q = self.rotary(q, cos, sin)
             k = self.rotary(k, cos, sin)
@@ -181,36 +185,37 @@ class Attention(nn.Cell):
         q = self.reshape(q, (batch, self.n_kv, self.group * steps, self.hd))
         return self.cast(q, ms.float32), self.cast(k, ms.float32), self.cast(v, ms.float32)
 
-    def _merge(self, o, batch, steps):
+    def _merge(self, o, batch, steps, select):
         o = self.reshape(self.cast(o, self.dtype), (batch, self.n_heads, steps, self.hd))
         o = self.reshape(self.transpose(o, (0, 2, 1, 3)), (batch, steps, self.n_heads * self.hd))
-        return self.o(o)
+        return self.o(o, select)
 
-    def prefill(self, x, cos, sin, bias):
-        """x (B, S, H). Returns the output and the prompt's K/V rows (B, kv, S, hd)."""
+    def prefill(self, x, cos, sin, bias, select=None):
+        """x (B, S, H). Returns the output and the prompt's K/V rows (B, kv, S, hd). `select`: each
+        token's SLoRA adapter columns (see Linear), None without adapters (as in every method here)."""
         batch, steps, _ = x.shape
-        q, k, v = self._project(x, cos, sin, batch, steps)
+        q, k, v = self._project(x, cos, sin, batch, steps, select)
         scores = self.bmm_t(q, k) * self.scale + bias
-        out = self._merge(self.bmm(self.softmax(scores), v), batch, steps)
+        out = self._merge(self.bmm(self.softmax(scores), v), batch, steps, select)
         if self.in_graph:
             out = self.depend(out, self.assign(self.key_cache, k))
             out = self.depend(out, self.assign(self.value_cache, v))
         return out, k, v
 
-    def step_io(self, x, cos, sin, k_cache, v_cache, cache_bias, new_bias):
+    def step_io(self, x, cos, sin, k_cache, v_cache, cache_bias, new_bias, select=None):
         """One token per row against host-owned caches (B, kv, S, hd). The new key is not in the
         cache yet, so its score joins the softmax as a separate term (no cache copy)."""
         batch = x.shape[0]
-        q, k, v = self._project(x, cos, sin, batch, 1)
+        q, k, v = self._project(x, cos, sin, batch, 1, select)
         s_cache = self.bmm_t(q, k_cache) * self.scale + cache_bias           # (B, kv, g, S)
         s_new = self.sum(q * k, -1) * self.scale + new_bias                   # (B, kv, g, 1)
         m = self.maximum(self.max(s_cache, -1), s_new)
         e_cache = self.exp(s_cache - m)
         e_new = self.exp(s_new - m)
         o = (self.bmm(e_cache, v_cache) + e_new * v) / (self.sum(e_cache, -1) + e_new)
-        return self._merge(o, batch, 1), k, v
+        return self._merge(o, batch, 1, select), k, v
 
-    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None):
+    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None):
         """x (B*T, H): T new tokens per row, against host-owned past keys (B, kv, hd, P, transposed)
         and values (B, kv, P, hd) whose first `past` (B, 1, 1, 1) positions are the row's; cos/sin
         (B*T, 1, hd). Returns the output (B*T, H), the new keys (B, kv, hd, T) and values (B, kv, T, hd)
@@ -218,9 +223,9 @@ class Attention(nn.Cell):
         every layer shares: the first layer makes them (`biases` None), the others reuse them.
         Past and new keys are two softmax terms: joining them would copy the cache on every call."""
         d = self.dyn
-        q = self._heads_dynamic(self.q(x), d.tokens_q, d.heads_q, cos, sin)
-        k = self._heads_dynamic(self.k(x), d.tokens_kv, d.heads_kv, cos, sin)
-        v = self.transpose(self.reshape(self.v(x), d.heads_kv), (0, 2, 1, 3))
+        q = self._heads_dynamic(self.q(x, select), d.tokens_q, d.heads_q, cos, sin)
+        k = self._heads_dynamic(self.k(x, select), d.tokens_kv, d.heads_kv, cos, sin)
+        v = self.transpose(self.reshape(self.v(x, select), d.heads_kv), (0, 2, 1, 3))
         q = self.cast(self.reshape(q, d.grouped), ms.float32)
         k, v = self.transpose(self.cast(k, ms.float32), (0, 1, 3, 2)), self.cast(v, ms.float32)
         s_past = self.bmm(q, k_past) * self.scale
@@ -234,7 +239,7 @@ class Attention(nn.Cell):
         e_new = self.exp(s_new - m)
         o = (self.bmm(e_past, v_past) + self.bmm(e_new, v)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
         o = self.transpose(self.cast(self.reshape(o, d.heads_out), self.dtype), (0, 2, 1, 3))
-        return self.o(self.reshape(o, d.merged)), k, v, biases
+        return self.o(self.reshape(o, d.merged), select), k, v, biases
 
     def _heads_dynamic(self, x, tokens_shape, heads_shape, cos, sin):
         """(B*T, n*hd) -> rotated (B, n, T, hd)."""
@@ -244,10 +249,10 @@ class Attention(nn.Cell):
             x = x * cos + partner * sin
         return self.transpose(self.reshape(x, heads_shape), (0, 2, 1, 3))
 
-    def step_in_graph(self, x, cos, sin, row_onehot, cache_bias):
+    def step_in_graph(self, x, cos, sin, row_onehot, cache_bias, select=None):
         """One token per row; the row at pos is written into the Parameter caches first."""
         batch = x.shape[0]
-        q, k, v = self._project(x, cos, sin, batch, 1)
+        q, k, v = self._project(x, cos, sin, batch, 1, select)
         keep = 1.0 - row_onehot                                               # (B, 1, S, 1)
         k_all = self.key_cache * keep + k * row_onehot
         v_all = self.value_cache * keep + v * row_onehot
@@ -255,4 +260,4 @@ class Attention(nn.Cell):
         v_all = self.depend(v_all, self.assign(self.value_cache, v_all))
         scores = self.bmm_t(q, k_all) * self.scale + cache_bias
         o = self.bmm(self.softmax(scores), v_all)
-        return self._merge(o, batch, 1), k, v
+        return self._merge(o, batch, 1, select), k, v

@@ -27,12 +27,13 @@ class DecoderLayer(nn.Cell):
         self.attn_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
         self.attn = Attention(cfg, ctx)
         self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        lora = {n: ctx.lora_width for n in ("gate", "up", "down") if f"mlp.{n}" in ctx.lora_targets}
         self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
-                            ctx.kv_mode == "dynamic")
+                            ctx.kv_mode == "dynamic", lora)
 
-    def finish(self, x, attn_out):
+    def finish(self, x, attn_out, select=None):
         h = x + attn_out
-        return h + self.mlp(self.mlp_norm(h))
+        return h + self.mlp(self.mlp_norm(h), select)
 
 
 class StepShapes(nn.Cell):
@@ -45,6 +46,7 @@ class StepShapes(nn.Cell):
         self.per_token, self.per_row = shape_tensor(-1, 1, head_dim), shape_tensor(batch, 1, 1, 1)
         self.pick, self.rows, self.hidden = shape_tensor(batch, 1, -1), shape_tensor(batch, -1, hidden), \
             shape_tensor(batch, hidden)
+        self.flat_column = shape_tensor(-1, 1)
         self.axis0 = Tensor(np.array([0], np.int32))
 
 
@@ -82,6 +84,11 @@ class CausalLM(nn.Cell):
         self.sin_prefill = Tensor(sin.reshape(1, 1, ctx.seq, -1), ctx.dtype)
         self.positions = Tensor(np.arange(ctx.seq, dtype=np.int32).reshape(1, ctx.seq))
         self.row_offsets = Tensor(np.arange(ctx.batch, dtype=np.int32) * ctx.seq)
+        self.lora = ctx.lora_width > 0
+        if self.lora:   # the slot each SLoRA column belongs to (columns of one slot are adjacent)
+            slots = ctx.lora_width // ctx.lora_rank
+            self.lora_slot_of_column = Tensor(np.repeat(np.arange(slots, dtype=np.float32),
+                                                        ctx.lora_rank).reshape(1, -1))
         self.gather = ops.Gather()
         self.reshape = ops.Reshape()
         self.cast = ops.Cast()
@@ -98,6 +105,15 @@ class CausalLM(nn.Cell):
             x = self.embed_norm(x)
         return x
 
+    def _select(self, input_ids, adapter_ids, rows, column):
+        """(tokens, slots·r) float: 1 on the columns of each token's adapter (its row's id), in the
+        token order the linear layers see (row-major over input_ids); None without adapters."""
+        if not self.lora:
+            return None
+        per_token = self.cast(self.reshape(adapter_ids, rows), ms.float32) * \
+            self.cast(self.ones_like(input_ids), ms.float32)
+        return self.cast(self.equal(self.reshape(per_token, column), self.lora_slot_of_column), self.dtype)
+
     def _logits(self, hidden):
         """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab)."""
         h = self.final_norm(hidden)
@@ -107,19 +123,20 @@ class CausalLM(nn.Cell):
             logits = self.head(h)
         return self.gather_vocab(self.cast(logits, ms.float32))
 
-    def prefill(self, input_ids, batch_valid_length):
+    def prefill(self, input_ids, batch_valid_length, adapter_ids=None):
         x = self._embed(input_ids, self.positions)
         bias = self.bias.prefill()
+        select = self._select(input_ids, adapter_ids, (self.batch, 1), (-1, 1))
         new_kv = ()
         for layer in self.layers:
-            attn, k, v = layer.attn.prefill(layer.attn_norm(x), self.cos_prefill, self.sin_prefill, bias)
-            x = layer.finish(x, attn)
+            attn, k, v = layer.attn.prefill(layer.attn_norm(x), self.cos_prefill, self.sin_prefill, bias, select)
+            x = layer.finish(x, attn, select)
             new_kv = new_kv + (k, v)
         last = self.row_offsets + batch_valid_length - 1
         logits = self._logits(self.gather(self.reshape(x, (self.batch * self.seq, -1)), last, 0))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
-    def increment(self, input_ids, batch_valid_length, kv):
+    def increment(self, input_ids, batch_valid_length, kv, adapter_ids=None):
         pos = self.reshape(batch_valid_length - 1, (self.batch, 1))
         cos = self.cast(self.reshape(self.gather(self.cos_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
         sin = self.cast(self.reshape(self.gather(self.sin_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
@@ -127,22 +144,23 @@ class CausalLM(nn.Cell):
         in_graph = self.kv_mode == "in_graph"
         cache_bias, new_bias = self.bias.step(pos, self.batch, in_graph)
         onehot = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
+        select = self._select(input_ids, adapter_ids, (self.batch, 1), (-1, 1))
         new_kv = ()
         i = 0
         for layer in self.layers:
             h = layer.attn_norm(x)
             if in_graph:
-                attn, k, v = layer.attn.step_in_graph(h, cos, sin, onehot, cache_bias)
+                attn, k, v = layer.attn.step_in_graph(h, cos, sin, onehot, cache_bias, select)
             else:
-                attn, k, v = layer.attn.step_io(h, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias)
-            x = layer.finish(x, attn)
+                attn, k, v = layer.attn.step_io(h, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias, select)
+            x = layer.finish(x, attn, select)
             new_kv = new_kv + (k, v)
             i = i + 1
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
 
-    def step(self, input_ids, batch_valid_length, past_length, kv):
+    def step(self, input_ids, batch_valid_length, past_length, kv, adapter_ids=None):
         """T new tokens per row (B, T) after `past_length` (B,) rows of the host cache `kv`
         (per layer K, V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's valid new
         tokens. Returns logits of each row's last valid token and the new K/V rows (B, kv, T, hd)."""
@@ -154,13 +172,14 @@ class CausalLM(nn.Cell):
         sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
         x = self._embed(self.reshape(input_ids, d.flat), pos)                                # (B*T, H)
         past = self.reshape(past, d.per_row)
+        select = self._select(input_ids, adapter_ids, d.column, d.flat_column)
         new_kv = ()
         biases = None
         i = 0
         for layer in self.layers:
             attn, k, v, biases = layer.attn.step_dynamic(layer.attn_norm(x), cos, sin, kv[2 * i], kv[2 * i + 1],
-                                                         past, self.bias, biases)
-            x = layer.finish(x, attn)
+                                                         past, self.bias, biases, select)
+            x = layer.finish(x, attn, select)
             new_kv = new_kv + (k, v)
             i = i + 1
         last = self.reshape(self.cast(batch_valid_length - past_length, ms.float32) - 1.0, d.column)
@@ -176,7 +195,9 @@ class PrefillGraph(nn.Cell):
         super().__init__(auto_prefix=False)
         self.net = net
 
-    def construct(self, input_ids, batch_valid_length):
+    def construct(self, input_ids, batch_valid_length, *kv):
+        if self.net.lora:     # SLoRA: kv is (adapter_ids,); `*kv` for the recorded input names (graph_check)
+            return self.net.prefill(input_ids, batch_valid_length, kv[0])
         return self.net.prefill(input_ids, batch_valid_length)
 
 
@@ -188,6 +209,8 @@ class StepGraph(nn.Cell):
         self.net = net
 
     def construct(self, input_ids, batch_valid_length, past_length, *kv):
+        if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
+            return self.net.step(input_ids, batch_valid_length, past_length, kv[1:], kv[0])
         return self.net.step(input_ids, batch_valid_length, past_length, kv)
 
 
@@ -199,4 +222,6 @@ class IncrementGraph(nn.Cell):
         self.net = net
 
     def construct(self, input_ids, batch_valid_length, *kv):
+        if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
+            return self.net.increment(input_ids, batch_valid_length, kv[1:], kv[0])
         return self.net.increment(input_ids, batch_valid_length, kv)

@@ -22,12 +22,17 @@ class Linear(nn.Cell):
 
     `split` maps this layer's parameter names to the axis its full tensor is split along under
     tensor parallelism (absent: replicated on every rank).
+
+    With `lora_width` (adapter slots x largest rank) the layer also holds every LoRA adapter of an
+    SLoRA export side by side: A (slots·r, in) and B (out, slots·r), alpha/r folded into B, slot 0
+    zeros (the base model). `select` (tokens, slots·r), 1 on the columns of each token's adapter,
+    keeps one adapter per token: y += ((x A.T) * select) B.T, two dense products, no gathers.
     """
 
     split: Dict[str, int] = {}
 
     def __init__(self, in_features: int, out_features: int, dtype, bias: bool = False,
-                 reduce: Optional[nn.Cell] = None, flat: bool = False):
+                 reduce: Optional[nn.Cell] = None, flat: bool = False, lora_width: int = 0):
         super().__init__()
         self.flat = flat          # inputs are (tokens, in): the dynamic graph's layout, no reshapes
         self.in_features = in_features
@@ -36,17 +41,27 @@ class Linear(nn.Cell):
         self.has_bias = bias
         if bias:
             self.bias = zeros_param((out_features,), dtype, "bias")
+        self.lora = lora_width > 0
+        if self.lora:
+            self.lora_a = zeros_param((lora_width, in_features), dtype, "lora_a")
+            self.lora_b = zeros_param((out_features, lora_width), dtype, "lora_b")
         self.matmul = ops.MatMul(transpose_b=True)
         self.reshape = ops.Reshape()
         self.shape = ops.Shape()
         self.reduce = reduce if reduce is not None else nn.Identity()
 
-    def construct(self, x):
+    def _product(self, x, select):
+        y = self.matmul(x, self.weight)
+        if self.lora and select is not None:     # before the reduction: a row-parallel share is partial
+            y = y + self.matmul(self.matmul(x, self.lora_a) * select, self.lora_b)
+        return self.reduce(y)
+
+    def construct(self, x, select=None):
         if self.flat:
-            y = self.reduce(self.matmul(x, self.weight))
+            y = self._product(x, select)
             return y + self.bias if self.has_bias else y
         lead = self.shape(x)[:-1]
-        y = self.reduce(self.matmul(self.reshape(x, (-1, self.in_features)), self.weight))
+        y = self._product(self.reshape(x, (-1, self.in_features)), select)
         if self.has_bias:
             y = y + self.bias     # after the reduction: a row-parallel bias is added once
         return self.reshape(y, lead + (self.out_features,))
@@ -55,22 +70,23 @@ class Linear(nn.Cell):
 class ColumnParallelLinear(Linear):
     """Each rank holds `out_features / world_size` output rows (and their bias); outputs stay sharded."""
 
-    split = {"weight": 0, "bias": 0}
+    split = {"weight": 0, "bias": 0, "lora_b": 0}
 
     def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False,
-                 flat: bool = False):
-        super().__init__(in_features, out_features // world_size, dtype, bias, flat=flat)
+                 flat: bool = False, lora_width: int = 0):
+        super().__init__(in_features, out_features // world_size, dtype, bias, flat=flat, lora_width=lora_width)
 
 
 class RowParallelLinear(Linear):
     """Each rank holds `in_features / world_size` input columns; partial sums are all-reduced,
     then the (replicated) bias is added."""
 
-    split = {"weight": 1}
+    split = {"weight": 1, "lora_a": 1}
 
     def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False,
-                 flat: bool = False):
-        super().__init__(in_features // world_size, out_features, dtype, bias, Collective.all_reduce(world_size), flat)
+                 flat: bool = False, lora_width: int = 0):
+        super().__init__(in_features // world_size, out_features, dtype, bias, Collective.all_reduce(world_size), flat,
+                         lora_width)
 
 
 class Embedding(nn.Cell):

@@ -11,16 +11,18 @@ from exporter.models.linear import ColumnParallelLinear, RowParallelLinear
 class SwiGLU(nn.Cell):
     """down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False, flat: bool = False):
+    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False, flat: bool = False,
+                 lora=None):
         super().__init__()
-        self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat)
-        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat)
-        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat)
+        lora = lora or {}
+        self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("gate", 0))
+        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0))
         self.sigmoid = ops.Sigmoid()
 
-    def construct(self, x):
-        gate = self.gate(x)
-        return self.down(gate * self.sigmoid(gate) * self.up(x))
+    def construct(self, x, select=None):
+        gate = self.gate(x, select)
+        return self.down(gate * self.sigmoid(gate) * self.up(x, select), select)
 
 
 class GeluMLP(nn.Cell):
@@ -30,28 +32,30 @@ class GeluMLP(nn.Cell):
     """
 
     def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, approximate: bool,
-                 flat: bool = False):
+                 flat: bool = False, lora=None):
         super().__init__()
-        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat)
-        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat)
+        lora = lora or {}
+        self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0))
         self.approximate = approximate
         self.tanh = ops.Tanh()
         self.erf = ops.Erf()
         self.k_tanh = math.sqrt(2.0 / math.pi)
         self.k_erf = 1.0 / math.sqrt(2.0)
 
-    def construct(self, x):
-        h = self.up(x)
+    def construct(self, x, select=None):
+        h = self.up(x, select)
         if self.approximate:
             g = 0.5 * h * (1.0 + self.tanh(self.k_tanh * (h + 0.044715 * h * h * h)))
         else:
             g = 0.5 * h * (1.0 + self.erf(h * self.k_erf))
-        return self.down(g)
+        return self.down(g, select)
 
 
 def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool,
-             flat: bool = False) -> nn.Cell:
-    """`flat`: inputs are (tokens, hidden), the dynamic graph's layout."""
+             flat: bool = False, lora=None) -> nn.Cell:
+    """`flat`: inputs are (tokens, hidden), the dynamic graph's layout; `lora`: SLoRA width per
+    adapted layer name (gate, up, down)."""
     if kind == "swiglu":
-        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat)
-    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind == "gelu_tanh", flat)
+        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora)
+    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind == "gelu_tanh", flat, lora)

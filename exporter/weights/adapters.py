@@ -53,6 +53,8 @@ def adapter_record(source) -> List[dict]:
     if source.adapter:
         adapter = read_peft_adapter(source.adapter)
         return [dict(adapter.describe(), sha256=file_sha256(os.path.join(source.adapter, "adapter_model.safetensors")))]
+    if source.slora:
+        return source.slora.describe()
     return []
 
 

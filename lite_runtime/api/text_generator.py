@@ -61,14 +61,15 @@ class TextGeneratorInfer:
               temperature: float = 1.0, repetition_penalty: float = 1.0, eos_token_id=None,
               pad_token_id=None, max_length: Optional[int] = 256, is_sample_acceleration: bool = False,
               add_special_tokens: Optional[bool] = None, streamer=None, max_new_tokens: Optional[int] = None,
-              seed: Optional[int] = None, truncate: bool = False) -> List[Dict[str, List[str]]]:
+              seed: Optional[int] = None, truncate: bool = False, adapter_id=None,
+              strict_adapter: bool = False) -> List[Dict[str, List[str]]]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         prompts, new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
                                     temperature=temperature, repetition_penalty=repetition_penalty,
                                     eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                                     max_length=max_length, max_new_tokens=max_new_tokens,
                                     add_special_tokens=add_special_tokens, streamer=streamer, seed=seed,
-                                    truncate=truncate)
+                                    truncate=truncate, adapter_id=adapter_id, strict_adapter=strict_adapter)
         return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
                 for text, prompt, ids in zip(texts, prompts, new_ids)]
 
@@ -77,7 +78,7 @@ class TextGeneratorInfer:
     def generate_ids(self, texts: Sequence[str], *, do_sample=False, top_k=1, top_p=1.0, temperature=1.0,
                      repetition_penalty=1.0, eos_token_id=None, pad_token_id=None, max_length=256,
                      max_new_tokens=None, add_special_tokens=None, streamer=None, seed=None,
-                     truncate=False) -> Tuple[List[List[int]], List[List[int]]]:
+                     truncate=False, adapter_id=None, strict_adapter=False) -> Tuple[List[List[int]], List[List[int]]]:
         """(prompt token ids, new token ids) per text; EOS is included when produced."""
         if not texts:
             raise ValidationError("inputs is empty: give a prompt or a list of prompts")
@@ -104,6 +105,7 @@ class TextGeneratorInfer:
                         f"nothing is left to generate; give max_length above {len(prompt)}, or leave it unset "
                         "and limit the answer with max_new_tokens")
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
+        adapters = self.adapter_slots(adapter_id, len(prompts), strict_adapter)
         forward = None
         if streamer is not None:
             if hasattr(streamer, "prime"):
@@ -117,11 +119,36 @@ class TextGeneratorInfer:
             if forward is not None:
                 forward(offset, step)
         try:
-            return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step)
+            return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step,
+                                             adapters)
         finally:
             timing.stop()
             if streamer is not None:
                 streamer.end()
+
+    def adapter_slots(self, adapter_id, prompts: int, strict: bool) -> Optional[List[int]]:
+        """Each prompt's SLoRA slot from `adapter_id` (a name, one per prompt, or None: the base model).
+        An unknown name runs the base model with a warning naming the known ones (upstream's
+        behaviour), or is refused with `strict`. None for an export without adapters."""
+        known = {a["name"]: a["slot"] for a in self.manifest.adapters if a.get("type") == "slora"}
+        wanted = adapter_id if isinstance(adapter_id, (list, tuple)) else [adapter_id] * prompts
+        if len(wanted) != prompts:
+            raise ValidationError(f"adapter_id has {len(wanted)} names for {prompts} prompts; give one name, or "
+                                  "one per prompt")
+        if not known:
+            if any(wanted):
+                log.warning("adapter_id %s: this export has no SLoRA adapters; the model runs as exported",
+                            sorted({str(w) for w in wanted if w}))
+            return None
+        slots = []
+        for name in wanted:
+            if name and name not in known:
+                message = f"adapter_id {name!r} is not one of this export's adapters ({', '.join(known)})"
+                if strict:
+                    raise ValidationError(message)
+                log.warning("%s: running the base model", message)
+            slots.append(known.get(name, 0) if name else 0)
+        return slots
 
     def close(self) -> None:
         self.session.close()

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pa_num_blocks", type=int, default=512, help="upstream's paged-attention block count; accepted, unused")
     a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job "
       "(python -m lite_runtime.distributed.launch sets it)")
+    a("--adapter_id", default=None, help="SLoRA exports: the adapter every prompt runs with (a name of the export's "
+      "lora_adapter.json); unknown or absent: the base model")
+    a("--strict_adapter", type=str2bool, default=False, help="refuse an unknown --adapter_id instead of running "
+      "the base model")
     a("--data_parallel", type=int, default=1, help="model replicas under the launcher (a single-rank export on "
       "a rank table of that many devices): each request's prompts are split over them in order")
     a("--predict_data", default=None, help="a prompt, or a .txt file (UTF-8) with one prompt per line; "
@@ -150,7 +154,8 @@ def generation_kwargs(args) -> dict:
     return dict(do_sample=args.do_sample, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
                 repetition_penalty=args.repetition_penalty, max_length=args.max_length,
                 max_new_tokens=args.max_new_tokens, add_special_tokens=args.add_special_tokens,
-                seed=args.seed, truncate=args.truncate)
+                seed=args.seed, truncate=args.truncate, adapter_id=args.adapter_id,
+                strict_adapter=args.strict_adapter)
 
 
 def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=None) -> None:

@@ -22,6 +22,9 @@ Keys are stored transposed: scores are then a plain matrix product, which Lite 2
 faster than one that transposes the cache on every call. The first `past_length` positions of each
 row's cache are its past; P may be larger (a bucket) and is at least 1 (a prefill passes one masked
 dummy position: Lite refuses zero-size dimensions).
+
+SLoRA exports (graph_dims.adapter_slots > 0) take `adapter_ids (B,) int32` right after the lengths
+(after past_length in `step`), before the caches: each row's adapter slot, 0 = the base model.
 """
 from __future__ import annotations
 
@@ -65,13 +68,14 @@ class GraphDims:
     kv_heads_per_rank: int
     head_dim: int
     vocab_size: int
+    adapter_slots: int = 0    # SLoRA exports: adapters + 1 (slot 0, the base model); 0 without
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_json(cls, data: dict) -> "GraphDims":
-        return cls(**{f: int(data[f]) for f in cls.__dataclass_fields__})
+        return cls(**{f: int(data[f]) for f in cls.__dataclass_fields__ if f in data})
 
 
 @dataclass(frozen=True)
@@ -84,14 +88,15 @@ class FamilySpec:
 
     def inputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
+        adapters = [TensorSpec("adapter_ids", "int32", (dims.batch_size,))] if dims.adapter_slots else []
         if kind == STEP:
             return [TensorSpec(self.token_input, "int32", (dims.batch_size, DYNAMIC)),
                     TensorSpec(self.length_input, "int32", (dims.batch_size,)),
-                    TensorSpec("past_length", "int32", (dims.batch_size,))] + \
+                    TensorSpec("past_length", "int32", (dims.batch_size,))] + adapters + \
                 self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
         steps = dims.seq_length if kind == "prefill" else 1
         specs = [TensorSpec(self.token_input, "int32", (dims.batch_size, steps)),
-                 TensorSpec(self.length_input, "int32", (dims.batch_size,))]
+                 TensorSpec(self.length_input, "int32", (dims.batch_size,))] + adapters
         if kind == "increment" and kv_mode == "io":
             specs += self._cache_specs("cache", dims, dims.seq_length)
         return specs

@@ -10,8 +10,9 @@ from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import TensorSpec
 
 # MindSpore 2.0 records construct argument names in MindIR ("<graph>:input_ids"); later versions
-# record generated names ("<graph>:Parameter_11"), and the exporter passes the per-layer caches as
-# `*kv`, recorded as "kv0", "kv1", ... Generated names carry no meaning: the position stands in.
+# record generated names ("<graph>:Parameter_11"), and the exporter passes the per-layer caches (and
+# SLoRA's adapter ids) as `*kv`, recorded as "kv0", "kv1", ... Generated names carry no meaning: the
+# position stands in.
 _GENERATED = re.compile(r"Parameter_\d+|kv\d+")
 
 

@@ -25,6 +25,7 @@ class DecodeState:
     done: np.ndarray         # (B,) bool
     eos_ids: np.ndarray      # (E,) int32
     pad_id: int
+    adapter_ids: Optional[np.ndarray] = None   # (B,) int32: SLoRA exports' per-row adapter slot (0: base)
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,10 @@ class Step:
 
 
 def prepare_batch(prompts: Sequence[Sequence[int]], batch_size: int, seq_length: int,
-                  max_new: Sequence[int], eos_ids: Sequence[int], pad_id: int) -> DecodeState:
-    """Right-pad `prompts` into a (batch_size, seq_length) buffer; missing rows are inert."""
+                  max_new: Sequence[int], eos_ids: Sequence[int], pad_id: int,
+                  adapters: Optional[Sequence[int]] = None) -> DecodeState:
+    """Right-pad `prompts` into a (batch_size, seq_length) buffer; missing rows are inert (and use
+    adapter slot 0 when `adapters`, each prompt's SLoRA slot, are given)."""
     if len(prompts) > batch_size:
         raise ValueError(f"{len(prompts)} prompts for a batch of {batch_size}")
     ids = np.full((batch_size, seq_length), pad_id, np.int32)
@@ -46,7 +49,11 @@ def prepare_batch(prompts: Sequence[Sequence[int]], batch_size: int, seq_length:
         ids[row, :len(prompt)] = prompt
         lengths[row] = len(prompt)
         budget[row] = max_new[row]
-    return DecodeState(ids, lengths, budget, budget <= 0, np.asarray(list(eos_ids), np.int32), pad_id)
+    slots = None
+    if adapters is not None:
+        slots = np.zeros(batch_size, np.int32)
+        slots[:len(prompts)] = adapters
+    return DecodeState(ids, lengths, budget, budget <= 0, np.asarray(list(eos_ids), np.int32), pad_id, slots)
 
 
 def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeState,
@@ -57,7 +64,8 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
     Finished rows no longer change: they are fed padding and their length stays put.
     """
     rows = np.arange(len(state.lengths))
-    logits = session.prefill(*inputs.prefill_inputs(state.ids, state.lengths))
+    extra = [] if state.adapter_ids is None else [state.adapter_ids]      # graph inputs after the family's
+    logits = session.prefill(*inputs.prefill_inputs(state.ids, state.lengths), *extra)
     step_ids = np.empty((len(rows), 1), np.int32)
     while not state.done.all():
         tokens = pick(logits, state.ids, state.lengths)
@@ -72,7 +80,7 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
             return
         state.lengths += ~state.done
         step_ids[:, 0] = np.where(state.done, state.pad_id, tokens)
-        logits = session.decode(*inputs.decode_inputs(step_ids, state.lengths))
+        logits = session.decode(*inputs.decode_inputs(step_ids, state.lengths), *extra)
 
 
 def row_budgets(prompt_lengths: Sequence[int], seq_length: int, max_new_tokens: Optional[int],
@@ -114,19 +122,20 @@ def check_prompts(prompts: Sequence[Sequence[int]], seq_length: int, truncate: b
 
 def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[List[int]],
                      budgets: List[int], eos_ids: Sequence[int], pad_id: int,
-                     pick: Callable, on_step: Optional[Callable] = None) -> List[List[int]]:
+                     pick: Callable, on_step: Optional[Callable] = None,
+                     adapters: Optional[List[int]] = None) -> List[List[int]]:
     """New token ids of every prompt (EOS included when produced), any number of prompts.
 
     `pick` is the request's sampler, shared by successive graph batches so a seeded request draws
     one random stream; `on_step(offset, step)` sees each step (offset = index of the batch's first
-    prompt), for streaming.
+    prompt), for streaming; `adapters`: each prompt's SLoRA slot (an SLoRA export needs them).
     """
     m = session.manifest
     results: List[List[int]] = [[] for _ in prompts]
     for start in range(0, len(prompts), m.batch_size):
         chunk = prompts[start:start + m.batch_size]
         state = prepare_batch(chunk, m.batch_size, m.seq_length, budgets[start:start + len(chunk)],
-                              eos_ids, pad_id)
+                              eos_ids, pad_id, None if adapters is None else adapters[start:start + len(chunk)])
         for step in generate_steps(session, inputs, state, pick):
             for row in np.flatnonzero(step.active[:len(chunk)]):
                 results[start + row].append(int(step.tokens[row]))
