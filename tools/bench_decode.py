@@ -117,8 +117,9 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
     from lite_runtime.decode.streamers import RowDetokenizer
 
     m = session.manifest
+    slots = m.dims.adapter_slots     # an SLoRA export: the rows take its adapters in turn
     state = prepare_batch(prompts, m.batch_size, m.seq_length, [new_tokens] * len(prompts), [],
-                          int(m.pad_token_id))
+                          int(m.pad_token_id), [1 + i % (slots - 1) for i in range(len(prompts))] if slots else None)
     pick = TimedPick(Sampler(SamplingParams()))
     detoks = [RowDetokenizer(tokenizer) for _ in prompts] if tokenizer is not None else []
     wall, graph, sample, detok, extra, tokens = [], [], [], [], [], []

@@ -131,6 +131,8 @@ def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[
     prompt), for streaming; `adapters`: each prompt's SLoRA slot (an SLoRA export needs them).
     """
     m = session.manifest
+    if adapters is None and m.dims.adapter_slots:     # an SLoRA export without a choice: the base model
+        adapters = [0] * len(prompts)
     results: List[List[int]] = [[] for _ in prompts]
     for start in range(0, len(prompts), m.batch_size):
         chunk = prompts[start:start + m.batch_size]
