@@ -35,8 +35,18 @@ def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0)
     logs = os.path.join(folder, "logs")
     kept = config.output_dir + LOGS_SUFFIX
     try:
-        run_ranks(config.world_size, lambda rank: [sys.executable, "-m", "exporter.build.distributed", job, folder],
-                  logs, with_ms_cluster=True, timeout=timeout, failure_grace=FAILURE_GRACE)
+        for attempt in (1, 2):
+            try:
+                run_ranks(config.world_size,
+                          lambda rank: [sys.executable, "-m", "exporter.build.distributed", job, folder],
+                          logs, with_ms_cluster=True, timeout=timeout, failure_grace=FAILURE_GRACE)
+                break
+            except DistributedError:
+                # MindSpore 2.0 sometimes fails to form its cluster on a loaded machine ("Failed to
+                # AllGather host's hash name due to timeout"): that, and only that, is tried again once.
+                if attempt == 2 or not _cluster_timeout(logs, config.world_size):
+                    raise
+                shutil.rmtree(logs, ignore_errors=True)
     except DistributedError as e:
         # `folder` is removed with the failed export: the rank logs move next to the output first.
         shutil.rmtree(kept, ignore_errors=True)
@@ -47,6 +57,11 @@ def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0)
     # Logs of a successful export are not part of the artifact; those of an earlier failure are stale.
     shutil.rmtree(logs)
     shutil.rmtree(kept, ignore_errors=True)
+
+
+def _cluster_timeout(logs: str, world_size: int) -> bool:
+    lines = [first_error_line(os.path.join(logs, f"rank_{rank}.log")) or "" for rank in range(world_size)]
+    return any("hash name due to timeout" in line for line in lines)
 
 
 def _failure_message(error: DistributedError, world_size: int, kept: str) -> str:
