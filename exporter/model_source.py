@@ -79,9 +79,6 @@ def resolve_model(config: ExportConfig) -> ModelSource:
     pet, slora = section.pet_config, None
     if isinstance(pet, dict) and pet.get("pet_type") == "slora":
         from exporter.weights.slora import read_slora
-        if config.world_size > 1:
-            raise ConfigError(f"{config.source}: pet_config pet_type slora with parallel.model_parallel "
-                              f"{config.world_size} is not supported yet; allowed: model_parallel 1")
         pet, slora = None, read_slora(section.pet_config, family, f"{config.source}: model.pet_config")
     return ModelSource(family, model, special.get("bos_token_id"), eos_ids, 0 if pad is None else int(pad),
                        tokenizer, checkpoint, side, section.adapter, pet, config.src_strategy_path_or_dir, slora)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from test_families import check_parity
+from test_distributed import rank_table
 from tiny_models import VENV_MS20_PYTHON, REPO, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 STEPS = 32
@@ -59,6 +60,8 @@ def slora_exports(slora_model):
                       "pet_config": {"pet_type": "slora", "adapter_path": str(folder / "mf" / "lora_adapter.json")}}
                 cfg = {"model": {"model_config": mc, "arch": {"type": "LlamaForCausalLM"}},
                        "load_checkpoint": str(folder / "mf" / "base.ckpt"), "output_dir": str(out)}
+            elif variant == "tp2":
+                cfg = slora_yaml(folder, out, parallel={"model_parallel": 2})
             else:
                 cfg = slora_yaml(folder, out, "dynamic" if variant != "io" else "io", lite_ms=variant == "lite")
             python = str(VENV_MS20_PYTHON) if variant == "lite" else sys.executable
@@ -96,6 +99,20 @@ def test_rows_of_one_batch_use_their_own_adapters(slora_model, slora_exports, va
         ref = np.load(slora_model / f"reference_{adapter}.npz")
         check_parity(logits[row:row + 1], tokens[row:row + 1], ref["logits"][row:row + 1], ref["tokens"][row:row + 1],
                      f"row {row} ({adapter}) of a mixed batch")
+
+
+def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tmp_path):
+    """Adapters split with their base layers (B by output rows under column parallel, A by input
+    columns under row parallel): a mixed batch on 2 ranks gives the single-rank logits."""
+    table = rank_table(tmp_path / "table2.json", 2)
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms",
+                      "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
+                      slora_exports("tp2"), str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), "[1, 0, 2]"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    want_logits, want_tokens = run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank_{rank}.npz")
+        check_parity(got["logits"], got["tokens"], want_logits, want_tokens, f"SLoRA TP=2 rank {rank}")
 
 
 def test_run_infer_adapter_id(slora_model, slora_exports):
