@@ -219,9 +219,9 @@ class Attention(nn.Cell):
         """x (B*T, H): T new tokens per row, against host-owned past keys (B, kv, hd, P, transposed)
         and values (B, kv, P, hd) whose first `past` (B, 1, 1, 1) positions are the row's; cos/sin
         (B*T, 1, hd). Returns the output (B*T, H), the new keys (B, kv, hd, T) and values (B, kv, T, hd)
-        and the score biases of past and new keys, which
-        every layer shares: the first layer makes them (`biases` None), the others reuse them.
-        Past and new keys are two softmax terms: joining them would copy the cache on every call."""
+        and the score biases of past and new keys, which every layer shares: the first layer makes
+        them (`biases` None), the others reuse them. Past and new keys are two softmax terms: joining
+        them would copy the cache on every call."""
         d = self.dyn
         q = self._heads_dynamic(self.q(x, select), d.tokens_q, d.heads_q, cos, sin)
         k = self._heads_dynamic(self.k(x, select), d.tokens_kv, d.heads_kv, cos, sin)

@@ -159,11 +159,11 @@ class CausalLM(nn.Cell):
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
-
     def step(self, input_ids, batch_valid_length, past_length, kv, adapter_ids=None):
-        """T new tokens per row (B, T) after `past_length` (B,) rows of the host cache `kv`
-        (per layer K, V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's valid new
-        tokens. Returns logits of each row's last valid token and the new K/V rows (B, kv, T, hd)."""
+        """T new tokens per row (B, T) after `past_length` (B,) positions of the host cache `kv`
+        (per layer K (B, kv, hd, P), V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's
+        valid new tokens. Returns logits of each row's last valid token and the new K (B, kv, hd, T)
+        and V (B, kv, T, hd)."""
         d = self.dyn
         steps = self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0       # (B, T): 0 .. T-1
         past = self.cast(self.reshape(past_length, d.column), ms.float32)
