@@ -121,7 +121,8 @@ class Glm2(Family):
             raise UnsupportedError(f"{where}: rope scaling is not supported; supported: plain rotary embeddings")
         head_dim = hf.get("head_dim")
         if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-            raise UnsupportedError(f"{where}: head_dim {head_dim} * num_attention_heads != hidden_size is not supported")
+            raise UnsupportedError(f"{where}: head_dim {head_dim} * num_attention_heads != hidden_size is not "
+                                   "supported")
         keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
                 "intermediate_size": "intermediate_size", "rms_norm_eps": "norm_eps"}
