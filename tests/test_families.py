@@ -294,6 +294,57 @@ def test_baichuan2_shape_from_config_json_or_model_positions():
         family.from_hf(dict(hf, architectures=["BaiChuanForCausalLM"]), "config.json")
 
 
+def test_qwen_config_json_switches():
+    """Qwen v1: the MLP is half of config.json's intermediate_size; use_dynamic_ntk / use_logn_attn
+    (on by default upstream) limit seq_length to config.json's seq_length, naming the switch; what
+    changes the math otherwise is refused by name. Qwen2: sliding window and rope scaling refused.
+    MindFormers: the rotary base is `theta` (QwenConfig is a LlamaConfig), not `rotary_emb_base`."""
+    from exporter.families import family_by_hf_type, family_by_mindformers_type
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    hf = {"model_type": "qwen", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "kv_channels": 16, "intermediate_size": 192, "layer_norm_epsilon": 1e-6,
+          "rotary_emb_base": 20000, "rotary_pct": 1.0, "seq_length": 64, "use_dynamic_ntk": True,
+          "use_logn_attn": True}
+    family = family_by_hf_type("qwen", "config.json")
+    cfg = family.config(family.from_hf(hf, "config.json"), "export.yaml")
+    assert (cfg.intermediate_size, cfg.rope_theta, cfg.qkv_bias, cfg.o_bias) == (96, 20000, True, False)
+    cfg.check_seq_length(64)
+    with pytest.raises(ConfigError, match=r"seq_length 65 exceeds 64, past which use_dynamic_ntk and "
+                                          r"use_logn_attn \(on in config.json\) change the attention"):
+        cfg.check_seq_length(65)
+    logn_only = family.config(family.from_hf(dict(hf, use_dynamic_ntk=False), "config.json"), "e")
+    with pytest.raises(ConfigError, match=r"past which use_logn_attn \(on in config.json\) changes"):
+        logn_only.check_seq_length(65)
+    off = {k: v for k, v in hf.items() if k not in ("use_dynamic_ntk", "use_logn_attn")}
+    assert family.config(family.from_hf(off, "c"), "e").seq_length_limit == 64      # upstream's default: on
+    off.update(use_dynamic_ntk=False, use_logn_attn=False)
+    assert family.config(family.from_hf(off, "c"), "e").seq_length_limit is None
+    with pytest.raises(UnsupportedError, match="use_dynamic_ntk and use_logn_attn need seq_length"):
+        family.from_hf({k: v for k, v in hf.items() if k != "seq_length"}, "config.json")
+    for bad, pattern in [({"rotary_pct": 0.5}, "rotary_pct 0.5"), ({"no_bias": False}, "no_bias false"),
+                         ({"rope_scaling": {"type": "dynamic"}}, "rope scaling"),
+                         ({"use_cache_quantization": True}, "use_cache_quantization True"),
+                         ({"kv_channels": 32}, "kv_channels 32")]:
+        with pytest.raises(UnsupportedError, match=pattern):
+            family.from_hf(dict(hf, **bad), "config.json")
+    qwen2 = {"model_type": "qwen2", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "rope_theta": 1e6,
+             "use_sliding_window": False, "sliding_window": 32}
+    cfg = family.config(family.from_hf(qwen2, "config.json"), "e")
+    assert (cfg.n_kv_heads, cfg.intermediate_size, cfg.rope_theta, cfg.seq_length_limit) == (2, 96, 1e6, None)
+    for bad, pattern in [({"use_sliding_window": True}, "use_sliding_window True"),
+                         ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope scaling")]:
+        with pytest.raises(UnsupportedError, match=pattern):
+            family.from_hf(dict(qwen2, **bad), "config.json")
+    mf = family_by_mindformers_type("QwenForCausalLM", "run.yaml")
+    mc = {"vocab_size": 320, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 96,
+          "kv_channels": 16, "rotary_pct": 1.0, "rotary_emb_base": 10000}
+    assert "rope_theta" not in mf.from_mindformers(mc, "run.yaml")                 # LlamaConfig's 10000
+    assert mf.from_mindformers(dict(mc, theta=50000.0), "run.yaml")["rope_theta"] == 50000.0
+    with pytest.raises(UnsupportedError, match="rotary_pct 0.5"):
+        mf.from_mindformers(dict(mc, rotary_pct=0.5), "run.yaml")
+
+
 @pytest.mark.parametrize("family, layout", [("glm2", "hf_glm"), ("qwen", "hf_qwen2")])
 def test_other_hf_layout_of_a_family_is_the_same_model(hf_family, family, layout, tmp_path):
     """transformers' own folder (GlmForCausalLM, Qwen2ForCausalLM names and config) exports the network

@@ -217,6 +217,35 @@ def test_tiktoken_prefix_and_extra_specials(files):
     assert tok.encode("<|user|>") == [n + 208] and tok.vocab_size == n + 209
 
 
+def test_qwen_folder_matches_tiktoken_itself(files, tmp_path):
+    """A Qwen v1 folder (qwen.tiktoken beside config.json) is read by the tiktoken tokenizer, and ids
+    of chat-formatted text equal tiktoken's own with Qwen's split pattern and specials (<|endoftext|>,
+    <|im_start|>, <|im_end|> right after the ranks); decoding with the specials gives the text back."""
+    import tiktoken
+    folder = tmp_path / "qwen_7b"
+    folder.mkdir()
+    shutil.copy(files["tiktoken"], folder / "qwen.tiktoken")
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen"}))
+    tok = load_tokenizer(folder)
+    assert type(tok) is TiktokenTokenizer
+    lines = (folder / "qwen.tiktoken").read_bytes().splitlines()
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in lines)}
+    n = len(ranks)
+    pattern = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+    specials = {"<|endoftext|>": n, "<|im_start|>": n + 1, "<|im_end|>": n + 2}
+    ref = tiktoken.Encoding("qwen_reference", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    for text in ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+                 "中国的首都是哪个城市？ It's 2024, hello  world 😀<|im_end|>\n<|im_start|>assistant\n",
+                 "hello world<|endoftext|>", "a\n\n  b 123"]:
+        ids = tok.encode(text)
+        assert ids == ref.encode(text, allowed_special="all"), text
+        assert tok.decode(ids, skip_special_tokens=False) == text
+    chat = tok.encode("<|im_start|>user<|im_end|>")
+    assert (chat[0], chat[-1], tok.decode(chat)) == (n + 1, n + 2, "user")
+    assert (tok.eos_token_id, tok.eos_token_ids) == (n, [n, n + 2])
+
+
 # -- errors ---------------------------------------------------------------------------
 def test_load_errors_name_the_path(tmp_path):
     missing = tmp_path / "nope" / "tokenizer.json"

@@ -4,12 +4,14 @@ Qwen v1 (`model_type: qwen`, remote code): RMSNorm, full rotate-half rotary (`ro
 fused `c_attn` (q|k|v rows) with bias, `c_proj` without, MLP `c_proj(w1(x) * silu(w2(x)))` whose
 width is half of config.json's `intermediate_size`, untied head, no BOS; tokenizer `qwen.tiktoken`.
 `use_dynamic_ntk` and `use_logn_attn` change nothing up to config.json's `seq_length` (the remote
-code scales only longer sequences), so an export with either is limited to that length.
+code's NTK alpha is 1 and its log-n query scale applies only past it), so an export with either is
+limited to that length; `use_cache_quantization` (int8 KV cache) is refused.
 Qwen1.5 / Qwen2 (`model_type: qwen2`, transformers' Qwen2ForCausalLM): Llama's names with bias on
 q, k, v only, GQA, `rope_theta`; sliding-window attention is refused. MindFormers research/qwen
 (`QwenForCausalLM`, `QwenConfig`): `transformer.wte.embedding_weight`, `attention.wq/wk/wv` (+bias),
 `wo`, `feed_forward.w1` (up) / `w3` (gate) / `w2` (down), `ln_f`; its `intermediate_size` is the
-MLP width itself.
+MLP width itself, and its rotary base is LlamaConfig's `theta` (the yaml's `rotary_emb_base` is a
+copied Qwen item upstream's model does not read).
 """
 from __future__ import annotations
 
@@ -29,9 +31,9 @@ class Qwen(Family):
     features = dict(norm="rms", positions="rotary", mlp="swiglu", qkv_bias=True)
     mindformers_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_layers",
                         "num_heads": "n_heads", "intermediate_size": "intermediate_size",
-                        "rms_norm_eps": "norm_eps", "rotary_emb_base": "rope_theta"}
+                        "rms_norm_eps": "norm_eps", "theta": "rope_theta"}
     mindformers_required = {"rotary_pct": (1.0, 1)}
-    mindformers_also_read = ("kv_channels",)
+    mindformers_also_read = ("kv_channels", "rotary_emb_base")
 
     hf_weights = WeightPlan([
         # Qwen v1
@@ -85,6 +87,7 @@ class Qwen(Family):
                                    "allowed: 1.0")
         if hf.get("no_bias", True) is not True:
             raise UnsupportedError(f"{where}: no_bias false is not supported by the qwen family; allowed: true")
+        refuse_true(hf, ("use_cache_quantization",), where, cls.name)
         if hf.get("rope_scaling"):
             raise UnsupportedError(f"{where}: rope scaling {hf['rope_scaling']!r} is not supported yet")
         check_qwen_head_dim(hf, where)
@@ -94,8 +97,15 @@ class Qwen(Family):
         sizes = {ours: hf[key] for key, ours in keys.items() if hf.get(key) is not None}
         if hf.get("intermediate_size") is not None:
             sizes["intermediate_size"] = hf["intermediate_size"] // 2     # w1 and w2 are each half of it
-        if (hf.get("use_dynamic_ntk") or hf.get("use_logn_attn")) and hf.get("seq_length"):
+        switches = [key for key in ("use_dynamic_ntk", "use_logn_attn") if hf.get(key, True)]  # upstream: on
+        if switches:
+            if not hf.get("seq_length"):
+                raise UnsupportedError(f"{where}: {' and '.join(switches)} need seq_length (the trained length "
+                                       "past which they rescale the attention); add it to config.json")
             sizes["seq_length_limit"] = hf["seq_length"]
+            sizes["seq_length_limit_by"] = (f"{' and '.join(switches)} (on in {where}) "
+                                            f"{'change' if len(switches) > 1 else 'changes'} the attention, "
+                                            "which is not built here")
         return sizes
 
     @classmethod

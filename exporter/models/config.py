@@ -32,6 +32,7 @@ class DecoderConfig:
     max_position_embeddings: Optional[int] = None   # size of the learned table; a limit for rotary
     seq_length_limit: Optional[int] = None     # longest sequence the built math is exact for (dynamic NTK
                                                # rotary scaling, e.g. InternLM's, changes positions past it)
+    seq_length_limit_by: Optional[str] = None  # the refusal's reason: "past which <this>; export with ..."
     alibi: bool = False                        # ALiBi score bias (Bloom, Baichuan2 13B)
     mlp: str = "swiglu"                        # swiglu | gelu_tanh | gelu (exact, erf)
     qkv_bias: bool = False
@@ -87,9 +88,9 @@ class DecoderConfig:
             raise ConfigError(f"seq_length {seq_length} exceeds the model's learned position table "
                               f"(max_position_embeddings {limit}); export with seq_length <= {limit}")
         if self.seq_length_limit is not None and seq_length > self.seq_length_limit:
-            raise ConfigError(f"seq_length {seq_length} exceeds {self.seq_length_limit}, past which the model's "
-                              f"dynamic rotary scaling changes every position; export with seq_length <= "
-                              f"{self.seq_length_limit}")
+            by = self.seq_length_limit_by or "the model's dynamic rotary scaling changes every position"
+            raise ConfigError(f"seq_length {seq_length} exceeds {self.seq_length_limit}, past which {by}; "
+                              f"export with seq_length <= {self.seq_length_limit}")
 
     def to_json(self) -> dict:
         data = asdict(self)
