@@ -32,4 +32,6 @@ def main(export, out_dir, steps, prompts=None, slots=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])
+    args = sys.argv[1:]     # then the launcher's own --backend ms --distributed True
+    args = args[:next((i for i, a in enumerate(args) if a.startswith("--")), len(args))]
+    main(args[0], args[1], int(args[2]), *args[3:5])
