@@ -42,8 +42,9 @@ def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0)
                           logs, with_ms_cluster=True, timeout=timeout, failure_grace=FAILURE_GRACE)
                 break
             except DistributedError:
-                # MindSpore 2.0 sometimes fails to form its cluster on a loaded machine ("Failed to
-                # AllGather host's hash name due to timeout"): that, and only that, is tried again once.
+                # MindSpore 2.0 sometimes fails to form its cluster ("Failed to AllGather host's hash
+                # name due to timeout", "The state of the cluster is error": a node's heartbeat timed
+                # out during init): that, and only that, is tried again once.
                 if attempt == 2 or not _cluster_timeout(logs, config.world_size):
                     raise
                 shutil.rmtree(logs, ignore_errors=True)
@@ -61,7 +62,7 @@ def trace_distributed(config: ExportConfig, folder: str, timeout: float = 900.0)
 
 def _cluster_timeout(logs: str, world_size: int) -> bool:
     lines = [first_error_line(os.path.join(logs, f"rank_{rank}.log")) or "" for rank in range(world_size)]
-    return any("hash name due to timeout" in line for line in lines)
+    return any(m in line for line in lines for m in ("hash name due to timeout", "The state of the cluster is error"))
 
 
 def _failure_message(error: DistributedError, world_size: int, kept: str) -> str:
