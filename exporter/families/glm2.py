@@ -19,6 +19,7 @@ from lite_runtime.contract.errors import UnsupportedError
 
 from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
+from exporter.families.llama import check_head_dim, read_rope
 
 SPECIAL_TOKENS = ("[MASK]", "[gMASK]", "[sMASK]", "sop", "eop",
                   "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
@@ -116,19 +117,11 @@ class Glm2(Family):
         if not hf.get("attention_bias", True):
             raise UnsupportedError(f"{where}: attention_bias false is not supported by the glm2 family; allowed: true")
         refuse_true(hf, ("tie_word_embeddings",), where, cls.name)
-        rope = hf.get("rope_parameters") or {}
-        if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-            raise UnsupportedError(f"{where}: rope scaling is not supported; supported: plain rotary embeddings")
-        head_dim = hf.get("head_dim")
-        if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-            raise UnsupportedError(f"{where}: head_dim {head_dim} * num_attention_heads != hidden_size is not "
-                                   "supported")
+        check_head_dim(hf, where)
         keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
                 "intermediate_size": "intermediate_size", "rms_norm_eps": "norm_eps"}
-        sizes = {ours: hf[key] for key, ours in keys.items() if hf.get(key) is not None}
-        theta = rope.get("rope_theta", hf.get("rope_theta"))
-        return sizes if theta is None else dict(sizes, rope_theta=theta)
+        return dict({ours: hf[key] for key, ours in keys.items() if hf.get(key) is not None}, **read_rope(hf, where))
 
     @classmethod
     def from_mindformers(cls, model_config, where):
