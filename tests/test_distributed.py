@@ -59,8 +59,8 @@ def test_tp2_greedy_matches_single_rank(tp_setup, source):
     out = folder / f"run_{source}"
     out.mkdir()
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
-                      str(out / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"), exports[source],
-                      str(out), str(STEPS)])
+                      str(out / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"), str(out), str(STEPS),
+                      "--model_dir", exports[source]])
     assert result.returncode == 0, result.stderr[-2000:]
     ref_logits, ref_tokens = greedy_run(load_session("ms", load_manifest(exports["single"])), STEPS)
     for rank in range(2):

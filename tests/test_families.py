@@ -204,7 +204,7 @@ def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
     table = rank_table(tmp_path / "table2.json", 2)
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms",
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
-                      export, str(tmp_path), str(STEPS)])
+                      str(tmp_path), str(STEPS), "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
     ref_logits, ref_tokens = greedy_run(load_session("ms", load_manifest(family_export(family, "io"))), STEPS)
     for rank in range(2):

@@ -107,7 +107,8 @@ def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tmp_path):
     table = rank_table(tmp_path / "table2.json", 2)
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms",
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
-                      slora_exports("tp2"), str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), "[1, 0, 2]"])
+                      str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), "[1, 0, 2]",
+                      "--model_dir", slora_exports("tp2")])
     assert result.returncode == 0, result.stderr[-2000:]
     want_logits, want_tokens = run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
     for rank in range(2):

@@ -1,8 +1,10 @@
 """Run under the launcher: one rank's greedy decode of fixed prompts, logits saved per rank.
 
 usage (by tests/test_distributed.py):
-  python -m lite_runtime.distributed.launch --rank_table T --backend ms -- tests/tp_worker.py EXPORT OUT_DIR STEPS
+  python -m lite_runtime.distributed.launch --rank_table T --backend ms|mslite -- tests/tp_worker.py OUT_DIR STEPS \
+      --model_dir EXPORT
 With PROMPTS.json SLOTS.json after STEPS (tests/test_slora.py): those prompts, one SLoRA slot per row.
+(--model_dir, as run_infer_main takes it, tells the launcher the export's form.)
 """
 import os
 import sys
@@ -13,14 +15,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from greedy_runner import greedy_run
 
 
-def main(export, out_dir, steps, prompts=None, slots=None):
-    from mindspore.communication import get_rank, init
+def main(backend, export, out_dir, steps, prompts=None, slots=None):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    init()
-    rank = get_rank()
-    assert rank == int(os.environ["RANK_ID"]), "launcher rank order differs from MindSpore's"
-    session = load_session("ms", load_manifest(export), rank)
+    rank = int(os.environ["RANK_ID"])
+    if backend == "ms":
+        from mindspore.communication import get_rank, init
+        init()
+        assert get_rank() == rank, "launcher rank order differs from MindSpore's"
+    session = load_session(backend, load_manifest(export), rank)
     if prompts is None:
         logits, tokens = greedy_run(session, steps)
     else:
@@ -29,9 +32,11 @@ def main(export, out_dir, steps, prompts=None, slots=None):
         with open(prompts) as f:
             logits, tokens = run(session, json.load(f), steps, json.loads(slots))
     np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), logits=logits, tokens=tokens)
+    session.close()     # Lite's models before the interpreter exits (under mpiexec: else exit code 11)
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]     # then the launcher's own --backend ms --distributed True
-    args = args[:next((i for i, a in enumerate(args) if a.startswith("--")), len(args))]
-    main(args[0], args[1], int(args[2]), *args[3:5])
+    argv = sys.argv[1:]     # OUT_DIR STEPS [PROMPTS SLOTS] --model_dir EXPORT, then the launcher's --backend B ...
+    option = lambda name: argv[argv.index(name) + 1]
+    args = argv[:next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))]
+    main(option("--backend"), option("--model_dir"), args[0], int(args[1]), *args[2:4])

@@ -13,15 +13,16 @@ import time
 from typing import List
 
 from lite_runtime.contract.errors import ConfigError
-from lite_runtime.contract.families import get_family, graph_kinds
+from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
+from lite_runtime.contract.segments import segment_names, segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            file_sha256, graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
 from exporter.build.lite_convert import convert_graphs, converter_python
 from exporter.build.progress import deferred_interrupts, stage
-from exporter.build.trace import graph_dims, trace_rank
+from exporter.build.trace import graph_dims, trace_rank, trace_segments
 from exporter.model_source import ModelSource, resolve_model
 from exporter.weights.adapters import adapter_record
 
@@ -51,7 +52,7 @@ def export(config: ExportConfig) -> str:
             lite_files = {}
             if converter:
                 with stage("converted the graphs to MindSpore Lite's .ms format"):
-                    lite_files = convert_graphs(tmp, _graph_files(config), converter)
+                    lite_files = convert_graphs(tmp, _graph_files(config, source), converter)
             with stage("checked the graphs and wrote the manifest"):
                 manifest = _write_side_files(config, source, tmp, lite_files)
             _replace_dir(tmp, config.output_dir)
@@ -67,7 +68,12 @@ def export(config: ExportConfig) -> str:
 
 def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
     """Every rank's graphs into `tmp`: in this process for one rank, in a launched job for more."""
-    if config.world_size > 1:
+    if config.parallel.collectives == "host":
+        if source.slora:
+            raise ConfigError(f"{config.source}: SLoRA adapters (pet_type: slora) with parallel.collectives: host "
+                              "are not supported yet; use collectives: graph (backend ms) or model_parallel 1")
+        trace_segments(config, source, tmp)
+    elif config.world_size > 1:
         from exporter.build.distributed import trace_distributed
         trace_distributed(config, tmp)
     else:
@@ -86,8 +92,12 @@ def _lite_converter(config: ExportConfig):
     return converter_python(config.source)
 
 
-def _graph_files(config: ExportConfig):
-    return {kind: [graph_relpath(kind, r) for r in range(config.world_size)] for kind in graph_kinds(config.kv_cache)}
+def _graph_files(config: ExportConfig, source: ModelSource):
+    """The MindIR files of the export per graph kind, or per segment in the segment form."""
+    ranks = range(config.world_size)
+    if config.parallel.collectives == "host":
+        return {name: [segment_relpath(name, r) for r in ranks] for name in segment_names(source.config.num_layers)}
+    return {kind: [graph_relpath(kind, r) for r in ranks] for kind in graph_kinds(config.kv_cache)}
 
 
 def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files) -> Manifest:
@@ -95,16 +105,24 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     from lite_runtime.contract.mindir import read_mindir_io
 
     spec, dims = get_family(source.family.name), graph_dims(config, source)
-    graphs, hashes, mindir_version = {}, {}, ""
-    for kind, files in _graph_files(config).items():
-        entry = GraphEntry(files, spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
+    hashes, mindir_version = {}, ""
+    segmented = config.parallel.collectives == "host"
+    io = segment_specs(dims, config.world_size) if segmented else \
+        {kind: (spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
+         for kind in graph_kinds(config.kv_cache)}
+    entries = {}
+    for kind, files in _graph_files(config, source).items():
+        entry = GraphEntry(files, *io[kind])
         for rel in files:
             actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))
             check_graph_inputs(actual, entry.inputs, f"exported {rel}")
             hashes[rel] = file_sha256(os.path.join(tmp, rel))
         for rel in lite_files.get(kind, []):
             hashes[rel] = file_sha256(os.path.join(tmp, rel))
-        graphs[kind] = entry
+        entries[kind] = entry
+    # The segment form's step has no file of its own: the decode loop's contract, run as segments.
+    graphs = {STEP: GraphEntry([], spec.inputs(STEP, "dynamic", dims), spec.outputs(STEP, "dynamic", dims))} \
+        if segmented else entries
     tokenizer = None
     bos, eos = source.bos_token_id, list(source.eos_token_id)
     if source.tokenizer:
@@ -125,6 +143,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
                         tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
                         tokenizer_options=source.family.tokenizer_options() if tokenizer else {},
                         adapters=adapter_record(source), lite_files=lite_files,
+                        collectives=config.parallel.collectives, segments=entries if segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config)
     manifest.save(tmp)

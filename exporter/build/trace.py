@@ -1,4 +1,5 @@
-"""Tracing one rank: build its share of the network, load its weights, write its two graphs."""
+"""Tracing: build a rank's share of the network, load its weights, write its graphs (or, in the
+segment form, every rank's step segments)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ import numpy as np
 from lite_runtime.contract.errors import WeightError
 from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family, graph_kinds
 from lite_runtime.contract.manifest import graph_relpath
+from lite_runtime.contract.segments import segment_relpath, segment_specs
 from exporter.build.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
@@ -19,7 +21,7 @@ def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
     cfg = source.config
     return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
                      cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size,
-                     source.slora.slots if source.slora else 0)
+                     source.slora.slots if source.slora else 0, cfg.hidden_size, int(cfg.positions == "rotary"))
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
@@ -59,13 +61,12 @@ def _dummy(spec):
     return Tensor(np.zeros(spec.shape, spec.dtype))
 
 
-def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
-    """Build rank `rank`'s network, load its weights and write both graphs into `folder`."""
+def _build_rank(config: ExportConfig, source: ModelSource, rank: int, graph_collectives: bool = True):
+    """Rank `rank`'s network with its weights loaded."""
     import mindspore as ms
-    from mindspore import Tensor
     from lite_runtime.contract.mindir import cpu_graph_mode
     from exporter.models.attention import BuildContext
-    from exporter.models.decoder import CausalLM, IncrementGraph, PrefillGraph, StepGraph
+    from exporter.models.decoder import CausalLM
     from exporter.models.linear import split_rules
 
     cpu_graph_mode(ms)
@@ -75,19 +76,49 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
         from exporter.weights.slora import targets
         lora = dict(lora_width=source.slora.slots * source.slora.rank, lora_rank=source.slora.rank,
                     lora_targets=targets(source.slora))
-    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype, **lora)
-    where = f" (rank {rank})" if config.world_size > 1 else ""
+    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype, **lora,
+                       graph_collectives=graph_collectives)
+    where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
     with stage(f"read and loaded the weights{where}"):
         weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size)
         W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family))
+    return net
+
+
+def _where(config: ExportConfig, rank: int) -> str:
+    return f" (rank {rank})" if config.world_size > 1 else ""
+
+
+def _export(cell, specs, path: str) -> None:
+    import mindspore as ms
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ms.export(cell, *[_dummy(t) for t in specs], file_name=path[: -len(".mindir")], file_format="MINDIR")
+
+
+def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
+    """Build rank `rank`'s network, load its weights and write its graphs into `folder`."""
+    from exporter.models.decoder import IncrementGraph, PrefillGraph, StepGraph
+
+    net = _build_rank(config, source, rank)
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     graphs = {"prefill": PrefillGraph, "increment": IncrementGraph, STEP: StepGraph}
     for kind in graph_kinds(config.kv_cache):
-        graph = graphs[kind](net)
-        dummies = [_dummy(t) for t in spec.inputs(kind, config.kv_cache, dims)]
-        path = os.path.join(folder, graph_relpath(kind, rank))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with stage(f"traced the {kind} graph{where}"):
-            ms.export(graph, *dummies, file_name=path[: -len(".mindir")], file_format="MINDIR")
+        with stage(f"traced the {kind} graph{_where(config, rank)}"):
+            _export(graphs[kind](net), spec.inputs(kind, config.kv_cache, dims),
+                    os.path.join(folder, graph_relpath(kind, rank)))
+
+
+def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> None:
+    """Every rank's step as segments without collectives (`parallel.collectives: host`), traced
+    rank after rank in this process: no distributed job is needed."""
+    from exporter.models.segments import keep_row_biases_on_rank0, segment_cells
+
+    specs = segment_specs(graph_dims(config, source), config.world_size)
+    for rank in range(config.world_size):
+        net = _build_rank(config, source, rank, graph_collectives=False)
+        keep_row_biases_on_rank0(net, rank)
+        with stage(f"traced {len(specs)} step segments{_where(config, rank)}"):
+            for name, cell in segment_cells(net).items():
+                _export(cell, specs[name][0], os.path.join(folder, segment_relpath(name, rank)))

@@ -16,6 +16,7 @@ import yaml
 
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import KV_MODES
+from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
 COMPUTE_DTYPES = ("float32", "float16")
@@ -58,6 +59,7 @@ class ParallelSection:
     model_parallel: int = 1
     data_parallel: int = 1
     pipeline_stage: int = 1
+    collectives: str = "graph"   # graph: in each rank's graphs (MindSpore, Ascend); host: segments (Lite on CPU)
 
 
 @dataclass
@@ -118,18 +120,21 @@ class ExportConfig:
             if getattr(self.parallel, key) != 1:
                 raise ConfigError(f"{where}: parallel.{key} {getattr(self.parallel, key)} is not supported "
                                   "for inference export; allowed: 1 (use model_parallel to split a model)")
+        self._check_collectives()
         if self.kv_cache == "dynamic":
-            if self.parallel.model_parallel > 1:
-                raise ConfigError(f"{where}: kv_cache dynamic is not supported with parallel.model_parallel "
-                                  f"{self.parallel.model_parallel} yet; allowed with model_parallel 1, or use kv_cache io")
+            if self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
+                raise ConfigError(f"{where}: kv_cache dynamic with parallel.model_parallel "
+                                  f"{self.parallel.model_parallel} needs parallel.collectives: host (segments for "
+                                  "MindSpore Lite on CPU); or use kv_cache io")
             for key in ("prefill_model_path", "increment_model_path"):
                 if getattr(self.infer, key):
                     raise ConfigError(f"{where}: infer.{key} needs the two graphs of kv_cache io or in_graph; "
                                       "kv_cache dynamic writes one graph (mindir_step/rank_0_graph.mindir)")
-        if self.lite_ms and (self.kv_cache == "in_graph" or self.parallel.model_parallel > 1):
+        if self.lite_ms and (self.kv_cache == "in_graph" or self.parallel.collectives == "graph"
+                             and self.parallel.model_parallel > 1):
             raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io or dynamic "
-                              f"on one rank; this config has kv_cache {self.kv_cache} and model_parallel "
-                              f"{self.parallel.model_parallel}")
+                              f"on one rank or as segments (parallel.collectives: host); this config has kv_cache "
+                              f"{self.kv_cache} and model_parallel {self.parallel.model_parallel}")
         strategy = self.src_strategy_path_or_dir
         if strategy and not os.path.exists(strategy):
             raise ConfigError(f"{where}: src_strategy_path_or_dir {strategy} does not exist (a MindSpore strategy "
@@ -137,6 +142,21 @@ class ExportConfig:
         if self.model.hf_dir is None and self.model.family is None:
             raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
                               "and the model sizes")
+
+    def _check_collectives(self) -> None:
+        form, where = self.parallel.collectives, self.source
+        if form not in COLLECTIVE_FORMS:
+            raise ConfigError(f"{where}: parallel.collectives {form!r} is not allowed; allowed: "
+                              f"{', '.join(COLLECTIVE_FORMS)}")
+        if form == "host":
+            needs = [f"{key} {value}" for key, value, allowed in (
+                ("parallel.model_parallel", self.parallel.model_parallel, self.parallel.model_parallel > 1),
+                ("kv_cache", self.kv_cache, self.kv_cache == "dynamic"),
+                ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
+            if needs:
+                raise ConfigError(f"{where}: parallel.collectives: host cuts a multi-rank dynamic step into segments "
+                                  "and needs model_parallel > 1, kv_cache dynamic and compute_dtype float32; this "
+                                  f"config has {', '.join(needs)}")
 
     @property
     def world_size(self) -> int:

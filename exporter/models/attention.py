@@ -37,6 +37,7 @@ class BuildContext(NamedTuple):
     lora_width: int = 0   # SLoRA: adapter slots x lora_rank, 0 without adapters
     lora_rank: int = 0    # SLoRA: the largest adapter rank (smaller ones padded with zeros)
     lora_targets: frozenset = frozenset()   # adapted layers of every block: "attn.q", "mlp.down" ...
+    graph_collectives: bool = True   # False: the segment form, whose partial sums are reduced on the host
 
 
 class ScoreBias(nn.Cell):
@@ -148,7 +149,8 @@ class Attention(nn.Cell):
         self.q = ColumnParallelLinear(hidden, cfg.n_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["q"])
         self.k = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["k"])
         self.v = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["v"])
-        self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias, flat, lora["o"])
+        self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias, flat, lora["o"],
+                                   ctx.graph_collectives)
         self.use_rotary = cfg.positions == "rotary"
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype)
         self.in_graph = ctx.kv_mode == "in_graph"

@@ -29,7 +29,7 @@ class DecoderLayer(nn.Cell):
         self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
         lora = {n: ctx.lora_width for n in ("gate", "up", "down") if f"mlp.{n}" in ctx.lora_targets}
         self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
-                            ctx.kv_mode == "dynamic", lora)
+                            ctx.kv_mode == "dynamic", lora, ctx.graph_collectives)
 
     def finish(self, x, attn_out, select=None):
         h = x + attn_out
@@ -76,7 +76,7 @@ class CausalLM(nn.Cell):
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=dynamic)
         self.head_matmul = ops.MatMul(transpose_b=True)
-        self.gather_vocab = Collective.gather_last_dim(ctx.world_size)
+        self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1)
         self.bias = ScoreBias(cfg, ctx)
         cos, sin = rotary_tables(ctx.seq, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rotary_interleaved)
         self.cos_table, self.sin_table = Tensor(cos), Tensor(sin)
@@ -164,15 +164,7 @@ class CausalLM(nn.Cell):
         (per layer K (B, kv, hd, P), V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's
         valid new tokens. Returns logits of each row's last valid token and the new K (B, kv, hd, T)
         and V (B, kv, T, hd)."""
-        d = self.dyn
-        steps = self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0       # (B, T): 0 .. T-1
-        past = self.cast(self.reshape(past_length, d.column), ms.float32)
-        pos = self.reshape(self.cast(steps + past, ms.int32), d.flat)                        # (B*T,)
-        cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
-        sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
-        x = self._embed(self.reshape(input_ids, d.flat), pos)                                # (B*T, H)
-        past = self.reshape(past, d.per_row)
-        select = self._select(input_ids, adapter_ids, d.column, d.flat_column)
+        x, cos, sin, past, select = self.step_start(input_ids, past_length, adapter_ids)
         new_kv = ()
         biases = None
         i = 0
@@ -182,10 +174,32 @@ class CausalLM(nn.Cell):
             x = layer.finish(x, attn, select)
             new_kv = new_kv + (k, v)
             i = i + 1
+        return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
+
+    def step_start(self, input_ids, past_length, adapter_ids=None):
+        """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
+        cos/sin (B*T, 1, hd), each row's past length (B, 1, 1, 1) as float and the SLoRA columns."""
+        d = self.dyn
+        pos = self.reshape(self.cast(self._steps(input_ids) + self.cast(self.reshape(past_length, d.column),
+                                                                        ms.float32), ms.int32), d.flat)
+        cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
+        sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
+        x = self._embed(self.reshape(input_ids, d.flat), pos)
+        past = self.reshape(self.cast(past_length, ms.float32), d.per_row)
+        return x, cos, sin, past, self._select(input_ids, adapter_ids, d.column, d.flat_column)
+
+    def step_logits(self, x, input_ids, batch_valid_length, past_length):
+        """Logits of each row's last valid token from the final hidden states x (B*T, H)."""
+        d = self.dyn
+        steps = self._steps(input_ids)
         last = self.reshape(self.cast(batch_valid_length - past_length, ms.float32) - 1.0, d.column)
         pick = self.reshape(self.cast(self.equal(steps, last), self.dtype), d.pick)         # (B, 1, T)
         hidden = self.bmm(pick, self.reshape(x, d.rows))
-        return (self._logits(self.reshape(hidden, d.hidden)),) + new_kv
+        return self._logits(self.reshape(hidden, d.hidden))
+
+    def _steps(self, input_ids):
+        """0 .. T-1 along each row of input_ids (B, T), float32."""
+        return self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0
 
 
 class PrefillGraph(nn.Cell):

@@ -84,9 +84,10 @@ class RowParallelLinear(Linear):
     split = {"weight": 1, "lora_a": 1}
 
     def __init__(self, in_features: int, out_features: int, world_size: int, dtype, bias: bool = False,
-                 flat: bool = False, lora_width: int = 0):
-        super().__init__(in_features // world_size, out_features, dtype, bias, Collective.all_reduce(world_size), flat,
-                         lora_width)
+                 flat: bool = False, lora_width: int = 0, reduce: bool = True):
+        """`reduce` False: the partial sums leave the graph (the segment form reduces them on the host)."""
+        super().__init__(in_features // world_size, out_features, dtype, bias,
+                         Collective.all_reduce(world_size if reduce else 1), flat, lora_width)
 
 
 class Embedding(nn.Cell):

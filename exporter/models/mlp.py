@@ -12,12 +12,12 @@ class SwiGLU(nn.Cell):
     """down(silu(gate(x)) * up(x))."""
 
     def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False, flat: bool = False,
-                 lora=None):
+                 lora=None, reduce: bool = True):
         super().__init__()
         lora = lora or {}
         self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("gate", 0))
         self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
-        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0))
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0), reduce)
         self.sigmoid = ops.Sigmoid()
 
     def construct(self, x, select=None):
@@ -32,11 +32,11 @@ class GeluMLP(nn.Cell):
     """
 
     def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, approximate: bool,
-                 flat: bool = False, lora=None):
+                 flat: bool = False, lora=None, reduce: bool = True):
         super().__init__()
         lora = lora or {}
         self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
-        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0))
+        self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0), reduce)
         self.approximate = approximate
         self.tanh = ops.Tanh()
         self.erf = ops.Erf()
@@ -53,9 +53,9 @@ class GeluMLP(nn.Cell):
 
 
 def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool,
-             flat: bool = False, lora=None) -> nn.Cell:
+             flat: bool = False, lora=None, reduce: bool = True) -> nn.Cell:
     """`flat`: inputs are (tokens, hidden), the dynamic graph's layout; `lora`: SLoRA width per
-    adapted layer name (gate, up, down)."""
+    adapted layer name (gate, up, down); `reduce` False: no all-reduce in the graph (segment form)."""
     if kind == "swiglu":
-        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora)
-    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind == "gelu_tanh", flat, lora)
+        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora, reduce)
+    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind == "gelu_tanh", flat, lora, reduce)

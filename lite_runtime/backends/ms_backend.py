@@ -41,6 +41,10 @@ class MSSession(Session):
         self._ms = ms
         self.runtime = f"MindSpore {ms.__version__} GraphCell (CPU)"
         cpu_graph_mode(ms)
+        if manifest.collectives == "host":
+            raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
+                                   "host); run it with backend 'mslite' under the launcher, or export with "
+                                   "collectives: graph for backend 'ms'")
         if manifest.world_size > 1:
             _require_cluster(manifest)
         self._cells = {}

@@ -115,6 +115,7 @@ class MSLiteSession(Session):
         super().__init__(manifest, rank)
         self._models: Dict[str, LiteModel] = {}
         self._official = None
+        self._chain = None
         start = time.perf_counter()
         mslite = official_module()
         if mslite is not None:
@@ -138,6 +139,9 @@ class MSLiteSession(Session):
     # --- loading --------------------------------------------------------------------------------
     def _load_official(self, mslite, paths, present, device_id, num_threads, target, config_dict):
         require_kv_mode(self.manifest, "mslite (official API)", ("io", "in_graph"))
+        if self.manifest.collectives == "host":
+            raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
+                                   "host); on Ascend export with collectives: graph (HCCL in the rank graphs)")
         from lite_runtime.backends.mslite_official import OfficialLiteGraphs
         use_ge = any(c.provider == "ge" for c in present)
         graphs = OfficialLiteGraphs(mslite, self.manifest, self.rank, config_paths=paths, use_ge=use_ge,
@@ -151,26 +155,25 @@ class MSLiteSession(Session):
     def _load_native(self, paths, present, num_threads, lite_format) -> None:
         m = self.manifest
         require_kv_mode(m, "mslite (CPU)", ("io", "dynamic"))
-        if m.world_size > 1:
-            raise UnsupportedError(f"this export has {m.world_size} ranks; MindSpore Lite on CPU has no collectives. "
-                                   "Run multi-rank exports with backend 'ms' (CPU) or mslite on Ascend")
+        if m.world_size > 1 and m.collectives != "host":
+            raise UnsupportedError(f"this export has {m.world_size} ranks with collectives in their graphs; MindSpore "
+                                   "Lite on CPU has none. Export with parallel.collectives: host (kv_cache dynamic) "
+                                   "for Lite on CPU, or run it with backend 'ms' (CPU) or mslite on Ascend")
         check_mindir_readable(m)
         _log_ge_ignored(present)
         self._feeds: Dict[str, List[np.ndarray]] = {}
+        if m.collectives == "host":
+            from lite_runtime.backends.segment_chain import SegmentChain
+            from lite_runtime.distributed.host_collectives import from_env
+            collectives = from_env(self.rank, m.world_size)
+            self._chain = SegmentChain(m, self.rank, lambda name: self._open(
+                m.segment_path(name, self.rank), m.lite_path(name, self.rank), paths["increment"], num_threads,
+                lite_format), collectives)
+            return
         for kind in graph_kinds(m.kv_cache):
             path = m.graph_path(kind, self.rank)
-            found = collectives_in(path)
-            if found:   # Lite 2.0 CPU drops AllReduce with a warning and returns one rank's partial sums
-                raise UnsupportedError(f"{path} contains collective operators ({', '.join(found)}) that MindSpore "
-                                       "Lite on CPU cannot execute (it would silently return one rank's partial "
-                                       "results); run it with backend 'ms' under the launcher, or with mslite "
-                                       "on Ascend")
-            lite = m.lite_path(kind, self.rank)
-            if lite_format == "ms" and not lite:
-                raise UnsupportedError(f"{m.root or 'the export'} has no .ms models; export with lite_ms: true, "
-                                       "or use lite_format 'auto' or 'mindir'")
-            model = LiteModel(lite if lite and lite_format != "mindir" else path, paths.get(kind, paths["increment"]),
-                              num_threads)
+            model = self._open(path, m.lite_path(kind, self.rank), paths.get(kind, paths["increment"]), num_threads,
+                               lite_format)
             self._models[kind] = model
             check_graph_inputs(model.inputs, m.graphs[kind].inputs, path)
             if model.dynamic:      # shapes and bindings are set per call (`_run_dynamic`)
@@ -184,10 +187,26 @@ class MSLiteSession(Session):
             model.bind_inputs(feeds)
             self._feeds[kind] = feeds
 
+    def _open(self, path: str, lite: Optional[str], ini: Optional[str], num_threads: int, lite_format: str) -> LiteModel:
+        """A graph (its .ms form when the export has one and lite_format allows), never one holding
+        collectives: Lite 2.0 CPU drops AllReduce with a warning and returns one rank's partial sums."""
+        found = collectives_in(path)
+        if found:
+            raise UnsupportedError(f"{path} contains collective operators ({', '.join(found)}) that MindSpore "
+                                   "Lite on CPU cannot execute (it would silently return one rank's partial "
+                                   "results); run it with backend 'ms' under the launcher, or with mslite "
+                                   "on Ascend, or export with parallel.collectives: host")
+        if lite_format == "ms" and not lite:
+            raise UnsupportedError(f"{self.manifest.root or 'the export'} has no .ms models; export with "
+                                   "lite_ms: true, or use lite_format 'auto' or 'mindir'")
+        return LiteModel(lite if lite and lite_format != "mindir" else path, ini, num_threads)
+
     # --- running --------------------------------------------------------------------------------
     def _run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
         if self._official is not None:
             return self._official.run(kind, feeds)
+        if self._chain is not None:
+            return self._chain.run(feeds)
         if self._models[kind].dynamic:
             return self._run_dynamic(kind, feeds)
         bound = self._feeds[kind]
@@ -249,6 +268,9 @@ class MSLiteSession(Session):
         for model in self._models.values():
             model.close()
         self._models = {}
+        if self._chain is not None:
+            self._chain.close()
+            self._chain = None
         if self._official is not None:
             self._official.close()
             self._official = None

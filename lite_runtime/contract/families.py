@@ -69,6 +69,8 @@ class GraphDims:
     head_dim: int
     vocab_size: int
     adapter_slots: int = 0    # SLoRA exports: adapters + 1 (slot 0, the base model); 0 without
+    hidden_size: int = 0      # the segment form's hidden-state tensors (segments.py)
+    rotary: int = 0           # 1: positions rotate q/k (the segment form passes cos/sin between segments)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)

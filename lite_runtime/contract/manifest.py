@@ -66,6 +66,8 @@ class Manifest:
     adapters: List[dict] = field(default_factory=list)         # LoRA adapters merged into the weights
     lite_files: Dict[str, List[str]] = field(default_factory=dict)   # per graph kind: MindSpore Lite .ms per rank
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
+    collectives: str = "graph"       # multi-rank: in the rank graphs ("graph") or on the host between segments
+    segments: Dict[str, GraphEntry] = field(default_factory=dict)   # the "host" form: each rank's step in pieces
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
     file: str = ""                   # the manifest file read (root/manifest.json or a copy's); not serialised
@@ -80,6 +82,9 @@ class Manifest:
 
     def graph_path(self, kind: str, rank: int) -> str:
         return os.path.join(self.root, self.graphs[kind].files[rank])
+
+    def segment_path(self, name: str, rank: int) -> str:
+        return os.path.join(self.root, self.segments[name].files[rank])
 
     def lite_path(self, kind: str, rank: int) -> Optional[str]:
         """The graph converted to Lite's .ms format, when the export has it."""
@@ -98,8 +103,9 @@ class Manifest:
         return os.path.join(self.root, self.ge_config) if self.ge_config else None
 
     def to_json(self) -> dict:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("graphs", "root", "file")}
+        data = {k: v for k, v in self.__dict__.items() if k not in ("graphs", "segments", "root", "file")}
         data["graphs"] = {k: g.to_json() for k, g in self.graphs.items()}
+        data["segments"] = {k: g.to_json() for k, g in self.segments.items()}
         return data
 
     def save(self, folder: str, name: str = MANIFEST_NAME) -> None:
@@ -185,8 +191,9 @@ def load_manifest_file(path: str) -> Manifest:
         if data.get("kv_cache") not in KV_MODES:
             raise ArtifactError(f"{path}: kv_cache {data.get('kv_cache')!r} is not one of {KV_MODES}")
         graphs = {k: GraphEntry.from_json(data["graphs"][k]) for k in graph_kinds(data["kv_cache"])}
-        fields = {k: v for k, v in data.items() if k not in ("graphs", "root", "file")}
-        manifest = Manifest(graphs=graphs, root=folder, file=path, **fields)
+        segments = {k: GraphEntry.from_json(v) for k, v in data.get("segments", {}).items()}
+        fields = {k: v for k, v in data.items() if k not in ("graphs", "segments", "root", "file")}
+        manifest = Manifest(graphs=graphs, segments=segments, root=folder, file=path, **fields)
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path} is malformed: {type(e).__name__}: {e}") from None
     get_family(manifest.family, source=path)

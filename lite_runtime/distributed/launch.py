@@ -17,6 +17,7 @@ import time
 from typing import List, Optional, Sequence
 
 from lite_runtime.contract.errors import ConfigError, ToolchainError
+from lite_runtime.distributed.host_collectives import PORT_FILE_ENV, mpiexec
 from lite_runtime.distributed.process_group import free_port, run_ranks
 from lite_runtime.ascend.rank_table import load_rank_table
 
@@ -46,18 +47,24 @@ def _without(args: Sequence[str], name: str) -> List[str]:
     return out
 
 
-def check_world_size(table_size: int, program_args: Sequence[str], table_path: str) -> int:
+def _manifest(program_args: Sequence[str]):
+    model_dir = _option(program_args, "--model_dir")
+    if not model_dir:
+        return None
+    from lite_runtime.contract.manifest import load_manifest
+    return load_manifest(model_dir)
+
+
+def check_world_size(table_size: int, program_args: Sequence[str], table_path: str, manifest=None) -> int:
     """Refuse, before anything starts, a rank table whose size is not data_parallel x the export's
     ranks; returns data_parallel."""
     text = _option(program_args, "--data_parallel") or "1"
     dp = int(text) if text.isdigit() else 0
     if dp < 1:
         raise ConfigError(f"--data_parallel {text!r} must be a positive integer")
-    model_dir = _option(program_args, "--model_dir")
-    if not model_dir:
+    if manifest is None:
         return dp
-    from lite_runtime.contract.manifest import load_manifest
-    manifest = load_manifest(model_dir)
+    model_dir = _option(program_args, "--model_dir")
     if dp > 1 and manifest.world_size > 1:
         raise ConfigError(f"--data_parallel {dp} with an export of {manifest.world_size} ranks (model_parallel): "
                           "data parallel runs replicas of a single-rank export here (the CPU collectives of "
@@ -92,21 +99,33 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     table = load_rank_table(rank_table)
     world = len(table.ranks)
     args = list(program[1:])
-    data_parallel = check_world_size(world, args, rank_table)
+    manifest = _manifest(args)
+    data_parallel = check_world_size(world, args, rank_table, manifest)
     backend = backend or _option(args, "--backend") or "mslite"
+    # Segment exports reduce on the host through MPI: each rank its own one-process MPI job, joined
+    # by the ranks themselves (host_collectives.py).
+    mpi = backend == "mslite" and manifest is not None and manifest.collectives == "host"
     args = _without(_without(args, "--backend"), "--distributed") + ["--backend", backend, "--distributed", "True"]
     log_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
     os.makedirs(log_dir, exist_ok=True)
     inis = rank_ini_files(args, os.path.abspath(rank_table), log_dir, world) if backend == "mslite" else None
     channel_port = free_port()
 
+    wrapper = [mpiexec(), "-n", "1"] if mpi else []
+    port_file = os.path.join(log_dir, "mpi_port")
+    if os.path.exists(port_file):     # an earlier run's: rank 0 writes this run's
+        os.remove(port_file)
+
     def command(rank: int) -> List[str]:
         rank_args = args if inis is None else _without(args, "--config_path") + ["--config_path", inis[rank]]
-        return [sys.executable, program[0]] + rank_args
+        return wrapper + [sys.executable, program[0]] + rank_args
 
     def env(rank: int):
-        return {"DEVICE_ID": str(table.ranks[rank].device_id), "RANK_TABLE_FILE": os.path.abspath(rank_table),
-                "LITE_CHANNEL_PORT": str(channel_port)}
+        values = {"DEVICE_ID": str(table.ranks[rank].device_id), "RANK_TABLE_FILE": os.path.abspath(rank_table),
+                  "LITE_CHANNEL_PORT": str(channel_port)}
+        if mpi:
+            values[PORT_FILE_ENV] = port_file
+        return values
 
     started = time.perf_counter()
     result = run_ranks(world, command, log_dir, env=env, with_ms_cluster=backend == "ms" and data_parallel == 1,

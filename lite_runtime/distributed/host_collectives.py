@@ -1,0 +1,92 @@
+"""Collectives on the host between the segments of a rank (MindSpore Lite on CPU has none): MPI
+through `mpi4py` and the MPICH wheel.
+
+The launcher starts every rank as its own one-process MPI job (`mpiexec -n 1`, which gives each a
+distinct MPI identity) and names a file in `LITE_MPI_PORT_FILE`; rank 0 opens an MPI port and writes
+its name there, the other ranks connect to it, and the joined communicator is ordered by RANK_ID.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import numpy as np
+
+from lite_runtime.contract.errors import DistributedError, UnsupportedError
+
+PORT_FILE_ENV = "LITE_MPI_PORT_FILE"
+
+
+def mpiexec() -> str:
+    """MPICH's `mpiexec` beside this Python (the wheel's), else on PATH."""
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if not found:
+        raise UnsupportedError("the segment form of a multi-rank export needs MPI (the mpich and mpi4py packages): "
+                               "`mpiexec` is not installed; run `make setup`")
+    return found
+
+
+class HostCollectives:
+    def __init__(self, rank: int, world_size: int, port_file: str, timeout: float = 120.0):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise UnsupportedError("the segment form of a multi-rank export needs mpi4py (and the mpich wheel); "
+                                   "run `make setup`") from None
+        self.rank, self.world_size = rank, world_size
+        comm = MPI.COMM_SELF
+        if rank == 0:
+            port = MPI.Open_port()
+            with open(port_file + ".tmp", "w", encoding="utf-8") as f:
+                f.write(port)
+            os.replace(port_file + ".tmp", port_file)
+        else:
+            port = _wait_for(port_file, timeout)
+            joined = comm.Connect(port)
+            comm = joined.Merge(high=True)
+        while comm.Get_size() < world_size:      # each newcomer joins everyone who is in already
+            joined = comm.Accept(port)
+            comm = joined.Merge(high=False)
+        if rank == 0:
+            MPI.Close_port(port)
+        self.comm = comm.Split(0, rank)          # ranks in RANK_ID order, whoever connected first
+        if self.comm.Get_rank() != rank:
+            raise DistributedError(f"rank {rank}: MPI placed this process at rank {self.comm.Get_rank()}")
+
+    def all_reduce(self, part: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out = the sum of every rank's `part`."""
+        self.comm.Allreduce(part, out)
+        return out
+
+    def all_gather_last(self, part: np.ndarray, gathered: np.ndarray) -> np.ndarray:
+        """(B, V/N) on each rank -> (B, V), rank r's part at columns r·V/N ...; `gathered` (N, B, V/N)
+        is the receive buffer."""
+        self.comm.Allgather(part, gathered)
+        return np.ascontiguousarray(np.moveaxis(gathered, 0, 1)).reshape(part.shape[0], -1)
+
+    def close(self) -> None:
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            comm.Free()
+
+
+def _wait_for(path: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise DistributedError(f"rank 0 did not publish its MPI port in {path} within {timeout:.0f} s")
+        time.sleep(0.01)
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def from_env(rank: int, world_size: int) -> HostCollectives:
+    """The host collectives of a rank started by the launcher; a clear error otherwise."""
+    port_file = os.environ.get(PORT_FILE_ENV)
+    if not port_file:
+        raise UnsupportedError(f"this export has {world_size} ranks of step segments (parallel.collectives: host): "
+                               "run it with the launcher, `python -m lite_runtime.distributed.launch --rank_table "
+                               "FILE -- run_infer_main.py ...`, which starts every rank")
+    return HostCollectives(rank, world_size, port_file)
+
