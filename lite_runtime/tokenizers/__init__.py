@@ -4,10 +4,13 @@
 
 - ``tokenizer.json``  Hugging Face tokenizers (GPT-2, Bloom, Qwen2, Llama 3, ...);
 - ``*.tiktoken``      tiktoken BPE ranks with Qwen's pattern and special tokens (Qwen v1);
+- ``vocab.model``     jieba word segmentation, then sentencepiece (PanguAlpha; MindFormers
+                      gives its vocabulary this name, and exports keep it);
 - ``*.model``         sentencepiece (Llama, Baichuan, ChatGLM2/3, ...).
 
 In a folder the first of ``tokenizer.json``, a ``*.tiktoken``, ``tokenizer.model`` (or
-the folder's only ``*.model``) is used.
+the folder's only ``*.model``) is used. ``load_tokenizer(..., jieba=True/False)`` turns the
+jieba segmentation on or off for a ``*.model`` whatever its name.
 """
 
 from __future__ import annotations
@@ -15,36 +18,43 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Sequence
 
-from lite_runtime.contract.errors import ArtifactError
+from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.tokenizers.base import Tokenizer, TokenIds
 from lite_runtime.tokenizers.hf_json import CONFIG_FILES, GENERATION_CONFIG, HFJsonTokenizer
+from lite_runtime.tokenizers.jieba_sentencepiece import VOCAB_FILE as JIEBA_FILE, JiebaSentencePieceTokenizer
 from lite_runtime.tokenizers.sentencepiece_model import SentencePieceTokenizer
 from lite_runtime.tokenizers.tiktoken_file import TiktokenTokenizer
 
-__all__ = ["Tokenizer", "TokenIds", "HFJsonTokenizer", "SentencePieceTokenizer", "TiktokenTokenizer",
-           "load_tokenizer", "tokenizer_class_for"]
+__all__ = ["Tokenizer", "TokenIds", "HFJsonTokenizer", "JiebaSentencePieceTokenizer", "SentencePieceTokenizer",
+           "TiktokenTokenizer", "load_tokenizer", "tokenizer_class_for"]
 
 HF_FILE = "tokenizer.json"
 SP_FILE = "tokenizer.model"
 ALLOWED = (f"{HF_FILE} (Hugging Face tokenizers), *.tiktoken (tiktoken BPE ranks), "
-           f"*.model (sentencepiece, e.g. {SP_FILE})")
+           f"*.model (sentencepiece, e.g. {SP_FILE}; {JIEBA_FILE}: jieba + sentencepiece)")
 _NOT_TOKENIZERS = CONFIG_FILES + (GENERATION_CONFIG, "config.json")
 
 
-def tokenizer_class_for(path: str) -> type:
-    """The implementation that reads the file ``path``, judged by its name."""
+def tokenizer_class_for(path: str, jieba: Optional[bool] = None) -> type:
+    """The implementation that reads the file ``path``, judged by its name; ``jieba``
+    (True/False) chooses for a ``*.model`` instead of its name."""
+    if jieba is not None and not isinstance(jieba, bool):
+        raise ConfigError(f"jieba: expected True, False or None, got {jieba!r}")
     name = os.path.basename(path)
     if name in _NOT_TOKENIZERS:
         raise ArtifactError(
             f"tokenizer: {path!r} is a configuration file, not a tokenizer; give the {HF_FILE} "
             "beside it or their folder"
         )
+    if name.endswith(".model"):
+        use_jieba = name == JIEBA_FILE if jieba is None else jieba
+        return JiebaSentencePieceTokenizer if use_jieba else SentencePieceTokenizer
+    if jieba:
+        raise ConfigError(f"jieba: applies to sentencepiece *.model files, not {path!r}")
     if name.endswith(".json"):
         return HFJsonTokenizer
     if name.endswith(".tiktoken"):
         return TiktokenTokenizer
-    if name.endswith(".model"):
-        return SentencePieceTokenizer
     raise ArtifactError(f"tokenizer: {path!r} is not a known tokenizer file; allowed: {ALLOWED}")
 
 
@@ -86,19 +96,21 @@ def load_tokenizer(
     add_bos: Optional[bool] = None,
     prefix_tokens: Optional[Sequence[str]] = None,
     special_tokens: Optional[Sequence[str]] = None,
+    jieba: Optional[bool] = None,
 ) -> Tokenizer:
     """A tokenizer from a file or a folder holding one.
 
     ``*_token_id`` override what the files say; ``add_bos`` forces BOS on or off in
     ``encode(..., add_special_tokens=True)``; ``prefix_tokens`` (token strings) replace
-    the default prefix; ``special_tokens`` are strings that must encode as single ids.
+    the default prefix; ``special_tokens`` are strings that must encode as single ids;
+    ``jieba`` forces PanguAlpha's jieba segmentation on or off (default: by the file name).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         path = find_tokenizer_file(path)
     elif not os.path.exists(path):
         raise ArtifactError(f"tokenizer: file {path!r} does not exist")
-    cls = tokenizer_class_for(path)
+    cls = tokenizer_class_for(path, jieba)
     if not os.access(path, os.R_OK):
         raise ArtifactError(f"tokenizer: file {path!r} is not readable")
     return cls(path, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
