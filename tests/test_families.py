@@ -7,7 +7,7 @@ minimal HF-folder yaml. Checked, on a batch of 3 prompts of
 different lengths for 32 greedy steps: identical tokens and logits within 1e-4 of transformers on
 the `ms` backend (MindSpore 2.10 export, both kv modes) and on real Lite (MindSpore 2.0 export,
 run in a process without mindspore); a MindFormers-named .ckpt with a MindFormers run yaml gives
-the HF folder's logits; TP=2 under the launcher gives TP=1's.
+the HF folder's logits; TP=2 under the launcher gives TP=1's, on `ms` and as segments on Lite.
 """
 import json
 import os
@@ -106,8 +106,9 @@ def mindformers_yaml(case, folder, ckpt, output_dir):
 
 @pytest.fixture(scope="session")
 def family_export(hf_family, tmp_path_factory):
-    """(family, variant) -> export folder. Variants: io, in_graph (MindSpore 2.10), lite (MindSpore 2.0),
-    mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks)."""
+    """(family, variant) -> export folder. Variants: io, in_graph, dynamic (MindSpore 2.10), lite,
+    lite_dynamic (MindSpore 2.0), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks), lite_tp2
+    (MindSpore 2.0, 2 ranks as step segments)."""
     made = {}
 
     def get(family, variant):
@@ -120,11 +121,14 @@ def family_export(hf_family, tmp_path_factory):
                 ckpt = save_ckpt(weights, str(folder / "mindformers.ckpt"))
                 cfg = mindformers_yaml(family, folder, ckpt, out)
             else:
-                kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic"}.get(variant, "io")
+                kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
+                            "lite_tp2": "dynamic"}.get(variant, "io")
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                        "kv_cache": kv_cache, "output_dir": out}
                 if variant == "tp2":
                     cfg["parallel"] = {"model_parallel": 2}
+                if variant == "lite_tp2":     # each rank's step as segments, reduced on the host
+                    cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
                 if variant == "lite_dynamic":
                     cfg["lite_ms"] = True
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
@@ -197,12 +201,21 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-@pytest.mark.parametrize("family", ["bloom", "gpt2", "internlm", "baichuan2", "baichuan2_13b", "glm2", "qwen"])
-def test_tp2_equals_tp1(hf_family, family_export, family, tmp_path):
-    export = family_export(family, "tp2")
-    assert load_manifest(export).world_size == 2
+TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
+    [(family, "lite_tp2") for family in FAMILIES]   # llama's ms TP=2: test_distributed.py
+
+
+@pytest.mark.parametrize("family, variant", TP2_CASES)
+def test_tp2_equals_tp1(hf_family, family_export, family, variant, tmp_path):
+    """2 ranks under the launcher give TP=1's greedy tokens and logits: on `ms` with the collectives
+    in the rank graphs, and on Lite (CPU) with each rank's step in segments and the all-reduces on the
+    host (MPI)."""
+    export = family_export(family, variant)
+    manifest = load_manifest(export)
+    assert manifest.world_size == 2 and manifest.collectives == ("host" if variant == "lite_tp2" else "graph")
     table = rank_table(tmp_path / "table2.json", 2)
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms",
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table,
+                      "--backend", "mslite" if variant == "lite_tp2" else "ms",
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
                       str(tmp_path), str(STEPS), "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
