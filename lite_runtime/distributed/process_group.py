@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -57,9 +58,17 @@ def tail(path: str, lines: int = 12) -> str:
     return "\n".join(useful[-lines:])
 
 
+_MPI_EXIT = re.compile(r"TERMINATED WITH THE EXIT STRING: (.+)")   # mpiexec's account of its process
+
+
 def _error_line(path: str) -> str:
-    """The most telling line of a failed rank's log: its `error:` line, else the last line."""
+    """The most telling line of a failed rank's log: its `error:` line, mpiexec's account of how the
+    rank's process ended, else the last line."""
     text = tail(path, 200).splitlines()
+    for line in text:
+        found = _MPI_EXIT.search(line)
+        if found and not any(l.startswith("error:") for l in text):
+            return f"its process ended: {found.group(1).strip()}"
     for line in reversed(text):
         if line.startswith("error:") or "Error" in line:
             return line.strip()
