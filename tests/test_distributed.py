@@ -110,6 +110,14 @@ def test_lite_tp2_segments_equal_lite_tp1_and_ms_tp2(tp_setup, ms_tp2_greedy, li
         assert np.abs(logits - ms_logits).max() <= 1e-4
 
 
+@pytest.mark.parametrize("backend, facts", [("ms", ["step segments", "backend 'mslite' under the launcher"]),
+                                            ("mslite", ["2 ranks of step segments", "run it with the launcher"])])
+def test_a_segment_export_runs_on_mslite_under_the_launcher_only(lite_tp, backend, facts):
+    result = run_cli(["run_infer_main.py", "--model_dir", lite_tp["tp2"], "--backend", backend, "--predict_data", "one"])
+    assert result.returncode != 0 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
+    assert all(f in result.stderr for f in facts), result.stderr
+
+
 def two_and_one_rank(request, backend):
     """(TP=2 export, TP=1 export) of the tiny model for `backend`."""
     if backend == "ms":

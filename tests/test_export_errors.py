@@ -77,7 +77,12 @@ def bad_ckpts(tiny_ckpt, tmp_path_factory):
     (dict(use_past="yes"), ["use_past", "'yes'", "bool"]),
     (dict(kv_cache="paged"), ["kv_cache", "'paged'", "io", "in_graph", "dynamic"]),
     (dict(kv_cache="dynamic", parallel=dict(model_parallel=2)),
-     ["kv_cache dynamic", "parallel.model_parallel 2", "use kv_cache io"]),
+     ["kv_cache dynamic", "parallel.model_parallel 2", "parallel.collectives: host", "use kv_cache io"]),
+    (dict(parallel=dict(collectives="mpi")), ["parallel.collectives 'mpi'", "graph", "host"]),
+    (dict(parallel=dict(model_parallel=2, collectives="host")),
+     ["parallel.collectives: host", "kv_cache dynamic", "this config has kv_cache io"]),
+    (dict(kv_cache="dynamic", compute_dtype="float16", parallel=dict(collectives="host")),
+     ["parallel.collectives: host", "parallel.model_parallel 1, compute_dtype float16"]),
     (dict(kv_cache="dynamic", infer=dict(prefill_model_path="p.mindir")),
      ["infer.prefill_model_path", "kv_cache dynamic writes one graph"]),
     (dict(lite_ms=True, kv_cache="in_graph"), ["lite_ms: true", "kv_cache in_graph", "io or dynamic"]),
@@ -89,7 +94,8 @@ def bad_ckpts(tiny_ckpt, tmp_path_factory):
     (dict(parallel=dict(model_parallel=4)), ["parallel.model_parallel 4", "model.n_kv_heads 2"]),
     (dict(model=dict(bias=False)), ["model.bias", "llama", "families with a choice of model.bias: internlm"]),
 ], ids=["unknown_top_key", "unknown_nested_key", "seq_length_str", "batch_size_float", "use_past_str",
-        "kv_cache", "dynamic_with_tp", "dynamic_with_graph_copies", "lite_ms_in_graph", "lite_ms_new_mindspore",
+        "kv_cache", "dynamic_with_tp", "collectives", "host_collectives_io", "host_collectives_one_rank_fp16",
+        "dynamic_with_graph_copies", "lite_ms_in_graph", "lite_ms_new_mindspore",
         "compute_dtype", "unknown_family", "family_no_prefix_match", "infer_model_type",
         "model_parallel_kv_heads", "variant_key_of_another_family"])
 def test_bad_yaml_value(tiny_ckpt, tmp_path, out_dir, change, facts):

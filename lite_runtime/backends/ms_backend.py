@@ -31,6 +31,10 @@ class MSSession(Session):
 
     def __init__(self, manifest: Manifest, rank: int = 0, *, num_threads: int = 2, **_ignored):
         super().__init__(manifest, rank)
+        if manifest.collectives == "host":
+            raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
+                                   "host); run it with backend 'mslite' under the launcher, or export with "
+                                   "collectives: graph for backend 'ms'")
         try:
             import mindspore as ms
         except ImportError:
@@ -41,10 +45,6 @@ class MSSession(Session):
         self._ms = ms
         self.runtime = f"MindSpore {ms.__version__} GraphCell (CPU)"
         cpu_graph_mode(ms)
-        if manifest.collectives == "host":
-            raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
-                                   "host); run it with backend 'mslite' under the launcher, or export with "
-                                   "collectives: graph for backend 'ms'")
         if manifest.world_size > 1:
             _require_cluster(manifest)
         self._cells = {}
