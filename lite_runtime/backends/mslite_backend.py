@@ -260,6 +260,11 @@ class MSLiteSession(Session):
         return time.perf_counter() - start
 
     @property
+    def collective_seconds(self) -> float:
+        """Seconds in host collectives between step segments (a segment export's ranks), else 0."""
+        return self._chain.collective_seconds if self._chain is not None else 0.0
+
+    @property
     def lite_models(self) -> Dict[str, LiteModel]:
         """The native LiteModel per graph kind ({} on the official path)."""
         return dict(self._models)

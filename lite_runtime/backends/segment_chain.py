@@ -7,6 +7,7 @@ partial sum is all-reduced into a scratch buffer and added to it. Inputs are bou
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -28,6 +29,7 @@ class SegmentChain:
             check_graph_inputs(model.inputs, manifest.segments[name].inputs, manifest.segment_path(name, rank))
         self._shape = None
         self._caches: List[np.ndarray] = []
+        self.collective_seconds = 0.0      # time in host collectives (waiting for the other ranks included)
 
     def run(self, feeds: List[np.ndarray]) -> List[np.ndarray]:
         """The step's contract: feeds input_ids (B, T), batch_valid_length, past_length, then the
@@ -45,16 +47,24 @@ class SegmentChain:
                 self._caches[i] = given
         for buffer, result in zip(self._state, self.models["embed"].predict()):
             np.copyto(buffer, result)
-        x, reduced, reduce = self._state[0], self._reduced, self.collectives.all_reduce
-        new_kv: List[np.ndarray] = []
+        x, new_kv = self._state[0], []
         for layer in range(self.dims.num_layers):
             part, key, value = self.models[f"layer{layer}.attn"].predict()
-            x += reduce(part, reduced)
+            x += self._all_reduce(part)
             new_kv += [key, value]
             (part,) = self.models[f"layer{layer}.mlp"].predict()
-            x += reduce(part, reduced)
+            x += self._all_reduce(part)
         (part,) = self.models["head"].predict()
-        return [self.collectives.all_gather_last(part, self._gathered)] + new_kv
+        start = time.perf_counter()
+        logits = self.collectives.all_gather_last(part, self._gathered)
+        self.collective_seconds += time.perf_counter() - start
+        return [logits] + new_kv
+
+    def _all_reduce(self, part: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        self.collectives.all_reduce(part, self._reduced)
+        self.collective_seconds += time.perf_counter() - start
+        return self._reduced
 
     def _resize(self, steps: int, positions: int, caches: List[np.ndarray]) -> None:
         specs = segment_specs(self.dims, self.manifest.world_size, steps, positions)
