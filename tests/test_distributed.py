@@ -81,12 +81,13 @@ def test_tp2_greedy_matches_single_rank(tp_setup, ms_tp2_greedy, source):
 
 @pytest.fixture(scope="module")
 def lite_tp(tp_setup, tiny_ckpt):
-    """MindSpore 2.0 exports in the dynamic kv mode: 2 ranks as step segments (collectives on the host)
-    and 1 rank, with the tokenizer."""
+    """MindSpore 2.0 exports in the dynamic kv mode: 2 ranks as step segments (collectives on the host;
+    converted to .ms, which the runtime prefers) and 1 rank (MindIR), with the tokenizer."""
     folder, _, _ = tp_setup
     out = {}
     for name, parallel in (("tp2", {"model_parallel": 2, "collectives": "host"}), ("tp1", {"model_parallel": 1})):
-        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="dynamic")
+        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="dynamic",
+                                 lite_ms=name == "tp2")
         cfg["model"]["tokenizer"] = os.path.join(folder, "tokenizer.model")
         out[name] = export_in_subprocess(write_yaml(str(folder / f"lite_{name}.yaml"), cfg), python=str(VENV_MS20_PYTHON))
     return out
@@ -97,7 +98,8 @@ def test_lite_tp2_segments_equal_lite_tp1_and_ms_tp2(tp_setup, ms_tp2_greedy, li
     Lite with one rank and of the ms backend's TP=2 (collectives in its graphs), for 32 steps on a
     batch of mixed lengths; logits within 1e-4."""
     folder, _, table = tp_setup
-    assert load_manifest(lite_tp["tp2"]).collectives == "host"
+    manifest = load_manifest(lite_tp["tp2"])
+    assert manifest.collectives == "host" and manifest.lite_files["layer1.attn"][1] == "segments/rank_1/layer1.attn.ms"
     single = run_cli([os.path.join(REPO, "tests", "greedy_runner.py"), "mslite", lite_tp["tp1"],
                       str(tmp_path / "tp1.npz"), str(STEPS)])
     assert single.returncode == 0, single.stderr[-2000:]
