@@ -60,7 +60,7 @@ test: setup
 	$(VENV)/bin/python -m pytest -q tests
 
 bench: setup
-	$(VENV)/bin/python tools/benchmark.py
+	$(VENV)/bin/python tools/benchmark.py --slora $(ARGS)
 
 # Side by side with ONNX Runtime GenAI and OpenVINO GenAI (their own venv, not needed by anything else).
 $(STAMP)/venv-peers: tools/peers-requirements.txt

@@ -59,3 +59,45 @@ def test_peer_report_takes_same_round_ratios_and_drops_runtimes_with_other_token
     assert summary["ratios"][("ort", 1)]["step"] == 0.5 and summary["ratios"][("ort", 1)]["ttft"] == 0.5
     assert summary["rows"][("ort", 1)]["step"] == 4.0 and summary["rows"][("ort", 1)]["rounds"] == 3
     assert not summary["rows"][("openvino", 1)]["same_tokens"] and ("openvino", 1) not in summary["ratios"]
+
+
+def test_slora_summary_takes_same_round_ratios_and_pairs_the_one_rank_llama_exports():
+    """tools/bench_decode.py --slora: its summary and pairing on made-up results (nothing is run here)."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    from bench_decode import format_slora, slora_job, slora_pairs, slora_summary
+
+    # Per round SLoRA / base = 1.5, 1.0, 1.25: their median is 1.25; the ratio of the medians would be 5 / 4.
+    rounds = [dict(base_ms=b, slora_ms=s) for b, s in [(2.0, 3.0), (8.0, 8.0), (4.0, 5.0)]]
+    results = [dict(backend="mslite", batch=8, rounds=rounds), dict(backend="ms", batch=8, error="timed out"),
+               dict(backend="ms", batch=1, rounds=[])]
+    summary = slora_summary(results)
+    assert summary == {("mslite", 8): dict(base_ms=4.0, slora_ms=5.0, ratio=1.25, rounds=3)}
+    assert "1.250x" in format_slora(summary).splitlines()[-1]
+
+    def job(family, backend, batch, adapters, world_size=1):
+        return dict(family=family, backend=backend, batch=batch, adapters=adapters, world_size=world_size)
+    jobs = [job("llama", "ms", 1, 0), job("llama", "ms", 1, 2), job("llama", "ms", 1, 0, world_size=2),
+            job("bloom", "ms", 1, 0), job("llama", "mslite", 8, 0), job("llama", "mslite", 8, 2),
+            job("gpt2", "ms", 8, 0)]
+    assert slora_pairs(jobs) == [(jobs[0], jobs[1]), (jobs[4], jobs[5])]
+    pair = slora_job(dict(jobs[4], model_dir="base"), dict(jobs[5], model_dir="slora"), 5)
+    assert pair["model_dirs"] == ["base", "slora"] and pair["rounds"] == 5 and pair["batch"] == 8
+
+
+def test_slora_adapters_are_peft_folders_of_random_non_zero_lora_matrices(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    from bench_decode import BENCH_MODELS
+    from bench_export import SLORA_ADAPTERS, SLORA_RANK, write_slora_adapters
+    from exporter.weights.adapters import read_peft_adapter
+
+    model = dict(BENCH_MODELS["llama"], hidden_size=32, num_layers=2, n_heads=4, n_kv_heads=2)
+    path = write_slora_adapters(str(tmp_path), model)
+    assert path == str(tmp_path / "lora_adapter.json")
+    assert json.loads((tmp_path / "lora_adapter.json").read_text()) == {name: name for name in SLORA_ADAPTERS}
+    first, second = (read_peft_adapter(str(tmp_path / name)) for name in SLORA_ADAPTERS)
+    assert first.r == SLORA_RANK and len(first.pairs) == 2 * 4      # q, k, v, o of both blocks
+    a, b = first.pairs["model.layers.1.self_attn.k_proj.weight"]
+    assert a.shape == (SLORA_RANK, 32) and b.shape == (16, SLORA_RANK)   # k: 2 kv heads of head_dim 8
+    assert first.pairs["model.layers.0.self_attn.o_proj.weight"][1].shape == (32, SLORA_RANK)
+    assert all((a != 0).all() and (b != 0).all() for a, b in first.pairs.values())
+    assert first.sha256 != second.sha256

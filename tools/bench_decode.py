@@ -11,7 +11,13 @@ step and bare Predict are measured side by side under the same load; it prints s
 Workload (docs/user-guide.md, Benchmarks): 32-token prompts, 128 greedy new tokens, EOS ignored.
 `--make-bench-model` builds the notes' benchmark model (random Llama, hidden 256, 4 layers, 4 heads,
 vocab 32000, seq 256, fp32) for batch 1 and 8: MindSpore 2.10 exports for `ms`, MindSpore 2.0
-exports for `mslite` (Lite 2.0 reads only MindIR of MindSpore 2.0), cached under --work_dir.
+exports for `mslite` (Lite 2.0 reads only MindIR of MindSpore 2.0), cached under --work_dir; it is
+the default without --model_dir. `--slora` adds the same Llama exported with two random LoRA
+adapters (SLoRA: r 8 on q, k, v, o; tools/bench_export.py writes them; rows take the adapters in
+turn) and measures it against the model without adapters: one child process per backend and batch
+loads both and runs `--slora_rounds` requests, each export's decode steps interleaved with the
+other's; it prints the median decode step of both and the median of the same-round ratios SLoRA /
+base.
 
 Every measurement runs in a child process of its own (Lite and mindspore cannot share a process);
 this parent process never imports mindspore. Compare ratios measured in one run, not absolute
@@ -27,10 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from bench_export import SLORA_ADAPTERS, SLORA_RANK, SLORA_RECIPE, write_slora_adapters
 from bench_ranks import launch_command, launcher_startup_ms
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.contract.manifest import FORMAT_VERSION
@@ -102,6 +109,33 @@ def bench_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> Lis
     return rng.integers(3, vocab, size=(batch, prompt_len)).tolist()
 
 
+def request_state(m, prompts, new_tokens: int):
+    """The decode state of one request of `new_tokens` per row, EOS ignored; the rows of an SLoRA
+    export take its adapters in turn."""
+    from lite_runtime.decode.generation import prepare_batch
+
+    slots = m.dims.adapter_slots
+    return prepare_batch(prompts, m.batch_size, m.seq_length, [new_tokens] * len(prompts), [],
+                         int(m.pad_token_id), [1 + i % (slots - 1) for i in range(len(prompts))] if slots else None)
+
+
+def step_by_step(session, inputs, prompts, new_tokens: int) -> Callable[[], float]:
+    """One greedy request on `session`, prefilled here, then advanced by one decode step per call of
+    the function returned (which returns that step's seconds): `run_request`'s `between`."""
+    from lite_runtime.decode.generation import generate_steps
+    from lite_runtime.decode.sampling import Sampler, SamplingParams
+
+    steps = generate_steps(session, inputs, request_state(session.manifest, prompts, new_tokens),
+                           Sampler(SamplingParams()))
+    next(steps)
+
+    def step() -> float:
+        start = time.perf_counter()
+        next(steps, None)
+        return time.perf_counter() - start
+    return step
+
+
 def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
                 between: Optional[Callable[[], float]] = None) -> Dict[str, np.ndarray]:
     """One greedy request of `new_tokens` per row, EOS ignored; per-step timings in seconds.
@@ -112,14 +146,11 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
     Predict, returning its seconds) runs after each decode step, outside the step's time, so both
     are measured side by side under the same machine load; its results are under `between`.
     """
-    from lite_runtime.decode.generation import generate_steps, prepare_batch
+    from lite_runtime.decode.generation import generate_steps
     from lite_runtime.decode.sampling import Sampler, SamplingParams
     from lite_runtime.decode.streamers import RowDetokenizer
 
-    m = session.manifest
-    slots = m.dims.adapter_slots     # an SLoRA export: the rows take its adapters in turn
-    state = prepare_batch(prompts, m.batch_size, m.seq_length, [new_tokens] * len(prompts), [],
-                          int(m.pad_token_id), [1 + i % (slots - 1) for i in range(len(prompts))] if slots else None)
+    state = request_state(session.manifest, prompts, new_tokens)
     pick = TimedPick(Sampler(SamplingParams()))
     detoks = [RowDetokenizer(tokenizer) for _ in prompts] if tokenizer is not None else []
     wall, graph, sample, detok, extra, tokens = [], [], [], [], [], []
@@ -154,20 +185,12 @@ def _ms(values) -> Dict[str, float]:
 
 def measure(job: dict) -> dict:
     """Load one export with one backend and time one warm request (the child's whole job)."""
-    from lite_runtime.backends import load_session
     from lite_runtime.decode.inputs import InputOfInfer
     from lite_runtime.contract.manifest import load_manifest
 
     manifest = load_manifest(job["model_dir"])
     batch = job.get("batch") or manifest.batch_size
-    prompt_len, new_tokens = job["prompt_len"], job["new_tokens"]
-    if prompt_len >= manifest.seq_length:
-        raise ToolchainError(f"--prompt_len {prompt_len} leaves no room in seq_length {manifest.seq_length} "
-                             f"of {job['model_dir']}")
-    if prompt_len + new_tokens - 1 > manifest.seq_length:   # the last token needs no cache slot
-        new_tokens = manifest.seq_length - prompt_len + 1
-        print(f"note: {job['model_dir']} has seq_length {manifest.seq_length}: {new_tokens} new tokens after "
-              f"a {prompt_len}-token prompt (not {job['new_tokens']})", file=sys.stderr)
+    prompt_len, new_tokens = job["prompt_len"], fit_new_tokens(job, manifest)
     rank, join_s = 0, 0.0
     if job.get("world_size", 1) > 1:
         from bench_ranks import join_cluster
@@ -175,8 +198,7 @@ def measure(job: dict) -> dict:
         rank = join_cluster()
         join_s = time.perf_counter() - start
     start = time.perf_counter()
-    options = {"lite_format": job["lite_format"]} if job["backend"] == "mslite" else {}
-    session = load_session(job["backend"], manifest, rank, num_threads=job["threads"], **options)
+    session = open_session(job, manifest, rank)
     load_s = time.perf_counter() - start
     tokenizer = None
     if manifest.tokenizer_path() and not job.get("no_detok"):
@@ -213,6 +235,55 @@ def measure(job: dict) -> dict:
     return result
 
 
+def fit_new_tokens(job: dict, manifest) -> int:
+    """The job's new tokens, fewer when the export's seq_length has no room for them (with a note)."""
+    prompt_len, new_tokens = job["prompt_len"], job["new_tokens"]
+    if prompt_len >= manifest.seq_length:
+        raise ToolchainError(f"--prompt_len {prompt_len} leaves no room in seq_length {manifest.seq_length} "
+                             f"of {manifest.root}")
+    if prompt_len + new_tokens - 1 > manifest.seq_length:   # the last token needs no cache slot
+        new_tokens = manifest.seq_length - prompt_len + 1
+        print(f"note: {manifest.root} has seq_length {manifest.seq_length}: {new_tokens} new tokens after "
+              f"a {prompt_len}-token prompt (not {job['new_tokens']})", file=sys.stderr)
+    return new_tokens
+
+
+def open_session(job: dict, manifest, rank: int = 0):
+    from lite_runtime.backends import load_session
+
+    options = {"lite_format": job["lite_format"]} if job["backend"] == "mslite" else {}
+    return load_session(job["backend"], manifest, rank, num_threads=job["threads"], **options)
+
+
+def measure_pair(job: dict) -> dict:
+    """--slora's child job: the export without and with adapters (`model_dirs`) loaded side by side.
+    Each round is one request on one of them with, after each of its decode steps, the same step of
+    the same request on the other (the one that leads alternates), so that both are timed under the
+    same machine load; per round, each export's median decode step."""
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.decode.inputs import InputOfInfer
+
+    manifests = [load_manifest(folder) for folder in job["model_dirs"]]
+    new_tokens = fit_new_tokens(job, manifests[0])
+    sessions = [open_session(job, m) for m in manifests]
+    prompts = bench_prompts(job["batch"], job["prompt_len"], manifests[0].dims.vocab_size)
+    inputs = InputOfInfer.get_inputs(manifests[0].family)
+    for session in sessions:
+        for _ in range(job["warmup"]):
+            run_request(session, inputs, prompts, min(new_tokens, 8))
+    rounds = []
+    for round_ in range(job["rounds"]):
+        lead = round_ % 2
+        follow = step_by_step(sessions[1 - lead], inputs, prompts, new_tokens)
+        t = run_request(sessions[lead], inputs, prompts, new_tokens, between=follow)
+        steps = {lead: t["wall"][1:], 1 - lead: t["between"]}
+        rounds.append(dict(base_ms=float(np.median(steps[0]) * 1e3), slora_ms=float(np.median(steps[1]) * 1e3)))
+    for session in sessions:
+        session.close()
+    return dict(backend=job["backend"], batch=job["batch"], model_dirs=job["model_dirs"], rank=0,
+                adapter_slots=manifests[1].dims.adapter_slots, new_tokens=new_tokens, rounds=rounds)
+
+
 # --- the benchmark model (built with the exporter in subprocesses) ------------------------------
 
 def export_python(backend: str) -> str:
@@ -230,14 +301,13 @@ def _run(cmd: List[str], what: str, timeout: int = 1800) -> subprocess.Completed
 
 
 def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", rebuild: bool = False,
-                     log=print, world_sizes=(1,), families=("llama",)) -> Dict[tuple, str]:
-    """Export the benchmark models for every (family, backend, batch, ranks); returns {that key: dir}.
+                     log=print, world_sizes=(1,), families=("llama",), slora: bool = False) -> Dict[tuple, str]:
+    """Export the benchmark models; returns {(family, backend, batch, ranks, adapters): dir}.
 
     Multi-rank (tensor-parallel) exports are made for backend ms only (Lite on CPU has no collectives).
+    `slora` adds the Llama's SLoRA exports (one rank; adapters = len(SLORA_ADAPTERS), 0 elsewhere).
     Exports whose recorded recipe matches are reused; `rebuild` redoes them.
     """
-    import yaml
-
     out = {}
     for family in families:
         model = BENCH_MODELS[family]
@@ -247,37 +317,64 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
         recipe = dict(model=model, seq_length=BENCH_SEQ_LENGTH, weights="normal(0, 0.02), seed 0", mslite="lite_ms",
                       export_format=FORMAT_VERSION)
         stamp = os.path.join(folder_of, "recipe.json")
-        same = False
-        if os.path.isfile(stamp):
-            with open(stamp, encoding="utf-8") as f:
-                same = json.load(f) == recipe
-        fresh = rebuild or not same or not os.path.isfile(ckpt)
+        fresh = rebuild or not _same_recipe(stamp, recipe) or not os.path.isfile(ckpt)
         if fresh:
             log(f"writing random weights to {ckpt}")
             _run([VENV_PYTHON, "-c", WRITE_CKPT, ckpt, json.dumps(model)], "writing the benchmark checkpoint")
-            with open(stamp, "w", encoding="utf-8") as f:
-                json.dump(recipe, f)
+            _write_recipe(stamp, recipe)
+        adapter_dir, with_slora = os.path.join(folder_of, "slora"), slora and family == "llama"
+        adapter_stamp = os.path.join(adapter_dir, "recipe.json")
+        slora_fresh = with_slora and (fresh or not _same_recipe(adapter_stamp, SLORA_RECIPE))
+        if slora_fresh:
+            log(f"writing random LoRA adapters to {adapter_dir}")
+            write_slora_adapters(adapter_dir, model)
+            _write_recipe(adapter_stamp, SLORA_RECIPE)
+        config = dict(model=model, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH)
+        slora_model = dict(model, pet_config={"pet_type": "slora",
+                                              "adapter_path": os.path.join(adapter_dir, "lora_adapter.json")})
         for backend in backends:
             mode = "io" if backend == "mslite" and kv_cache == "in_graph" else kv_cache
             for batch, ranks in [(b, r) for b in batches for r in world_sizes
                                  if r == 1 or (backend == "ms" and mode != "dynamic")]:
                 name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
-                folder = os.path.join(folder_of, name)
-                out[(family, backend, batch, ranks)] = folder
-                if not fresh and os.path.isfile(os.path.join(folder, "manifest.json")):
-                    continue
-                config = dict(model=model, load_checkpoint=ckpt, seq_length=BENCH_SEQ_LENGTH,
-                              batch_size=batch, kv_cache=mode, output_dir=folder,
-                              parallel={"model_parallel": ranks})
-                if backend == "mslite":     # also Lite's .ms models (the runtime's --lite_format picks)
-                    config["lite_ms"] = True
-                path = os.path.join(folder_of, name + ".yaml")
-                with open(path, "w", encoding="utf-8") as f:
-                    yaml.safe_dump(config, f, sort_keys=False)
-                python = export_python(backend)
-                log(f"exporting {family} {name} with {os.path.relpath(python, REPO)}")
-                _run([python, "-m", "exporter", "--config", path], f"exporting {family} {name}")
+                graph = dict(config, batch_size=batch, kv_cache=mode, parallel={"model_parallel": ranks})
+                out[(family, backend, batch, ranks, 0)] = _export_bench(folder_of, name, graph, backend, fresh, log)
+                if with_slora and ranks == 1:
+                    out[(family, backend, batch, ranks, len(SLORA_ADAPTERS))] = _export_bench(
+                        folder_of, name + "_slora", dict(graph, model=slora_model), backend, slora_fresh, log)
     return out
+
+
+def _same_recipe(stamp: str, recipe: dict) -> bool:
+    if not os.path.isfile(stamp):
+        return False
+    with open(stamp, encoding="utf-8") as f:
+        return json.load(f) == recipe
+
+
+def _write_recipe(stamp: str, recipe: dict) -> None:
+    with open(stamp, "w", encoding="utf-8") as f:
+        json.dump(recipe, f)
+
+
+def _export_bench(folder_of: str, name: str, config: dict, backend: str, fresh: bool, log) -> str:
+    """Export `config` to folder_of/name with the MindSpore `backend` reads, unless `fresh` is false and
+    an export is there; returns the folder."""
+    import yaml
+
+    folder = os.path.join(folder_of, name)
+    if not fresh and os.path.isfile(os.path.join(folder, "manifest.json")):
+        return folder
+    config = dict(config, output_dir=folder)
+    if backend == "mslite":     # also Lite's .ms models (the runtime's --lite_format picks)
+        config["lite_ms"] = True
+    path = os.path.join(folder_of, name + ".yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
+    python, what = export_python(backend), f"{os.path.basename(folder_of)} {name}"
+    log(f"exporting {what} with {os.path.relpath(python, REPO)}")
+    _run([python, "-m", "exporter", "--config", path], f"exporting {what}")
+    return folder
 
 
 # --- the parent: jobs, child processes, the table -----------------------------------------------
@@ -329,6 +426,11 @@ def format_table(results: List[dict]) -> str:
                      f"{r['step_ms']['p90']:.3f}", f"{r['host_ms']['median']:.3f}", f"{r['tok_s']:.1f}",
                      f"{r['peak_rss_mb']:.0f}", f"{bare['median']:.3f}" if bare else "-",
                      f"{r['step_over_bare']:.3f}x" if bare else "-"])
+    return _align(head, rows)
+
+
+def _align(head: List[str], rows: List[List[str]]) -> str:
+    """Right-aligned columns; a row of another length (an error) is printed as it is."""
     widths = [max([len(head[i])] + [len(row[i]) for row in rows if len(row) == len(head)])
               for i in range(len(head))]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
@@ -338,12 +440,51 @@ def format_table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- SLoRA against the same model without adapters ----------------------------------------------
+
+def slora_pairs(jobs: List[dict]) -> List[Tuple[dict, dict]]:
+    """(base job, SLoRA job) per backend and batch: the one-rank Llama export without and with adapters."""
+    with_adapters = {(j["backend"], j["batch"]): j for j in jobs if j.get("adapters")}
+    return [(j, with_adapters[(j["backend"], j["batch"])]) for j in jobs
+            if not j.get("adapters") and j["family"] == "llama" and j["world_size"] == 1
+            and (j["backend"], j["batch"]) in with_adapters]
+
+
+def slora_job(base: dict, slora: dict, rounds: int) -> dict:
+    """The child job of one pair (measure_pair)."""
+    return dict(base, model_dirs=[base["model_dir"], slora["model_dir"]], model_dir=slora["model_dir"], rounds=rounds)
+
+
+def slora_summary(results: List[dict]) -> Dict[Tuple[str, int], dict]:
+    """Per (backend, batch): the median over rounds of each export's median decode step, and the
+    median of the same-round ratios SLoRA / base."""
+    summary = {}
+    for r in results:
+        if "error" in r or not r["rounds"]:
+            continue
+        base, slora = (np.array([x[key] for x in r["rounds"]]) for key in ("base_ms", "slora_ms"))
+        summary[(r["backend"], r["batch"])] = dict(base_ms=float(np.median(base)), slora_ms=float(np.median(slora)),
+                                                   ratio=float(np.median(slora / base)), rounds=len(base))
+    return summary
+
+
+def format_slora(summary: Dict[Tuple[str, int], dict]) -> str:
+    head = ["backend", "batch", "rounds", "base step med ms", "SLoRA step med ms", "SLoRA/base"]
+    rows = [[backend, str(batch), str(s["rounds"]), f"{s['base_ms']:.3f}", f"{s['slora_ms']:.3f}", f"{s['ratio']:.3f}x"]
+            for (backend, batch), s in summary.items()]
+    title = (f"SLoRA decode step: the Llama with {len(SLORA_ADAPTERS)} LoRA adapters (r {SLORA_RANK} on q, k, v, o; "
+             "rows take them in turn) against the same model without, both loaded in one process, their decode "
+             "steps interleaved; steps: medians over rounds, SLoRA/base: median of the same-round ratios")
+    return title + "\n" + _align(head, rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python tools/benchmark.py", description=__doc__.split("\n\n")[0])
     a = p.add_argument
     a("--model_dir", nargs="+", default=[], help="export folder(s); batch = the graph's batch size")
     a("--make-bench-model", "--make_bench_model", dest="make_bench_model", action="store_true",
-      help="build (or reuse) the notes' benchmark model exports under --work_dir and bench them")
+      help="build (or reuse) the notes' benchmark model exports under --work_dir and bench them "
+           "(the default without --model_dir)")
     a("--work_dir", default=DEFAULT_WORK_DIR, help="where --make-bench-model keeps its checkpoint and exports")
     a("--rebuild", action="store_true", help="re-export the benchmark model even if cached")
     a("--family", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS),
@@ -354,6 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batch", nargs="+", type=int, default=None,
       help="batch sizes of the benchmark model (default 1 8); with --model_dir, prompts per request "
            "(at most the graph's batch size, which is the default; the other rows are padding)")
+    a("--slora", action="store_true",
+      help=f"also measure the Llama's SLoRA export ({len(SLORA_ADAPTERS)} adapters, r {SLORA_RANK} on q, k, v, o) "
+           "against the same model without adapters, in interleaved rounds, and print SLoRA/base of the decode step")
+    a("--slora_rounds", type=int, default=5, help="requests per export in the --slora comparison (default 5)")
     a("--tp", nargs="+", type=int, default=[1],
       help="rank counts of the benchmark model (tensor parallel, backend ms; e.g. --tp 1 2)")
     a("--steps", type=int, default=128,
@@ -377,7 +522,7 @@ def main(argv=None) -> int:
         with open(args.child[0], encoding="utf-8") as f:
             job = json.load(f)
         try:
-            result = measure(job)
+            result = (measure_pair if "model_dirs" in job else measure)(job)
         except ToolchainError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -390,14 +535,13 @@ def main(argv=None) -> int:
     except ToolchainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    results = []
-    for job in jobs:
-        print(f"measuring {job['backend']} batch {job.get('batch') or '(graph)'}: {job['model_dir']}",
-              file=sys.stderr, flush=True)
-        result = run_child(job, child_python(job["backend"], args.python), args.timeout)
-        if "error" in result:
-            print(f"  failed: {result['error']}", file=sys.stderr)
-        results.append(result)
+    results = [run_logged(job, args.python, args.timeout) for job in jobs if not job.get("adapters")]
+    pairs = slora_pairs(jobs) if args.slora else []
+    if args.slora and not pairs:
+        print("note: --slora measures the one-rank llama benchmark model, which --family or --tp leave out",
+              file=sys.stderr)
+    slora = [run_logged(slora_job(base, with_adapters, args.slora_rounds), args.python, args.timeout, "SLoRA: ")
+             for base, with_adapters in pairs]
     print(format_table(results))
     for r in results:
         if r.get("launcher_startup_ms") is not None:
@@ -409,27 +553,41 @@ def main(argv=None) -> int:
     print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored; fewer where "
           f"seq_length is shorter: steps = decode steps timed), {args.threads} threads; host = step - graph call; "
           f"batch a/b = a prompts in a graph of batch b; {', '.join(notes)}")
+    if pairs:
+        print(format_slora(slora_summary(slora)))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-    return 1 if any("error" in r for r in results) else 0
+            json.dump(results + slora, f, indent=2)
+    return 1 if any("error" in r for r in results + slora) else 0
+
+
+def run_logged(job: dict, python: Optional[str], timeout: int, prefix: str = "") -> dict:
+    print(f"{prefix}measuring {job['backend']} batch {job.get('batch') or '(graph)'}: {job['model_dir']}",
+          file=sys.stderr, flush=True)
+    result = run_child(job, child_python(job["backend"], python), timeout)
+    if "error" in result:
+        print(f"  failed: {result['error']}", file=sys.stderr)
+    return result
 
 
 def plan_jobs(args) -> List[dict]:
-    if bool(args.model_dir) == bool(args.make_bench_model):
-        raise ToolchainError("give --model_dir FOLDER... or --make-bench-model (one of them)")
+    if args.model_dir and (args.make_bench_model or args.slora):
+        raise ToolchainError("--model_dir benches those exports: not with --make-bench-model or --slora "
+                             "(they bench the benchmark model)")
     if args.steps < 2 or args.prompt_len < 1:
         raise ToolchainError(f"--steps must be >= 2 and --prompt_len >= 1, got {args.steps} and {args.prompt_len}")
+    if args.slora_rounds < 1:
+        raise ToolchainError(f"--slora_rounds must be >= 1, got {args.slora_rounds}")
     backends = args.backend or list(BACKENDS)
     common = dict(prompt_len=args.prompt_len, new_tokens=args.steps, threads=args.threads,
                   warmup=args.warmup, no_detok=args.no_detok, lite_format=args.lite_format)
-    if args.make_bench_model:
+    if not args.model_dir:
         batches = args.batch or [1, 8]
         exports = make_bench_model(args.work_dir, backends, batches, args.kv_cache, args.rebuild,
                                    log=lambda msg: print(msg, file=sys.stderr, flush=True), world_sizes=args.tp,
-                                   families=args.family)
-        return [dict(common, backend=b, batch=n, world_size=r, model_dir=folder)
-                for (_, b, n, r), folder in exports.items()]
+                                   families=args.family, slora=args.slora)
+        return [dict(common, family=f, backend=b, batch=n, world_size=r, adapters=a, model_dir=folder)
+                for (f, b, n, r, a), folder in exports.items()]
     from lite_runtime.contract.manifest import load_manifest
 
     jobs = []

@@ -8,6 +8,9 @@ Wall time is measured around the whole child process (interpreter start, `import
 tracing, writing); `export_s` is the exporter's own figure from its log line, when present. Peak RSS
 is the child's `ru_maxrss` as returned by `os.wait4` for that child alone. Every run writes into a
 fresh temporary folder, removed afterwards.
+
+`write_slora_adapters` writes the LoRA adapters of the decode benchmark's SLoRA export
+(tools/bench_decode.py --slora).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -79,6 +83,53 @@ def summarise(runs) -> dict:
                 peak_rss_mb_max=float(rss.max()),
                 export_s_median=float(np.median(inner)) if inner else None,
                 export_mb=ok[0]["export_mb"])
+
+
+# --- the decode benchmark's SLoRA adapters -------------------------------------------------------
+
+SLORA_ADAPTERS = ("a1", "a2")
+SLORA_RANK, SLORA_ALPHA = 8, 16.0
+SLORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")    # MindFormers wq, wk, wv, wo
+SLORA_RECIPE = dict(adapters=list(SLORA_ADAPTERS), r=SLORA_RANK, alpha=SLORA_ALPHA, targets=list(SLORA_TARGETS),
+                    weights="normal(0, 0.02), seed 1", format="peft")
+
+
+def lora_shapes(model: dict, r: int, targets: Sequence[str] = SLORA_TARGETS) -> Dict[str, Tuple[int, int]]:
+    """PEFT names and shapes of the LoRA A (r, in) and B (out, r) of `targets` in every block of a
+    Llama of `model`'s sizes."""
+    hidden, heads = model["hidden_size"], model["n_heads"]
+    head_dim = hidden // heads
+    q, kv = heads * head_dim, model.get("n_kv_heads", heads) * head_dim
+    out_in = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q)}
+    shapes = {}
+    for layer in range(model["num_layers"]):
+        for target in targets:
+            rows, cols = out_in[target]
+            stem = f"base_model.model.model.layers.{layer}.self_attn.{target}"
+            shapes[f"{stem}.lora_A.weight"] = (r, cols)
+            shapes[f"{stem}.lora_B.weight"] = (rows, r)
+    return shapes
+
+
+def write_slora_adapters(folder: str, model: dict, seed: int = 1) -> str:
+    """SLORA_ADAPTERS as PEFT LoRA folders under `folder` (rank SLORA_RANK on SLORA_TARGETS, random
+    non-zero A and B: normal(0, 0.02), seeded) and the lora_adapter.json naming them; returns its path."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    config = dict(peft_type="LORA", r=SLORA_RANK, lora_alpha=SLORA_ALPHA, lora_dropout=0.0,
+                  target_modules=list(SLORA_TARGETS))
+    for name in SLORA_ADAPTERS:
+        os.makedirs(os.path.join(folder, name), exist_ok=True)
+        with open(os.path.join(folder, name, "adapter_config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        tensors = {n: 0.02 * rng.standard_normal(shape, dtype=np.float32)
+                   for n, shape in lora_shapes(model, SLORA_RANK).items()}
+        save_file(tensors, os.path.join(folder, name, "adapter_model.safetensors"))
+    path = os.path.join(folder, "lora_adapter.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({name: name for name in SLORA_ADAPTERS}, f)
+    return path
 
 
 def main(argv=None) -> int:
