@@ -101,3 +101,17 @@ def test_slora_adapters_are_peft_folders_of_random_non_zero_lora_matrices(tmp_pa
     assert first.pairs["model.layers.0.self_attn.o_proj.weight"][1].shape == (32, SLORA_RANK)
     assert all((a != 0).all() and (b != 0).all() for a, b in first.pairs.values())
     assert first.sha256 != second.sha256
+
+
+def test_multi_rank_runs_are_checked_against_the_one_rank_tokens():
+    """tools/bench_decode.py: a TP run's line says whether it chose the one-rank run's tokens."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    from bench_decode import one_rank_agreement
+
+    def run(ranks, tokens, batch=1, backend="mslite"):
+        return dict(family="llama", backend=backend, batch=batch, world_size=ranks, tokens=tokens)
+    results = [run(1, [[5, 6]]), run(2, [[5, 6]]), run(2, [[5, 7]]), run(2, [[5, 6]], batch=8),
+               run(1, [[5, 7]], backend="ms")]
+    assert one_rank_agreement(results[1], results) == "tokens identical to 1 rank"
+    assert one_rank_agreement(results[2], results) == "TOKENS DIFFER FROM 1 RANK"
+    assert one_rank_agreement(results[3], results) == "no one-rank run to compare tokens with"

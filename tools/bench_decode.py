@@ -192,11 +192,13 @@ def measure(job: dict) -> dict:
     batch = job.get("batch") or manifest.batch_size
     prompt_len, new_tokens = job["prompt_len"], fit_new_tokens(job, manifest)
     rank, join_s = 0, 0.0
-    if job.get("world_size", 1) > 1:
+    if job.get("world_size", 1) > 1 and job["backend"] == "ms":
         from bench_ranks import join_cluster
         start = time.perf_counter()
         rank = join_cluster()
         join_s = time.perf_counter() - start
+    elif job.get("world_size", 1) > 1:       # Lite segments: the ranks join over MPI as the session loads
+        rank = int(os.environ["RANK_ID"])
     start = time.perf_counter()
     session = open_session(job, manifest, rank)
     load_s = time.perf_counter() - start
@@ -209,7 +211,9 @@ def measure(job: dict) -> dict:
     bare = getattr(session, "bare_decode_predict", None)   # mslite: one Predict on inputs already bound
     for _ in range(job["warmup"]):
         run_request(session, inputs, prompts, min(new_tokens, 8), tokenizer, bare)
+    collective_s = getattr(session, "collective_seconds", 0.0)
     t = run_request(session, inputs, prompts, new_tokens, tokenizer, bare)
+    collective_s = getattr(session, "collective_seconds", 0.0) - collective_s
     steps = {k: v[1:] for k, v in t.items() if k not in ("between", "tokens")}
     decode_total = float(steps["wall"].sum())
     result = dict(
@@ -225,6 +229,7 @@ def measure(job: dict) -> dict:
         tok_s=batch * len(steps["wall"]) / decode_total if decode_total > 0 else None,
         e2e_tok_s=batch * new_tokens / float(t["wall"].sum()),
         bare_predict_ms=None, step_over_bare=None, tokens=t["tokens"].T.tolist(),
+        collective_share=collective_s / float(t["wall"].sum()),   # host collectives (Lite segments) / request
     )
     if bare is not None:
         result["bare_predict_ms"] = _ms(t["between"])
@@ -249,10 +254,12 @@ def fit_new_tokens(job: dict, manifest) -> int:
 
 
 def open_session(job: dict, manifest, rank: int = 0):
+    """The export on the job's backend; the ranks of a multi-rank export share the CPU threads."""
     from lite_runtime.backends import load_session
 
     options = {"lite_format": job["lite_format"]} if job["backend"] == "mslite" else {}
-    return load_session(job["backend"], manifest, rank, num_threads=job["threads"], **options)
+    threads = max(1, job["threads"] // manifest.world_size)
+    return load_session(job["backend"], manifest, rank, num_threads=threads, **options)
 
 
 def measure_pair(job: dict) -> dict:
@@ -304,7 +311,9 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
                      log=print, world_sizes=(1,), families=("llama",), slora: bool = False) -> Dict[tuple, str]:
     """Export the benchmark models; returns {(family, backend, batch, ranks, adapters): dir}.
 
-    Multi-rank (tensor-parallel) exports are made for backend ms only (Lite on CPU has no collectives).
+    Multi-rank (tensor-parallel) exports: for ms with the collectives in the graphs (kv modes io and
+    in_graph); for mslite as step segments reduced on the host (kv_cache dynamic: Lite on CPU has no
+    collectives).
     `slora` adds the Llama's SLoRA exports (one rank; adapters = len(SLORA_ADAPTERS), 0 elsewhere).
     Exports whose recorded recipe matches are reused; `rebuild` redoes them.
     """
@@ -335,9 +344,11 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
         for backend in backends:
             mode = "io" if backend == "mslite" and kv_cache == "in_graph" else kv_cache
             for batch, ranks in [(b, r) for b in batches for r in world_sizes
-                                 if r == 1 or (backend == "ms" and mode != "dynamic")]:
+                                 if r == 1 or (backend == "ms") == (mode != "dynamic")]:
                 name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
-                graph = dict(config, batch_size=batch, kv_cache=mode, parallel={"model_parallel": ranks})
+                parallel = {"model_parallel": ranks, **({"collectives": "host"} if backend == "mslite" and ranks > 1
+                                                        else {})}
+                graph = dict(config, batch_size=batch, kv_cache=mode, parallel=parallel)
                 out[(family, backend, batch, ranks, 0)] = _export_bench(folder_of, name, graph, backend, fresh, log)
                 if with_slora and ranks == 1:
                     out[(family, backend, batch, ranks, len(SLORA_ADAPTERS))] = _export_bench(
@@ -392,7 +403,7 @@ def run_child(job: dict, python: str, timeout: int) -> dict:
             json.dump(job, f)
         cmd = [python, os.path.join(TOOLS, "benchmark.py"), "--child", job_file, out_file]
         if job.get("world_size", 1) > 1:
-            cmd = launch_command(python, job_file, out_file, job["world_size"], tmp)
+            cmd = launch_command(python, job_file, out_file, job, tmp)
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.setdefault("GLOG_v", "3")
         try:
@@ -410,6 +421,15 @@ def run_child(job: dict, python: str, timeout: int) -> dict:
             result = json.load(f)
         result["launcher_startup_ms"] = launcher_startup_ms(proc.stderr)
         return result
+
+
+def one_rank_agreement(result: dict, results: List[dict]) -> str:
+    """Whether a multi-rank run chose the tokens of the one-rank run of the same model and batch."""
+    same = [r for r in results if "error" not in r and r["world_size"] == 1 and
+            (r["family"], r["backend"], r["batch"]) == (result["family"], result["backend"], result["batch"])]
+    if not same:
+        return "no one-rank run to compare tokens with"
+    return "tokens identical to 1 rank" if same[0]["tokens"] == result["tokens"] else "TOKENS DIFFER FROM 1 RANK"
 
 
 def format_table(results: List[dict]) -> str:
@@ -500,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
            "against the same model without adapters, in interleaved rounds, and print SLoRA/base of the decode step")
     a("--slora_rounds", type=int, default=5, help="requests per export in the --slora comparison (default 5)")
     a("--tp", nargs="+", type=int, default=[1],
-      help="rank counts of the benchmark model (tensor parallel, backend ms; e.g. --tp 1 2)")
+      help="rank counts of the benchmark model (tensor parallel; e.g. --tp 1 2; mslite with --kv_cache dynamic: "
+           "step segments with host all-reduces); the ranks share --threads")
     a("--steps", type=int, default=128,
       help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
     a("--prompt_len", type=int, default=32)
@@ -545,9 +566,12 @@ def main(argv=None) -> int:
     print(format_table(results))
     for r in results:
         if r.get("launcher_startup_ms") is not None:
+            joined = f"joining MindSpore's cluster {r['cluster_join_s']:.1f} s, " if r["backend"] == "ms" else ""
+            shared = f", host collectives {100 * r['collective_share']:.0f}% of the request" \
+                if r.get("collective_share") else ""
             print(f"{r['backend']} x{r['world_size']} batch {r['batch']}: launcher start-up "
-                  f"{r['launcher_startup_ms']:.0f} ms, joining MindSpore's cluster {r['cluster_join_s']:.1f} s, "
-                  f"model load {r['load_s']:.2f} s (rank 0)")
+                  f"{r['launcher_startup_ms']:.0f} ms, {joined}model load {r['load_s']:.2f} s (rank 0){shared}; "
+                  f"{one_rank_agreement(r, results)}")
     notes = sorted({"detokenisation on" if r.get("detokenize") else "no tokenizer: detokenisation off"
                     for r in results if "error" not in r})
     print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored; fewer where "

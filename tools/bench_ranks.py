@@ -1,7 +1,8 @@
 """Multi-rank figures for the decode benchmark (`python tools/benchmark.py --tp 2`).
 
 A tensor-parallel export runs one measuring process per rank under the project's launcher
-(MindSpore's distributed engine on CPU); rank 0 writes the result. The launcher's own start-up
+(MindSpore's distributed engine on CPU for ms; for mslite, step segments whose ranks reduce on the
+host through MPI); rank 0 writes the result. The launcher's own start-up
 time is reported apart from model load time. Greedy picks agree across ranks without a channel:
 every rank sees the same all-gathered logits.
 """
@@ -26,10 +27,12 @@ def loopback_rank_table(path: str, world_size: int) -> str:
     return path
 
 
-def launch_command(python: str, job_file: str, out_file: str, world_size: int, tmp: str):
-    table = loopback_rank_table(os.path.join(tmp, "rank_table.json"), world_size)
-    return [python, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms",
-            "--log_dir", os.path.join(tmp, "logs"), "--", RANK_SCRIPT, job_file, out_file]
+def launch_command(python: str, job_file: str, out_file: str, job: dict, tmp: str):
+    """The launcher running RANK_SCRIPT on every rank (`--model_dir` tells it the export's form)."""
+    table = loopback_rank_table(os.path.join(tmp, "rank_table.json"), job["world_size"])
+    return [python, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", job["backend"],
+            "--log_dir", os.path.join(tmp, "logs"), "--", RANK_SCRIPT, job_file, out_file,
+            "--model_dir", job["model_dir"]]
 
 
 def launcher_startup_ms(stderr: str) -> Optional[float]:

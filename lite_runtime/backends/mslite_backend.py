@@ -254,6 +254,8 @@ class MSLiteSession(Session):
         """
         if self._official is not None:
             return self._official.bare_predict("increment")
+        if self._chain is not None:
+            return self._chain.bare_predict()
         model = self._models.get("increment") or self._models[STEP]
         start = time.perf_counter()
         model.run()
