@@ -287,6 +287,37 @@ def test_data_parallel_answers_in_input_order(tp_setup, lite_single_export, back
     assert "rank_1.log" in os.listdir(logs)
 
 
+@pytest.mark.parametrize("backend", ["mslite", "ms"])
+def test_pipeline_with_data_parallel_answers_in_input_order(tp_setup, lite_single_export, backend, tmp_path):
+    """pipeline(..., data_parallel=2) in a script on both ranks: every rank gets all 5 answers in input
+    order, each the single-process answer (greedy)."""
+    _, exports, table = tp_setup
+    export = lite_single_export if backend == "mslite" else exports["single"]
+    worker = os.path.join(REPO, "tests", "pipeline_worker.py")
+    alone = run_cli([worker, export, str(tmp_path), backend, "1"])
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    expected = json.loads((tmp_path / "rank_0.txt").read_text())
+    assert len(expected) == 5
+    out = tmp_path / "dp"
+    out.mkdir()
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+                      "--log_dir", str(out / "logs"), "--", worker, export, str(out), backend, "2"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in range(2):
+        assert json.loads((out / f"rank_{rank}.txt").read_text()) == expected
+
+
+def test_pipeline_data_parallel_needs_the_launcher_and_a_single_rank_export(tp_setup, monkeypatch):
+    from lite_runtime import pipeline
+    from lite_runtime.contract.errors import ConfigError
+    _, exports, _ = tp_setup
+    with pytest.raises(ConfigError, match="needs a script started on 2 ranks by the launcher.*RANK_SIZE is not set"):
+        pipeline("text_generation", model=exports["single"], backend="ms", data_parallel=2)
+    monkeypatch.setenv("RANK_SIZE", "2")
+    with pytest.raises(ConfigError, match="an export of 2 ranks.*model_parallel 1"):
+        pipeline("text_generation", model=exports["full"], backend="ms", data_parallel=2)
+
+
 def test_data_parallel_needs_a_matching_table_and_a_single_rank_export(tp_setup, tmp_path):
     folder, exports, table = tp_setup
     for export, dp, facts in ((exports["full"], "2", ["--data_parallel 2", "export of 2 ranks", "model_parallel 1"]),

@@ -33,6 +33,7 @@ class InferConfig:
     backend: str = "mslite"
     tokenizer_path: str = ""
     num_threads: int = 2
+    data_parallel: int = 1              # > 1: one replica per rank under the launcher, prompts split in order
 
     def __init__(self, **kwargs):
         fields = {f.name: f for f in dataclasses.fields(self)}
@@ -53,6 +54,8 @@ class InferConfig:
         if self.paged_attention:
             raise UnsupportedError("InferConfig: paged_attention=True is not supported: exports have an io, "
                                    "in-graph or dynamic KV cache; leave it False")
+        if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
+            raise ConfigError(f"InferConfig: data_parallel must be a positive integer, got {self.data_parallel!r}")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):
             value = getattr(self, name)
             if name == "infer_seq_length" and value is None:

@@ -48,8 +48,13 @@ class TextGeneratorInfer:
         options = {"num_threads": config.num_threads, "device_id": config.device_id, "config_path": ini}
         if config.backend == "mslite":
             options["target"] = config.target
+        self.data_parallel = None     # data_parallel > 1: this rank's replica answers its share of each request
+        if config.data_parallel > 1:
+            from lite_runtime.distributed.data_parallel import DataParallelGroup
+            self.data_parallel = DataParallelGroup(config.data_parallel, self.manifest.world_size,
+                                                   self.manifest.root or "the export")
         start = time.perf_counter()
-        self.session = factory(config.backend, self.manifest, config.rank_id, **options)
+        self.session = factory(config.backend, self.manifest, 0 if self.data_parallel else config.rank_id, **options)
         self.load_seconds = time.perf_counter() - start
         self.last_timing: Optional[RequestTiming] = None
         self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
@@ -64,12 +69,26 @@ class TextGeneratorInfer:
               seed: Optional[int] = None, truncate: bool = False, adapter_id=None,
               strict_adapter: bool = False) -> List[Dict[str, List[str]]]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        prompts, new_ids = self.generate_ids(texts, do_sample=do_sample, top_k=top_k, top_p=top_p,
-                                    temperature=temperature, repetition_penalty=repetition_penalty,
-                                    eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                                    max_length=max_length, max_new_tokens=max_new_tokens,
-                                    add_special_tokens=add_special_tokens, streamer=streamer, seed=seed,
-                                    truncate=truncate, adapter_id=adapter_id, strict_adapter=strict_adapter)
+        options = dict(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
+                       repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                       max_length=max_length, max_new_tokens=max_new_tokens, add_special_tokens=add_special_tokens,
+                       streamer=streamer, seed=seed, truncate=truncate, adapter_id=adapter_id,
+                       strict_adapter=strict_adapter)
+        if self.data_parallel is None:
+            return self._answer(texts, options)
+        if streamer is not None:
+            raise ConfigError("streamer with data_parallel: each rank answers a share of the prompts; stream "
+                              "with data_parallel 1")
+        self.adapter_slots(adapter_id, len(texts), strict_adapter)      # a bad adapter_id fails on every rank
+        per_prompt = isinstance(adapter_id, (list, tuple))
+
+        def answer(rows):
+            chosen = [adapter_id[i] for i in rows] if per_prompt else adapter_id
+            return self._answer([texts[i] for i in rows], dict(options, adapter_id=chosen))
+        return self.data_parallel.run(list(range(len(texts))), answer)
+
+    def _answer(self, texts: List[str], options: dict) -> List[Dict[str, List[str]]]:
+        prompts, new_ids = self.generate_ids(texts, **options)
         return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
                 for text, prompt, ids in zip(texts, prompts, new_ids)]
 
@@ -152,6 +171,8 @@ class TextGeneratorInfer:
 
     def close(self) -> None:
         self.session.close()
+        if self.data_parallel is not None:
+            self.data_parallel.close()
 
 
 class RequestTiming:

@@ -6,7 +6,7 @@ bookkeeping (host-owned buffers, writing new rows in) lives here once for all ba
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import List
 
 import numpy as np
 
 from lite_runtime.contract.errors import DistributedError
+from lite_runtime.distributed.data_parallel import split_in_order
 from lite_runtime.distributed.rank_channel import RankChannel
 
 log = logging.getLogger("lite_runtime.distributed")
@@ -58,15 +58,6 @@ def run_distributed(args, run, make_generator, generation_kwargs) -> None:
             _follow(args, channel, make_generator)
     finally:
         channel.close()
-
-
-def split_in_order(items: list, groups: int) -> List[list]:
-    """Consecutive shares of `items`, the first ones one longer when they do not divide evenly."""
-    size, extra = divmod(len(items), groups)
-    bounds = [0]
-    for g in range(groups):
-        bounds.append(bounds[-1] + size + (1 if g < extra else 0))
-    return [items[bounds[g]:bounds[g + 1]] for g in range(groups)]
 
 
 def _scatter(args, channel: RankChannel, run, make_generator, generation_kwargs) -> None:
