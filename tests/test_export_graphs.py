@@ -94,3 +94,17 @@ def test_float16_export_runs_close_to_float32(tiny_ckpt, tiny_exports, tmp_path)
     nxt = b.argmax(-1).astype(np.int32).reshape(B, 1)
     a, b = fp16.decode(nxt, lengths + 1), fp32.decode(nxt, lengths + 1)
     assert np.abs(a - b).max() <= 5e-2 * max(1.0, np.abs(b).max() / 5)
+
+
+def test_safetensors_tensors_are_read_as_the_ranks_slice(tmp_path):
+    """A rank reads only its block of a tensor it splits (safetensors slices); others whole; a file with
+    bfloat16 tensors whole (numpy has no bfloat16)."""
+    from safetensors.numpy import save_file
+    from exporter.weights.safetensors_io import read_safetensors_part
+    a, b, c = (np.arange(n, dtype=np.float32).reshape(s) for n, s in ((24, (4, 6)), (6, (6,)), (5, (5,))))
+    save_file({"a": a, "b": b, "c": c}, str(tmp_path / "m.safetensors"))
+    tensors, cut = read_safetensors_part(str(tmp_path / "m.safetensors"), {"a": 1, "b": 0, "c": 0}, 1, 2)
+    assert cut == {"a", "b"}       # c (5 rows) does not split in 2: whole, for the sharding step to refuse
+    np.testing.assert_array_equal(tensors["a"], a[:, 3:])
+    np.testing.assert_array_equal(tensors["b"], b[3:])
+    np.testing.assert_array_equal(tensors["c"], c)

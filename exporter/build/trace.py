@@ -40,15 +40,18 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
                               "training run's strategy file) to re-split them, or export with that model_parallel")
         weights = W.read_rank_shard(shards[rank], source.family, source.config)
         return W.tie_head(weights, expects_head, source.config.tie_word_embeddings, 0, 1)
+    done = set()   # tensors read as this rank's slice already
     if shards:
         full = W.merge_shards(shards, source.strategy, source.family, source.config)
     else:
-        full = W.read_source(source)
+        full, done = W.read_source(source, rules, rank, world_size)
     if source.slora:
         from exporter.weights.slora import stacked_weights
         full.update(stacked_weights(source.slora, source.config))
     full = W.tie_head(full, expects_head, source.config.tie_word_embeddings, 0, 1)
-    return W.shard(full, rules, rank, world_size)
+    if source.config.tie_word_embeddings:    # a tied head is the whole embedding again: cut below
+        done = done - {W.HEAD}
+    return W.shard(full, rules, rank, world_size, done)
 
 
 def _dummy(spec):

@@ -11,12 +11,12 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Dict, List
+from typing import Dict, List, Set, Tuple
 
 import numpy as np
 
 from lite_runtime.contract.errors import WeightError
-from exporter.weights.safetensors_io import read_safetensors
+from exporter.weights.safetensors_io import read_safetensors_part
 
 HEAD, EMBEDDING = "head.weight", "embed.weight"
 _NOT_WEIGHTS = ("adam_", "moment", "global_step", "learning_rate", "epoch_num", "step_num", "loss_scale")
@@ -40,19 +40,25 @@ def plan_for(path: str, family):
         else family.mindformers_weights
 
 
-def read_source(source) -> Dict[str, np.ndarray]:
-    """A full (unsharded) model under canonical names, from a .ckpt file or a safetensors folder,
-    with its LoRA adapter (if any) merged in."""
+def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 1) -> Tuple[Dict[str, np.ndarray], Set[str]]:
+    """A model under canonical names, from a .ckpt file or a safetensors folder, with its LoRA adapter
+    (if any) merged in; and the names already cut to rank `rank`'s share of `rules`. From safetensors,
+    a tensor that maps one to one onto a split tensor is read as this rank's block only; everything
+    else is whole (fused tensors, .ckpt files) and is cut by `shard`."""
     path, family, cfg = source.checkpoint, source.family, source.config
     plan = plan_for(path, family)
+    done: Set[str] = set()
     if os.path.isfile(path):
         if not path.endswith(".ckpt"):
             raise WeightError(f"load_checkpoint {path}: a file must be a MindSpore .ckpt")
         tensors = read_ckpt(path)
     elif glob.glob(os.path.join(path, "*.safetensors")):
+        cut = {} if world_size == 1 or source.adapter else _source_axes(plan, rules)
         tensors = {}
         for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-            tensors.update(read_safetensors(f))
+            part, cut_here = read_safetensors_part(f, cut, rank, world_size)
+            tensors.update(part)
+            done |= {plan.target_of(name) for name in cut_here}
     else:
         ckpts = sorted(glob.glob(os.path.join(path, "*.ckpt")))
         if len(ckpts) != 1:
@@ -61,7 +67,19 @@ def read_source(source) -> Dict[str, np.ndarray]:
         path = ckpts[0]
         tensors = read_ckpt(path)
     tensors = _with_adapter(tensors, source, plan, path)
-    return plan.apply(tensors, cfg, path, family.name)
+    return plan.apply(tensors, cfg, path, family.name), done
+
+
+def _source_axes(plan, rules: Dict[str, int]) -> Dict[str, int]:
+    """{checkpoint name: axis} of the split canonical tensors a rule maps one to one (a transposed
+    (in, out) source is cut along the other axis)."""
+    axes = {}
+    for canonical, axis in rules.items():
+        found = plan.source_of(canonical)
+        if found:
+            name, transposed = found
+            axes[name] = 1 - axis if transposed and axis < 2 else axis
+    return axes
 
 
 def _with_adapter(tensors, source, plan, where: str) -> Dict[str, np.ndarray]:
@@ -137,14 +155,16 @@ def read_ckpt(path: str) -> Dict[str, np.ndarray]:
     return {name: p.asnumpy() for name, p in params.items() if not name.startswith(_NOT_WEIGHTS)}
 
 
-def shard(full: Dict[str, np.ndarray], rules: Dict[str, int], rank: int, world_size: int) -> Dict[str, np.ndarray]:
-    """This rank's slice of every tensor (Megatron-style contiguous blocks along its rule's axis)."""
+def shard(full: Dict[str, np.ndarray], rules: Dict[str, int], rank: int, world_size: int,
+          done: Set[str] = frozenset()) -> Dict[str, np.ndarray]:
+    """This rank's slice of every tensor (Megatron-style contiguous blocks along its rule's axis);
+    `done` names tensors that are this rank's slice already."""
     if world_size == 1:
         return full
     out = {}
     for name, value in full.items():
         axis = rules.get(name)
-        if axis is None:
+        if axis is None or name in done:
             out[name] = value
             continue
         if value.shape[axis] % world_size:

@@ -83,6 +83,13 @@ class WeightPlan:
         found = self._match(name)
         return bool(found and found[0].transpose)
 
+    def target_of(self, name: str) -> Optional[str]:
+        """The canonical name of checkpoint tensor `name` when its rule maps it one to one."""
+        found = self._match(name)
+        if found is None or len(found[0].targets) != 1:
+            return None
+        return found[0].targets[0].format(**found[1])
+
     def source_of(self, canonical: str) -> Optional[Tuple[str, bool]]:
         """(checkpoint name, stored transposed) of a canonical tensor a rule maps one to one."""
         for r, _ in self.rules:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Dict
+from typing import Dict, Set, Tuple
 
 import numpy as np
 
@@ -24,6 +24,33 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
     except (SafetensorError, OSError, ValueError) as e:
         raise WeightError(f"cannot read safetensors file {path}: {e}") from None
     return _read_with_bf16(path)
+
+
+def read_safetensors_part(path: str, cut: Dict[str, int], rank: int, parts: int) -> Tuple[Dict[str, np.ndarray], Set[str]]:
+    """The tensors of `path`, those named in `cut` ({name: axis}) as block `rank` of `parts` along
+    that axis only (read from the file without the rest); returns them and the names so cut. A file
+    with bfloat16 tensors is read whole (the library's numpy view has no bfloat16)."""
+    from safetensors import SafetensorError, safe_open
+    tensors, done = {}, set()
+    try:
+        with safe_open(path, framework="numpy") as f:
+            if any(f.get_slice(name).get_dtype() == "BF16" for name in f.keys()):
+                return _read_with_bf16(path), done
+            for name in f.keys():
+                axis = cut.get(name)
+                view = f.get_slice(name)
+                shape = view.get_shape()
+                if axis is None or axis >= len(shape) or shape[axis] % parts:   # whole: sharding reports it
+                    tensors[name] = f.get_tensor(name)
+                    continue
+                size = shape[axis] // parts
+                index = tuple(slice(rank * size, (rank + 1) * size) if d == axis else slice(None)
+                              for d in range(len(shape)))
+                tensors[name] = view[index]
+                done.add(name)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise WeightError(f"cannot read safetensors file {path}: {e}") from None
+    return tensors, done
 
 
 def _read_with_bf16(path: str) -> Dict[str, np.ndarray]:
