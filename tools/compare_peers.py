@@ -26,7 +26,8 @@ from typing import Dict, List
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_decode import BENCH_MODELS, BENCH_SEQ_LENGTH, REPO, VENV_MS20_PYTHON, VENV_PYTHON, bench_prompts  # noqa: E402
+from bench_decode import BENCH_MODELS, BENCH_SEQ_LENGTH, REPO, VENV_MS20_PYTHON, VENV_PYTHON  # noqa: E402
+from bench_measure import bench_prompts  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 

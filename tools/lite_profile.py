@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_decode import bench_prompts, run_request  # noqa: E402
+from bench_measure import bench_prompts, run_request  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 
 
