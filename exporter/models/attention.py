@@ -176,8 +176,8 @@ class Attention(nn.Cell):
     def _heads(self, x, n, batch, steps):
         return self.transpose(self.reshape(x, (batch, steps, n, self.hd)), (0, 2, 1, 3))
 
-    def _project(self, x, cos, sin, batch, steps, select):
-        q = self._heads(self.q(x, select), self.n_heads, batch, steps)
+    def _project(self, x, cos, sin, batch, steps, select, query=None):
+        q = self._heads(self.q(x if query is None else query, select), self.n_heads, batch, steps)
         k = self._heads(self.k(x, select), self.n_kv, batch, steps)
         v = self._heads(self.v(x, select), self.n_kv, batch, steps)
         if self.use_rotary:
@@ -192,11 +192,13 @@ class Attention(nn.Cell):
         o = self.reshape(self.transpose(o, (0, 2, 1, 3)), (batch, steps, self.n_heads * self.hd))
         return self.o(o, select)
 
-    def prefill(self, x, cos, sin, bias, select=None):
+    def prefill(self, x, cos, sin, bias, select=None, query=None):
         """x (B, S, H). Returns the output and the prompt's K/V rows (B, kv, S, hd). `select`: each
-        token's SLoRA adapter columns (see Linear), None without adapters (as in every method here)."""
+        token's SLoRA adapter columns (see Linear), None without adapters (as in every method here).
+        `query`: what the query projection reads instead of x (PanGu-α's top query layer: a learned
+        embedding of each token's position), of x's shape; None: x (as in every method here)."""
         batch, steps, _ = x.shape
-        q, k, v = self._project(x, cos, sin, batch, steps, select)
+        q, k, v = self._project(x, cos, sin, batch, steps, select, query)
         scores = self.bmm_t(q, k) * self.scale + bias
         out = self._merge(self.bmm(self.softmax(scores), v), batch, steps, select)
         if self.in_graph:
@@ -204,11 +206,11 @@ class Attention(nn.Cell):
             out = self.depend(out, self.assign(self.value_cache, v))
         return out, k, v
 
-    def step_io(self, x, cos, sin, k_cache, v_cache, cache_bias, new_bias, select=None):
+    def step_io(self, x, cos, sin, k_cache, v_cache, cache_bias, new_bias, select=None, query=None):
         """One token per row against host-owned caches (B, kv, S, hd). The new key is not in the
         cache yet, so its score joins the softmax as a separate term (no cache copy)."""
         batch = x.shape[0]
-        q, k, v = self._project(x, cos, sin, batch, 1, select)
+        q, k, v = self._project(x, cos, sin, batch, 1, select, query)
         s_cache = self.bmm_t(q, k_cache) * self.scale + cache_bias           # (B, kv, g, S)
         s_new = self.sum(q * k, -1) * self.scale + new_bias                   # (B, kv, g, 1)
         m = self.maximum(self.max(s_cache, -1), s_new)
@@ -217,7 +219,7 @@ class Attention(nn.Cell):
         o = (self.bmm(e_cache, v_cache) + e_new * v) / (self.sum(e_cache, -1) + e_new)
         return self._merge(o, batch, 1, select), k, v
 
-    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None):
+    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None, query=None):
         """x (B*T, H): T new tokens per row, against host-owned past keys (B, kv, hd, P, transposed)
         and values (B, kv, P, hd) whose first `past` (B, 1, 1, 1) positions are the row's; cos/sin
         (B*T, 1, hd). Returns the output (B*T, H), the new keys (B, kv, hd, T) and values (B, kv, T, hd)
@@ -225,7 +227,7 @@ class Attention(nn.Cell):
         them (`biases` None), the others reuse them. Past and new keys are two softmax terms: joining
         them would copy the cache on every call."""
         d = self.dyn
-        q = self._heads_dynamic(self.q(x, select), d.tokens_q, d.heads_q, cos, sin)
+        q = self._heads_dynamic(self.q(x if query is None else query, select), d.tokens_q, d.heads_q, cos, sin)
         k = self._heads_dynamic(self.k(x, select), d.tokens_kv, d.heads_kv, cos, sin)
         v = self.transpose(self.reshape(self.v(x, select), d.heads_kv), (0, 2, 1, 3))
         q = self.cast(self.reshape(q, d.grouped), ms.float32)
@@ -251,10 +253,10 @@ class Attention(nn.Cell):
             x = x * cos + partner * sin
         return self.transpose(self.reshape(x, heads_shape), (0, 2, 1, 3))
 
-    def step_in_graph(self, x, cos, sin, row_onehot, cache_bias, select=None):
+    def step_in_graph(self, x, cos, sin, row_onehot, cache_bias, select=None, query=None):
         """One token per row; the row at pos is written into the Parameter caches first."""
         batch = x.shape[0]
-        q, k, v = self._project(x, cos, sin, batch, 1, select)
+        q, k, v = self._project(x, cos, sin, batch, 1, select, query)
         keep = 1.0 - row_onehot                                               # (B, 1, S, 1)
         k_all = self.key_cache * keep + k * row_onehot
         v_all = self.value_cache * keep + v * row_onehot

@@ -11,7 +11,7 @@ from typing import Optional
 from lite_runtime.contract.errors import ConfigError
 
 NORMS = ("rms", "layer")
-MLPS = ("swiglu", "gelu_tanh", "gelu")
+MLPS = ("swiglu", "gelu_tanh", "gelu", "fast_gelu")
 POSITIONS = ("rotary", "learned", "none")
 
 
@@ -34,12 +34,15 @@ class DecoderConfig:
                                                # rotary scaling, e.g. InternLM's, changes positions past it)
     seq_length_limit_by: Optional[str] = None  # the refusal's reason: "past which <this>; export with ..."
     alibi: bool = False                        # ALiBi score bias (Bloom, Baichuan2 13B)
-    mlp: str = "swiglu"                        # swiglu | gelu_tanh | gelu (exact, erf)
+    mlp: str = "swiglu"                        # swiglu | gelu_tanh | gelu (exact, erf) | fast_gelu (x·σ(1.702x))
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
     embed_norm: bool = False                   # LayerNorm right after the word embedding (Bloom)
     tie_word_embeddings: bool = False
+    top_query: bool = False                    # PanGu-α: the last of num_layers is a top query layer (its query a
+                                               # learned embedding of the position, models/top_query.py) after
+                                               # the final norm; it has a KV cache like a block
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -59,10 +62,18 @@ class DecoderConfig:
                               f"{self.rotary_fraction}) must be a positive even number")
         if self.positions == "learned" and not self.max_position_embeddings:
             raise ConfigError("model.max_position_embeddings is required for learned absolute positions")
+        if self.top_query and not self.max_position_embeddings:
+            raise ConfigError("model.max_position_embeddings is required for the top query layer (its query table)")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.n_heads
+
+    @property
+    def num_blocks(self) -> int:
+        """Decoder blocks before the final norm: num_layers, less the top query layer if there is one.
+        Every one of num_layers has a KV cache (GraphDims.num_layers counts them all)."""
+        return self.num_layers - 1 if self.top_query else self.num_layers
 
     @property
     def group(self) -> int:
@@ -84,7 +95,7 @@ class DecoderConfig:
 
     def check_seq_length(self, seq_length: int) -> None:
         limit = self.max_position_embeddings
-        if self.positions == "learned" and seq_length > limit:
+        if (self.positions == "learned" or self.top_query) and seq_length > limit:
             raise ConfigError(f"seq_length {seq_length} exceeds the model's learned position table "
                               f"(max_position_embeddings {limit}); export with seq_length <= {limit}")
         if self.seq_length_limit is not None and seq_length > self.seq_length_limit:

@@ -1,6 +1,8 @@
 """`CausalLM`: one rank's share of a decoder-only model, assembled from blocks chosen by the
 config's features, with its graph entry points: `prefill` and `increment` (kv modes io and
-in_graph), or the one `step` of the dynamic kv mode (prefill and decode alike).
+in_graph), or the one `step` of the dynamic kv mode (prefill and decode alike). With
+`top_query` (PanGu-α) the last of num_layers is the top query layer (models/top_query.py), run
+after the final norm, its K/V cache the last pair.
 
 Parameter names are the project's canonical names (`embed.weight`, `layers.0.attn.q.weight`,
 `layers.0.mlp.up.bias`, `final_norm.weight`, `head.weight` ...); each family's weight plan maps its
@@ -19,6 +21,7 @@ from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
 from exporter.models.mlp import make_mlp
 from exporter.models.norms import make_norm
 from exporter.models.positions import rotary_tables
+from exporter.models.top_query import TopQueryLayer
 
 
 class DecoderLayer(nn.Cell):
@@ -67,8 +70,11 @@ class CausalLM(nn.Cell):
         self.use_embed_norm = cfg.embed_norm
         if cfg.embed_norm:
             self.embed_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
-        self.layers = nn.CellList([DecoderLayer(cfg, ctx) for _ in range(cfg.num_layers)])
+        self.layers = nn.CellList([DecoderLayer(cfg, ctx) for _ in range(cfg.num_blocks)])
         self.final_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        self.use_top_query = cfg.top_query
+        if cfg.top_query:
+            self.top_query = TopQueryLayer(cfg, ctx)
         # A tied head on one rank reads the embedding table itself (no second copy); under tensor
         # parallelism each rank holds its vocabulary rows of it as `head.weight`.
         self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1
@@ -83,6 +89,7 @@ class CausalLM(nn.Cell):
         self.cos_prefill = Tensor(cos.reshape(1, 1, ctx.seq, -1), ctx.dtype)
         self.sin_prefill = Tensor(sin.reshape(1, 1, ctx.seq, -1), ctx.dtype)
         self.positions = Tensor(np.arange(ctx.seq, dtype=np.int32).reshape(1, ctx.seq))
+        self.batch_positions = Tensor(np.tile(np.arange(ctx.seq, dtype=np.int32), (ctx.batch, 1)))
         self.row_offsets = Tensor(np.arange(ctx.batch, dtype=np.int32) * ctx.seq)
         self.lora = ctx.lora_width > 0
         if self.lora:   # the slot each SLoRA column belongs to (columns of one slot are adjacent)
@@ -115,8 +122,9 @@ class CausalLM(nn.Cell):
         return self.cast(self.equal(self.reshape(per_token, column), self.lora_slot_of_column), self.dtype)
 
     def _logits(self, hidden):
-        """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab)."""
-        h = self.final_norm(hidden)
+        """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab). The final norm
+        is applied here, or (top query layer) already before that layer."""
+        h = hidden if self.use_top_query else self.final_norm(hidden)
         if self.head_is_embedding:
             logits = self.head_matmul(h, self.embed.weight)
         else:
@@ -131,6 +139,10 @@ class CausalLM(nn.Cell):
         for layer in self.layers:
             attn, k, v = layer.attn.prefill(layer.attn_norm(x), self.cos_prefill, self.sin_prefill, bias, select)
             x = layer.finish(x, attn, select)
+            new_kv = new_kv + (k, v)
+        if self.use_top_query:
+            x, k, v = self.top_query.prefill(self.final_norm(x), self.batch_positions, self.cos_prefill,
+                                             self.sin_prefill, bias)
             new_kv = new_kv + (k, v)
         last = self.row_offsets + batch_valid_length - 1
         logits = self._logits(self.gather(self.reshape(x, (self.batch * self.seq, -1)), last, 0))
@@ -156,6 +168,13 @@ class CausalLM(nn.Cell):
             x = layer.finish(x, attn, select)
             new_kv = new_kv + (k, v)
             i = i + 1
+        if self.use_top_query:
+            h = self.final_norm(x)
+            if in_graph:
+                x, k, v = self.top_query.step_in_graph(h, pos, cos, sin, onehot, cache_bias)
+            else:
+                x, k, v = self.top_query.step_io(h, pos, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias)
+            new_kv = new_kv + (k, v)
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
@@ -174,19 +193,28 @@ class CausalLM(nn.Cell):
             x = layer.finish(x, attn, select)
             new_kv = new_kv + (k, v)
             i = i + 1
+        if self.use_top_query:
+            x, k, v = self.top_query.step_dynamic(self.final_norm(x), self._step_positions(input_ids, past_length),
+                                                  cos, sin, kv[2 * i], kv[2 * i + 1], past, self.bias, biases)
+            new_kv = new_kv + (k, v)
         return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
 
     def step_start(self, input_ids, past_length, adapter_ids=None):
         """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
         cos/sin (B*T, 1, hd), each row's past length (B, 1, 1, 1) as float and the SLoRA columns."""
         d = self.dyn
-        pos = self.reshape(self.cast(self._steps(input_ids) + self.cast(self.reshape(past_length, d.column),
-                                                                        ms.float32), ms.int32), d.flat)
+        pos = self._step_positions(input_ids, past_length)
         cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
         sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
         x = self._embed(self.reshape(input_ids, d.flat), pos)
         past = self.reshape(self.cast(past_length, ms.float32), d.per_row)
         return x, cos, sin, past, self._select(input_ids, adapter_ids, d.column, d.flat_column)
+
+    def _step_positions(self, input_ids, past_length):
+        """Each token's position (B*T,) int32: its row's past length + its step."""
+        d = self.dyn
+        return self.reshape(self.cast(self._steps(input_ids) + self.cast(self.reshape(past_length, d.column),
+                                                                         ms.float32), ms.int32), d.flat)
 
     def step_logits(self, x, input_ids, batch_valid_length, past_length):
         """Logits of each row's last valid token from the final hidden states x (B*T, H)."""

@@ -26,26 +26,32 @@ class SwiGLU(nn.Cell):
 
 
 class GeluMLP(nn.Cell):
-    """down(gelu(up(x))), GELU exact (erf) or with the tanh approximation (GPT-2, Bloom).
+    """down(gelu(up(x))), GELU exact (erf), with the tanh approximation (GPT-2, Bloom), or MindSpore's
+    FastGeLU (PanGu-α): x / (1 + exp(-1.702|x|)) * exp(0.851 (x - |x|)), which is x * sigmoid(1.702 x).
 
     Written from primitives: the fused GeLU kernels differ in which form they compute.
     """
 
-    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, approximate: bool,
+    def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, form: str,
                  flat: bool = False, lora=None, reduce: bool = True):
+        """`form`: gelu (erf), gelu_tanh or fast_gelu."""
         super().__init__()
         lora = lora or {}
         self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
         self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0), reduce)
-        self.approximate = approximate
+        self.fast = form == "fast_gelu"
+        self.approximate = form == "gelu_tanh"
         self.tanh = ops.Tanh()
+        self.sigmoid = ops.Sigmoid()
         self.erf = ops.Erf()
         self.k_tanh = math.sqrt(2.0 / math.pi)
         self.k_erf = 1.0 / math.sqrt(2.0)
 
     def construct(self, x, select=None):
         h = self.up(x, select)
-        if self.approximate:
+        if self.fast:
+            g = h * self.sigmoid(1.702 * h)
+        elif self.approximate:
             g = 0.5 * h * (1.0 + self.tanh(self.k_tanh * (h + 0.044715 * h * h * h)))
         else:
             g = 0.5 * h * (1.0 + self.erf(h * self.k_erf))
@@ -58,4 +64,4 @@ def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, 
     adapted layer name (gate, up, down); `reduce` False: no all-reduce in the graph (segment form)."""
     if kind == "swiglu":
         return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora, reduce)
-    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind == "gelu_tanh", flat, lora, reduce)
+    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind, flat, lora, reduce)

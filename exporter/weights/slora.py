@@ -104,7 +104,7 @@ def stacked_weights(slora: SLoraSet, cfg) -> Dict[str, np.ndarray]:
     r, out = slora.rank, {}
     shapes = _layer_shapes(cfg)
     kinds = targets(slora)
-    for layer in range(cfg.num_layers):
+    for layer in range(cfg.num_blocks):      # the blocks (a top query layer is not adapted)
         for kind in kinds:
             rows, cols = shapes[kind]
             out[f"layers.{layer}.{kind}.lora_a"] = np.zeros((slora.slots * r, cols), np.float32)
