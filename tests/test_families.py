@@ -3,7 +3,8 @@ written from the published formulas where transformers has no such model (tests/
 
 For each case (a family, or one shape of a family: `baichuan2_13b`) a tiny random model is made
 locally (tests/hf_models.py or tests/numpy_references.py, its own process) and exported from the
-minimal HF-folder yaml. Checked, on a batch of 3 prompts of
+minimal HF-folder yaml (a family with no HF layout, PanguAlpha: from its MindFormers .ckpt with the
+family and sizes in the yaml). Checked, on a batch of 3 prompts of
 different lengths for 32 greedy steps: identical tokens and logits within 1e-4 of transformers on
 the `ms` backend (MindSpore 2.10 export, both kv modes) and on real Lite (MindSpore 2.0 export,
 run in a process without mindspore); a MindFormers-named .ckpt with a MindFormers run yaml gives
@@ -16,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from exporter.families import FAMILIES as EXPORT_FAMILIES
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 from greedy_runner import greedy_run
@@ -23,7 +25,7 @@ from hf_models import BUILDERS
 from numpy_references import CASES as NUMPY_CASES
 from parity_runner import greedy_prompts
 from test_distributed import rank_table
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from tiny_models import REPO, VENV_MS20_PYTHON, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 STEPS = 32
 TOLERANCE = 1e-4
@@ -51,8 +53,22 @@ def hf_family(tmp_path_factory):
     return get
 
 
+def mindformers_ckpt(folder):
+    """The case's weights under MindFormers' names as a .ckpt (written on first use)."""
+    path = folder / "mindformers.ckpt"
+    return str(path) if path.exists() else save_ckpt(dict(np.load(folder / "mindformers.npz")), str(path))
+
+
 def mindformers_yaml(case, folder, ckpt, output_dir):
-    """A MindFormers run yaml of the case's family, sizes from the HF config of the same model."""
+    """A MindFormers run yaml of the case's family, sizes from the HF config of the same model (or the
+    case's own run yaml sections, mindformers.json, for a family with no HF layout)."""
+    run_keys = {"load_checkpoint": ckpt, "output_dir": output_dir,
+                "parallel_config": {"data_parallel": 1, "model_parallel": 1}, "runner_config": {"epochs": 1}}
+    if (folder / "mindformers.json").exists():
+        run = json.loads((folder / "mindformers.json").read_text())
+        assert run["model"]["model_config"]["seq_length"] == SEQ      # also the position tables' rows
+        run["model"]["model_config"]["batch_size"] = BATCH
+        return dict(run, **run_keys)
     hf = json.loads((folder / "hf" / "config.json").read_text())
     family = family_of(case)
     common = {"vocab_size": hf.get("vocab_size"), "seq_length": SEQ, "batch_size": BATCH,
@@ -99,9 +115,7 @@ def mindformers_yaml(case, folder, ckpt, output_dir):
         mc = dict(common, type="GPT2Config", hidden_size=hf["n_embd"], num_layers=hf["n_layer"],
                   num_heads=hf["n_head"], max_position_embeddings=hf["n_positions"], hidden_act="gelu")
         arch = "GPT2LMHeadModel"
-    return {"model": {"model_config": mc, "arch": {"type": arch}}, "load_checkpoint": ckpt,
-            "output_dir": output_dir, "parallel_config": {"data_parallel": 1, "model_parallel": 1},
-            "runner_config": {"epochs": 1}}
+    return {"model": {"model_config": mc, "arch": {"type": arch}}, **run_keys}
 
 
 @pytest.fixture(scope="session")
@@ -117,14 +131,15 @@ def family_export(hf_family, tmp_path_factory):
             folder = hf_family(family)
             out = str(folder / f"export_{variant}")
             if variant == "mindformers":
-                weights = dict(np.load(folder / "mindformers.npz"))
-                ckpt = save_ckpt(weights, str(folder / "mindformers.ckpt"))
-                cfg = mindformers_yaml(family, folder, ckpt, out)
+                cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
             else:
                 kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
                             "lite_tp2": "dynamic"}.get(variant, "io")
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                        "kv_cache": kv_cache, "output_dir": out}
+                if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
+                    cfg["model"] = json.loads((folder / "model.json").read_text())
+                    cfg["load_checkpoint"] = mindformers_ckpt(folder)
                 if variant == "tp2":
                     cfg["parallel"] = {"model_parallel": 2}
                 if variant == "lite_tp2":     # each rank's step as segments, reduced on the host
@@ -201,8 +216,11 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
+# The segment form (Lite TP) cuts blocks only: a family with a top query layer refuses it (see
+# test_pangualpha_refuses_the_segment_form).
+SEGMENTED = [family for family in FAMILIES if not EXPORT_FAMILIES[family_of(family)].features.get("top_query")]
 TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
-    [(family, "lite_tp2") for family in FAMILIES]   # llama's ms TP=2: test_distributed.py
+    [(family, "lite_tp2") for family in SEGMENTED]   # llama's ms TP=2: test_distributed.py
 
 
 @pytest.mark.parametrize("family, variant", TP2_CASES)
@@ -424,3 +442,78 @@ def test_glm2_refuses_what_it_does_not_compute():
     with pytest.raises(UnsupportedError, match="partial_rotary_factor 1.0"):
         glm.from_hf({"model_type": "glm", "hidden_size": 64, "num_attention_heads": 4,
                      "partial_rotary_factor": 1.0}, "config.json")
+
+
+def pangu_encode(sp, text):
+    """MindFormers' PanguAlphaTokenizer on `text`, written here from its description: jieba words,
+    spaces and newlines inside them as U+2582 / U+2583, joined by spaces, then sentencepiece."""
+    import jieba
+    marks = str.maketrans(" \n", "\u2582\u2583")
+    return sp.encode(" ".join(word.translate(marks) for word in jieba.cut(text, cut_all=False)))
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_pangualpha_text_generation_with_vocab_model(hf_family, family_export, backend):
+    """run_infer_main.py --model_name pangualpha_2_6b on MindFormers' couplet prompt: the shipped
+    vocab.model encodes it as upstream's tokenizer does (jieba, then sentencepiece), greedy decoding
+    continues those ids until <eot>, and the text is upstream's decode of them (spaces dropped)."""
+    import sentencepiece as spm
+    folder = hf_family("pangualpha")
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
+    manifest = load_manifest(family_export("pangualpha", "io"))
+    assert manifest.tokenizer == "vocab.model" and manifest.eos_token_id == [sp.piece_to_id("<eot>")]
+    prompt, new = "上联：欢天喜地度佳节 下联：", 12
+    ids = pangu_encode(sp, prompt)
+    assert manifest.load_tokenizer().encode(prompt) == ids
+    _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
+    expected = tokens[0][:new].tolist()
+    stops = [i for i, t in enumerate(expected) if t in manifest.eos_token_id]
+    expected = expected[:stops[0]] if stops else expected
+    specials = {sp.piece_to_id(t) for t in ("<eod>", "<pad>")} | {sp.unk_id(), sp.bos_id(), sp.eos_id()}
+    text = sp.decode([t for t in expected if t not in specials]).replace(" ", "")
+    text = text.replace("\u2582", " ").replace("\u2583", "\n")
+    export = family_export("pangualpha", "lite" if backend == "mslite" else "io")
+    result = run_cli(["run_infer_main.py", "--model_dir", export, "--backend", backend, "--model_name",
+                      "pangualpha_2_6b", "--predict_data", prompt, "--max_new_tokens", str(new)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == prompt + text
+
+
+def test_pangualpha_refuses_the_segment_form(hf_family, tmp_path):
+    """Lite TP as segments (`collectives: host`) has no place for the top query layer: refused in one line."""
+    folder = hf_family("pangualpha")
+    cfg = {"model": json.loads((folder / "model.json").read_text()), "load_checkpoint": mindformers_ckpt(folder),
+           "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "dynamic", "output_dir": str(tmp_path / "out"),
+           "parallel": {"model_parallel": 2, "collectives": "host"}}
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "tp2.yaml"), cfg)])
+    assert result.returncode != 0 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
+    assert "parallel.collectives: host is not supported for the pangualpha family" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_pangualpha_mindformers_names_and_settings():
+    """The three tables also under the names upstream's convert_weight.py saves them with; run yaml
+    settings that change the network (another activation, post-layernorm residuals, MoE) refused by name;
+    num_layers counts the top query layer, seq_length sizes both position tables."""
+    from exporter.families import family_by_mindformers_type
+    from lite_runtime.contract.errors import UnsupportedError
+    family = family_by_mindformers_type("PanguAlphaHeadModel", "run.yaml")
+    mc = {"vocab_size": 320, "hidden_size": 64, "ffn_hidden_size": 96, "num_layers": 3, "num_heads": 4,
+          "seq_length": 48}
+    cfg = family.config(family.from_mindformers(mc, "run.yaml"), "run.yaml")
+    assert (cfg.num_layers, cfg.num_blocks, cfg.max_position_embeddings, cfg.intermediate_size, cfg.mlp) == \
+        (3, 2, 48, 96, "fast_gelu")
+    tables = {"backbone.embedding.word_embedding.embedding_table": "word_embedding_table",
+              "backbone.embedding.position_embedding.embedding_table": "position_embedding_table",
+              "backbone.top_query_embedding.embedding_table": "query_embedding_table"}
+    rng = np.random.default_rng(0)
+    named = {k: rng.standard_normal((4, 3)).astype(np.float32) for k in tables}
+    plan = family.mindformers_weights
+    got = plan.apply(named, cfg, "a.ckpt", family.name)
+    assert sorted(got) == ["embed.weight", "pos_embed.weight", "top_query.query_embed.weight"]
+    converted = plan.apply({tables[k]: v for k, v in named.items()}, cfg, "b.ckpt", family.name)
+    assert all(np.array_equal(got[k], converted[k]) for k in got)
+    for bad, match in [({"hidden_act": "gelu"}, "hidden_act 'gelu'"), ({"use_moe": True}, "use_moe True"),
+                       ({"post_layernorm_residual": True}, "post_layernorm_residual True")]:
+        with pytest.raises(UnsupportedError, match=match):
+            family.from_mindformers(dict(mc, **bad), "run.yaml")

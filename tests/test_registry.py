@@ -9,6 +9,7 @@ from lite_runtime import InputOfInfer
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES, get_family
 from hf_models import BUILDERS
+from numpy_references import CASES as NUMPY_CASES
 from test_families import FAMILIES as PARITY_TESTED
 from tiny_models import KNOWN_FAMILIES
 
@@ -19,7 +20,8 @@ def test_exporter_and_runtime_register_the_same_families_and_aliases():
 
 
 def test_every_family_has_a_tiny_reference_model_and_parity_tests():
-    assert set(EXPORT_FAMILIES) <= set(BUILDERS), "a registered family has no tiny model in tests/hf_models.py"
+    assert set(EXPORT_FAMILIES) <= set(BUILDERS) | set(NUMPY_CASES.values()), \
+        "a registered family has no tiny model in tests/hf_models.py nor a numpy reference (numpy_references.py)"
     assert set(EXPORT_FAMILIES) <= set(PARITY_TESTED), "a registered family is not in tests/test_families.py"
 
 

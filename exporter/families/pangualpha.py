@@ -1,0 +1,75 @@
+"""PanGu-α (MindFormers' PanguAlphaHeadModel; 2.6B and 13B): GPT-style pre-norm blocks (LayerNorm,
+eps 1e-5; q, k, v, o with biases; FastGeLU MLP with biases), learned absolute positions added to the
+word embedding, then the final LayerNorm and the top query layer (models/top_query.py): a block whose
+query is a learned embedding of the position (`top_query_embedding`); the head is the word embedding
+(tied). MindFormers' `num_layers` counts the top query layer: `backbone.blocks` holds num_layers - 1.
+
+Order as MindFormers' PanguAlphaModel runs without pipeline stages (the inference path): blocks,
+`backbone.layernorm`, `backbone.top_query_layer`, head. Both position tables have `seq_length` rows.
+
+Weights: MindFormers' parameter names. Checkpoints written by upstream's
+`mindformers/models/pangualpha/convert_weight.py` hold the three tables under the names that script
+gives them (`word_embedding_table`, `position_embedding_table`, `query_embedding_table`); both are read.
+MindFormers has no Hugging Face layout of PanGu-α, so there is no HF plan.
+
+Tokenizer: `vocab.model`, jieba + sentencepiece (lite_runtime/tokenizers/jieba_sentencepiece.py),
+used for the shipped sentencepiece model whatever its file name; `<eot>` is its EOS.
+"""
+from __future__ import annotations
+
+from exporter.weights.plan import WeightPlan, rule
+from exporter.families.base import Family, register_family
+
+_BLOCK = (("layernorm1.gamma", "attn_norm.weight"), ("layernorm1.beta", "attn_norm.bias"),
+          ("attention.dense1.{wb}", "attn.q.{wb}"), ("attention.dense2.{wb}", "attn.k.{wb}"),
+          ("attention.dense3.{wb}", "attn.v.{wb}"), ("attention.projection.bias", "attn.o.bias"),
+          ("layernorm2.gamma", "mlp_norm.weight"), ("layernorm2.beta", "mlp_norm.bias"),
+          ("output.mapping.bias", "mlp.up.bias"), ("output.projection.bias", "mlp.down.bias"))
+# MindFormers' Linear with transpose_b=False: projection and mapping weights stored (in, out).
+_BLOCK_IN_OUT = (("attention.projection.weight", "attn.o.weight"), ("output.mapping.weight", "mlp.up.weight"),
+                 ("output.projection.weight", "mlp.down.weight"))
+
+
+def _block_rules(source: str, target: str):
+    return [rule(f"{source}.{a}", f"{target}.{b}") for a, b in _BLOCK] + \
+        [rule(f"{source}.{a}", f"{target}.{b}", transpose=True) for a, b in _BLOCK_IN_OUT]
+
+
+@register_family
+class PanguAlpha(Family):
+    name = "pangualpha"
+    aliases = ()
+    hf_model_types = ()
+    mindformers_types = ("PanguAlphaHeadModel", "PanguAlphaConfig", "PanguAlphaModel")
+    features = dict(norm="layer", norm_eps=1e-5, positions="learned", mlp="fast_gelu", qkv_bias=True, o_bias=True,
+                    mlp_bias=True, tie_word_embeddings=True, top_query=True)
+    mindformers_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_layers",
+                        "num_heads": "n_heads", "ffn_hidden_size": "intermediate_size"}
+    mindformers_required = {"hidden_act": ("fast_gelu",), "post_layernorm_residual": (False,), "use_moe": (False,)}
+    # Read and let pass: eod_token_id is the training data's document separator; the expert counts
+    # are not used while use_moe is false.
+    mindformers_also_read = ("eod_token_id", "expert_num", "per_token_num_experts_chosen")
+
+    mindformers_weights = WeightPlan([
+        rule("backbone.embedding.word_embedding.embedding_table", "embed.weight"),
+        rule("word_embedding_table", "embed.weight"),
+        rule("backbone.embedding.position_embedding.embedding_table", "pos_embed.weight"),
+        rule("position_embedding_table", "pos_embed.weight"),
+        rule("backbone.top_query_embedding.embedding_table", "top_query.query_embed.weight"),
+        rule("query_embedding_table", "top_query.query_embed.weight"),
+        *_block_rules("backbone.blocks.{L}", "layers.{L}"),
+        *_block_rules("backbone.top_query_layer", "top_query"),
+        rule("backbone.layernorm.gamma", "final_norm.weight"),
+        rule("backbone.layernorm.beta", "final_norm.bias"),
+    ])
+
+    @classmethod
+    def tokenizer_options(cls):
+        return dict(super().tokenizer_options(), jieba=True)
+
+    @classmethod
+    def from_mindformers(cls, model_config, where):
+        sizes = super().from_mindformers(model_config, where)
+        if model_config.get("seq_length"):
+            sizes["max_position_embeddings"] = model_config["seq_length"]   # both tables have seq_length rows
+        return sizes
