@@ -61,8 +61,8 @@ class Manifest:
     mindir_version: str
     sha256: Dict[str, str] = field(default_factory=dict)
     tokenizer_files: List[str] = field(default_factory=list)   # side files (tokenizer_config.json ...)
-    tokenizer_options: Dict[str, List[str]] = field(default_factory=dict)   # load_tokenizer() keywords: the
-                                                                 # family's special_tokens, prefix_tokens
+    tokenizer_options: Dict[str, object] = field(default_factory=dict)   # load_tokenizer() keywords: the
+                                                                 # family's special_tokens, prefix_tokens, jieba
     adapters: List[dict] = field(default_factory=list)         # LoRA adapters merged into the weights
     lite_files: Dict[str, List[str]] = field(default_factory=dict)   # per graph kind: MindSpore Lite .ms per rank
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
