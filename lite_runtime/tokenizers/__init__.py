@@ -6,6 +6,8 @@
 - ``*.tiktoken``      tiktoken BPE ranks with Qwen's pattern and special tokens (Qwen v1);
 - ``vocab.model``     jieba word segmentation, then sentencepiece (PanguAlpha; MindFormers
                       gives its vocabulary this name, and exports keep it);
+- ``ice_text.model``  sentencepiece behind ChatGLM-6B's whitespace markers, id offset and
+                      ``[gMASK] <sop>`` suffix (GLM v1, ``glm_6b``; the name upstream gives it);
 - ``*.model``         sentencepiece (Llama, Baichuan, ChatGLM2/3, ...).
 
 In a folder the first of ``tokenizer.json``, a ``*.tiktoken``, ``tokenizer.model`` (or
@@ -20,18 +22,20 @@ from typing import List, Optional, Sequence
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.tokenizers.base import Tokenizer, TokenIds
+from lite_runtime.tokenizers.chatglm6b import VOCAB_FILE as CHATGLM6B_FILE, ChatGLM6BTokenizer
 from lite_runtime.tokenizers.hf_json import CONFIG_FILES, GENERATION_CONFIG, HFJsonTokenizer
 from lite_runtime.tokenizers.jieba_sentencepiece import VOCAB_FILE as JIEBA_FILE, JiebaSentencePieceTokenizer
 from lite_runtime.tokenizers.sentencepiece_model import SentencePieceTokenizer
 from lite_runtime.tokenizers.tiktoken_file import TiktokenTokenizer
 
-__all__ = ["Tokenizer", "TokenIds", "HFJsonTokenizer", "JiebaSentencePieceTokenizer", "SentencePieceTokenizer",
-           "TiktokenTokenizer", "load_tokenizer", "tokenizer_class_for"]
+__all__ = ["Tokenizer", "TokenIds", "ChatGLM6BTokenizer", "HFJsonTokenizer", "JiebaSentencePieceTokenizer",
+           "SentencePieceTokenizer", "TiktokenTokenizer", "load_tokenizer", "tokenizer_class_for"]
 
 HF_FILE = "tokenizer.json"
 SP_FILE = "tokenizer.model"
 ALLOWED = (f"{HF_FILE} (Hugging Face tokenizers), *.tiktoken (tiktoken BPE ranks), "
-           f"*.model (sentencepiece, e.g. {SP_FILE}; {JIEBA_FILE}: jieba + sentencepiece)")
+           f"*.model (sentencepiece, e.g. {SP_FILE}; {JIEBA_FILE}: jieba + sentencepiece; "
+           f"{CHATGLM6B_FILE}: ChatGLM-6B)")
 _NOT_TOKENIZERS = CONFIG_FILES + (GENERATION_CONFIG, "config.json")
 
 
@@ -48,7 +52,9 @@ def tokenizer_class_for(path: str, jieba: Optional[bool] = None) -> type:
         )
     if name.endswith(".model"):
         use_jieba = name == JIEBA_FILE if jieba is None else jieba
-        return JiebaSentencePieceTokenizer if use_jieba else SentencePieceTokenizer
+        if use_jieba:
+            return JiebaSentencePieceTokenizer
+        return ChatGLM6BTokenizer if name == CHATGLM6B_FILE else SentencePieceTokenizer
     if jieba:
         raise ConfigError(f"jieba: applies to sentencepiece *.model files, not {path!r}")
     if name.endswith(".json"):
