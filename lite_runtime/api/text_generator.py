@@ -112,8 +112,10 @@ class TextGeneratorInfer:
                 raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
         eos = self.eos_ids if eos_token_id is None else _as_list(eos_token_id)
         pad = self.pad_id if pad_token_id is None else int(pad_token_id)
-        if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop, none for the others
-            add_special_tokens = bool(self.manifest.tokenizer_options.get("prefix_tokens"))
+        if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop before the text
+            # (v2, v3) or after it (v1: the tokenizer's suffix), none for the others
+            add_special_tokens = bool(self.manifest.tokenizer_options.get("prefix_tokens")
+                                      or getattr(self.tokenizer, "suffix_ids", None))
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
         if max_length is not None:

@@ -151,6 +151,11 @@ class Tokenizer(abc.ABC):
         """What ``encode(..., add_special_tokens=True)`` puts before the text."""
         return list(self._prefix)
 
+    @property
+    def suffix_ids(self) -> List[int]:
+        """What ``encode(..., add_special_tokens=True)`` puts after the text (ChatGLM-6B: ``[gMASK] <sop>``)."""
+        return []
+
     def encode(self, text: str, add_special_tokens: bool = False) -> List[int]:
         if not isinstance(text, str):
             raise ValidationError(f"text: expected a str, got {type(text).__name__}")
