@@ -10,21 +10,31 @@ import numpy as np
 PROMPTS = [[5, 17, 33, 8, 61, 9, 12], [44, 3], [70, 21, 19, 88, 4, 6, 7, 30, 31, 45], [9, 9, 12]]
 
 
+def prompts_for(manifest):
+    """PROMPTS; for GLM each ends with its [gMASK] <sop> (the ids in the manifest), as ChatGLM-6B prompts do."""
+    config = manifest.model_config or {}
+    if config.get("gmask_token_id") is None or manifest.bos_token_id is None:
+        return PROMPTS
+    return [p + [config["gmask_token_id"], manifest.bos_token_id] for p in PROMPTS]
+
+
 def greedy_run(session, steps):
     """(logits (steps+1, B, V), tokens (B, steps)) for PROMPTS padded/cut to the graph batch."""
+    from lite_runtime.decode.inputs import InputOfInfer
     m = session.manifest
-    prompts = (PROMPTS * m.batch_size)[:m.batch_size]
+    feeds = InputOfInfer.get_inputs(m.family, m)     # the family's own graph inputs (GLM's), if any
+    prompts = (prompts_for(m) * m.batch_size)[:m.batch_size]
     ids = np.zeros((m.batch_size, m.seq_length), np.int32)
     for i, p in enumerate(prompts):
         ids[i, :len(p)] = p
     lengths = np.array([len(p) for p in prompts], np.int32)
-    logits = session.prefill(ids, lengths).copy()
+    logits = session.prefill(*feeds.prefill_inputs(ids, lengths)).copy()
     all_logits, tokens = [logits], []
     for _ in range(steps):
         nxt = logits.argmax(-1).astype(np.int32)
         tokens.append(nxt)
         lengths = lengths + 1
-        logits = session.decode(nxt.reshape(-1, 1), lengths).copy()
+        logits = session.decode(*feeds.decode_inputs(nxt.reshape(-1, 1), lengths)).copy()
         all_logits.append(logits)
     return np.stack(all_logits), np.stack(tokens, 1)
 

@@ -12,7 +12,9 @@ import numpy as np
 
 
 def greedy_prompts(session, prompts, steps):
+    from lite_runtime.decode.inputs import InputOfInfer
     m = session.manifest
+    feeds = InputOfInfer.get_inputs(m.family, m)     # the family's own graph inputs (GLM's), if any
     batch = m.batch_size
     logits_out, tokens_out = [], []
     for start in range(0, len(prompts), batch):
@@ -22,12 +24,12 @@ def greedy_prompts(session, prompts, steps):
         for i, p in enumerate(rows):
             ids[i, :len(p)] = p
         lengths = np.array([len(p) for p in rows], np.int32)
-        logits = session.prefill(ids, lengths).copy()
+        logits = session.prefill(*feeds.prefill_inputs(ids, lengths)).copy()
         step_logits = [logits]
         for _ in range(steps):
             nxt = logits.argmax(-1).astype(np.int32)
             lengths = lengths + 1
-            logits = session.decode(nxt.reshape(-1, 1), lengths).copy()
+            logits = session.decode(*feeds.decode_inputs(nxt.reshape(-1, 1), lengths)).copy()
             step_logits.append(logits)
         stacked = np.stack(step_logits, 1)[:len(chunk)]       # (rows, steps+1, V)
         logits_out.append(stacked)

@@ -40,7 +40,7 @@ class TextGeneratorInfer:
                                   f"with: {accepted} (or use 'common')")
         self.tokenizer = _resolve_tokenizer(tokenizer or config.tokenizer_path, self.manifest)
         _check_vocab(self.tokenizer, self.manifest)
-        self.inputs = InputOfInfer.get_inputs(self.manifest.family)
+        self.inputs = InputOfInfer.get_inputs(self.manifest.family, self.manifest)
         self.manifest.verify_files()
         factory = session_factory or load_session
         prefill_ini, increment_ini = config.ge_config_files(self.manifest)

@@ -23,8 +23,16 @@ faster than one that transposes the cache on every call. The first `past_length`
 row's cache are its past; P may be larger (a bucket) and is at least 1 (a prefill passes one masked
 dummy position: Lite refuses zero-size dimensions).
 
-SLoRA exports (graph_dims.adapter_slots > 0) take `adapter_ids (B,) int32` right after the lengths
-(after past_length in `step`), before the caches: each row's adapter slot, 0 = the base model.
+A family whose graphs need more than token ids and lengths declares per-row inputs
+(`FamilySpec.row_inputs`, each (B,) int32), placed right after the lengths (after past_length in
+`step`) in every graph kind; its feed builder (lite_runtime/decode/inputs.py) makes them on the
+host. GLM (ChatGLM-6B): `context_length` (index of <sop> in the row: keys before it are seen by every
+query, and tokens from it on take the 2-D positions of generated text) and `mask_position` (index of
+[gMASK], else [MASK]: the position id of <sop> and every generated token).
+
+SLoRA exports (graph_dims.adapter_slots > 0) take `adapter_ids (B,) int32` after those (right after
+the lengths for other families), before the caches: each row's adapter slot, 0 = the base model.
+The one order: input_ids, batch_valid_length, [past_length], row inputs, [adapter_ids], caches.
 """
 from __future__ import annotations
 
@@ -87,18 +95,20 @@ class FamilySpec:
     aliases: Tuple[str, ...] = ()          # other names users write (upstream model_name prefixes)
     token_input: str = "input_ids"
     length_input: str = "batch_valid_length"
+    row_inputs: Tuple[str, ...] = ()       # the family's own (B,) int32 inputs, after the lengths (its feed builder's)
 
     def inputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
         adapters = [TensorSpec("adapter_ids", "int32", (dims.batch_size,))] if dims.adapter_slots else []
+        rows = [TensorSpec(name, "int32", (dims.batch_size,)) for name in self.row_inputs]
         if kind == STEP:
             return [TensorSpec(self.token_input, "int32", (dims.batch_size, DYNAMIC)),
                     TensorSpec(self.length_input, "int32", (dims.batch_size,)),
-                    TensorSpec("past_length", "int32", (dims.batch_size,))] + adapters + \
+                    TensorSpec("past_length", "int32", (dims.batch_size,))] + rows + adapters + \
                 self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
         steps = dims.seq_length if kind == "prefill" else 1
         specs = [TensorSpec(self.token_input, "int32", (dims.batch_size, steps)),
-                 TensorSpec(self.length_input, "int32", (dims.batch_size,))] + adapters
+                 TensorSpec(self.length_input, "int32", (dims.batch_size,))] + rows + adapters
         if kind == "increment" and kv_mode == "io":
             specs += self._cache_specs("cache", dims, dims.seq_length)
         return specs
@@ -116,8 +126,8 @@ class FamilySpec:
     def input_names(self, kind: str) -> Tuple[str, ...]:
         """The non-cache input names, in graph order (the upstream-style input maps)."""
         if kind == STEP:
-            return (self.token_input, self.length_input, "past_length")
-        return (self.token_input, self.length_input)
+            return (self.token_input, self.length_input, "past_length") + self.row_inputs
+        return (self.token_input, self.length_input) + self.row_inputs
 
     @staticmethod
     def _cache_specs(suffix: str, dims: GraphDims, rows: int, keys_transposed: bool = False) -> List[TensorSpec]:
@@ -136,6 +146,9 @@ def _check_kind(kind: str, kv_mode: str) -> None:
     if kind not in graph_kinds(kv_mode):
         raise ValueError(f"graph kind {kind!r} is not one of {graph_kinds(kv_mode)} (kv_cache {kv_mode})")
 
+
+# GLM v1 (ChatGLM-6B; glm_6b, chatglm_6b): 2-D rotary positions and prefix attention from two per-row inputs.
+GLM = FamilySpec("glm", aliases=("chatglm",), row_inputs=("context_length", "mask_position"))
 
 # The families the runtime serves, with the names users write for them (upstream: the part of
 # model_name before the first '_'). Names of one architecture are one family with aliases.

@@ -1,0 +1,57 @@
+"""Family-declared graph inputs (FamilySpec.row_inputs) and their feed builders: where they sit in
+every graph kind, and GLM's (ChatGLM-6B) context_length / mask_position found in each row's prompt."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lite_runtime.contract.errors import ValidationError
+from lite_runtime.contract.families import GLM, GraphDims
+from lite_runtime.decode.inputs import GlmInputsOfInfer
+
+MASK, GMASK, SOP = 300, 301, 304
+
+
+def test_row_inputs_follow_the_lengths_in_every_graph_kind():
+    dims = GraphDims(batch_size=3, seq_length=16, num_layers=1, kv_heads_per_rank=2, head_dim=8, vocab_size=320,
+                     adapter_slots=2)
+    rows = ["context_length", "mask_position"]
+    assert [s.name for s in GLM.inputs("prefill", "io", dims)] == ["input_ids", "batch_valid_length"] + rows + \
+        ["adapter_ids"]
+    assert [s.name for s in GLM.inputs("increment", "io", dims)][:5] == ["input_ids", "batch_valid_length"] + rows + \
+        ["adapter_ids"]
+    assert [s.name for s in GLM.inputs("step", "dynamic", dims)][:6] == \
+        ["input_ids", "batch_valid_length", "past_length"] + rows + ["adapter_ids"]
+    assert all(s.shape == (3,) and s.dtype == "int32" for s in GLM.inputs("increment", "in_graph", dims)[2:4])
+    assert GLM.input_names("prefill") == ("input_ids", "batch_valid_length", "context_length", "mask_position")
+
+
+def test_glm_feed_builder_positions_from_the_prompts():
+    """context_length = index of <sop>; mask_position = index of [gMASK], else [MASK]; rows without
+    them: all context, mask_position = context_length; decode feeds repeat the prefill's rows."""
+    manifest = SimpleNamespace(model_config={"mask_token_id": MASK, "gmask_token_id": GMASK}, bos_token_id=SOP)
+    builder = GlmInputsOfInfer(manifest)
+    with pytest.raises(ValidationError, match="before a prefill"):
+        builder.decode_inputs(np.zeros((4, 1), np.int32), np.ones(4, np.int32))
+    prompts = [[5, 6, 7, GMASK, SOP], [5, MASK, 7, SOP], [9, MASK, GMASK, 8, SOP, 3], [5, 6]]
+    ids = np.zeros((4, 12), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = p
+    ids[3, 2:4] = [GMASK, SOP]           # past the row's valid length: not its prompt
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    feeds = builder.prefill_inputs(ids, lengths)
+    assert len(feeds) == 4 and feeds[0] is ids and feeds[1] is lengths
+    np.testing.assert_array_equal(feeds[2], [4, 3, 4, 2])          # context_length
+    np.testing.assert_array_equal(feeds[3], [3, 1, 2, 2])          # mask_position
+    assert all(f.dtype == np.int32 for f in feeds[2:])
+    step = builder.decode_inputs(np.zeros((4, 1), np.int32), lengths + 1)
+    np.testing.assert_array_equal(step[2], feeds[2])
+    np.testing.assert_array_equal(step[3], feeds[3])
+
+
+def test_glm_feed_builder_defaults_are_chatglm_6b_ids():
+    builder = GlmInputsOfInfer()
+    assert (builder.sop, builder.mask, builder.gmask) == (130004, 130000, 130001)
+    ids = np.array([[20005, 130001, 130004]], np.int32)
+    context, mask_position = builder.row_inputs(ids, np.array([3], np.int32))
+    assert (context[0], mask_position[0]) == (2, 1)
