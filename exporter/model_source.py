@@ -41,7 +41,7 @@ def resolve_model(config: ExportConfig) -> ModelSource:
     if section.hf_dir:
         where = os.path.join(section.hf_dir, "config.json")
         hf = _read_hf_config(section.hf_dir)
-        family = family_by_hf_type(hf.get("model_type"), where)
+        family = family_by_hf_type(hf.get("model_type"), where, hf)
         if section.family is not None and family_by_name(section.family, f"{config.source}: model.family") is not family:
             raise ConfigError(f"{config.source}: model.family {section.family!r} disagrees with {where} "
                               f"(model_type {hf.get('model_type')!r}, family {family.name!r}); remove model.family")

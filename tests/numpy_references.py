@@ -21,6 +21,15 @@ Cases (CASES: case -> family):
   FastGeLU), the final LayerNorm, then the top query layer: a block whose attention query is the
   projection of a learned per-position vector (top_query_embedding) instead of the normed hidden
   state; logits are its output times the word embedding (no norm after it).
+- glm: GLM v1 in ChatGLM-6B's shape (Du et al. 2022, "GLM: General Language Model Pretraining with
+  Autoregressive Blank Infilling"; MindFormers' GLMForPreTraining and THUDM's modeling_chatglm.py):
+  LayerNorm blocks with DeepNorm residuals (normed input times alpha = sqrt(2·layers)), fused per-head
+  qkv with biases, 2-D rotary (first half of each head by the position id, second half by the block
+  position id, rotate-half, tables rounded to float16 as upstream makes them), attention scaled by
+  1/(sqrt(hd)·(layer+1)) and back by (layer+1), bidirectional over the prompt before <sop>, tanh GELU
+  MLP, final LayerNorm, untied head. Its prompts end with [gMASK] <sop> (one has [MASK] inside
+  instead); the special ids sit inside the tiny vocabulary and are in its config.json / run yaml.
+  Written as hf/ (the Hugging Face ChatGLM-6B layout) and mindformers.npz / mindformers.json.
 """
 import json
 import math
@@ -31,7 +40,7 @@ import numpy as np
 
 from hf_models import CORPUS, PROMPTS, VOCAB, baichuan2_mindformers, save_tokenizer
 
-CASES = {"baichuan2_13b": "baichuan2", "pangualpha": "pangualpha"}
+CASES = {"baichuan2_13b": "baichuan2", "glm": "glm", "pangualpha": "pangualpha"}
 
 # 6 heads: the ALiBi slopes of a head count that is not a power of two (Baichuan2-13B has 40).
 BAICHUAN2_13B = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
@@ -265,6 +274,158 @@ def pangualpha_case(out_dir):
     return weights, lambda ids: pangualpha_logits(wide, cfg, ids)
 
 
+# ChatGLM-6B's config.json at tiny sizes; the special ids (130000 [MASK], 130001 [gMASK], 130004 <sop>,
+# 130005 <eop> upstream) put inside the tiny vocabulary. 4 heads of 16: each rotary half has 8 dims.
+GLM = dict(vocab_size=VOCAB, hidden_size=64, inner_hidden_size=96, num_layers=2, num_attention_heads=4,
+           layernorm_epsilon=1e-5, max_sequence_length=48, mask_token_id=300, gmask_token_id=301,
+           bos_token_id=304, eos_token_id=305, pad_token_id=3)
+# prompts ending with [gMASK] <sop> as ChatGLM-6B's tokenizer makes them; the last with [MASK] inside
+GLM_PROMPTS = [PROMPTS[0] + [301, 304], PROMPTS[1] + [301, 304], PROMPTS[2][:3] + [300] + PROMPTS[2][3:] + [304]]
+
+
+def glm_rotary_tables(dim, positions):
+    """ChatGLM-6B's RotaryEmbedding tables over `dim` dims: inverse frequencies computed in float32 and
+    rounded to float16, angles t·f in float16, cos/sin of them in float16 (as upstream's numpy does)."""
+    inv_freq = (1.0 / (10000 ** (np.arange(0, dim, 2).astype(np.float32) / dim))).astype(np.float16)
+    freqs = np.outer(np.arange(positions, dtype=np.float16), inv_freq)
+    emb = np.concatenate((freqs, freqs), axis=-1)
+    return np.cos(emb).astype(np.float64), np.sin(emb).astype(np.float64)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
+
+
+def glm_positions(ids, prompt_len, cfg, block_shift=0):
+    """(position ids, block position ids, context length) of a row whose prompt is ids[:prompt_len]:
+    MindFormers' get_position_ids_np (context = index of <sop>; from it on the position is the index of
+    [gMASK], else [MASK], and the block position counts 1, 2, ...)."""
+    prompt = list(ids[:prompt_len])
+    context = prompt.index(cfg["bos_token_id"])
+    mask = cfg["gmask_token_id"] if cfg["gmask_token_id"] in prompt else cfg["mask_token_id"]
+    mask_position = prompt.index(mask)
+    t = np.arange(len(ids))
+    position = np.where(t < context, t, mask_position)
+    block = np.where(t < context, 0, t - context + 1 + block_shift)
+    return position, block, context
+
+
+def glm_logits(w, cfg, ids, prompt_len, causal=False, block_shift=0):
+    """Logits (V,) of the last position of `ids` (prompt ids[:prompt_len], then generated tokens).
+    `causal`, `block_shift`: the wrong variants the tests show to change the output."""
+    t, hidden, n, layers = len(ids), cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_layers"]
+    hd, eps = hidden // n, cfg["layernorm_epsilon"]
+    alpha = math.sqrt(2 * layers)
+    position, block, context = glm_positions(ids, prompt_len, cfg, block_shift)
+    cos, sin = glm_rotary_tables(hd // 2, cfg["max_sequence_length"] + 2)
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    visible = (j <= i) if causal else ((j <= i) | (j < context))
+
+    def rotate(x, ids_):           # x (n, t, hd/2), rotate-half by the tables' rows ids_
+        half = x.shape[-1] // 2
+        rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
+        return x * cos[ids_] + rotated * sin[ids_]
+
+    x = w["transformer.word_embeddings.weight"][ids]
+    for layer in range(layers):
+        p = f"transformer.layers.{layer}."
+        h = layer_norm(x, w[p + "input_layernorm.weight"], w[p + "input_layernorm.bias"], eps)
+        qkv = h @ w[p + "attention.query_key_value.weight"].T + w[p + "attention.query_key_value.bias"]
+        qkv = qkv.reshape(t, n, 3 * hd).transpose(1, 0, 2)                    # per head [q; k; v]
+        q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+        q = np.concatenate([rotate(q[..., :hd // 2], position), rotate(q[..., hd // 2:], block)], -1)
+        k = np.concatenate([rotate(k[..., :hd // 2], position), rotate(k[..., hd // 2:], block)], -1)
+        coeff = layer + 1                                                      # query_key_layer_scaling_coeff
+        scores = (q / (math.sqrt(hd) * coeff)) @ k.transpose(0, 2, 1)
+        scores = np.where(visible, scores, -10000.0) * coeff
+        attn = (softmax(scores) @ v).transpose(1, 0, 2).reshape(t, hidden)
+        attn = attn @ w[p + "attention.dense.weight"].T + w[p + "attention.dense.bias"]
+        x = h * alpha + attn                                                   # DeepNorm
+        m = layer_norm(x, w[p + "post_attention_layernorm.weight"], w[p + "post_attention_layernorm.bias"], eps)
+        up = gelu_tanh(m @ w[p + "mlp.dense_h_to_4h.weight"].T + w[p + "mlp.dense_h_to_4h.bias"])
+        x = m * alpha + up @ w[p + "mlp.dense_4h_to_h.weight"].T + w[p + "mlp.dense_4h_to_h.bias"]
+    x = layer_norm(x, w["transformer.final_layernorm.weight"], w["transformer.final_layernorm.bias"], eps)
+    return x[-1] @ w["lm_head.weight"].T
+
+
+def glm_weights(cfg, rng):
+    """Random weights under the Hugging Face ChatGLM-6B names (Linear weights (out, in))."""
+    hidden, inner, vocab = cfg["hidden_size"], cfg["inner_hidden_size"], cfg["vocab_size"]
+
+    def matrix(rows, cols, gain=1.0):
+        return rng.standard_normal((rows, cols)) * gain / math.sqrt(cols)
+
+    def vector(size, around=0.0, scale=0.1):
+        return around + scale * rng.standard_normal(size)
+
+    # gains that keep float32's error in the logits well inside the tests' 1e-4 (DeepNorm's alpha scales
+    # every residual) while greedy tokens still change step to step
+    w = {"transformer.word_embeddings.weight": 0.5 * rng.standard_normal((vocab, hidden)),
+         "transformer.final_layernorm.weight": vector(hidden, 1.0), "transformer.final_layernorm.bias": vector(hidden),
+         "lm_head.weight": matrix(vocab, hidden, 1.5)}
+    for layer in range(cfg["num_layers"]):
+        p = f"transformer.layers.{layer}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            w.update({p + norm + ".weight": vector(hidden, 1.0), p + norm + ".bias": vector(hidden)})
+        w.update({p + "attention.query_key_value.weight": matrix(3 * hidden, hidden, 1.5),
+                  p + "attention.query_key_value.bias": vector(3 * hidden, scale=0.2),
+                  p + "attention.dense.weight": matrix(hidden, hidden, 1.0),
+                  p + "attention.dense.bias": vector(hidden, scale=0.2),
+                  p + "mlp.dense_h_to_4h.weight": matrix(inner, hidden, 1.0),
+                  p + "mlp.dense_h_to_4h.bias": vector(inner, scale=0.2),
+                  p + "mlp.dense_4h_to_h.weight": matrix(hidden, inner, 1.0),
+                  p + "mlp.dense_4h_to_h.bias": vector(hidden, scale=0.2)})
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in w.items()}
+
+
+def glm_mindformers_names(weights):
+    """convert_weight.py's renaming: word_embeddings.weight -> embedding_table, layernorm weight/bias ->
+    gamma/beta; everything else keeps the Hugging Face name."""
+    out = {}
+    for name, value in weights.items():
+        if "word_embeddings.weight" in name:
+            name = name.replace("weight", "embedding_table")
+        if "layernorm" in name:
+            name = name.replace("weight", "gamma").replace("bias", "beta")
+        out[name] = value
+    return out
+
+
+def glm_case(out_dir):
+    """hf/ (config.json, model.safetensors), mindformers.json (run_glm_6b_infer.yaml's model section at
+    the tiny sizes); MindFormers' names of the weights; the reference forward."""
+    from safetensors.numpy import save_file
+    cfg = GLM
+    weights = glm_weights(cfg, np.random.default_rng(0))
+    hf_dir = os.path.join(out_dir, "hf")
+    os.makedirs(hf_dir)
+    save_file(weights, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+    config = dict(cfg, architectures=["ChatGLMModel"], model_type="chatglm", position_encoding_2d=True,
+                  auto_map={"AutoConfig": "configuration_chatglm.ChatGLMConfig",
+                            "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration"},
+                  torch_dtype="float32", use_cache=True)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    model_config = dict(type="GLMConfig", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                        num_layers=cfg["num_layers"], num_heads=cfg["num_attention_heads"],
+                        inner_hidden_size=cfg["inner_hidden_size"], seq_length=cfg["max_sequence_length"],
+                        embedding_dropout_prob=0.0, attention_dropout_rate=0.0, hidden_dropout_rate=0.0,
+                        hidden_size_per_attention_head=None, layernorm_order="post",
+                        layernorm_epsilon=cfg["layernorm_epsilon"], use_final_layernorm=True, use_past=True,
+                        activation_func="GELU", position_encoding_2d=True, param_init_type="float32",
+                        layernorm_compute_type="float32", softmax_compute_type="float32", compute_dtype="float32",
+                        bos_token_id=cfg["bos_token_id"], eos_token_id=cfg["eos_token_id"],
+                        mask_token_id=cfg["mask_token_id"], gmask_token_id=cfg["gmask_token_id"],
+                        pad_token_id=cfg["pad_token_id"], max_decode_length=2048, is_enhanced_encoder=True,
+                        is_sample_acceleration=False, checkpoint_name_or_path="glm_6b_chat", top_k=1, top_p=1,
+                        repetition_penalty=1, do_sample=False)
+    run = {"model": {"model_config": model_config, "arch": {"type": "GLMChatModel"}}}
+    with open(os.path.join(out_dir, "mindformers.json"), "w", encoding="utf-8") as f:
+        json.dump(run, f, indent=2)
+    wide = {k: v.astype(np.float64) for k, v in weights.items()}
+    return glm_mindformers_names(weights), lambda ids, n: glm_logits(wide, cfg, ids, n)
+
+
 def baichuan2_13b_case(out_dir):
     """The HF folder (hf/), MindFormers' names of its weights; the reference forward."""
     from safetensors.numpy import save_file
@@ -280,29 +441,32 @@ def baichuan2_13b_case(out_dir):
     return baichuan2_mindformers(weights, cfg["hidden_size"]), lambda ids: baichuan2_13b_logits(wide, cfg, ids)
 
 
-def greedy(forward, steps):
+def greedy(forward, steps, prompts=PROMPTS):
+    """`forward(ids)`, or `forward(ids, prompt_len)` for a case with prompts of its own (GLM)."""
     logits_all, tokens_all = [], []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         ids, step_logits = list(prompt), []
         for _ in range(steps + 1):
-            step_logits.append(forward(ids))
+            step_logits.append(forward(ids) if prompts is PROMPTS else forward(ids, len(prompt)))
             ids.append(int(step_logits[-1].argmax()))
         logits_all.append(np.stack(step_logits))
         tokens_all.append(ids[len(prompt):])
     return np.stack(logits_all).astype(np.float32), np.array(tokens_all)
 
 
-WRITERS = {"baichuan2_13b": baichuan2_13b_case, "pangualpha": pangualpha_case}
+WRITERS = {"baichuan2_13b": baichuan2_13b_case, "glm": glm_case, "pangualpha": pangualpha_case}
+CASE_PROMPTS = {"glm": GLM_PROMPTS}
 
 
 def main(case, out_dir, steps):
     assert case in WRITERS, f"unknown case {case!r}; cases: {', '.join(CASES)}"
     mindformers, forward = WRITERS[case](out_dir)
-    logits, tokens = greedy(forward, steps)
+    prompts = CASE_PROMPTS.get(case, PROMPTS)
+    logits, tokens = greedy(forward, steps, prompts)
     np.savez(os.path.join(out_dir, "reference.npz"), logits=logits, tokens=tokens)
     np.savez(os.path.join(out_dir, "mindformers.npz"), **mindformers)
     with open(os.path.join(out_dir, "prompts.json"), "w") as f:
-        json.dump(PROMPTS, f)
+        json.dump(prompts, f)
 
 
 if __name__ == "__main__":

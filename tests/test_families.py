@@ -216,9 +216,10 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-# The segment form (Lite TP) cuts blocks only: a family with a top query layer refuses it (see
-# test_pangualpha_refuses_the_segment_form).
-SEGMENTED = [family for family in FAMILIES if not EXPORT_FAMILIES[family_of(family)].features.get("top_query")]
+# The segment form (Lite TP) cuts blocks only: a family with a top query layer or GLM's per-row inputs
+# refuses it (see test_pangualpha_refuses_the_segment_form, test_glm_refuses_the_segment_form).
+SEGMENTED = [family for family in FAMILIES if not any(EXPORT_FAMILIES[family_of(family)].features.get(f)
+                                                      for f in ("top_query", "prefix_attention"))]
 TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
     [(family, "lite_tp2") for family in SEGMENTED]   # llama's ms TP=2: test_distributed.py
 
@@ -517,3 +518,82 @@ def test_pangualpha_mindformers_names_and_settings():
                        ({"post_layernorm_residual": True}, "post_layernorm_residual True")]:
         with pytest.raises(UnsupportedError, match=match):
             family.from_mindformers(dict(mc, **bad), "run.yaml")
+
+
+def test_glm_prefix_attention_and_block_positions_change_the_output(hf_family, family_export):
+    """GLM's prompts are ones where a causal prompt or block positions off by one change the logits far
+    beyond the tolerance (numpy reference variants), and the export's graphs take their row inputs
+    from the feed builder: wrong ones give other logits, the right ones the reference's."""
+    import numpy_references as nr
+    from lite_runtime.decode.inputs import InputOfInfer
+    folder = hf_family("glm")
+    prompts, ref_logits, _ = reference(folder)
+    weights = {k: v.astype(np.float64) for k, v in nr.glm_weights(nr.GLM, np.random.default_rng(0)).items()}
+    for i, prompt in enumerate(prompts):
+        right = nr.glm_logits(weights, nr.GLM, prompt, len(prompt))
+        assert np.abs(right - ref_logits[i, 0]).max() <= 1e-5
+        for wrong in ({"causal": True}, {"block_shift": 1}):
+            assert np.abs(nr.glm_logits(weights, nr.GLM, prompt, len(prompt), **wrong) - right).max() > 100 * TOLERANCE
+    manifest = load_manifest(family_export("glm", "io"))
+    session = load_session("ms", manifest)
+    feeds = InputOfInfer.get_inputs("glm_6b", manifest)
+    ids = np.zeros((BATCH, SEQ), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = p
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    inputs = feeds.prefill_inputs(ids, lengths)
+    np.testing.assert_array_equal(inputs[2], [len(p) - 1 for p in prompts])      # <sop> ends every prompt
+    np.testing.assert_array_equal(inputs[3], [len(prompts[0]) - 2, len(prompts[1]) - 2, 3])
+    assert np.abs(session.prefill(*inputs) - ref_logits[:, 0]).max() <= TOLERANCE
+    for row_input in (2, 3):
+        shifted = list(inputs)
+        shifted[row_input] = inputs[row_input] - 1
+        assert np.abs(session.prefill(*shifted) - ref_logits[:, 0]).max() > 100 * TOLERANCE
+
+
+def test_glm_refuses_the_segment_form(hf_family, tmp_path):
+    """Lite TP as segments (`collectives: host`) has no place for GLM's row inputs: refused in one line."""
+    folder = hf_family("glm")
+    cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "dynamic",
+           "output_dir": str(tmp_path / "out"), "parallel": {"model_parallel": 2, "collectives": "host"}}
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "tp2.yaml"), cfg)])
+    assert result.returncode != 0 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
+    assert "parallel.collectives: host is not supported for the glm family" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_glm_config_routing_and_settings():
+    """`model_type: chatglm` folders with position_encoding_2d are GLM v1's, the others ChatGLM2/3's;
+    the MindFormers run yaml's ids and sizes are read, settings that change the network refused by name."""
+    from exporter.families import family_by_hf_type, family_by_mindformers_type
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    v1 = {"model_type": "chatglm", "vocab_size": 320, "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
+          "inner_hidden_size": 96, "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "mask_token_id": 300,
+          "gmask_token_id": 301}
+    v2 = {"model_type": "chatglm", "padded_vocab_size": 336, "hidden_size": 64, "num_layers": 2,
+          "num_attention_heads": 4, "kv_channels": 16, "ffn_hidden_size": 96, "multi_query_group_num": 2}
+    assert family_by_hf_type("chatglm", "c", v1).name == "glm" and family_by_hf_type("chatglm", "c", v2).name == "glm2"
+    glm = family_by_hf_type("chatglm", "c", v1)
+    cfg = glm.config(glm.from_hf(v1, "config.json"), "e")
+    assert (cfg.positions, cfg.rotary_dim, cfg.prefix_attention, cfg.deepnorm, cfg.deepnorm_alpha, cfg.mlp) == \
+        ("rotary_2d", 8, True, True, 2.0, "gelu_tanh")
+    assert (cfg.mask_token_id, cfg.gmask_token_id, cfg.intermediate_size, cfg.row_inputs) == (300, 301, 96, 2)
+    for bad, match in [({"quantization_bit": 4}, "quantization_bit 4"), ({"pre_seq_len": 8}, "pre_seq_len 8")]:
+        with pytest.raises(UnsupportedError, match=match):
+            glm.from_hf(dict(v1, **bad), "config.json")
+    mf = family_by_mindformers_type("GLMChatModel", "run.yaml")
+    assert mf is glm and family_by_mindformers_type("GLMForPreTraining", "run.yaml") is glm
+    mc = {"vocab_size": 130528, "hidden_size": 4096, "num_layers": 28, "num_heads": 32, "inner_hidden_size": 16384,
+          "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "activation_func": "GELU", "mask_token_id": 130000,
+          "gmask_token_id": 130001, "hidden_size_per_attention_head": None}
+    cfg = mf.config(mf.from_mindformers(mc, "run.yaml"), "run.yaml")
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.mask_token_id, cfg.gmask_token_id) == (128, 16384, 130000, 130001)
+    for bad, match in [({"position_encoding_2d": False}, "position_encoding_2d False"),
+                       ({"activation_func": "GEGLU"}, "activation_func 'GEGLU'"),
+                       ({"layernorm_order": "sandwich"}, "layernorm_order 'sandwich'"),
+                       ({"hidden_size_per_attention_head": 64}, "hidden_size_per_attention_head 64")]:
+        with pytest.raises(UnsupportedError, match=match):
+            mf.from_mindformers(dict(mc, **bad), "run.yaml")
+    with pytest.raises(ConfigError, match="mask_token_id / gmask_token_id come with 2-D positions"):
+        family_by_hf_type("llama", "c").config({"vocab_size": 8, "hidden_size": 8, "num_layers": 1, "n_heads": 2,
+                                                "mask_token_id": 5}, "e")

@@ -41,7 +41,7 @@ def test_aliases_are_one_family():
     assert InputOfInfer.get_inputs("codellama_34b").spec is get_family("llama")
 
 
-@pytest.mark.parametrize("name", ["glm", "gpt5", "llama2x", "llam", "Llama", "", "bloom560m"])
+@pytest.mark.parametrize("name", ["glm4", "gpt5", "llama2x", "llam", "Llama", "", "bloom560m"])
 def test_unknown_family_names_are_refused(name):
     with pytest.raises(UnsupportedError) as info:
         get_family(name)

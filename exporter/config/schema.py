@@ -44,6 +44,8 @@ class ModelSection:
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Union[int, list]] = None
     pad_token_id: Optional[int] = None
+    mask_token_id: Optional[int] = None     # GLM v1 (glm): [MASK] and [gMASK], whose index in a prompt is the
+    gmask_token_id: Optional[int] = None    # position of generated tokens (the runtime's feed builder reads them)
     tokenizer: Optional[str] = None         # tokenizer.model / tokenizer.json / *.tiktoken to ship
     adapter: Optional[str] = None           # a Hugging Face PEFT LoRA folder, merged into the weights
     pet_config: Optional[dict] = None       # MindFormers LoRA: {pet_type: lora, lora_rank, lora_alpha, ...};

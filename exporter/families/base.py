@@ -16,7 +16,8 @@ from exporter.weights.plan import WeightPlan
 
 # Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names).
 SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size",
-             "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings")
+             "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings",
+             "mask_token_id", "gmask_token_id")   # the last two: GLM v1's, refused by the other families
 # Yaml `model:` keys that choose between the shapes of one family (`Family.variants`), e.g. Baichuan2's
 # `positions: alibi` (13B) or InternLM's `bias: false` (20B); other families refuse them.
 VARIANT_KEYS = ("positions", "bias")
@@ -81,6 +82,12 @@ class Family:
         return {ours: hf[key] for key, ours in cls.hf_keys.items() if hf.get(key) is not None}
 
     @classmethod
+    def claims_hf(cls, hf: dict) -> bool:
+        """Whether a config.json of one of hf_model_types is this family's: families sharing a model_type
+        (ChatGLM-6B's `glm` and ChatGLM2/3's `glm2` both read `chatglm`) tell their folders apart here."""
+        return True
+
+    @classmethod
     def check_hf(cls, hf: dict, where: str) -> None:
         """Refuse config.json settings this family's network does not compute."""
 
@@ -126,8 +133,10 @@ def family_by_name(name: str, where: str) -> Type[Family]:
     return found
 
 
-def family_by_hf_type(model_type, where: str) -> Type[Family]:
-    found = _lookup("hf_model_types", model_type)
+def family_by_hf_type(model_type, where: str, hf: Optional[dict] = None) -> Type[Family]:
+    """The family of a config.json's model_type; `hf` (the config, else none of its keys) picks among
+    families sharing it."""
+    found = next((f for f in FAMILIES.values() if model_type in f.hf_model_types and f.claims_hf(hf or {})), None)
     if found is None:
         known = ", ".join(t for f in FAMILIES.values() for t in f.hf_model_types)
         raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {known}")

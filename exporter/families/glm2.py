@@ -11,7 +11,7 @@ Accepted: ChatGLM folders (`model_type: chatglm`, remote code: `transformer.enco
 transformers' `glm` folders (`GlmForCausalLM`, `partial_rotary_factor: 0.5`), and MindFormers
 `ChatGLM2ForConditionalGeneration` checkpoints (the ChatGLM names, `embedding_weight`, q/k/v and
 gate/up fused or not: `qkv_concat`, `mlp_concat`; `use_rearrange_rope` checkpoints are refused).
-ChatGLM-6B v1 folders (also `model_type: chatglm`) are a different network and are refused here.
+ChatGLM-6B v1 folders (also `model_type: chatglm`, with position_encoding_2d) are the glm family's.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from lite_runtime.contract.errors import UnsupportedError
 
 from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
+from exporter.families.glm import Glm
 from exporter.families.llama import check_head_dim, read_rope
 
 SPECIAL_TOKENS = ("[MASK]", "[gMASK]", "[sMASK]", "sop", "eop",
@@ -91,12 +92,17 @@ class Glm2(Family):
     ])
 
     @classmethod
+    def claims_hf(cls, hf):
+        return not Glm.claims_hf(hf)      # ChatGLM-6B (v1) folders are the glm family's
+
+    @classmethod
     def from_hf(cls, hf, where):
         if hf.get("model_type") == "glm":
             return cls._from_glm(hf, where)
         if "position_encoding_2d" in hf or "inner_hidden_size" in hf:
-            raise UnsupportedError(f"{where}: this is a ChatGLM-6B (v1) folder (position_encoding_2d); the glm2 "
-                                   "family reads ChatGLM2/ChatGLM3 folders (multi_query_group_num, padded_vocab_size)")
+            raise UnsupportedError(f"{where}: this is a ChatGLM-6B (v1) folder (position_encoding_2d), read by the glm "
+                                   "family; the glm2 family reads ChatGLM2/ChatGLM3 folders (multi_query_group_num, "
+                                   "padded_vocab_size)")
         for key, value in CHATGLM_FIXED.items():
             if key in hf and hf[key] != value:
                 raise UnsupportedError(f"{where}: {key} {hf[key]!r} is not supported by the glm2 family; allowed: "

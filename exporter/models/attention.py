@@ -69,10 +69,17 @@ class ScoreBias(nn.Cell):
         self.floor_mod = ops.FloorMod()
         self.sum = ops.ReduceSum(keep_dims=True)
 
-    def prefill(self):
-        """(1, 1 | kv, group*S, S): each query sees keys up to its own position."""
+    def prefill(self, context=None):
+        """(1, 1 | kv, group*S, S): each query sees keys up to its own position. `context` (B,) int32
+        (prefix attention, GLM): keys before the row's context length are seen by every query too,
+        (B, 1, group*S, S)."""
         key = self.reshape(self.key_pos, (1, -1))
-        bias = self.cast(self.greater(key, self.query_pos), ms.float32) * NEG
+        later = self.cast(self.greater(key, self.query_pos), ms.float32)
+        if context is not None:
+            outside = self.cast(self.greater_equal(self.key_pos, self.reshape(self.cast(context, ms.float32),
+                                                                               (-1, 1, 1, 1))), ms.float32)
+            return later * outside * NEG
+        bias = later * NEG
         if self.alibi:
             bias = bias + self.slopes_prefill * self.key_pos
         return bias
@@ -103,14 +110,18 @@ class ScoreBias(nn.Cell):
             bias = bias + self.slopes_step * key
         return bias
 
-    def dynamic_new(self, s_new, past):
+    def dynamic_new(self, s_new, past, context=None):
         """Bias of the new keys (B, kv, g*T, T): causal among the call's tokens (row g*T + t is
-        token t); padding tokens past a row's valid count only precede padding queries."""
+        token t); padding tokens past a row's valid count only precede padding queries. `context`
+        (B, 1, 1, 1) float (prefix attention): new keys at positions before it are seen by all."""
         key = self._index(s_new, -1)
         query = self._index(s_new, -2)
         if self.group > 1:
             query = self.floor_mod(query, self.sum(self.ones_like(s_new), -1))
-        bias = self.cast(self.greater(key, query), ms.float32) * NEG
+        later = self.cast(self.greater(key, query), ms.float32)
+        if context is not None:
+            later = later * self.cast(self.greater_equal(key + past, context), ms.float32)
+        bias = later * NEG
         if self.alibi:
             bias = bias + self.slopes_step * (key + past)
         return bias
@@ -151,8 +162,9 @@ class Attention(nn.Cell):
         self.v = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["v"])
         self.o = RowParallelLinear(cfg.n_heads * self.hd, hidden, ws, ctx.dtype, cfg.o_bias, flat, lora["o"],
                                    ctx.graph_collectives)
-        self.use_rotary = cfg.positions == "rotary"
-        self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype)
+        self.use_rotary = cfg.positions in ("rotary", "rotary_2d")
+        self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype,
+                             blocks=2 if cfg.positions == "rotary_2d" else 1)
         self.in_graph = ctx.kv_mode == "in_graph"
         if ctx.kv_mode == "dynamic":
             self.dyn = DynamicShapes(ctx.batch, self.n_heads, self.n_kv, self.hd)
@@ -219,13 +231,15 @@ class Attention(nn.Cell):
         o = (self.bmm(e_cache, v_cache) + e_new * v) / (self.sum(e_cache, -1) + e_new)
         return self._merge(o, batch, 1, select), k, v
 
-    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None, query=None):
+    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None, query=None,
+                     context=None):
         """x (B*T, H): T new tokens per row, against host-owned past keys (B, kv, hd, P, transposed)
         and values (B, kv, P, hd) whose first `past` (B, 1, 1, 1) positions are the row's; cos/sin
         (B*T, 1, hd). Returns the output (B*T, H), the new keys (B, kv, hd, T) and values (B, kv, T, hd)
         and the score biases of past and new keys, which every layer shares: the first layer makes
         them (`biases` None), the others reuse them. Past and new keys are two softmax terms: joining
-        them would copy the cache on every call."""
+        them would copy the cache on every call. `context` (B, 1, 1, 1) float: prefix attention's
+        context lengths (ScoreBias.dynamic_new)."""
         d = self.dyn
         q = self._heads_dynamic(self.q(x if query is None else query, select), d.tokens_q, d.heads_q, cos, sin)
         k = self._heads_dynamic(self.k(x, select), d.tokens_kv, d.heads_kv, cos, sin)
@@ -235,7 +249,7 @@ class Attention(nn.Cell):
         s_past = self.bmm(q, k_past) * self.scale
         s_new = self.bmm(q, k) * self.scale
         if biases is None:
-            biases = (bias.dynamic_past(s_past, past), bias.dynamic_new(s_new, past))
+            biases = (bias.dynamic_past(s_past, past), bias.dynamic_new(s_new, past, context))
         s_past = s_past + biases[0]
         s_new = s_new + biases[1]
         m = self.maximum(self.max(s_past, -1), self.max(s_new, -1))

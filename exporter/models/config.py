@@ -12,7 +12,7 @@ from lite_runtime.contract.errors import ConfigError
 
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "gelu_tanh", "gelu", "fast_gelu")
-POSITIONS = ("rotary", "learned", "none")
+POSITIONS = ("rotary", "learned", "none", "rotary_2d")
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,13 @@ class DecoderConfig:
     n_kv_heads: Optional[int] = None          # None: as many as n_heads (MHA); fewer: GQA/MQA
     norm: str = "rms"                          # rms | layer (LayerNorm with bias)
     norm_eps: float = 1e-5
-    positions: str = "rotary"                  # rotary | learned (absolute table) | none
+    positions: str = "rotary"                  # rotary | learned (absolute table) | none | rotary_2d (GLM v1:
+                                               # each half of a head rotate-half rotated by its own id, the
+                                               # position and the block position, from per-row graph inputs)
     rope_theta: float = 10000.0
     rotary_fraction: float = 1.0               # share of each head's dims that rotate
     rotary_interleaved: bool = False           # pairs (0,1),(2,3)... instead of rotate-half
+    rotary_fp16_tables: bool = False           # angles and cos/sin rounded to float16 as ChatGLM-6B makes them
     max_position_embeddings: Optional[int] = None   # size of the learned table; a limit for rotary
     seq_length_limit: Optional[int] = None     # longest sequence the built math is exact for (dynamic NTK
                                                # rotary scaling, e.g. InternLM's, changes positions past it)
@@ -43,6 +46,12 @@ class DecoderConfig:
     top_query: bool = False                    # PanGu-α: the last of num_layers is a top query layer (its query a
                                                # learned embedding of the position, models/top_query.py) after
                                                # the final norm; it has a KV cache like a block
+    prefix_attention: bool = False             # GLM v1: keys before each row's context_length (a graph input)
+                                               # are seen by every query (the prompt is bidirectional)
+    deepnorm: bool = False                     # GLM v1: x = n·alpha + attn(n), n = attn_norm(x); then
+                                               # m = mlp_norm(x), out = m·alpha + mlp(m); alpha = sqrt(2·num_layers)
+    mask_token_id: Optional[int] = None        # GLM v1: [MASK] and [gMASK], whose index in a prompt is the
+    gmask_token_id: Optional[int] = None       # position of generated tokens (read by the runtime's feed builder)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -57,9 +66,15 @@ class DecoderConfig:
             raise ConfigError(f"model.hidden_size {self.hidden_size} is not divisible by model.n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads {self.n_heads} is not a multiple of model.n_kv_heads {self.n_kv_heads}")
-        if self.positions == "rotary" and (self.rotary_dim < 2 or self.rotary_dim % 2):
+        if self.positions in ("rotary", "rotary_2d") and (self.rotary_dim < 2 or self.rotary_dim % 2):
             raise ConfigError(f"rotary dims {self.rotary_dim} (head_dim {self.head_dim} x rotary_fraction "
                               f"{self.rotary_fraction}) must be a positive even number")
+        if self.positions == "rotary_2d" and self.head_dim % 4:
+            raise ConfigError(f"2-D rotary needs a head_dim divisible by 4 (two rotated halves), got {self.head_dim}")
+        if (self.prefix_attention or self.mask_token_id is not None or self.gmask_token_id is not None) and \
+                self.positions != "rotary_2d":
+            raise ConfigError("prefix attention and mask_token_id / gmask_token_id come with 2-D positions "
+                              "(positions rotary_2d, the glm family) only")
         if self.positions == "learned" and not self.max_position_embeddings:
             raise ConfigError("model.max_position_embeddings is required for learned absolute positions")
         if self.top_query and not self.max_position_embeddings:
@@ -82,7 +97,19 @@ class DecoderConfig:
 
     @property
     def rotary_dim(self) -> int:
+        """Rotated dims (per half with rotary_2d, where each half rotates whole)."""
+        if self.positions == "rotary_2d":
+            return self.head_dim // 2
         return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def row_inputs(self) -> int:
+        """Per-row graph inputs the network takes after the lengths (GLM: context_length, mask_position)."""
+        return 2 if self.positions == "rotary_2d" else 0
+
+    @property
+    def deepnorm_alpha(self) -> float:
+        return float((2.0 * self.num_layers) ** 0.5)
 
     def check_world_size(self, world_size: int) -> None:
         """Tensor parallelism splits whole KV-head groups, MLP columns and vocabulary rows."""

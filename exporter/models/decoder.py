@@ -20,7 +20,7 @@ from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
 from exporter.models.mlp import make_mlp
 from exporter.models.norms import make_norm
-from exporter.models.positions import rotary_tables
+from exporter.models.positions import rotary_2d_tables, rotary_tables
 from exporter.models.top_query import TopQueryLayer
 
 
@@ -33,8 +33,14 @@ class DecoderLayer(nn.Cell):
         lora = {n: ctx.lora_width for n in ("gate", "up", "down") if f"mlp.{n}" in ctx.lora_targets}
         self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
                             ctx.kv_mode == "dynamic", lora, ctx.graph_collectives)
+        self.deepnorm, self.alpha = cfg.deepnorm, cfg.deepnorm_alpha
 
-    def finish(self, x, attn_out, select=None):
+    def finish(self, x, attn_out, select=None, normed=None):
+        """The residuals around attention and MLP. `normed`: attn_norm(x), which DeepNorm (GLM v1)
+        scales by alpha as its residual instead of x (and likewise the MLP's normed input)."""
+        if self.deepnorm:
+            m = self.mlp_norm(normed * self.alpha + attn_out)
+            return m * self.alpha + self.mlp(m, select)
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h), select)
 
@@ -84,13 +90,22 @@ class CausalLM(nn.Cell):
         self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1)
         self.bias = ScoreBias(cfg, ctx)
-        cos, sin = rotary_tables(ctx.seq, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rotary_interleaved)
+        cos, sin = rotary_tables(ctx.seq, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rotary_interleaved,
+                                 cfg.rotary_fp16_tables)
         self.cos_table, self.sin_table = Tensor(cos), Tensor(sin)
         self.cos_prefill = Tensor(cos.reshape(1, 1, ctx.seq, -1), ctx.dtype)
         self.sin_prefill = Tensor(sin.reshape(1, 1, ctx.seq, -1), ctx.dtype)
         self.positions = Tensor(np.arange(ctx.seq, dtype=np.int32).reshape(1, ctx.seq))
         self.batch_positions = Tensor(np.tile(np.arange(ctx.seq, dtype=np.int32), (ctx.batch, 1)))
         self.row_offsets = Tensor(np.arange(ctx.batch, dtype=np.int32) * ctx.seq)
+        # GLM v1: 2-D rotary from each row's context_length and mask_position (graph inputs); block
+        # positions reach seq_length, hence seq + 1 rows
+        self.two_d, self.prefix = cfg.positions == "rotary_2d", cfg.prefix_attention
+        if self.two_d:
+            cos_a, sin_a, cos_b, sin_b = rotary_2d_tables(ctx.seq + 1, cfg.head_dim, cfg.rope_theta,
+                                                          cfg.rotary_fp16_tables)
+            self.cos_a, self.sin_a, self.cos_b, self.sin_b = Tensor(cos_a), Tensor(sin_a), Tensor(cos_b), Tensor(sin_b)
+            self.steps_prefill = Tensor(np.tile(np.arange(ctx.seq, dtype=np.float32), (ctx.batch, 1)))
         self.lora = ctx.lora_width > 0
         if self.lora:   # the slot each SLoRA column belongs to (columns of one slot are adjacent)
             slots = ctx.lora_width // ctx.lora_rank
@@ -103,6 +118,21 @@ class CausalLM(nn.Cell):
         self.ones_like = ops.OnesLike()
         self.cumsum = ops.CumSum()
         self.bmm = ops.BatchMatMul()
+        self.greater_equal = ops.GreaterEqual()
+
+    def _rotary_2d(self, t, context, mask_position, column, flat, shape, axis):
+        """cos, sin (`shape`) of GLM's 2-D positions for tokens at indices t (B, T) float32 of rows
+        with context_length and mask_position (B,) int32: before the context length position t and
+        block position 0, from it on position mask_position and block position t - context + 1.
+        `column`, `flat`: reshape targets (B, 1) and (-1,); `axis`: the gather axis."""
+        c = self.reshape(self.cast(context, ms.float32), column)
+        m = self.reshape(self.cast(mask_position, ms.float32), column)
+        after = self.cast(self.greater_equal(t, c), ms.float32)
+        pos = self.cast(self.reshape(t + after * (m - t), flat), ms.int32)
+        block = self.cast(self.reshape(after * (t - c + 1.0), flat), ms.int32)
+        cos = self.gather(self.cos_a, pos, axis) * self.gather(self.cos_b, block, axis)
+        sin = self.gather(self.sin_a, pos, axis) + self.gather(self.sin_b, block, axis)
+        return self.cast(self.reshape(cos, shape), self.dtype), self.cast(self.reshape(sin, shape), self.dtype)
 
     def _embed(self, ids, positions):
         x = self.embed(ids)
@@ -131,14 +161,23 @@ class CausalLM(nn.Cell):
             logits = self.head(h)
         return self.gather_vocab(self.cast(logits, ms.float32))
 
-    def prefill(self, input_ids, batch_valid_length, adapter_ids=None):
+    def prefill(self, input_ids, batch_valid_length, adapter_ids=None, context=None, mask_position=None):
+        """`context`, `mask_position` (B,) int32: GLM's row inputs (None for other families)."""
         x = self._embed(input_ids, self.positions)
-        bias = self.bias.prefill()
+        cos, sin = self.cos_prefill, self.sin_prefill
+        if self.two_d:
+            cos, sin = self._rotary_2d(self.steps_prefill, context, mask_position, (self.batch, 1), (-1,),
+                                       (self.batch, 1, self.seq, -1), 0)
+        if self.prefix:
+            bias = self.bias.prefill(context)
+        else:
+            bias = self.bias.prefill()
         select = self._select(input_ids, adapter_ids, (self.batch, 1), (-1, 1))
         new_kv = ()
         for layer in self.layers:
-            attn, k, v = layer.attn.prefill(layer.attn_norm(x), self.cos_prefill, self.sin_prefill, bias, select)
-            x = layer.finish(x, attn, select)
+            h = layer.attn_norm(x)
+            attn, k, v = layer.attn.prefill(h, cos, sin, bias, select)
+            x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
         if self.use_top_query:
             x, k, v = self.top_query.prefill(self.final_norm(x), self.batch_positions, self.cos_prefill,
@@ -148,10 +187,14 @@ class CausalLM(nn.Cell):
         logits = self._logits(self.gather(self.reshape(x, (self.batch * self.seq, -1)), last, 0))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
-    def increment(self, input_ids, batch_valid_length, kv, adapter_ids=None):
+    def increment(self, input_ids, batch_valid_length, kv, adapter_ids=None, context=None, mask_position=None):
         pos = self.reshape(batch_valid_length - 1, (self.batch, 1))
-        cos = self.cast(self.reshape(self.gather(self.cos_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
-        sin = self.cast(self.reshape(self.gather(self.sin_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
+        if self.two_d:
+            cos, sin = self._rotary_2d(self.cast(pos, ms.float32), context, mask_position, (self.batch, 1), (-1,),
+                                       (self.batch, 1, 1, -1), 0)
+        else:
+            cos = self.cast(self.reshape(self.gather(self.cos_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
+            sin = self.cast(self.reshape(self.gather(self.sin_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
         x = self._embed(input_ids, pos)
         in_graph = self.kv_mode == "in_graph"
         cache_bias, new_bias = self.bias.step(pos, self.batch, in_graph)
@@ -165,7 +208,7 @@ class CausalLM(nn.Cell):
                 attn, k, v = layer.attn.step_in_graph(h, cos, sin, onehot, cache_bias, select)
             else:
                 attn, k, v = layer.attn.step_io(h, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias, select)
-            x = layer.finish(x, attn, select)
+            x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
         if self.use_top_query:
@@ -178,19 +221,24 @@ class CausalLM(nn.Cell):
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
-    def step(self, input_ids, batch_valid_length, past_length, kv, adapter_ids=None):
+    def step(self, input_ids, batch_valid_length, past_length, kv, adapter_ids=None, context=None,
+             mask_position=None):
         """T new tokens per row (B, T) after `past_length` (B,) positions of the host cache `kv`
         (per layer K (B, kv, hd, P), V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's
         valid new tokens. Returns logits of each row's last valid token and the new K (B, kv, hd, T)
-        and V (B, kv, T, hd)."""
-        x, cos, sin, past, select = self.step_start(input_ids, past_length, adapter_ids)
+        and V (B, kv, T, hd). `context`, `mask_position` (B,) int32: GLM's row inputs."""
+        x, cos, sin, past, select = self.step_start(input_ids, past_length, adapter_ids, context, mask_position)
+        prefix = None
+        if self.prefix:
+            prefix = self.reshape(self.cast(context, ms.float32), self.dyn.per_row)
         new_kv = ()
         biases = None
         i = 0
         for layer in self.layers:
-            attn, k, v, biases = layer.attn.step_dynamic(layer.attn_norm(x), cos, sin, kv[2 * i], kv[2 * i + 1],
-                                                         past, self.bias, biases, select)
-            x = layer.finish(x, attn, select)
+            h = layer.attn_norm(x)
+            attn, k, v, biases = layer.attn.step_dynamic(h, cos, sin, kv[2 * i], kv[2 * i + 1],
+                                                         past, self.bias, biases, select, context=prefix)
+            x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
         if self.use_top_query:
@@ -199,13 +247,17 @@ class CausalLM(nn.Cell):
             new_kv = new_kv + (k, v)
         return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
 
-    def step_start(self, input_ids, past_length, adapter_ids=None):
+    def step_start(self, input_ids, past_length, adapter_ids=None, context=None, mask_position=None):
         """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
         cos/sin (B*T, 1, hd), each row's past length (B, 1, 1, 1) as float and the SLoRA columns."""
         d = self.dyn
         pos = self._step_positions(input_ids, past_length)
-        cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
-        sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
+        if self.two_d:
+            t = self._steps(input_ids) + self.cast(self.reshape(past_length, d.column), ms.float32)
+            cos, sin = self._rotary_2d(t, context, mask_position, d.column, d.flat, d.per_token, d.axis0)
+        else:
+            cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
+            sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
         x = self._embed(self.reshape(input_ids, d.flat), pos)
         past = self.reshape(self.cast(past_length, ms.float32), d.per_row)
         return x, cos, sin, past, self._select(input_ids, adapter_ids, d.column, d.flat_column)
@@ -238,6 +290,10 @@ class PrefillGraph(nn.Cell):
         self.net = net
 
     def construct(self, input_ids, batch_valid_length, *kv):
+        if self.net.two_d:    # GLM: kv is (context_length, mask_position[, adapter_ids])
+            if self.net.lora:
+                return self.net.prefill(input_ids, batch_valid_length, kv[2], kv[0], kv[1])
+            return self.net.prefill(input_ids, batch_valid_length, None, kv[0], kv[1])
         if self.net.lora:     # SLoRA: kv is (adapter_ids,); `*kv` for the recorded input names (graph_check)
             return self.net.prefill(input_ids, batch_valid_length, kv[0])
         return self.net.prefill(input_ids, batch_valid_length)
@@ -251,6 +307,10 @@ class StepGraph(nn.Cell):
         self.net = net
 
     def construct(self, input_ids, batch_valid_length, past_length, *kv):
+        if self.net.two_d:    # GLM: context_length, mask_position[, adapter_ids], then the caches
+            if self.net.lora:
+                return self.net.step(input_ids, batch_valid_length, past_length, kv[3:], kv[2], kv[0], kv[1])
+            return self.net.step(input_ids, batch_valid_length, past_length, kv[2:], None, kv[0], kv[1])
         if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
             return self.net.step(input_ids, batch_valid_length, past_length, kv[1:], kv[0])
         return self.net.step(input_ids, batch_valid_length, past_length, kv)
@@ -264,6 +324,10 @@ class IncrementGraph(nn.Cell):
         self.net = net
 
     def construct(self, input_ids, batch_valid_length, *kv):
+        if self.net.two_d:    # GLM: context_length, mask_position[, adapter_ids], then the caches
+            if self.net.lora:
+                return self.net.increment(input_ids, batch_valid_length, kv[3:], kv[2], kv[0], kv[1])
+            return self.net.increment(input_ids, batch_valid_length, kv[2:], None, kv[0], kv[1])
         if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
             return self.net.increment(input_ids, batch_valid_length, kv[1:], kv[0])
         return self.net.increment(input_ids, batch_valid_length, kv)

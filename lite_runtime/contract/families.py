@@ -160,6 +160,7 @@ FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (
     FamilySpec("baichuan2"),
     FamilySpec("glm2", aliases=("glm3", "chatglm2", "chatglm3")),
     FamilySpec("qwen", aliases=("qwen1.5", "qwen2")),
+    GLM,
     FamilySpec("pangualpha"),   # pangualpha_2_6b, pangualpha_13b; its top query layer's cache is the last pair
 )}
 _BY_NAME: Dict[str, FamilySpec] = {n: spec for spec in FAMILIES.values() for n in (spec.name,) + spec.aliases}
