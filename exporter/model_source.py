@@ -15,7 +15,7 @@ from exporter.models.config import DecoderConfig
 
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id")
 # Tokenizer files looked for in a Hugging Face folder, in order of preference, and their side files.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "ice_text.model")   # the last: ChatGLM-6B's
 TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 

@@ -597,3 +597,62 @@ def test_glm_config_routing_and_settings():
     with pytest.raises(ConfigError, match="mask_token_id / gmask_token_id come with 2-D positions"):
         family_by_hf_type("llama", "c").config({"vocab_size": 8, "hidden_size": 8, "num_layers": 1, "n_heads": 2,
                                                 "mask_token_id": 5}, "e")
+
+
+@pytest.fixture(scope="module")
+def glm_6b_export(tmp_path_factory):
+    """backend -> export of a tiny GLM with ChatGLM-6B's vocabulary (130528 rows) and its ice_text.model
+    (tests/test_tokenizer_chatglm6b.py's released layout), from a MindFormers .ckpt and a
+    run_glm_6b_infer.yaml-style run yaml whose processor names the vocab file."""
+    import numpy_references as nr
+    from test_tokenizer_chatglm6b import trained_model, with_glm_layout
+    folder = tmp_path_factory.mktemp("glm_6b")
+    (folder / "ice_text.model").write_bytes(with_glm_layout(trained_model()))
+    cfg = dict(vocab_size=130528, hidden_size=16, inner_hidden_size=32, num_layers=1, num_attention_heads=2)
+    weights = nr.glm_weights(cfg, np.random.default_rng(1))
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "ice_text.model"))
+    text_pieces = next(i for i in range(sp.get_piece_size()) if sp.id_to_piece(i).startswith("<filler_"))
+    weights["lm_head.weight"][text_pieces:] = 0.0      # fillers, specials, bytes: the trained pieces win the argmax
+    ckpt = save_ckpt(nr.glm_mindformers_names(weights), str(folder / "glm_6b.ckpt"))
+    mc = dict(type="GLMConfig", vocab_size=130528, hidden_size=16, num_layers=1, num_heads=2, inner_hidden_size=32,
+              seq_length=SEQ, batch_size=1, layernorm_order="post", layernorm_epsilon=1e-5, use_final_layernorm=True,
+              use_past=True, activation_func="GELU", position_encoding_2d=True, compute_dtype="float32",
+              bos_token_id=130004, eos_token_id=130005, mask_token_id=130000, gmask_token_id=130001, pad_token_id=3)
+    made = {}
+
+    def get(backend):
+        if backend not in made:
+            out = str(folder / f"export_{backend}")
+            run = {"model": {"model_config": mc, "arch": {"type": "GLMChatModel"}},
+                   "processor": {"tokenizer": {"type": "ChatGLMTokenizer", "vocab_file": str(folder / "ice_text.model")},
+                                 "type": "GLMProcessor"},
+                   "load_checkpoint": ckpt, "output_dir": out}
+            python = str(VENV_MS20_PYTHON) if backend == "mslite" else sys.executable
+            made[backend] = export_in_subprocess(write_yaml(str(folder / f"{backend}.yaml"), run), python=python)
+        return made[backend]
+    return folder, get
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_glm_6b_text_generation_with_ice_text_model(glm_6b_export, backend):
+    """run_infer_main.py --model_name glm_6b on MindFormers' example question: the shipped ice_text.model
+    encodes it as upstream's ChatGLMTokenizer does (sentencepiece ids, then [gMASK] <sop>), greedy
+    decoding continues those ids, and the text is upstream's decode of them."""
+    import sentencepiece as spm
+    from test_tokenizer_chatglm6b import upstream_ids, upstream_text
+    folder, export = glm_6b_export
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "ice_text.model"))
+    manifest = load_manifest(export("ms"))
+    assert manifest.family == "glm" and manifest.tokenizer == "ice_text.model" and manifest.eos_token_id == [130005]
+    prompt, new = "中国的首都是哪个城市？", 8
+    ids = upstream_ids(sp, prompt) + [130001, 130004]
+    assert manifest.load_tokenizer().encode(prompt, add_special_tokens=True) == ids
+    _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
+    expected = tokens[0][:new].tolist()
+    stops = [i for i, t in enumerate(expected) if t in manifest.eos_token_id]
+    expected = expected[:stops[0]] if stops else expected
+    result = run_cli(["run_infer_main.py", "--model_dir", export(backend), "--backend", backend, "--model_name",
+                      "glm_6b", "--predict_data", prompt, "--max_new_tokens", str(new)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == prompt + upstream_text(sp, expected)
