@@ -656,3 +656,26 @@ def test_glm_6b_text_generation_with_ice_text_model(glm_6b_export, backend):
                       "glm_6b", "--predict_data", prompt, "--max_new_tokens", str(new)])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines()[0] == prompt + upstream_text(sp, expected)
+
+
+@pytest.mark.parametrize("kv_mode", ["io", "dynamic"])
+def test_glm_decode_loop_with_padding_rows_and_two_batches(hf_family, family_export, kv_mode):
+    """The runtime's decode loop (generate_batches, the feed builder made from the manifest): 4 prompts
+    on a batch of 3 (the second batch padded with inert rows, which have no <sop>) give the reference's
+    greedy tokens, up to the first <eop>."""
+    from lite_runtime.decode.generation import generate_batches
+    from lite_runtime.decode.inputs import GlmInputsOfInfer, InputOfInfer
+    folder = hf_family("glm")
+    prompts, _, ref_tokens = reference(folder)
+    manifest = load_manifest(family_export("glm", kv_mode))
+    inputs = InputOfInfer.get_inputs("chatglm_6b", manifest)
+    assert isinstance(inputs, GlmInputsOfInfer) and (inputs.mask, inputs.gmask, inputs.sop) == (300, 301, 304)
+    eos = manifest.eos_token_id
+    assert eos == [305]
+    rows = [0, 1, 2, 0]
+    got = generate_batches(load_session("ms", manifest), inputs, [prompts[r] for r in rows], [STEPS + 1] * 4, eos,
+                           manifest.pad_token_id, lambda logits, ids, lengths: logits.argmax(-1))
+    for row, tokens in zip(rows, got):
+        want = ref_tokens[row].tolist()
+        stop = [i for i, t in enumerate(want) if t in eos]
+        assert tokens == (want[:stop[0] + 1] if stop else want)
