@@ -562,7 +562,7 @@ def test_glm_refuses_the_segment_form(hf_family, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_glm_config_routing_and_settings():
+def test_glm_config_routing_and_settings(tmp_path):
     """`model_type: chatglm` folders with position_encoding_2d are GLM v1's, the others ChatGLM2/3's;
     the MindFormers run yaml's ids and sizes are read, settings that change the network refused by name."""
     from exporter.families import family_by_hf_type, family_by_mindformers_type
@@ -594,6 +594,9 @@ def test_glm_config_routing_and_settings():
                        ({"hidden_size_per_attention_head": 64}, "hidden_size_per_attention_head 64")]:
         with pytest.raises(UnsupportedError, match=match):
             mf.from_mindformers(dict(mc, **bad), "run.yaml")
+    from exporter.model_source import _tokenizer_in
+    (tmp_path / "ice_text.model").write_bytes(b"")          # a ChatGLM-6B folder's tokenizer is found
+    assert _tokenizer_in(str(tmp_path)) == str(tmp_path / "ice_text.model")
     with pytest.raises(ConfigError, match="mask_token_id / gmask_token_id come with 2-D positions"):
         family_by_hf_type("llama", "c").config({"vocab_size": 8, "hidden_size": 8, "num_layers": 1, "n_heads": 2,
                                                 "mask_token_id": 5}, "e")
