@@ -136,7 +136,7 @@ def measure(job: dict) -> dict:
         tokenizer = manifest.load_tokenizer()
     vocab = manifest.dims.vocab_size if tokenizer is None else min(manifest.dims.vocab_size, tokenizer.vocab_size)
     prompts = job.get("prompts") or bench_prompts(batch, prompt_len, vocab)
-    inputs = InputOfInfer.get_inputs(manifest.family)
+    inputs = InputOfInfer.get_inputs(manifest.family, manifest)
     bare = getattr(session, "bare_decode_predict", None)   # mslite: one Predict on inputs already bound
     for _ in range(job["warmup"]):
         run_request(session, inputs, prompts, min(new_tokens, 8), tokenizer, bare)
@@ -203,7 +203,7 @@ def measure_pair(job: dict) -> dict:
     new_tokens = fit_new_tokens(job, manifests[0])
     sessions = [open_session(job, m) for m in manifests]
     prompts = bench_prompts(job["batch"], job["prompt_len"], manifests[0].dims.vocab_size)
-    inputs = InputOfInfer.get_inputs(manifests[0].family)
+    inputs = InputOfInfer.get_inputs(manifests[0].family, manifests[0])
     for session in sessions:
         for _ in range(job["warmup"]):
             run_request(session, inputs, prompts, min(new_tokens, 8))

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         manifest = load_manifest(args.model_dir)
         session = load_session("mslite", manifest, num_threads=args.threads, lite_format=args.lite_format)
         prompts = bench_prompts(manifest.batch_size, 32, manifest.dims.vocab_size)
-        run_request(session, InputOfInfer.get_inputs(manifest.family), prompts, 64)
+        run_request(session, InputOfInfer.get_inputs(manifest.family, manifest), prompts, 64)
         models = session.lite_models
         if not models:
             raise ToolchainError("the official mindspore_lite API ran this export: profiling needs the native binding")
