@@ -1,11 +1,13 @@
+import json
 import os
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tiny_models import (export_in_subprocess, llama_config, random_weights, save_ckpt, tiny_export_config,
-                         write_yaml)
+from family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
+from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, random_weights, run_cli,
+                         save_ckpt, tiny_export_config, write_yaml)
 
 os.environ.setdefault("GLOG_v", "3")  # keep MindSpore's C++ log quiet
 
@@ -27,3 +29,53 @@ def tiny_exports(tiny_ckpt, tmp_path_factory):
         cfg = tiny_export_config(tiny_ckpt[0], str(folder / mode), kv_cache=mode)
         out[mode] = export_in_subprocess(write_yaml(str(folder / f"{mode}.yaml"), cfg))
     return out
+
+
+@pytest.fixture(scope="session")
+def hf_family(tmp_path_factory):
+    """family -> folder with hf/, reference.npz, prompts.json, mindformers.npz (made on first use)."""
+    made = {}
+
+    def get(family):
+        if family not in made:
+            folder = tmp_path_factory.mktemp(f"family_{family}")
+            script = "numpy_references.py" if family in NUMPY_CASES else "hf_models.py"
+            result = run_cli([os.path.join(REPO, "tests", script), family, str(folder), str(STEPS)])
+            assert result.returncode == 0, result.stderr[-3000:]
+            made[family] = folder
+        return made[family]
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_export(hf_family, tmp_path_factory):
+    """(family, variant) -> export folder. Variants: io, in_graph, dynamic (MindSpore 2.10), lite,
+    lite_dynamic (MindSpore 2.0), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks), lite_tp2
+    (MindSpore 2.0, 2 ranks as step segments)."""
+    made = {}
+
+    def get(family, variant):
+        key = (family, variant)
+        if key not in made:
+            folder = hf_family(family)
+            out = str(folder / f"export_{variant}")
+            if variant == "mindformers":
+                cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
+            else:
+                kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
+                            "lite_tp2": "dynamic"}.get(variant, "io")
+                cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
+                       "kv_cache": kv_cache, "output_dir": out}
+                if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
+                    cfg["model"] = json.loads((folder / "model.json").read_text())
+                    cfg["load_checkpoint"] = mindformers_ckpt(folder)
+                if variant == "tp2":
+                    cfg["parallel"] = {"model_parallel": 2}
+                if variant == "lite_tp2":     # each rank's step as segments, reduced on the host
+                    cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
+                if variant == "lite_dynamic":
+                    cfg["lite_ms"] = True
+            python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
+            made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
+        return made[key]
+    return get

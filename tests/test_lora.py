@@ -11,7 +11,7 @@ import pytest
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 from parity_runner import greedy_prompts
-from test_families import check_parity
+from family_cases import check_parity
 from tiny_models import error_lines, REPO, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 STEPS = 32

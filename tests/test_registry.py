@@ -10,7 +10,7 @@ from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES, get_family
 from hf_models import BUILDERS
 from numpy_references import CASES as NUMPY_CASES
-from test_families import FAMILIES as PARITY_TESTED
+from family_cases import FAMILIES as PARITY_TESTED
 from tiny_models import KNOWN_FAMILIES
 
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from test_families import check_parity
+from family_cases import check_parity
 from test_distributed import rank_table
 from tiny_models import VENV_MS20_PYTHON, REPO, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 

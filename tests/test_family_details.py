@@ -1,0 +1,413 @@
+"""Each family's own settings, tokenizers and refusals (the shared parity matrix is
+tests/test_families.py): config.json switches, other Hugging Face layouts of a family, prompt formats,
+MindFormers names, and what a family refuses, each in one line."""
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from lite_runtime.backends import load_session
+from lite_runtime.contract.manifest import load_manifest
+from family_cases import BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, reference
+from parity_runner import greedy_prompts
+from tiny_models import VENV_MS20_PYTHON, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
+
+
+def test_internlm_config_json_bias_and_dynamic_rotary():
+    """config.json `bias: false` (InternLM-20B) drops the q, k, v, o biases; `rotary.type: dynamic` is
+    plain rotary with `rotary.base` up to max_position_embeddings, so longer exports are refused."""
+    from exporter.families import family_by_hf_type
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    hf = {"model_type": "internlm", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 64, "bias": False,
+          "rotary": {"base": 20000, "type": "dynamic"}}
+    family = family_by_hf_type("internlm", "config.json")
+    cfg = family.config(family.from_hf(hf, "config.json"), "export.yaml")
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.rope_theta) == (False, False, 20000)
+    cfg.check_seq_length(64)
+    with pytest.raises(ConfigError, match="seq_length 65 exceeds 64"):
+        cfg.check_seq_length(65)
+    cfg = family.config(family.from_hf(dict(hf, bias=True, rotary={"base": 10000, "type": "origin"}), "c"), "e")
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.seq_length_limit) == (True, True, None)
+    with pytest.raises(UnsupportedError, match="rotary type 'linear'"):
+        family.from_hf(dict(hf, rotary={"base": 10000, "type": "linear"}), "config.json")
+
+
+def test_baichuan2_shape_from_config_json_or_model_positions():
+    """Rotary when config.json has max_position_embeddings (the 7B configuration), ALiBi when it has
+    model_max_length only (the 13B one); `model.positions` overrides; Baichuan-7B v1 is refused."""
+    from exporter.families import family_by_hf_type, family_by_name
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    hf = {"model_type": "baichuan", "vocab_size": 320, "hidden_size": 48, "num_hidden_layers": 2,
+          "num_attention_heads": 6, "intermediate_size": 96, "model_max_length": 64}
+    family = family_by_hf_type("baichuan", "config.json")
+    shape = lambda sizes: (lambda c: (c.positions, c.alibi))(family.config(sizes, "export.yaml"))  # noqa: E731
+    assert shape(family.from_hf(hf, "config.json")) == ("none", True)
+    assert shape(family.from_hf(dict(hf, max_position_embeddings=64), "config.json")) == ("rotary", False)
+    assert shape(dict(family.from_hf(hf, "config.json"), positions="rotary")) == ("rotary", False)
+    with pytest.raises(ConfigError, match="model.positions 'learned' is not allowed for baichuan2; "
+                                          "allowed: rotary, alibi"):
+        family.config(dict(family.from_hf(hf, "config.json"), positions="learned"), "export.yaml")
+    with pytest.raises(ConfigError, match="model.positions is not read for a llama model"):
+        family_by_name("llama", "x").config(dict(family.from_hf(hf, "c"), positions="alibi"), "export.yaml")
+    with pytest.raises(UnsupportedError, match="'BaiChuanForCausalLM'"):
+        family.from_hf(dict(hf, architectures=["BaiChuanForCausalLM"]), "config.json")
+
+
+def test_qwen_config_json_switches():
+    """Qwen v1: the MLP is half of config.json's intermediate_size; use_dynamic_ntk / use_logn_attn
+    (on by default upstream) limit seq_length to config.json's seq_length, naming the switch; what
+    changes the math otherwise is refused by name. Qwen2: sliding window and rope scaling refused.
+    MindFormers: the rotary base is `theta` (QwenConfig is a LlamaConfig), not `rotary_emb_base`."""
+    from exporter.families import family_by_hf_type, family_by_mindformers_type
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    hf = {"model_type": "qwen", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "kv_channels": 16, "intermediate_size": 192, "layer_norm_epsilon": 1e-6,
+          "rotary_emb_base": 20000, "rotary_pct": 1.0, "seq_length": 64, "use_dynamic_ntk": True,
+          "use_logn_attn": True}
+    family = family_by_hf_type("qwen", "config.json")
+    cfg = family.config(family.from_hf(hf, "config.json"), "export.yaml")
+    assert (cfg.intermediate_size, cfg.rope_theta, cfg.qkv_bias, cfg.o_bias) == (96, 20000, True, False)
+    cfg.check_seq_length(64)
+    with pytest.raises(ConfigError, match=r"seq_length 65 exceeds 64, past which use_dynamic_ntk and "
+                                          r"use_logn_attn \(on in config.json\) change the attention"):
+        cfg.check_seq_length(65)
+    logn_only = family.config(family.from_hf(dict(hf, use_dynamic_ntk=False), "config.json"), "e")
+    with pytest.raises(ConfigError, match=r"past which use_logn_attn \(on in config.json\) changes"):
+        logn_only.check_seq_length(65)
+    off = {k: v for k, v in hf.items() if k not in ("use_dynamic_ntk", "use_logn_attn")}
+    assert family.config(family.from_hf(off, "c"), "e").seq_length_limit == 64      # upstream's default: on
+    off.update(use_dynamic_ntk=False, use_logn_attn=False)
+    assert family.config(family.from_hf(off, "c"), "e").seq_length_limit is None
+    with pytest.raises(UnsupportedError, match="use_dynamic_ntk and use_logn_attn need seq_length"):
+        family.from_hf({k: v for k, v in hf.items() if k != "seq_length"}, "config.json")
+    for bad, pattern in [({"rotary_pct": 0.5}, "rotary_pct 0.5"), ({"no_bias": False}, "no_bias false"),
+                         ({"rope_scaling": {"type": "dynamic"}}, "rope scaling"),
+                         ({"use_cache_quantization": True}, "use_cache_quantization True"),
+                         ({"kv_channels": 32}, "kv_channels 32")]:
+        with pytest.raises(UnsupportedError, match=pattern):
+            family.from_hf(dict(hf, **bad), "config.json")
+    qwen2 = {"model_type": "qwen2", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "rope_theta": 1e6,
+             "use_sliding_window": False, "sliding_window": 32}
+    cfg = family.config(family.from_hf(qwen2, "config.json"), "e")
+    assert (cfg.n_kv_heads, cfg.intermediate_size, cfg.rope_theta, cfg.seq_length_limit) == (2, 96, 1e6, None)
+    for bad, pattern in [({"use_sliding_window": True}, "use_sliding_window True"),
+                         ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope scaling")]:
+        with pytest.raises(UnsupportedError, match=pattern):
+            family.from_hf(dict(qwen2, **bad), "config.json")
+    mf = family_by_mindformers_type("QwenForCausalLM", "run.yaml")
+    mc = {"vocab_size": 320, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 96,
+          "kv_channels": 16, "rotary_pct": 1.0, "rotary_emb_base": 10000}
+    assert "rope_theta" not in mf.from_mindformers(mc, "run.yaml")                 # LlamaConfig's 10000
+    assert mf.from_mindformers(dict(mc, theta=50000.0), "run.yaml")["rope_theta"] == 50000.0
+    with pytest.raises(UnsupportedError, match="rotary_pct 0.5"):
+        mf.from_mindformers(dict(mc, rotary_pct=0.5), "run.yaml")
+
+
+@pytest.mark.parametrize("family, layout", [("glm2", "hf_glm"), ("qwen", "hf_qwen2")])
+def test_other_hf_layout_of_a_family_is_the_same_model(hf_family, family, layout, tmp_path):
+    """transformers' own folder (GlmForCausalLM, Qwen2ForCausalLM names and config) exports the network
+    the remote-code folder of the family does."""
+    folder = hf_family(family)
+    prompts, ref_logits, ref_tokens = reference(folder)
+    cfg = {"model": {"hf_dir": str(folder / layout)}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
+           "output_dir": str(tmp_path / "export")}
+    export = export_in_subprocess(write_yaml(str(tmp_path / "layout.yaml"), cfg))
+    logits, tokens = greedy_prompts(load_session("ms", load_manifest(export)), prompts, STEPS)
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} from {layout}")
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_chatglm_prompt_prefix_role_tokens_and_stop_ids(hf_family, family_export, backend):
+    """A ChatGLM3 export encodes text as [gMASK] sop + the sentencepiece ids, role tokens as single ids
+    after the model's pieces, stops at eos, <|user|> and <|observation|> (generation_config.json), and
+    run_infer_main.py continues the prompt with what greedy decoding of those ids gives."""
+    import sentencepiece as spm
+    folder = hf_family("glm2")
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "hf" / "tokenizer.model"))
+    n = sp.get_piece_size()
+    gmask, sop, user, observation = n + 1, n + 3, n + 6, n + 8    # ChatGLM's order of special tokens
+    manifest = load_manifest(family_export("glm2", "io"))
+    tok = manifest.load_tokenizer()
+    prompt = "An increasing sequence: one, two,"
+    ids = [gmask, sop] + sp.encode(prompt)
+    assert tok.encode(prompt, add_special_tokens=True) == ids and tok.encode(prompt) == ids[2:]
+    assert tok.encode("<|user|>one<|observation|>") == [user] + sp.encode("one") + [observation]
+    assert manifest.eos_token_id == [2, user, observation]
+    new = 8
+    _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
+    expected = tokens[0][:new].tolist()
+    stops = [i for i, t in enumerate(expected) if t in (2, user, observation)]
+    expected = expected[:stops[0]] if stops else expected
+    export = family_export("glm2", "lite" if backend == "mslite" else "io")
+    result = run_cli(["run_infer_main.py", "--model_dir", export, "--backend", backend, "--model_name", "glm3_6b",
+                      "--predict_data", prompt, "--max_new_tokens", str(new)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    # the other special ids ([MASK] ... sop, eop) are skipped in the text, as ChatGLM's decode(skip_special_tokens)
+    assert result.stdout.splitlines()[0] == prompt + sp.decode([t for t in expected if t < n])
+
+
+def test_glm2_refuses_what_it_does_not_compute():
+    """ChatGLM-6B (v1) folders, settings that change ChatGLM2's math, rearranged-rope MindFormers
+    checkpoints and other rotary fractions are refused by name; ChatGLM's rope_ratio scales the base."""
+    from exporter.families import family_by_hf_type
+    from lite_runtime.contract.errors import UnsupportedError
+    family = family_by_hf_type("chatglm", "config.json")
+    hf = {"model_type": "chatglm", "padded_vocab_size": 336, "hidden_size": 64, "num_layers": 2,
+          "num_attention_heads": 4, "kv_channels": 16, "ffn_hidden_size": 96, "multi_query_attention": True,
+          "multi_query_group_num": 2, "rope_ratio": 50}
+    cfg = family.config(family.from_hf(hf, "config.json"), "export.yaml")
+    assert (cfg.n_kv_heads, cfg.rope_theta, cfg.rotary_dim) == (2, 500000.0, 8)
+    assert family.config(family.from_hf(dict(hf, multi_query_attention=False), "c"), "e").n_kv_heads == 4
+    for bad, match in [({"position_encoding_2d": True}, "ChatGLM-6B \\(v1\\)"),
+                       ({"add_bias_linear": True}, "add_bias_linear True"), ({"pre_seq_len": 8}, "pre_seq_len 8"),
+                       ({"kv_channels": 32}, "kv_channels 32")]:
+        with pytest.raises(UnsupportedError, match=match):
+            family.from_hf(dict(hf, **bad), "config.json")
+    with pytest.raises(UnsupportedError, match="use_rearrange_rope True"):
+        family.from_mindformers({"num_attention_heads": 4, "use_rearrange_rope": True}, "run.yaml")
+    glm = family_by_hf_type("glm", "config.json")
+    with pytest.raises(UnsupportedError, match="partial_rotary_factor 1.0"):
+        glm.from_hf({"model_type": "glm", "hidden_size": 64, "num_attention_heads": 4,
+                     "partial_rotary_factor": 1.0}, "config.json")
+
+
+def pangu_encode(sp, text):
+    """MindFormers' PanguAlphaTokenizer on `text`, written here from its description: jieba words,
+    spaces and newlines inside them as U+2582 / U+2583, joined by spaces, then sentencepiece."""
+    import jieba
+    marks = str.maketrans(" \n", "\u2582\u2583")
+    return sp.encode(" ".join(word.translate(marks) for word in jieba.cut(text, cut_all=False)))
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_pangualpha_text_generation_with_vocab_model(hf_family, family_export, backend):
+    """run_infer_main.py --model_name pangualpha_2_6b on MindFormers' couplet prompt: the shipped
+    vocab.model encodes it as upstream's tokenizer does (jieba, then sentencepiece), greedy decoding
+    continues those ids until <eot>, and the text is upstream's decode of them (spaces dropped)."""
+    import sentencepiece as spm
+    folder = hf_family("pangualpha")
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
+    manifest = load_manifest(family_export("pangualpha", "io"))
+    assert manifest.tokenizer == "vocab.model" and manifest.eos_token_id == [sp.piece_to_id("<eot>")]
+    prompt, new = "上联：欢天喜地度佳节 下联：", 12
+    ids = pangu_encode(sp, prompt)
+    assert manifest.load_tokenizer().encode(prompt) == ids
+    _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
+    expected = tokens[0][:new].tolist()
+    stops = [i for i, t in enumerate(expected) if t in manifest.eos_token_id]
+    expected = expected[:stops[0]] if stops else expected
+    specials = {sp.piece_to_id(t) for t in ("<eod>", "<pad>")} | {sp.unk_id(), sp.bos_id(), sp.eos_id()}
+    text = sp.decode([t for t in expected if t not in specials]).replace(" ", "")
+    text = text.replace("\u2582", " ").replace("\u2583", "\n")
+    export = family_export("pangualpha", "lite" if backend == "mslite" else "io")
+    result = run_cli(["run_infer_main.py", "--model_dir", export, "--backend", backend, "--model_name",
+                      "pangualpha_2_6b", "--predict_data", prompt, "--max_new_tokens", str(new)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == prompt + text
+
+
+def test_pangualpha_refuses_the_segment_form(hf_family, tmp_path):
+    """Lite TP as segments (`collectives: host`) has no place for the top query layer: refused in one line."""
+    folder = hf_family("pangualpha")
+    cfg = {"model": json.loads((folder / "model.json").read_text()), "load_checkpoint": mindformers_ckpt(folder),
+           "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "dynamic", "output_dir": str(tmp_path / "out"),
+           "parallel": {"model_parallel": 2, "collectives": "host"}}
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "tp2.yaml"), cfg)])
+    assert result.returncode != 0 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
+    assert "parallel.collectives: host is not supported for the pangualpha family" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_pangualpha_mindformers_names_and_settings():
+    """The three tables also under the names upstream's convert_weight.py saves them with; run yaml
+    settings that change the network (another activation, post-layernorm residuals, MoE) refused by name;
+    num_layers counts the top query layer, seq_length sizes both position tables."""
+    from exporter.families import family_by_mindformers_type
+    from lite_runtime.contract.errors import UnsupportedError
+    family = family_by_mindformers_type("PanguAlphaHeadModel", "run.yaml")
+    mc = {"vocab_size": 320, "hidden_size": 64, "ffn_hidden_size": 96, "num_layers": 3, "num_heads": 4,
+          "seq_length": 48}
+    cfg = family.config(family.from_mindformers(mc, "run.yaml"), "run.yaml")
+    assert (cfg.num_layers, cfg.num_blocks, cfg.max_position_embeddings, cfg.intermediate_size, cfg.mlp) == \
+        (3, 2, 48, 96, "fast_gelu")
+    tables = {"backbone.embedding.word_embedding.embedding_table": "word_embedding_table",
+              "backbone.embedding.position_embedding.embedding_table": "position_embedding_table",
+              "backbone.top_query_embedding.embedding_table": "query_embedding_table"}
+    rng = np.random.default_rng(0)
+    named = {k: rng.standard_normal((4, 3)).astype(np.float32) for k in tables}
+    plan = family.mindformers_weights
+    got = plan.apply(named, cfg, "a.ckpt", family.name)
+    assert sorted(got) == ["embed.weight", "pos_embed.weight", "top_query.query_embed.weight"]
+    converted = plan.apply({tables[k]: v for k, v in named.items()}, cfg, "b.ckpt", family.name)
+    assert all(np.array_equal(got[k], converted[k]) for k in got)
+    for bad, match in [({"hidden_act": "gelu"}, "hidden_act 'gelu'"), ({"use_moe": True}, "use_moe True"),
+                       ({"post_layernorm_residual": True}, "post_layernorm_residual True")]:
+        with pytest.raises(UnsupportedError, match=match):
+            family.from_mindformers(dict(mc, **bad), "run.yaml")
+
+
+def test_glm_prefix_attention_and_block_positions_change_the_output(hf_family, family_export):
+    """GLM's prompts are ones where a causal prompt or block positions off by one change the logits far
+    beyond the tolerance (numpy reference variants), and the export's graphs take their row inputs
+    from the feed builder: wrong ones give other logits, the right ones the reference's."""
+    import numpy_references as nr
+    from lite_runtime.decode.inputs import InputOfInfer
+    folder = hf_family("glm")
+    prompts, ref_logits, _ = reference(folder)
+    weights = {k: v.astype(np.float64) for k, v in nr.glm_weights(nr.GLM, np.random.default_rng(0)).items()}
+    for i, prompt in enumerate(prompts):
+        right = nr.glm_logits(weights, nr.GLM, prompt, len(prompt))
+        assert np.abs(right - ref_logits[i, 0]).max() <= 1e-5
+        for wrong in ({"causal": True}, {"block_shift": 1}):
+            assert np.abs(nr.glm_logits(weights, nr.GLM, prompt, len(prompt), **wrong) - right).max() > 100 * TOLERANCE
+    manifest = load_manifest(family_export("glm", "io"))
+    session = load_session("ms", manifest)
+    feeds = InputOfInfer.get_inputs("glm_6b", manifest)
+    ids = np.zeros((BATCH, SEQ), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = p
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    inputs = feeds.prefill_inputs(ids, lengths)
+    np.testing.assert_array_equal(inputs[2], [len(p) - 1 for p in prompts])      # <sop> ends every prompt
+    np.testing.assert_array_equal(inputs[3], [len(prompts[0]) - 2, len(prompts[1]) - 2, 3])
+    assert np.abs(session.prefill(*inputs) - ref_logits[:, 0]).max() <= TOLERANCE
+    for row_input in (2, 3):
+        shifted = list(inputs)
+        shifted[row_input] = inputs[row_input] - 1
+        assert np.abs(session.prefill(*shifted) - ref_logits[:, 0]).max() > 100 * TOLERANCE
+
+
+def test_glm_refuses_the_segment_form(hf_family, tmp_path):
+    """Lite TP as segments (`collectives: host`) has no place for GLM's row inputs: refused in one line."""
+    folder = hf_family("glm")
+    cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "dynamic",
+           "output_dir": str(tmp_path / "out"), "parallel": {"model_parallel": 2, "collectives": "host"}}
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "tp2.yaml"), cfg)])
+    assert result.returncode != 0 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
+    assert "parallel.collectives: host is not supported for the glm family" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_glm_config_routing_and_settings(tmp_path):
+    """`model_type: chatglm` folders with position_encoding_2d are GLM v1's, the others ChatGLM2/3's;
+    the MindFormers run yaml's ids and sizes are read, settings that change the network refused by name."""
+    from exporter.families import family_by_hf_type, family_by_mindformers_type
+    from lite_runtime.contract.errors import ConfigError, UnsupportedError
+    v1 = {"model_type": "chatglm", "vocab_size": 320, "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
+          "inner_hidden_size": 96, "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "mask_token_id": 300,
+          "gmask_token_id": 301}
+    v2 = {"model_type": "chatglm", "padded_vocab_size": 336, "hidden_size": 64, "num_layers": 2,
+          "num_attention_heads": 4, "kv_channels": 16, "ffn_hidden_size": 96, "multi_query_group_num": 2}
+    assert family_by_hf_type("chatglm", "c", v1).name == "glm" and family_by_hf_type("chatglm", "c", v2).name == "glm2"
+    glm = family_by_hf_type("chatglm", "c", v1)
+    cfg = glm.config(glm.from_hf(v1, "config.json"), "e")
+    assert (cfg.positions, cfg.rotary_dim, cfg.prefix_attention, cfg.deepnorm, cfg.deepnorm_alpha, cfg.mlp) == \
+        ("rotary_2d", 8, True, True, 2.0, "gelu_tanh")
+    assert (cfg.mask_token_id, cfg.gmask_token_id, cfg.intermediate_size, cfg.row_inputs) == (300, 301, 96, 2)
+    for bad, match in [({"quantization_bit": 4}, "quantization_bit 4"), ({"pre_seq_len": 8}, "pre_seq_len 8")]:
+        with pytest.raises(UnsupportedError, match=match):
+            glm.from_hf(dict(v1, **bad), "config.json")
+    mf = family_by_mindformers_type("GLMChatModel", "run.yaml")
+    assert mf is glm and family_by_mindformers_type("GLMForPreTraining", "run.yaml") is glm
+    mc = {"vocab_size": 130528, "hidden_size": 4096, "num_layers": 28, "num_heads": 32, "inner_hidden_size": 16384,
+          "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "activation_func": "GELU", "mask_token_id": 130000,
+          "gmask_token_id": 130001, "hidden_size_per_attention_head": None}
+    cfg = mf.config(mf.from_mindformers(mc, "run.yaml"), "run.yaml")
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.mask_token_id, cfg.gmask_token_id) == (128, 16384, 130000, 130001)
+    for bad, match in [({"position_encoding_2d": False}, "position_encoding_2d False"),
+                       ({"activation_func": "GEGLU"}, "activation_func 'GEGLU'"),
+                       ({"layernorm_order": "sandwich"}, "layernorm_order 'sandwich'"),
+                       ({"hidden_size_per_attention_head": 64}, "hidden_size_per_attention_head 64")]:
+        with pytest.raises(UnsupportedError, match=match):
+            mf.from_mindformers(dict(mc, **bad), "run.yaml")
+    from exporter.model_source import _tokenizer_in
+    (tmp_path / "ice_text.model").write_bytes(b"")          # a ChatGLM-6B folder's tokenizer is found
+    assert _tokenizer_in(str(tmp_path)) == str(tmp_path / "ice_text.model")
+    with pytest.raises(ConfigError, match="mask_token_id / gmask_token_id come with 2-D positions"):
+        family_by_hf_type("llama", "c").config({"vocab_size": 8, "hidden_size": 8, "num_layers": 1, "n_heads": 2,
+                                                "mask_token_id": 5}, "e")
+
+
+@pytest.fixture(scope="module")
+def glm_6b_export(tmp_path_factory):
+    """backend -> export of a tiny GLM with ChatGLM-6B's vocabulary (130528 rows) and its ice_text.model
+    (tests/test_tokenizer_chatglm6b.py's released layout), from a MindFormers .ckpt and a
+    run_glm_6b_infer.yaml-style run yaml whose processor names the vocab file."""
+    import numpy_references as nr
+    from test_tokenizer_chatglm6b import trained_model, with_glm_layout
+    folder = tmp_path_factory.mktemp("glm_6b")
+    (folder / "ice_text.model").write_bytes(with_glm_layout(trained_model()))
+    cfg = dict(vocab_size=130528, hidden_size=16, inner_hidden_size=32, num_layers=1, num_attention_heads=2)
+    weights = nr.glm_weights(cfg, np.random.default_rng(1))
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "ice_text.model"))
+    text_pieces = next(i for i in range(sp.get_piece_size()) if sp.id_to_piece(i).startswith("<filler_"))
+    weights["lm_head.weight"][text_pieces:] = 0.0      # fillers, specials, bytes: the trained pieces win the argmax
+    ckpt = save_ckpt(nr.glm_mindformers_names(weights), str(folder / "glm_6b.ckpt"))
+    mc = dict(type="GLMConfig", vocab_size=130528, hidden_size=16, num_layers=1, num_heads=2, inner_hidden_size=32,
+              seq_length=SEQ, batch_size=1, layernorm_order="post", layernorm_epsilon=1e-5, use_final_layernorm=True,
+              use_past=True, activation_func="GELU", position_encoding_2d=True, compute_dtype="float32",
+              bos_token_id=130004, eos_token_id=130005, mask_token_id=130000, gmask_token_id=130001, pad_token_id=3)
+    made = {}
+
+    def get(backend):
+        if backend not in made:
+            out = str(folder / f"export_{backend}")
+            run = {"model": {"model_config": mc, "arch": {"type": "GLMChatModel"}},
+                   "processor": {"tokenizer": {"type": "ChatGLMTokenizer", "vocab_file": str(folder / "ice_text.model")},
+                                 "type": "GLMProcessor"},
+                   "load_checkpoint": ckpt, "output_dir": out}
+            python = str(VENV_MS20_PYTHON) if backend == "mslite" else sys.executable
+            made[backend] = export_in_subprocess(write_yaml(str(folder / f"{backend}.yaml"), run), python=python)
+        return made[backend]
+    return folder, get
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_glm_6b_text_generation_with_ice_text_model(glm_6b_export, backend):
+    """run_infer_main.py --model_name glm_6b on MindFormers' example question: the shipped ice_text.model
+    encodes it as upstream's ChatGLMTokenizer does (sentencepiece ids, then [gMASK] <sop>), greedy
+    decoding continues those ids, and the text is upstream's decode of them."""
+    import sentencepiece as spm
+    from test_tokenizer_chatglm6b import upstream_ids, upstream_text
+    folder, export = glm_6b_export
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "ice_text.model"))
+    manifest = load_manifest(export("ms"))
+    assert manifest.family == "glm" and manifest.tokenizer == "ice_text.model" and manifest.eos_token_id == [130005]
+    prompt, new = "中国的首都是哪个城市？", 8
+    ids = upstream_ids(sp, prompt) + [130001, 130004]
+    assert manifest.load_tokenizer().encode(prompt, add_special_tokens=True) == ids
+    _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
+    expected = tokens[0][:new].tolist()
+    stops = [i for i, t in enumerate(expected) if t in manifest.eos_token_id]
+    expected = expected[:stops[0]] if stops else expected
+    result = run_cli(["run_infer_main.py", "--model_dir", export(backend), "--backend", backend, "--model_name",
+                      "glm_6b", "--predict_data", prompt, "--max_new_tokens", str(new)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == prompt + upstream_text(sp, expected)
+
+
+@pytest.mark.parametrize("kv_mode", ["io", "dynamic"])
+def test_glm_decode_loop_with_padding_rows_and_two_batches(hf_family, family_export, kv_mode):
+    """The runtime's decode loop (generate_batches, the feed builder made from the manifest): 4 prompts
+    on a batch of 3 (the second batch padded with inert rows, which have no <sop>) give the reference's
+    greedy tokens, up to the first <eop>."""
+    from lite_runtime.decode.generation import generate_batches
+    from lite_runtime.decode.inputs import GlmInputsOfInfer, InputOfInfer
+    folder = hf_family("glm")
+    prompts, _, ref_tokens = reference(folder)
+    manifest = load_manifest(family_export("glm", kv_mode))
+    inputs = InputOfInfer.get_inputs("chatglm_6b", manifest)
+    assert isinstance(inputs, GlmInputsOfInfer) and (inputs.mask, inputs.gmask, inputs.sop) == (300, 301, 304)
+    eos = manifest.eos_token_id
+    assert eos == [305]
+    rows = [0, 1, 2, 0]
+    got = generate_batches(load_session("ms", manifest), inputs, [prompts[r] for r in rows], [STEPS + 1] * 4, eos,
+                           manifest.pad_token_id, lambda logits, ids, lengths: logits.argmax(-1))
+    for row, tokens in zip(rows, got):
+        want = ref_tokens[row].tolist()
+        stop = [i for i, t in enumerate(want) if t in eos]
+        assert tokens == (want[:stop[0] + 1] if stop else want)
