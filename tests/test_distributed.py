@@ -313,6 +313,11 @@ def test_pipeline_data_parallel_needs_the_launcher_and_a_single_rank_export(tp_s
     _, exports, _ = tp_setup
     with pytest.raises(ConfigError, match="needs a script started on 2 ranks by the launcher.*RANK_SIZE is not set"):
         pipeline("text_generation", model=exports["single"], backend="ms", data_parallel=2)
+    with pytest.raises(ConfigError, match="data_parallel must be a positive integer, got 0"):
+        pipeline("text_generation", model=exports["single"], backend="ms", data_parallel=0)
+    monkeypatch.setenv("RANK_SIZE", "3")
+    with pytest.raises(ConfigError, match="needs a script started on 2 ranks.*RANK_SIZE '3'"):
+        pipeline("text_generation", model=exports["single"], backend="ms", data_parallel=2)
     monkeypatch.setenv("RANK_SIZE", "2")
     with pytest.raises(ConfigError, match="an export of 2 ranks.*model_parallel 1"):
         pipeline("text_generation", model=exports["full"], backend="ms", data_parallel=2)

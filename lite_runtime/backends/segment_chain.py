@@ -56,7 +56,7 @@ class SegmentChain:
             x += self._all_reduce(part)
         (part,) = self.models["head"].predict()
         start = time.perf_counter()
-        logits = self.collectives.all_gather_last(part, self._gathered)
+        logits = self.collectives.all_gather_last(part, self._gathered, self._logits)
         self.collective_seconds += time.perf_counter() - start
         return [logits] + new_kv
 
@@ -73,6 +73,7 @@ class SegmentChain:
         self._reduced = np.zeros_like(self._state[0])
         logits_part = specs["head"][1][0].shape
         self._gathered = np.zeros((self.manifest.world_size,) + logits_part, np.float32)
+        self._logits = np.zeros((logits_part[0], self.dims.vocab_size), np.float32)   # reused by every call
         self._caches = list(caches)
         for name in self.names:
             inputs, outputs = specs[name]

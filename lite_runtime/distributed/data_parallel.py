@@ -25,10 +25,10 @@ def split_in_order(items: list, groups: int) -> List[list]:
 class DataParallelGroup:
     def __init__(self, data_parallel: int, export_ranks: int, where: str):
         size = os.environ.get("RANK_SIZE")
-        if size is None or int(size) != data_parallel:
+        if size is None or size.strip() != str(data_parallel):
             raise ConfigError(f"data_parallel {data_parallel} needs a script started on {data_parallel} ranks by the "
                               "launcher (python -m lite_runtime.distributed.launch --rank_table FILE -- script.py); "
-                              + ("RANK_SIZE is not set" if size is None else f"this run has {size} ranks"))
+                              + ("RANK_SIZE is not set" if size is None else f"this run has RANK_SIZE {size!r}"))
         if export_ranks > 1:
             raise ConfigError(f"data_parallel {data_parallel} with {where}, an export of {export_ranks} ranks: data "
                               "parallel runs replicas of a single-rank export; export with model_parallel 1")

@@ -59,11 +59,12 @@ class HostCollectives:
         self.comm.Allreduce(part, out)
         return out
 
-    def all_gather_last(self, part: np.ndarray, gathered: np.ndarray) -> np.ndarray:
-        """(B, V/N) on each rank -> (B, V), rank r's part at columns r·V/N ...; `gathered` (N, B, V/N)
-        is the receive buffer."""
+    def all_gather_last(self, part: np.ndarray, gathered: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """(B, V/N) on each rank -> `out` (B, V), rank r's part at columns r·V/N ...; `gathered`
+        (N, B, V/N) is the receive buffer."""
         self.comm.Allgather(part, gathered)
-        return np.ascontiguousarray(np.moveaxis(gathered, 0, 1)).reshape(part.shape[0], -1)
+        np.copyto(out.reshape(part.shape[0], len(gathered), -1), np.moveaxis(gathered, 0, 1))
+        return out
 
     def close(self) -> None:
         comm, self.comm = getattr(self, "comm", None), None

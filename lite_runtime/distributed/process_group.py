@@ -62,16 +62,15 @@ _MPI_EXIT = re.compile(r"TERMINATED WITH THE EXIT STRING: (.+)")   # mpiexec's a
 
 
 def _error_line(path: str) -> str:
-    """The most telling line of a failed rank's log: its `error:` line, mpiexec's account of how the
-    rank's process ended, else the last line."""
+    """The most telling line of a failed rank's log: its `error:` line or exception, else mpiexec's
+    account of how the rank's process ended (a rank of a segment export), else the last line."""
     text = tail(path, 200).splitlines()
-    for line in text:
-        found = _MPI_EXIT.search(line)
-        if found and not any(l.startswith("error:") for l in text):
-            return f"its process ended: {found.group(1).strip()}"
     for line in reversed(text):
         if line.startswith("error:") or "Error" in line:
             return line.strip()
+    ended = next((m.group(1).strip() for m in map(_MPI_EXIT.search, text) if m), None)
+    if ended:
+        return f"its process ended: {ended}"
     return text[-1].strip() if text else "(no output)"
 
 
