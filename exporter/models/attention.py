@@ -75,10 +75,9 @@ class ScoreBias(nn.Cell):
         (B, 1, group*S, S)."""
         key = self.reshape(self.key_pos, (1, -1))
         later = self.cast(self.greater(key, self.query_pos), ms.float32)
-        if context is not None:
-            outside = self.cast(self.greater_equal(self.key_pos, self.reshape(self.cast(context, ms.float32),
-                                                                               (-1, 1, 1, 1))), ms.float32)
-            return later * outside * NEG
+        if context is not None:     # as dynamic_new: masked only if also outside the prompt's context
+            context = self.reshape(self.cast(context, ms.float32), (-1, 1, 1, 1))
+            later = later * self.cast(self.greater_equal(self.key_pos, context), ms.float32)
         bias = later * NEG
         if self.alibi:
             bias = bias + self.slopes_prefill * self.key_pos
