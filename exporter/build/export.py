@@ -67,17 +67,16 @@ def export(config: ExportConfig) -> str:
 
 
 def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
-    """Every rank's graphs into `tmp`: in this process for one rank, in a launched job for more."""
+    """Every rank's graphs into `tmp`, rank after rank in this process (no distributed job: the
+    collectives of rank graphs are built without a communication group, see `exporter.models.linear.world_group`)."""
     if config.parallel.collectives == "host":
         if source.slora:
             raise ConfigError(f"{config.source}: SLoRA adapters (pet_type: slora) with parallel.collectives: host "
                               "are not supported yet; use collectives: graph (backend ms) or model_parallel 1")
         trace_segments(config, source, tmp)
-    elif config.world_size > 1:
-        from exporter.build.distributed import trace_distributed
-        trace_distributed(config, tmp)
-    else:
-        trace_rank(config, source, 0, tmp)
+        return
+    for rank in range(config.world_size):
+        trace_rank(config, source, rank, tmp)
 
 
 def _lite_converter(config: ExportConfig):

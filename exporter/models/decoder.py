@@ -88,7 +88,8 @@ class CausalLM(nn.Cell):
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=dynamic)
         self.head_matmul = ops.MatMul(transpose_b=True)
-        self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1)
+        self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
+                                                     cfg.vocab_size // ctx.world_size)
         self.bias = ScoreBias(cfg, ctx)
         cos, sin = rotary_tables(ctx.seq, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rotary_interleaved,
                                  cfg.rotary_fp16_tables)

@@ -104,6 +104,16 @@ class Embedding(nn.Cell):
         return self.gather(self.weight, ids, self.axis)
 
 
+def world_group() -> str:
+    """The communication group the collectives of rank graphs name. Rank graphs are traced rank after
+    rank in one process, with no communication initialised (MindSpore builds AllReduce without it):
+    MindSpore 2.0 exports are Lite's, which runs collectives only on Ascend under GE (HCCL's world
+    group); later versions' are the `ms` backend's, which runs them on CPU with MindSpore's own
+    collective library (MCCL's world group)."""
+    import mindspore
+    return "hccl_world_group" if mindspore.__version__.startswith("2.0.") else "mccl_world_group"
+
+
 class Collective:
     """The one place collectives enter the model; identity cells for a single rank."""
 
@@ -112,34 +122,32 @@ class Collective:
         return _AllReduce() if world_size > 1 else nn.Identity()
 
     @staticmethod
-    def gather_last_dim(world_size: int) -> nn.Cell:
-        return _GatherLastDim(world_size) if world_size > 1 else nn.Identity()
+    def gather_last_dim(world_size: int, rank: int, part: int) -> nn.Cell:
+        """(B, part) on each rank -> (B, world_size * part), rank r's columns at r * part."""
+        return _GatherLastDim(world_size, rank, part) if world_size > 1 else nn.Identity()
 
 
 class _AllReduce(nn.Cell):
     def __init__(self):
         super().__init__()
-        self.op = ops.AllReduce()
+        self.op = ops.AllReduce(group=world_group())
 
     def construct(self, x):
         return self.op(x)
 
 
 class _GatherLastDim(nn.Cell):
-    """(B, V/N) on each rank -> (B, V): AllGather stacks along dim 0, so reorder afterwards."""
+    """(B, V/N) on each rank -> (B, V): the rank's columns placed at its offset in zeros, then summed
+    over the ranks. An all-reduce rather than AllGather, whose construction needs an initialised
+    communication group; the extra (N-1)/N of B x V floats per step is small beside the weights."""
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, rank: int, part: int):
         super().__init__()
-        self.world_size = world_size
-        self.op = ops.AllGather()
-        self.reshape = ops.Reshape()
-        self.transpose = ops.Transpose()
-        self.shape = ops.Shape()
+        self.pad = ops.Pad(((0, 0), (rank * part, (world_size - 1 - rank) * part)))
+        self.reduce = _AllReduce()
 
     def construct(self, x):
-        batch, part = self.shape(x)
-        y = self.reshape(self.op(x), (self.world_size, batch, part))
-        return self.reshape(self.transpose(y, (1, 0, 2)), (batch, self.world_size * part))
+        return self.reduce(self.pad(x))
 
 
 def split_rules(net: nn.Cell) -> Dict[str, int]:
