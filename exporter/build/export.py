@@ -20,7 +20,7 @@ from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest,
                                            file_sha256, graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
-from exporter.build.lite_convert import convert_graphs, converter_python
+from exporter.build.lite_convert import convert_graphs, converter_python, lite_weights_name
 from exporter.build.progress import deferred_interrupts, stage
 from exporter.build.trace import graph_dims, trace_rank, trace_segments
 from exporter.model_source import ModelSource, resolve_model
@@ -101,7 +101,7 @@ def _graph_files(config: ExportConfig, source: ModelSource):
 
 def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files) -> Manifest:
     import mindspore as ms
-    from lite_runtime.contract.mindir import read_mindir_io
+    from lite_runtime.contract.mindir import external_data_files, read_mindir_io
 
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     hashes, mindir_version = {}, ""
@@ -109,15 +109,22 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     io = segment_specs(dims, config.world_size) if segmented else \
         {kind: (spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
          for kind in graph_kinds(config.kv_cache)}
-    entries = {}
+    entries, external = {}, {}
     for kind, files in _graph_files(config, source).items():
         entry = GraphEntry(files, *io[kind])
         for rel in files:
             actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))
             check_graph_inputs(actual, entry.inputs, f"exported {rel}")
-            hashes[rel] = file_sha256(os.path.join(tmp, rel))
+            data = external_data_files(os.path.join(tmp, rel))
+            if data:
+                external[rel] = [os.path.normpath(os.path.join(os.path.dirname(rel), d)) for d in data]
         for rel in lite_files.get(kind, []):
-            hashes[rel] = file_sha256(os.path.join(tmp, rel))
+            weights = lite_weights_name(rel)
+            if os.path.isfile(os.path.join(tmp, weights)):
+                external[rel] = [weights]
+        for rel in files + lite_files.get(kind, []):
+            for name in [rel] + external.get(rel, []):
+                hashes[name] = file_sha256(os.path.join(tmp, name))
         entries[kind] = entry
     # The segment form's step has no file of its own: the decode loop's contract, run as segments.
     graphs = {STEP: GraphEntry([], spec.inputs(STEP, "dynamic", dims), spec.outputs(STEP, "dynamic", dims))} \
@@ -141,7 +148,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
                         bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,
                         tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
                         tokenizer_options=source.family.tokenizer_options() if tokenizer else {},
-                        adapters=adapter_record(source), lite_files=lite_files,
+                        adapters=adapter_record(source), lite_files=lite_files, external_data=external,
                         collectives=config.parallel.collectives, segments=entries if segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config)
@@ -207,23 +214,58 @@ def _replace_dir(tmp: str, target: str) -> None:
 
 
 def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
-    """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs, each
-    with `<copy>.manifest.json` beside it: the export's manifest with paths relative to that folder
-    (the copies for their graphs, the export's files for the rest), so the runtime runs the copies
-    by their paths alone. One such file per copy, named after it: copies of several exports may
-    share a folder."""
-    copies = {}
+    """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs (with
+    their weight data files, if any), each with `<copy>.manifest.json` beside it: the export's
+    manifest with paths relative to that folder (the copies for their graphs, the export's files for
+    the rest), so the runtime runs the copies by their paths alone. One such file per copy, named
+    after it: copies of several exports may share a folder."""
+    copies, hashes = {}, {}
     for kind, dest in (("prefill", config.infer.prefill_model_path), ("increment", config.infer.increment_model_path)):
-        src = os.path.join(config.output_dir, graph_relpath(kind, 0))
+        name = graph_relpath(kind, 0)
+        src = os.path.join(config.output_dir, name)
         if dest and os.path.realpath(dest) != os.path.realpath(src):   # not the export's own graph
             os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-            tmp = dest + ".tmp"
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dest)
-            copies[kind] = dest
-    for dest in copies.values():
-        folder = os.path.dirname(os.path.abspath(dest))
-        pointer = copy_manifest(manifest, config.output_dir, copies, folder)
-        name = os.path.basename(copy_manifest_path(dest))
-        pointer.save(folder, name + ".tmp")
-        os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+            if manifest.external_data.get(name):
+                hashes[name] = _copy_split_graph(src, dest, name, copies)
+            else:
+                _link_or_copy(src, dest)
+            copies[name] = dest
+    for name in (graph_relpath(kind, 0) for kind in ("prefill", "increment")):
+        if name not in copies:
+            continue
+        folder = os.path.dirname(os.path.abspath(copies[name]))
+        pointer = copy_manifest(manifest, config.output_dir, copies, folder, hashes)
+        manifest_name = os.path.basename(copy_manifest_path(copies[name]))
+        pointer.save(folder, manifest_name + ".tmp")
+        os.replace(os.path.join(folder, manifest_name + ".tmp"), os.path.join(folder, manifest_name))
+
+
+def _copy_split_graph(src: str, dest: str, name: str, copies: dict) -> str:
+    """Copy a graph whose weights are external data: its data files go to `<dest stem>_variables/`
+    (the prefill and increment copies may share a folder, and each export graph's data folder is
+    `rank_0_variables`), and the copy's graph records their new location. Returns its sha256."""
+    from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX, write_relocated
+    stem = os.path.basename(dest)[: -len(".mindir")] if dest.endswith(".mindir") else os.path.basename(dest)
+    if stem.endswith(SPLIT_GRAPH_SUFFIX):
+        stem = stem[: -len(SPLIT_GRAPH_SUFFIX)]
+    folder = os.path.dirname(os.path.abspath(dest))
+    locations = write_relocated(src, dest + ".tmp", stem + "_variables")
+    for old, new in locations.items():
+        os.makedirs(os.path.dirname(os.path.join(folder, new)), exist_ok=True)
+        _link_or_copy(os.path.join(os.path.dirname(src), old), os.path.join(folder, new))
+        copies[os.path.normpath(os.path.join(os.path.dirname(name), old))] = os.path.join(folder, new)
+    os.replace(dest + ".tmp", dest)
+    return file_sha256(dest)
+
+
+def _link_or_copy(src: str, dest: str) -> None:
+    """`dest` as a hard link to `src` where the file system allows (a data file of a large model is
+    gigabytes), else a copy; replaced atomically."""
+    tmp = dest + ".tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)

@@ -32,6 +32,12 @@ def ms_name(mindir_rel: str) -> str:
     return mindir_rel[: -len(".mindir")] + ".ms"
 
 
+def lite_weights_name(ms_rel: str) -> str:
+    """The converter writes the weights of a model whose MindIR has external data to `<name>.msw`
+    beside `<name>.ms`."""
+    return ms_rel + "w"
+
+
 def convert_graphs(folder: str, graphs: Dict[str, List[str]], python: str) -> Dict[str, List[str]]:
     """Convert every graph file (relative to `folder`) to `.ms` beside it; returns the same map of
     `.ms` files."""

@@ -10,6 +10,7 @@ import numpy as np
 from lite_runtime.contract.errors import WeightError
 from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family, graph_kinds
 from lite_runtime.contract.manifest import graph_relpath
+from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
 from lite_runtime.contract.segments import segment_relpath, segment_specs
 from exporter.build.progress import stage
 from exporter.config.schema import ExportConfig
@@ -95,9 +96,22 @@ def _where(config: ExportConfig, rank: int) -> str:
 
 
 def _export(cell, specs, path: str) -> None:
+    """Write `cell` to `path` (`<stem>.mindir`, or `<stem>_graph.mindir` for the main graphs).
+
+    MindSpore writes a net whose parameters exceed 1 GiB (`TOTAL_SAVE` in
+    mindspore/train/serialization.py) as `<file_name>_graph.mindir` plus `<file_name>_variables/data_N`,
+    the weights as external data located relative to the graph's folder. The main graphs are exported
+    as `rank_{r}`, so a large rank's files get upstream's names (`rank_{r}_graph.mindir`,
+    `rank_{r}_variables/`); whichever form was written, the graph ends up at `path`."""
     import mindspore as ms
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    ms.export(cell, *[_dummy(t) for t in specs], file_name=path[: -len(".mindir")], file_format="MINDIR")
+    stem = path[: -len(".mindir")]
+    if stem.endswith(SPLIT_GRAPH_SUFFIX):
+        stem = stem[: -len(SPLIT_GRAPH_SUFFIX)]
+    ms.export(cell, *[_dummy(t) for t in specs], file_name=stem, file_format="MINDIR")
+    written = stem + ".mindir" if os.path.isfile(stem + ".mindir") else stem + SPLIT_GRAPH_SUFFIX + ".mindir"
+    if written != path:
+        os.replace(written, path)
 
 
 def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:

@@ -65,6 +65,8 @@ class Manifest:
                                                                  # family's special_tokens, prefix_tokens, jieba
     adapters: List[dict] = field(default_factory=list)         # LoRA adapters merged into the weights
     lite_files: Dict[str, List[str]] = field(default_factory=dict)   # per graph kind: MindSpore Lite .ms per rank
+    external_data: Dict[str, List[str]] = field(default_factory=dict)  # graph or .ms file -> the files holding
+                                     # its weights (`<name>_variables/data_N`, `<name>.msw`), all relative to the folder
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
     collectives: str = "graph"       # multi-rank: in the rank graphs ("graph") or on the host between segments
     segments: Dict[str, GraphEntry] = field(default_factory=dict)   # the "host" form: each rank's step in pieces
@@ -113,14 +115,16 @@ class Manifest:
             json.dump(self.to_json(), f, indent=2, sort_keys=True)
 
     def verify_files(self) -> None:
-        """Check that every graph file exists and has the recorded hash."""
+        """Check that every graph file and weight data file exists and has the recorded hash."""
+        data = {rel for files in self.external_data.values() for rel in files}
         for rel, expected in self.sha256.items():
             path = os.path.join(self.root, rel)
+            what = "weight data file" if rel in data else "graph file"
             if not os.path.isfile(path):
-                raise ArtifactError(f"graph file {path} listed in {self._where()} does not exist")
+                raise ArtifactError(f"{what} {path} listed in {self._where()} does not exist")
             if file_sha256(path) != expected:
-                raise ArtifactError(f"graph file {path} does not match the sha256 in {self._where()}; "
-                                    "the export was modified or damaged: export again")
+                raise ArtifactError(f"{what} {path} does not match the sha256 in {self._where()}; "
+                                    "the export was modified, damaged or truncated: export again")
 
     def _where(self) -> str:
         return self.file or os.path.join(self.root, MANIFEST_NAME)
@@ -139,28 +143,28 @@ def copy_manifest_path(graph_copy: str) -> str:
     return graph_copy + COPY_MANIFEST_SUFFIX
 
 
-def copy_manifest(manifest: Manifest, export_dir: str, copies: Dict[str, str], folder: str) -> Manifest:
-    """`manifest` (of the export in `export_dir`) re-rooted at `folder`: the rank-0 graph of each kind
-    in `copies` ({kind: path of its byte copy}) is that copy, every other file the export's own, all
-    by paths relative to `folder`; the hashes are the export's (the copies are byte copies)."""
-    def rel(path: str) -> str:
+def copy_manifest(manifest: Manifest, export_dir: str, copies: Dict[str, str], folder: str,
+                  hashes: Dict[str, str]) -> Manifest:
+    """`manifest` (of the export in `export_dir`) re-rooted at `folder`: each file named in `copies`
+    ({name in the export: path of its copy}) is that copy, every other file the export's own, all
+    by paths relative to `folder`. A copy's hash is `hashes[name]` when given (a graph whose data
+    location was rewritten), else the export's (a byte copy)."""
+    def moved(name):
+        if not name:
+            return name
+        path = copies[name] if name in copies else os.path.join(export_dir, name)
         return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
 
-    moved = {}
-    for kind, entry in manifest.graphs.items():
-        for rank, name in enumerate(entry.files):
-            moved[name] = rel(copies[kind] if rank == 0 and kind in copies else os.path.join(export_dir, name))
-    graphs = {kind: GraphEntry([moved[n] for n in entry.files], entry.inputs, entry.outputs)
-              for kind, entry in manifest.graphs.items()}
-    in_export = (lambda name: rel(os.path.join(export_dir, name)) if name else name)
-    for files in manifest.lite_files.values():
-        moved.update({name: in_export(name) for name in files})
-    lite_files = {kind: [moved[n] for n in files] for kind, files in manifest.lite_files.items()}
-    return dataclasses.replace(manifest, graphs=graphs, sha256={moved.get(k, k): v for k, v in manifest.sha256.items()},
-                               lite_files=lite_files,
-                               tokenizer=in_export(manifest.tokenizer),
-                               tokenizer_files=[in_export(n) for n in manifest.tokenizer_files],
-                               ge_config=in_export(manifest.ge_config), root=folder, file="")
+    def entries(graphs: Dict[str, GraphEntry]) -> Dict[str, GraphEntry]:
+        return {kind: GraphEntry([moved(n) for n in e.files], e.inputs, e.outputs) for kind, e in graphs.items()}
+
+    return dataclasses.replace(
+        manifest, graphs=entries(manifest.graphs), segments=entries(manifest.segments),
+        sha256={moved(k): hashes.get(k, v) for k, v in manifest.sha256.items()},
+        lite_files={kind: [moved(n) for n in files] for kind, files in manifest.lite_files.items()},
+        external_data={moved(g): [moved(d) for d in data] for g, data in manifest.external_data.items()},
+        tokenizer=moved(manifest.tokenizer), tokenizer_files=[moved(n) for n in manifest.tokenizer_files],
+        ge_config=moved(manifest.ge_config), root=folder, file="")
 
 
 def load_manifest(folder: str) -> Manifest:

@@ -3,11 +3,13 @@ and version with MindSpore's own protobuf schema, and the CPU graph-mode setup. 
 mindspore only when called."""
 from __future__ import annotations
 
+import os
 from typing import List, Tuple
 
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import TensorSpec
 
+SPLIT_GRAPH_SUFFIX = "_graph"   # MindSpore's `<name>_graph.mindir` beside `<name>_variables/` for large nets
 _DTYPES = {"FLOAT": "float32", "FLOAT16": "float16", "INT32": "int32", "INT64": "int64", "BOOL": "bool",
            "DOUBLE": "float64", "INT8": "int8", "UINT8": "uint8"}
 
@@ -27,6 +29,35 @@ def read_mindir_io(path: str) -> Tuple[List[TensorSpec], str]:
         dtype = TensorProto.DataType.Name(tensor.data_type)
         inputs.append(TensorSpec(value.name, _DTYPES.get(dtype, dtype.lower()), tuple(tensor.dims)))
     return inputs, str(getattr(model, "mind_ir_version", "") or model.ir_version)
+
+
+def external_data_files(path: str) -> List[str]:
+    """The files holding the weights of the MindIR graph `path` as external data (MindSpore's
+    `<name>_variables/data_N` of a large net), relative to the graph's folder, in order; [] when
+    the weights are inside the graph file."""
+    from mindspore.train.mind_ir_pb2 import ModelProto
+    model = ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    tensors = list(model.graph.parameter) + [p for g in model.functions for p in g.parameter]
+    return sorted({t.external_data.location for t in tensors if t.HasField("external_data")})
+
+
+def write_relocated(src: str, dest: str, data_folder: str) -> dict:
+    """Write the graph `src` to `dest` with each external data file it names moved into
+    `data_folder` (relative to `dest`'s folder, same file names); returns {old location: new}."""
+    from mindspore.train.mind_ir_pb2 import ModelProto
+    model = ModelProto()
+    with open(src, "rb") as f:
+        model.ParseFromString(f.read())
+    moved = {}
+    for tensor in list(model.graph.parameter) + [p for g in model.functions for p in g.parameter]:
+        if tensor.HasField("external_data"):
+            old = tensor.external_data.location
+            moved[old] = tensor.external_data.location = os.path.join(data_folder, os.path.basename(old))
+    with open(dest, "wb") as f:
+        f.write(model.SerializeToString())
+    return moved
 
 
 def cpu_graph_mode(ms) -> None:
