@@ -23,7 +23,9 @@ from exporter.models.config import DecoderConfig
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear, zeros_param
 from exporter.models.positions import Rotary, alibi_slopes
 
-NEG = -1e9  # additive mask value; finite so fully masked rows never produce NaN
+# Additive mask value: finite, so a fully masked row gives no NaN, and finite in float16 too (-1e9
+# becomes -inf there, and 0 * -inf is NaN), with room for two masks added together.
+NEG = -3.0e4
 
 
 class BuildContext(NamedTuple):

@@ -12,6 +12,7 @@ and mindspore's cannot live in one process.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -111,6 +112,16 @@ def _release_freed_memory() -> None:
         pass
 
 
+@contextlib.contextmanager
+def _working_directory(folder: str):
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
 def _last_error(lib) -> str:
     return (lib.lite_last_error() or b"").decode("utf-8", "replace")
 
@@ -127,8 +138,13 @@ class LiteModel:
         self._lib = load_shim()
         self._handle = ctypes.c_void_p()
         start = time.perf_counter()
-        config = config_path.encode() if config_path else None
-        if self._lib.lite_model_create(path.encode(), config, int(num_threads), ctypes.byref(self._handle)):
+        config = os.path.abspath(config_path).encode() if config_path else None
+        # Lite 2.0 opens the weights file of a large `.ms` model (`<name>.msw`) by its name relative
+        # to the working directory, not to the model's folder: Build from inside that folder.
+        with _working_directory(os.path.dirname(os.path.abspath(path))):
+            failed = self._lib.lite_model_create(os.path.abspath(path).encode(), config, int(num_threads),
+                                                 ctypes.byref(self._handle))
+        if failed:
             text = _last_error(self._lib)
             raise ArtifactError(explain_lite_error(text, path)
                                 or f"MindSpore Lite cannot load {path}"
