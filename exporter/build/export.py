@@ -61,9 +61,25 @@ def export(config: ExportConfig) -> str:
         _remove_empty(created)
         raise
     _write_infer_copies(config, manifest)
-    log.info("exported %s to %s (%d rank(s), %.1f s%s)", source.family.name, config.output_dir, config.world_size,
-             time.perf_counter() - start, f"; {_default_output_note(config)}" if config.output_dir_default else "")
+    log.info("exported %s to %s (%d rank(s), %s; %.1f s%s)", source.family.name, config.output_dir, config.world_size,
+             _form(config, manifest), time.perf_counter() - start,
+             f"; {_default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
+
+
+def _form(config: ExportConfig, manifest: Manifest) -> str:
+    """Which graphs the export holds, for its last line."""
+    if config.parallel.collectives == "host":
+        form = "kv_cache dynamic as step segments per rank"
+    else:
+        form = {"io": "kv_cache io: prefill + increment graphs, each with its own copy of the weights",
+                "in_graph": "kv_cache in_graph: prefill + increment graphs holding the cache",
+                "dynamic": "kv_cache dynamic: one step graph"}[config.kv_cache]
+    if manifest.lite_files:
+        form += ", converted to Lite's .ms"
+    if manifest.external_data:
+        form += ", weights as external data"
+    return form
 
 
 def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
