@@ -1,12 +1,15 @@
 """`export(config)`: trace the prefill and increment graphs of every rank and write the export.
 
 The export is assembled in a temporary folder beside `output_dir` and renamed into place at the
-end, so a failed export never leaves a half-written folder that looks valid.
+end, so a failed export never leaves a half-written folder that looks valid. The temporary folder's
+name holds the exporter's PID (`.export-<pid>-xxxx`): one left by a killed export is removed by the
+next export beside it once that process is gone.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -28,6 +31,8 @@ from exporter.weights.adapters import adapter_record
 
 log = logging.getLogger("exporter")
 GE_CONFIG_NAME = "config.ini"
+TEMP_PREFIX = ".export-"
+_TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
 
 
 def export(config: ExportConfig) -> str:
@@ -44,10 +49,11 @@ def export(config: ExportConfig) -> str:
     start = time.perf_counter()
     parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
     created = _missing_folders(parent)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
-        with deferred_interrupts():
+    with deferred_interrupts():
+        os.makedirs(parent, exist_ok=True)
+        _remove_stale_temp_dirs(parent)
+        tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+        try:
             _trace_all(config, source, tmp)
             lite_files = {}
             if converter:
@@ -56,10 +62,10 @@ def export(config: ExportConfig) -> str:
             with stage("checked the graphs and wrote the manifest"):
                 manifest = _write_side_files(config, source, tmp, lite_files)
             _replace_dir(tmp, config.output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(created)
-        raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_empty(created)
+            raise
     _write_infer_copies(config, manifest)
     log.info("exported %s to %s (%d rank(s), %.1f s%s)", source.family.name, config.output_dir, config.world_size,
              time.perf_counter() - start, f"; {_default_output_note(config)}" if config.output_dir_default else "")
@@ -175,6 +181,26 @@ def _check_output_dir(config: ExportConfig) -> None:
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise ConfigError(f"output_dir {path}{where} exists and is not an export (no {MANIFEST_NAME}); "
                           f"refusing to overwrite it: {fix}")
+
+
+def _remove_stale_temp_dirs(parent: str) -> None:
+    """Remove the temporary folders in `parent` of exports whose process is gone (killed)."""
+    for name in os.listdir(parent):
+        match = _TEMP_PID.match(name)
+        if match and not _process_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            log.info("removed %s, left by an export (pid %s) that was killed", os.path.join(parent, name),
+                     match.group(1))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
 
 
 def _missing_folders(path: str) -> List[str]:

@@ -1,0 +1,56 @@
+"""Where an export is written: its temporary folder (named with the exporter's PID), a stop by SIGTERM,
+a killed export's leftovers, file modes, a read-only location and an output_dir that is a mount point.
+"""
+import os
+import signal
+import subprocess
+import sys
+
+from test_export_errors import assert_nothing_left
+from tiny_models import REPO, error_lines, run_cli, tiny_export_config, write_yaml
+
+
+def test_sigterm_during_tracing_stops_cleanly(tiny_ckpt, tmp_path):
+    """SIGTERM (a service manager's stop) cleans up as Ctrl-C does: one error line, non-zero exit,
+    no output and no temporary folder left."""
+    out = str(tmp_path / "out" / "tiny")
+    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--config", path], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "read and loaded the weights" in line:
+            proc.send_signal(signal.SIGTERM)    # the prefill graph is being traced now
+            break
+    _, rest_err = proc.communicate(timeout=120)
+    stderr = "".join(seen) + rest_err
+    assert proc.returncode == 1, stderr
+    [line] = error_lines(stderr)
+    assert line.startswith("error: interrupted (SIGTERM)"), stderr
+    assert "Traceback" not in stderr
+    assert_nothing_left(out)
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_next_export_removes_temporary_folders_of_killed_exports(tiny_ckpt, tmp_path):
+    """A `.export-<pid>-*` folder whose process is gone is removed by the next export beside it; one
+    of a live process (here: the test's own) is left alone."""
+    out = str(tmp_path / "out")
+    dead = tmp_path / f".export-{_dead_pid()}-abcd1234"
+    live = tmp_path / f".export-{os.getpid()}-abcd1234"
+    for folder in (dead, live):
+        (folder / "mindir_full_checkpoint").mkdir(parents=True)
+        (folder / "mindir_full_checkpoint" / "rank_0_graph.mindir").write_bytes(b"half written")
+    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
+    result = run_cli(["-m", "exporter", "--config", path], timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert not dead.exists()
+    assert (live / "mindir_full_checkpoint" / "rank_0_graph.mindir").exists()
+    assert sorted(os.listdir(tmp_path)) == sorted(["export.yaml", "out", live.name])
