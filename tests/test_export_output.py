@@ -54,3 +54,21 @@ def test_next_export_removes_temporary_folders_of_killed_exports(tiny_ckpt, tmp_
     assert not dead.exists()
     assert (live / "mindir_full_checkpoint" / "rank_0_graph.mindir").exists()
     assert sorted(os.listdir(tmp_path)) == sorted(["export.yaml", "out", live.name])
+
+
+def test_export_modes_follow_the_umask(tiny_ckpt, tmp_path):
+    """Under umask 022 every folder of the export is 0755 and every file 0644 (not mkdtemp's 0700 nor
+    MindSpore's 0400), so another user can read it."""
+    out = str(tmp_path / "out")
+    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
+    result = subprocess.run([sys.executable, "-m", "exporter", "--config", path], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"), preexec_fn=lambda: os.umask(0o022),
+                            timeout=180)
+    assert result.returncode == 0, result.stderr
+    modes = {os.path.relpath(os.path.join(root, n), out): oct(os.stat(os.path.join(root, n)).st_mode & 0o777)
+             for root, dirs, files in os.walk(out) for n in dirs + files}
+    modes["."] = oct(os.stat(out).st_mode & 0o777)
+    assert "mindir_full_checkpoint/rank_0_graph.mindir" in modes
+    wrong = {rel: mode for rel, mode in modes.items()
+             if mode != (oct(0o755) if os.path.isdir(os.path.join(out, rel)) else oct(0o644))}
+    assert not wrong, wrong

@@ -61,6 +61,7 @@ def export(config: ExportConfig) -> str:
                     lite_files = convert_graphs(tmp, _graph_files(config, source), converter)
             with stage("checked the graphs and wrote the manifest"):
                 manifest = _write_side_files(config, source, tmp, lite_files)
+            _follow_umask(tmp)
             _replace_dir(tmp, config.output_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -181,6 +182,19 @@ def _check_output_dir(config: ExportConfig) -> None:
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise ConfigError(f"output_dir {path}{where} exists and is not an export (no {MANIFEST_NAME}); "
                           f"refusing to overwrite it: {fix}")
+
+
+def _follow_umask(folder: str) -> None:
+    """Give the export the modes the umask asks for: mkdtemp makes its folder 0700 and MindSpore writes
+    graphs 0400, which other users (a service account) could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
 def _remove_stale_temp_dirs(parent: str) -> None:
