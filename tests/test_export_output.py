@@ -1,10 +1,13 @@
 """Where an export is written: its temporary folder (named with the exporter's PID), a stop by SIGTERM,
 a killed export's leftovers, file modes, a read-only location and an output_dir that is a mount point.
 """
+import errno
 import os
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from test_export_errors import assert_nothing_left
 from tiny_models import REPO, error_lines, run_cli, tiny_export_config, write_yaml
@@ -72,3 +75,34 @@ def test_export_modes_follow_the_umask(tiny_ckpt, tmp_path):
     wrong = {rel: mode for rel, mode in modes.items()
              if mode != (oct(0o755) if os.path.isdir(os.path.join(out, rel)) else oct(0o644))}
     assert not wrong, wrong
+
+
+def _read_only(monkeypatch, folder):
+    """Make creating anything in `folder` fail as on a read-only filesystem (the tests run as root,
+    whom permission bits do not stop), and fail the test if the export starts tracing."""
+    import exporter.build.export as export_module
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if os.path.abspath(path).startswith(str(folder) + os.sep):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real_mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(export_module, "_trace_all", lambda *a: pytest.fail("traced before checking output_dir"))
+
+
+@pytest.mark.parametrize("sub", [[], ["new", "nested"]], ids=["parent_exists", "parents_to_create"])
+def test_read_only_output_location_is_one_line_before_tracing(tiny_ckpt, tmp_path, monkeypatch, capsys, sub):
+    from exporter.cli import main
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    out = str(read_only.joinpath(*sub, "out"))
+    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
+    _read_only(monkeypatch, read_only)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", path])
+    assert exit_info.value.code == 1
+    [line] = error_lines(capsys.readouterr().err)
+    assert line == (f"error: output_dir {out}: the folder {read_only} is not writable (Read-only file system); "
+                    "choose a writable output_dir")
+    assert os.listdir(read_only) == []

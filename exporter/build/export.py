@@ -50,9 +50,7 @@ def export(config: ExportConfig) -> str:
     parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
     created = _missing_folders(parent)
     with deferred_interrupts():
-        os.makedirs(parent, exist_ok=True)
-        _remove_stale_temp_dirs(parent)
-        tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+        tmp = _make_temp_dir(config, parent, created)
         try:
             _trace_all(config, source, tmp)
             lite_files = {}
@@ -182,6 +180,22 @@ def _check_output_dir(config: ExportConfig) -> None:
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise ConfigError(f"output_dir {path}{where} exists and is not an export (no {MANIFEST_NAME}); "
                           f"refusing to overwrite it: {fix}")
+
+
+def _make_temp_dir(config: ExportConfig, parent: str, created: List[str]) -> str:
+    """The export's temporary folder in `parent` (made first, so a folder that cannot be written is
+    found before any tracing)."""
+    try:
+        os.makedirs(parent, exist_ok=True)
+        _remove_stale_temp_dirs(parent)
+        return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+    except OSError as e:
+        _remove_empty(created)
+        folder = parent
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        raise ConfigError(f"output_dir {config.output_dir}: the folder {folder} is not writable ({e.strerror}); "
+                          "choose a writable output_dir") from None
 
 
 def _follow_umask(folder: str) -> None:
