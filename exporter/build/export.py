@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import List
 
-from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.segments import segment_names, segment_relpath, segment_specs
@@ -46,6 +46,7 @@ def export(config: ExportConfig) -> str:
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
     converter = _lite_converter(config)
+    special_ids = _special_ids(config, source)
     start = time.perf_counter()
     parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
     created = _missing_folders(parent)
@@ -58,7 +59,7 @@ def export(config: ExportConfig) -> str:
                 with stage("converted the graphs to MindSpore Lite's .ms format"):
                     lite_files = convert_graphs(tmp, _graph_files(config, source), converter)
             with stage("checked the graphs and wrote the manifest"):
-                manifest = _write_side_files(config, source, tmp, lite_files)
+                manifest = _write_side_files(config, source, tmp, lite_files, special_ids)
             _follow_umask(tmp)
             _replace_dir(tmp, config.output_dir)
         except BaseException:
@@ -66,6 +67,10 @@ def export(config: ExportConfig) -> str:
             _remove_empty(created)
             raise
     _write_infer_copies(config, manifest)
+    if not source.tokenizer:
+        where = f"model.hf_dir {config.model.hf_dir} has none and " if config.model.hf_dir else ""
+        log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
+                    "--tokenizer_path (tokenizer_path= in Python)", where)
     log.info("exported %s to %s (%d rank(s), %.1f s%s)", source.family.name, config.output_dir, config.world_size,
              time.perf_counter() - start, f"; {_default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
@@ -104,7 +109,7 @@ def _graph_files(config: ExportConfig, source: ModelSource):
     return {kind: [graph_relpath(kind, r) for r in ranks] for kind in graph_kinds(config.kv_cache)}
 
 
-def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files) -> Manifest:
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids) -> Manifest:
     import mindspore as ms
     from lite_runtime.contract.mindir import read_mindir_io
 
@@ -128,14 +133,11 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     graphs = {STEP: GraphEntry([], spec.inputs(STEP, "dynamic", dims), spec.outputs(STEP, "dynamic", dims))} \
         if segmented else entries
     tokenizer = None
-    bos, eos = source.bos_token_id, list(source.eos_token_id)
+    bos, eos = special_ids
     if source.tokenizer:
         tokenizer = os.path.basename(source.tokenizer)
         for path in [source.tokenizer] + source.tokenizer_side_files:
             shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
-        bos, eos = _tokenizer_defaults(tmp, bos, eos, source.family.tokenizer_options())
-    if not eos:
-        raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
     ge_config = None
     if config.infer.ge_config_path:
         ge_config = GE_CONFIG_NAME
@@ -154,14 +156,20 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     return manifest
 
 
-def _tokenizer_defaults(folder: str, bos, eos, options: dict):
-    """Special ids the config did not give, from the tokenizer files copied into `folder`."""
-    from lite_runtime.tokenizers import load_tokenizer
-    tok = load_tokenizer(folder, **options)
-    if bos is None:
-        bos = tok.bos_token_id
+def _special_ids(config: ExportConfig, source: ModelSource):
+    """(bos, eos): the config's, else the tokenizer's. The tokenizer is read here, before any tracing, so
+    a damaged one stops the export early, named by its own path."""
+    bos, eos = source.bos_token_id, list(source.eos_token_id)
+    if source.tokenizer:
+        from lite_runtime.tokenizers import load_tokenizer
+        try:
+            tok = load_tokenizer(source.tokenizer, **source.family.tokenizer_options())
+        except ArtifactError as e:
+            raise ArtifactError(f"{config.source}: {e}") from None
+        bos = tok.bos_token_id if bos is None else bos
+        eos = eos or list(tok.eos_token_ids)
     if not eos:
-        eos = list(tok.eos_token_ids)
+        raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
     return bos, eos
 
 
