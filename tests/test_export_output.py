@@ -106,3 +106,56 @@ def test_read_only_output_location_is_one_line_before_tracing(tiny_ckpt, tmp_pat
     assert line == (f"error: output_dir {out}: the folder {read_only} is not writable (Read-only file system); "
                     "choose a writable output_dir")
     assert os.listdir(read_only) == []
+
+
+def _old_and_new_export(tmp_path):
+    """An older export at `target` (a folder standing for a mount point) and a finished one in `tmp`."""
+    target, tmp = tmp_path / "volume", tmp_path / ".export-1-new"
+    (target / "mindir_full_checkpoint").mkdir(parents=True)
+    (target / "manifest.json").write_text("old")
+    (target / "stale.txt").write_text("from the old export")
+    (target / "mindir_full_checkpoint" / "rank_0_graph.mindir").write_bytes(b"old graph")
+    (tmp / "mindir_full_checkpoint").mkdir(parents=True)
+    (tmp / "manifest.json").write_text("new")
+    (tmp / "mindir_full_checkpoint" / "rank_0_graph.mindir").write_bytes(b"new graph")
+    return str(tmp), str(target)
+
+
+def _assert_replaced_in_place(tmp, target, inode):
+    assert os.stat(target).st_ino == inode   # the same folder, filled again
+    assert sorted(os.listdir(target)) == ["manifest.json", "mindir_full_checkpoint"]
+    with open(os.path.join(target, "manifest.json")) as f:
+        assert f.read() == "new"
+    with open(os.path.join(target, "mindir_full_checkpoint", "rank_0_graph.mindir"), "rb") as f:
+        assert f.read() == b"new graph"
+    assert not os.path.exists(tmp)
+    assert sorted(os.listdir(os.path.dirname(target))) == ["volume"]   # no .old-* / .export-* folder
+
+
+def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypatch):
+    """An output_dir that is a mount point cannot be renamed: the new export's entries replace the old
+    one's inside it (os.path.ismount monkeypatched: tests cannot mount)."""
+    from exporter.build.export import _replace_dir
+    tmp, target = _old_and_new_export(tmp_path)
+    inode = os.stat(target).st_ino
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.path.abspath(p) == target or real_ismount(p))
+    _replace_dir(tmp, target)
+    _assert_replaced_in_place(tmp, target, inode)
+
+
+def test_replace_dir_fills_a_folder_whose_rename_is_busy_simulated_ebusy(tmp_path, monkeypatch):
+    """Renaming the old export away fails with EBUSY (as for a mount point os.path.ismount misses):
+    the entries are moved instead (os.rename monkeypatched to fail so)."""
+    from exporter.build.export import _replace_dir
+    tmp, target = _old_and_new_export(tmp_path)
+    inode = os.stat(target).st_ino
+    real_rename = os.rename
+
+    def rename(src, dst, *args, **kwargs):
+        if os.path.abspath(src) == target:
+            raise OSError(errno.EBUSY, "Device or resource busy", src)
+        return real_rename(src, dst, *args, **kwargs)
+    monkeypatch.setattr(os, "rename", rename)
+    _replace_dir(tmp, target)
+    _assert_replaced_in_place(tmp, target, inode)

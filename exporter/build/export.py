@@ -7,6 +7,7 @@ next export beside it once that process is gone.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -193,13 +194,17 @@ def _check_output_dir(config: ExportConfig) -> None:
 def _make_temp_dir(config: ExportConfig, parent: str, created: List[str]) -> str:
     """The export's temporary folder in `parent` (made first, so a folder that cannot be written is
     found before any tracing)."""
+    folder = parent
     try:
         os.makedirs(parent, exist_ok=True)
+        if os.path.ismount(config.output_dir):   # written entry by entry at the end (_replace_dir): probe it
+            folder = config.output_dir
+            os.rmdir(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=folder))
+            folder = parent
         _remove_stale_temp_dirs(parent)
         return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
     except OSError as e:
         _remove_empty(created)
-        folder = parent
         while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
             folder = os.path.dirname(folder)
         raise ConfigError(f"output_dir {config.output_dir}: the folder {folder} is not writable ({e.strerror}); "
@@ -258,14 +263,38 @@ def _remove_empty(folders: List[str]) -> None:
 
 
 def _replace_dir(tmp: str, target: str) -> None:
-    """Move the finished export into place; an older export at `target` is replaced whole."""
+    """Move the finished export into place; an older export at `target` is replaced whole. A `target`
+    that cannot be renamed (a mount point, such as a container volume) gets the export's entries instead."""
+    if os.path.ismount(target):
+        _move_entries(tmp, target)
+        return
     old = None
     if os.path.exists(target):
         old = target + ".old-" + os.path.basename(tmp)
-        os.rename(target, old)
+        try:
+            os.rename(target, old)
+        except OSError as e:
+            if e.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            _move_entries(tmp, target)
+            return
     os.rename(tmp, target)
     if old:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _move_entries(tmp: str, target: str) -> None:
+    """Replace the entries of `target` (an older export, checked by `_check_output_dir`) by those of `tmp`.
+    The manifest goes out first and in last, so a folder left half-moved is never taken for an export."""
+    for name in sorted(os.listdir(target), key=lambda n: n != MANIFEST_NAME):
+        path = os.path.join(target, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    for name in sorted(os.listdir(tmp), key=lambda n: n == MANIFEST_NAME):
+        shutil.move(os.path.join(tmp, name), os.path.join(target, name))
+    os.rmdir(tmp)
 
 
 def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
