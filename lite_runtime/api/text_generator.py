@@ -68,6 +68,8 @@ class TextGeneratorInfer:
               add_special_tokens: Optional[bool] = None, streamer=None, max_new_tokens: Optional[int] = None,
               seed: Optional[int] = None, truncate: bool = False, adapter_id=None,
               strict_adapter: bool = False) -> List[Dict[str, List[str]]]:
+        if not isinstance(inputs, (str, list, tuple)):
+            raise ValidationError(f"inputs must be a prompt (str) or a list of prompts, got {inputs!r}")
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         options = dict(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
                        repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -127,11 +129,8 @@ class TextGeneratorInfer:
                         "and limit the answer with max_new_tokens")
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
         adapters = self.adapter_slots(adapter_id, len(prompts), strict_adapter)
+        _check_streamer(streamer, len(prompts))
         forward = None
-        if streamer is not None:
-            if hasattr(streamer, "prime"):
-                streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
-            forward = _streaming(streamer, len(texts))
         timing = RequestTiming()
         self.last_timing = timing
 
@@ -140,6 +139,7 @@ class TextGeneratorInfer:
             if forward is not None:
                 forward(offset, step)
         try:
+            forward = _stream_to(streamer, prompts) if streamer is not None else None
             return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step,
                                              adapters)
         finally:
@@ -197,6 +197,39 @@ class RequestTiming:
     @property
     def ttft_ms(self) -> float:
         return ((self.first or self.end) - self.start) * 1e3
+
+
+def _check_streamer(streamer, prompts: int) -> None:
+    if streamer is None:
+        return
+    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise ValidationError(f"streamer {streamer!r} has no put(new_ids) and end() methods; give a TextStreamer "
+                              "or TextIteratorStreamer of lite_runtime.decode.streamers, a transformers streamer, "
+                              "or None")
+    if _from_transformers(streamer) and prompts != 1:
+        raise ValidationError(f"streamer {type(streamer).__name__} (transformers) streams one prompt; this request "
+                              f"has {prompts}: stream one prompt per call, or use lite_runtime.decode.streamers."
+                              f"TextIteratorStreamer(tokenizer, batch_size={prompts})")
+
+
+def _from_transformers(streamer) -> bool:
+    return any(cls.__module__.split(".")[0] == "transformers" for cls in type(streamer).__mro__)
+
+
+def _stream_to(streamer, prompts: List[List[int]]):
+    """The step callback feeding `streamer`. A transformers streamer gets what transformers' generate
+    gives it: the prompt ids as a (1, n) array first (its skip_prompt drops them), then each new
+    token as a (1,) array."""
+    if _from_transformers(streamer):
+        streamer.put(np.array([prompts[0]], dtype=np.int64))
+
+        def on_step(offset, step):
+            if offset == 0 and step.active[0]:
+                streamer.put(np.array([int(step.tokens[0])], dtype=np.int64))
+        return on_step
+    if hasattr(streamer, "prime"):
+        streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
+    return _streaming(streamer, len(prompts))
 
 
 def _streaming(streamer, n_rows: int):

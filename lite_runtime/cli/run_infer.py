@@ -283,6 +283,9 @@ def main(argv=None) -> int:
               f"that many devices (python -m lite_runtime.distributed.launch --rank_table FILE -- "
               "run_infer_main.py --data_parallel N ...)", file=sys.stderr)
         return 2
+    if args.num_threads < 1:
+        print(f"error: --num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)", file=sys.stderr)
+        return 2
     if args.distributed:
         from lite_runtime.distributed.distributed_run import run_distributed
         return report_errors(lambda: run_distributed(args, run, make_generator, generation_kwargs))
