@@ -96,6 +96,26 @@ def test_transformers_streamer_with_two_prompts_is_refused(tiny_pipe):
         tiny_pipe(["hello", "one"], max_new_tokens=2, streamer=TextStreamer(tiny_pipe.tokenizer))
 
 
+# --- pipeline(...) keywords -----------------------------------------------------------------------------
+def test_pipeline_takes_generation_keywords_as_defaults_of_its_calls(tiny_exports, tokenizer_model, tiny_pipe):
+    """Upstream passes add_special_tokens and is_sample_acceleration to pipeline(...); they, and the other
+    generation keywords, are the defaults of every call, which a call's own keyword overrides."""
+    from lite_runtime import pipeline
+    pipe = pipeline(model=tiny_exports["io"], backend="ms", tokenizer_path=tokenizer_model, add_special_tokens=False,
+                    is_sample_acceleration=True, max_new_tokens=1)
+    try:
+        assert pipe("one two") == tiny_pipe("one two", add_special_tokens=False, max_new_tokens=1)
+        assert pipe("one two", max_new_tokens=4) == tiny_pipe("one two", add_special_tokens=False, max_new_tokens=4)
+        assert pipe("one two") != pipe("one two", max_new_tokens=4)
+    finally:
+        pipe.close()
+
+
+def test_unknown_call_keyword_is_named(tiny_pipe):
+    with pytest.raises(ConfigError, match="unknown keyword 'top_n'; allowed: do_sample, top_k"):
+        tiny_pipe("hello", top_n=3)
+
+
 # --- threads and manifests ----------------------------------------------------------------------------
 def test_num_threads_zero_is_refused(tmp_path):
     result = run_cli(["run_infer_main.py", "--model_dir", str(tmp_path), "--predict_data", "hello",

@@ -21,6 +21,12 @@ from lite_runtime.decode.streamers import CONTEXT_TOKENS, continuation_text
 from lite_runtime.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger("lite_runtime")
+# `infer`'s keywords and their defaults (upstream's names; is_sample_acceleration is accepted, sampling is on
+# the host). Those given to `pipeline(...)` become the generator's own defaults (`call_defaults`).
+INFER_DEFAULTS = dict(do_sample=False, top_k=1, top_p=1.0, temperature=1.0, repetition_penalty=1.0, eos_token_id=None,
+                      pad_token_id=None, max_length=256, is_sample_acceleration=False, add_special_tokens=None,
+                      streamer=None, max_new_tokens=None, seed=None, truncate=False, adapter_id=None,
+                      strict_adapter=False)
 
 
 class TextGeneratorInfer:
@@ -60,22 +66,20 @@ class TextGeneratorInfer:
         self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
+        self.call_defaults: dict = {}
 
     # --- the upstream call forms ----------------------------------------------------------------
-    def infer(self, inputs, do_sample: bool = False, top_k: int = 1, top_p: float = 1.0,
-              temperature: float = 1.0, repetition_penalty: float = 1.0, eos_token_id=None,
-              pad_token_id=None, max_length: Optional[int] = 256, is_sample_acceleration: bool = False,
-              add_special_tokens: Optional[bool] = None, streamer=None, max_new_tokens: Optional[int] = None,
-              seed: Optional[int] = None, truncate: bool = False, adapter_id=None,
-              strict_adapter: bool = False) -> List[Dict[str, List[str]]]:
+    def infer(self, inputs, **kwargs) -> List[Dict[str, List[str]]]:
+        """`kwargs`: the keywords of INFER_DEFAULTS; unset ones take `call_defaults`, then INFER_DEFAULTS."""
+        unknown = sorted(set(kwargs) - set(INFER_DEFAULTS))
+        if unknown:
+            raise ConfigError(f"unknown keyword {unknown[0]!r}; allowed: {', '.join(INFER_DEFAULTS)}")
         if not isinstance(inputs, (str, list, tuple)):
             raise ValidationError(f"inputs must be a prompt (str) or a list of prompts, got {inputs!r}")
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        options = dict(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
-                       repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                       max_length=max_length, max_new_tokens=max_new_tokens, add_special_tokens=add_special_tokens,
-                       streamer=streamer, seed=seed, truncate=truncate, adapter_id=adapter_id,
-                       strict_adapter=strict_adapter)
+        options = {**INFER_DEFAULTS, **self.call_defaults, **kwargs}
+        del options["is_sample_acceleration"]
+        streamer, adapter_id, strict_adapter = options["streamer"], options["adapter_id"], options["strict_adapter"]
         if self.data_parallel is None:
             return self._answer(texts, options)
         if streamer is not None:
