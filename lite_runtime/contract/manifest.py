@@ -164,11 +164,31 @@ def copy_manifest(manifest: Manifest, export_dir: str, copies: Dict[str, str], f
 
 
 def load_manifest(folder: str) -> Manifest:
+    """An export folder's manifest, or, in upstream's model folder form, that of its prefill graph copy."""
     if not os.path.isdir(folder):
         raise ArtifactError(f"export folder {folder} does not exist")
     if not os.path.isfile(os.path.join(folder, MANIFEST_NAME)):
-        raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME}")
+        return load_manifest_file(_graph_copy_manifest(folder))
     return load_manifest_file(os.path.join(folder, MANIFEST_NAME))
+
+
+def _graph_copy_manifest(folder: str) -> str:
+    """Upstream's model folder (MindFormers' Lite guide: a yaml, `xxx_prefill_graph.mindir`,
+    `xxx_inc_graph.mindir`, `config.ini`): the manifest the exporter wrote beside its prefill graph copy."""
+    graphs = sorted(n for n in os.listdir(folder) if n.endswith("prefill_graph.mindir"))
+    found = [copy_manifest_path(os.path.join(folder, n)) for n in graphs
+             if os.path.isfile(copy_manifest_path(os.path.join(folder, n)))]
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise ArtifactError(f"{folder} holds the graphs of several exports ({', '.join(graphs)}); give "
+                            "prefill_model_path and increment_model_path of one")
+    if graphs:
+        raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME}, and {graphs[0]} has no "
+                            f"{os.path.basename(copy_manifest_path(graphs[0]))} beside it; export with "
+                            "infer.prefill_model_path / increment_model_path naming this folder, which writes it")
+    raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME} (nor a *prefill_graph.mindir "
+                        f"copy with its {COPY_MANIFEST_SUFFIX} beside it)")
 
 
 def load_manifest_file(path: str) -> Manifest:
