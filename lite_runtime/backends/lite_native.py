@@ -252,7 +252,7 @@ class LiteModel:
     def close(self) -> None:
         if self._handle:
             self._lib.lite_model_free(self._handle)
-            self._handle = ctypes.c_void_p()
+            self._handle = None     # not ctypes.c_void_p(): at interpreter exit the module's globals may be gone
         self._bound_inputs = [None] * len(self.inputs)
 
     def __enter__(self):
