@@ -201,6 +201,23 @@ def test_hf_dir_without_tokenizer_exports_with_a_warning(hf_family, tmp_path, ou
     assert _manifest(out_dir)["tokenizer"] is None
 
 
+def test_hf_dir_that_does_not_exist(tmp_path, out_dir):
+    hf_dir = str(tmp_path / "no_such_hf")
+    result, _ = export_with(tmp_path, {"model": {"hf_dir": hf_dir}, "seq_length": 48, "output_dir": out_dir})
+    line = assert_one_line_error(result, f"model.hf_dir {hf_dir} does not exist")
+    assert "config.json" not in line
+    assert_nothing_left(out_dir)
+
+
+def test_unsupported_model_type_lists_each_type_once(tmp_path):
+    from exporter.families.base import family_by_hf_type
+    from lite_runtime.contract.errors import UnsupportedError
+    with pytest.raises(UnsupportedError) as info:
+        family_by_hf_type("mistral", "config.json")
+    listed = str(info.value).split("supported: ")[1].split(", ")
+    assert "chatglm" in listed and len(listed) == len(set(listed)), listed
+
+
 # --- the command line ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("yamls, facts", [
     (["a.yaml", "b.yml"], ["exactly one .yaml", "found 2", "a.yaml", "b.yml"]),

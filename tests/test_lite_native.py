@@ -358,6 +358,18 @@ print("MINDSPORE_MODULES", loaded)
     assert "MINDSPORE_MODULES []" in result.stdout
 
 
+def test_lite_error_text_says_a_repeated_log_line_once_with_its_count():
+    """Lite logs one line per tensor for a missing .msw weight file; the error keeps its text, once."""
+    from lite_runtime.backends.lite_native import _last_error
+
+    class FakeShim:
+        def lite_last_error(self):
+            line = "Read weight file failed: model.msw does not exist"
+            return ("Build failed: Common error code. Lite log: " + "; ".join([line] * 300) + "; Load failed").encode()
+    assert _last_error(FakeShim()) == ("Build failed: Common error code. Lite log: Read weight file failed: model.msw "
+                                       "does not exist (300 times); Load failed")
+
+
 def test_lite_pipeline_exits_quietly_after_import_torch(tiny_ckpt, tmp_path):
     """`import torch` first changes the order modules are torn down at exit; a Lite pipeline left open
     must still free its models without "Exception ignored in LiteModel.__del__"."""

@@ -39,6 +39,12 @@ def test_predict_data_naming_a_folder_is_refused(tmp_path):
         read_prompts(str(tmp_path), None)
 
 
+def test_predict_data_file_bom_is_not_part_of_the_first_prompt(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("\ufeffhello world\nsecond\n".encode("utf-8"))
+    assert read_prompts(str(prompts), None) == ["hello world", "second"]
+
+
 @pytest.mark.parametrize("prompt", ["What is in data.csv?", "Summarise report.json", "hello", "e.g. this"])
 def test_predict_data_prompt_texts_stay_prompts(prompt):
     assert read_prompts(prompt, None) == [prompt]

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -112,7 +113,12 @@ def _release_freed_memory() -> None:
 
 
 def _last_error(lib) -> str:
-    return (lib.lite_last_error() or b"").decode("utf-8", "replace")
+    """Lite's error text, each distinct message of its log once: some faults (a missing .msw weight file)
+    log the same line for every tensor, hundreds of times."""
+    text = (lib.lite_last_error() or b"").decode("utf-8", "replace")
+    head, sep, log = text.rpartition(" Lite log: ")    # the shim joins the log's [ERROR] lines with "; "
+    counts = Counter(log.split("; "))
+    return head + sep + "; ".join(p if counts[p] == 1 else f"{p} ({counts[p]} times)" for p in counts)
 
 
 class LiteModel:

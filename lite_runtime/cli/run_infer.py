@@ -128,7 +128,7 @@ def read_prompts(predict_data: str, template: Optional[str]) -> List[str]:
         with open(predict_data, "rb") as f:
             raw = f.read()
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")   # a BOM (Windows editors) is not part of the first prompt
         except UnicodeDecodeError as e:
             raise ConfigError(f"--predict_data file {predict_data} is not UTF-8 text: byte 0x{raw[e.start]:02x} "
                               f"at offset {e.start} ({e.reason}); save it as UTF-8") from None
