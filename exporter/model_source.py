@@ -87,6 +87,10 @@ def resolve_model(config: ExportConfig) -> ModelSource:
 
 def _read_hf_config(hf_dir: str) -> dict:
     path = os.path.join(hf_dir, "config.json")
+    if not os.path.isdir(hf_dir):
+        raise ConfigError(f"model.hf_dir {hf_dir} does not exist" if not os.path.exists(hf_dir) else
+                          f"model.hf_dir {hf_dir} is not a folder; give a Hugging Face model folder (config.json, "
+                          "*.safetensors, tokenizer)")
     if not os.path.isfile(path):
         raise ConfigError(f"model.hf_dir {hf_dir} has no config.json")
     try:

@@ -171,6 +171,53 @@ def test_hf_dir_without_config_json(tmp_path, out_dir):
     assert_nothing_left(out_dir)
 
 
+def _hf_copy(hf_family, tmp_path, drop=()):
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_family("llama") / "hf", hf_dir, ignore=shutil.ignore_patterns(*drop))
+    return hf_dir
+
+
+@pytest.mark.parametrize("name, content, facts", [
+    ("tokenizer.model", b"not a sentencepiece model", ["cannot read sentencepiece model"]),
+    ("tokenizer.json", b'{"version": "1.0", "model": {"ty', ["cannot read"]),
+], ids=["model_not_sentencepiece", "json_truncated"])
+def test_bad_tokenizer_is_named_before_tracing(hf_family, tmp_path, out_dir, name, content, facts):
+    hf_dir = _hf_copy(hf_family, tmp_path, drop=["tokenizer.model"])
+    (hf_dir / name).write_bytes(content)
+    result, _ = export_with(tmp_path, {"model": {"hf_dir": str(hf_dir)}, "seq_length": 48, "output_dir": out_dir})
+    assert_one_line_error(result, repr(str(hf_dir / name)), *facts)
+    assert "traced" not in result.stderr, result.stderr
+    assert_nothing_left(out_dir)
+
+
+def test_hf_dir_without_tokenizer_exports_with_a_warning(hf_family, tmp_path, out_dir):
+    hf_dir = _hf_copy(hf_family, tmp_path, drop=["tokenizer.model"])
+    result, _ = export_with(tmp_path, {"model": {"hf_dir": str(hf_dir)}, "seq_length": 48, "output_dir": out_dir})
+    assert result.returncode == 0, result.stderr
+    [warning] = [ln for ln in error_lines(result.stderr) if "no tokenizer" in ln]
+    assert warning == (f"exporter: the export has no tokenizer (model.hf_dir {hf_dir} has none and no "
+                       "model.tokenizer is given): every run needs one, given with --tokenizer_path "
+                       "(tokenizer_path= in Python)")
+    assert _manifest(out_dir)["tokenizer"] is None
+
+
+def test_hf_dir_that_does_not_exist(tmp_path, out_dir):
+    hf_dir = str(tmp_path / "no_such_hf")
+    result, _ = export_with(tmp_path, {"model": {"hf_dir": hf_dir}, "seq_length": 48, "output_dir": out_dir})
+    line = assert_one_line_error(result, f"model.hf_dir {hf_dir} does not exist")
+    assert "config.json" not in line
+    assert_nothing_left(out_dir)
+
+
+def test_unsupported_model_type_lists_each_type_once(tmp_path):
+    from exporter.families.base import family_by_hf_type
+    from lite_runtime.contract.errors import UnsupportedError
+    with pytest.raises(UnsupportedError) as info:
+        family_by_hf_type("mistral", "config.json")
+    listed = str(info.value).split("supported: ")[1].split(", ")
+    assert "chatglm" in listed and len(listed) == len(set(listed)), listed
+
+
 # --- the command line ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("yamls, facts", [
     (["a.yaml", "b.yml"], ["exactly one .yaml", "found 2", "a.yaml", "b.yml"]),

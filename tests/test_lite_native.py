@@ -356,3 +356,31 @@ print("MINDSPORE_MODULES", loaded)
                             timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert result.returncode == 0, result.stderr
     assert "MINDSPORE_MODULES []" in result.stdout
+
+
+def test_lite_error_text_says_a_repeated_log_line_once_with_its_count():
+    """Lite logs one line per tensor for a missing .msw weight file; the error keeps its text, once."""
+    from lite_runtime.backends.lite_native import _last_error
+
+    class FakeShim:
+        def lite_last_error(self):
+            line = "Read weight file failed: model.msw does not exist"
+            return ("Build failed: Common error code. Lite log: " + "; ".join([line] * 300) + "; Load failed").encode()
+    assert _last_error(FakeShim()) == ("Build failed: Common error code. Lite log: Read weight file failed: model.msw "
+                                       "does not exist (300 times); Load failed")
+
+
+def test_lite_pipeline_exits_quietly_after_import_torch(tiny_ckpt, tmp_path):
+    """`import torch` first changes the order modules are torn down at exit; a Lite pipeline left open
+    must still free its models without "Exception ignored in LiteModel.__del__"."""
+    from tiny_models import VENV_MS20_PYTHON, export_in_subprocess, make_tokenizer, tiny_export_config, write_yaml
+    ensure_lite_installed()
+    config = tiny_export_config(tiny_ckpt[0], str(tmp_path / "lite"), model={"tokenizer": make_tokenizer(str(tmp_path))})
+    export = export_in_subprocess(write_yaml(str(tmp_path / "lite.yaml"), config), python=VENV_MS20_PYTHON)
+    script = (f"import torch\nfrom lite_runtime import pipeline\n"
+              f"pipe = pipeline(model={export!r}, backend='mslite')\nprint(pipe('one two', max_new_tokens=2))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr
+    assert "text_generation_text" in result.stdout
+    assert "Exception ignored" not in result.stderr, result.stderr

@@ -1,18 +1,22 @@
 """`export(config)`: trace the prefill and increment graphs of every rank and write the export.
 
 The export is assembled in a temporary folder beside `output_dir` and renamed into place at the
-end, so a failed export never leaves a half-written folder that looks valid.
+end, so a failed export never leaves a half-written folder that looks valid. The temporary folder's
+name holds the exporter's PID (`.export-<pid>-xxxx`): one left by a killed export is removed by the
+next export beside it once that process is gone.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
 from typing import List
 
-from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.segments import segment_names, segment_relpath, segment_specs
@@ -28,6 +32,8 @@ from exporter.weights.adapters import adapter_record
 
 log = logging.getLogger("exporter")
 GE_CONFIG_NAME = "config.ini"
+TEMP_PREFIX = ".export-"
+_TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
 
 
 def export(config: ExportConfig) -> str:
@@ -41,26 +47,31 @@ def export(config: ExportConfig) -> str:
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
     converter = _lite_converter(config)
+    special_ids = _special_ids(config, source)
     start = time.perf_counter()
     parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
     created = _missing_folders(parent)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
-        with deferred_interrupts():
+    with deferred_interrupts():
+        tmp = _make_temp_dir(config, parent, created)
+        try:
             _trace_all(config, source, tmp)
             lite_files = {}
             if converter:
                 with stage("converted the graphs to MindSpore Lite's .ms format"):
                     lite_files = convert_graphs(tmp, _graph_files(config, source), converter)
             with stage("checked the graphs and wrote the manifest"):
-                manifest = _write_side_files(config, source, tmp, lite_files)
+                manifest = _write_side_files(config, source, tmp, lite_files, special_ids)
+            _follow_umask(tmp)
             _replace_dir(tmp, config.output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(created)
-        raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_empty(created)
+            raise
     _write_infer_copies(config, manifest)
+    if not source.tokenizer:
+        where = f"model.hf_dir {config.model.hf_dir} has none and " if config.model.hf_dir else ""
+        log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
+                    "--tokenizer_path (tokenizer_path= in Python)", where)
     log.info("exported %s to %s (%d rank(s), %s; %.1f s%s)", source.family.name, config.output_dir, config.world_size,
              _form(config, manifest), time.perf_counter() - start,
              f"; {_default_output_note(config)}" if config.output_dir_default else "")
@@ -115,7 +126,7 @@ def _graph_files(config: ExportConfig, source: ModelSource):
     return {kind: [graph_relpath(kind, r) for r in ranks] for kind in graph_kinds(config.kv_cache)}
 
 
-def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files) -> Manifest:
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids) -> Manifest:
     import mindspore as ms
     from lite_runtime.contract.mindir import external_data_files, read_mindir_io
 
@@ -146,14 +157,11 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     graphs = {STEP: GraphEntry([], spec.inputs(STEP, "dynamic", dims), spec.outputs(STEP, "dynamic", dims))} \
         if segmented else entries
     tokenizer = None
-    bos, eos = source.bos_token_id, list(source.eos_token_id)
+    bos, eos = special_ids
     if source.tokenizer:
         tokenizer = os.path.basename(source.tokenizer)
         for path in [source.tokenizer] + source.tokenizer_side_files:
             shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
-        bos, eos = _tokenizer_defaults(tmp, bos, eos, source.family.tokenizer_options())
-    if not eos:
-        raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
     ge_config = None
     if config.infer.ge_config_path:
         ge_config = GE_CONFIG_NAME
@@ -172,14 +180,20 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     return manifest
 
 
-def _tokenizer_defaults(folder: str, bos, eos, options: dict):
-    """Special ids the config did not give, from the tokenizer files copied into `folder`."""
-    from lite_runtime.tokenizers import load_tokenizer
-    tok = load_tokenizer(folder, **options)
-    if bos is None:
-        bos = tok.bos_token_id
+def _special_ids(config: ExportConfig, source: ModelSource):
+    """(bos, eos): the config's, else the tokenizer's. The tokenizer is read here, before any tracing, so
+    a damaged one stops the export early, named by its own path."""
+    bos, eos = source.bos_token_id, list(source.eos_token_id)
+    if source.tokenizer:
+        from lite_runtime.tokenizers import load_tokenizer
+        try:
+            tok = load_tokenizer(source.tokenizer, **source.family.tokenizer_options())
+        except ArtifactError as e:
+            raise ArtifactError(f"{config.source}: {e}") from None
+        bos = tok.bos_token_id if bos is None else bos
+        eos = eos or list(tok.eos_token_ids)
     if not eos:
-        eos = list(tok.eos_token_ids)
+        raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
     return bos, eos
 
 
@@ -198,6 +212,59 @@ def _check_output_dir(config: ExportConfig) -> None:
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise ConfigError(f"output_dir {path}{where} exists and is not an export (no {MANIFEST_NAME}); "
                           f"refusing to overwrite it: {fix}")
+
+
+def _make_temp_dir(config: ExportConfig, parent: str, created: List[str]) -> str:
+    """The export's temporary folder in `parent` (made first, so a folder that cannot be written is
+    found before any tracing)."""
+    folder = parent
+    try:
+        os.makedirs(parent, exist_ok=True)
+        if os.path.ismount(config.output_dir):   # written entry by entry at the end (_replace_dir): probe it
+            folder = config.output_dir
+            os.rmdir(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=folder))
+            folder = parent
+        _remove_stale_temp_dirs(parent)
+        return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+    except OSError as e:
+        _remove_empty(created)
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        raise ConfigError(f"output_dir {config.output_dir}: the folder {folder} is not writable ({e.strerror}); "
+                          "choose a writable output_dir") from None
+
+
+def _follow_umask(folder: str) -> None:
+    """Give the export the modes the umask asks for: mkdtemp makes its folder 0700 and MindSpore writes
+    graphs 0400, which other users (a service account) could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
+def _remove_stale_temp_dirs(parent: str) -> None:
+    """Remove the temporary folders in `parent` of exports whose process is gone (killed)."""
+    for name in os.listdir(parent):
+        match = _TEMP_PID.match(name)
+        if match and not _process_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            log.info("removed %s, left by an export (pid %s) that was killed", os.path.join(parent, name),
+                     match.group(1))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
 
 
 def _missing_folders(path: str) -> List[str]:
@@ -219,14 +286,38 @@ def _remove_empty(folders: List[str]) -> None:
 
 
 def _replace_dir(tmp: str, target: str) -> None:
-    """Move the finished export into place; an older export at `target` is replaced whole."""
+    """Move the finished export into place; an older export at `target` is replaced whole. A `target`
+    that cannot be renamed (a mount point, such as a container volume) gets the export's entries instead."""
+    if os.path.ismount(target):
+        _move_entries(tmp, target)
+        return
     old = None
     if os.path.exists(target):
         old = target + ".old-" + os.path.basename(tmp)
-        os.rename(target, old)
+        try:
+            os.rename(target, old)
+        except OSError as e:
+            if e.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            _move_entries(tmp, target)
+            return
     os.rename(tmp, target)
     if old:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _move_entries(tmp: str, target: str) -> None:
+    """Replace the entries of `target` (an older export, checked by `_check_output_dir`) by those of `tmp`.
+    The manifest goes out first and in last, so a folder left half-moved is never taken for an export."""
+    for name in sorted(os.listdir(target), key=lambda n: n != MANIFEST_NAME):
+        path = os.path.join(target, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    for name in sorted(os.listdir(tmp), key=lambda n: n == MANIFEST_NAME):
+        shutil.move(os.path.join(tmp, name), os.path.join(target, name))
+    os.rmdir(tmp)
 
 
 def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:

@@ -1,8 +1,9 @@
 """What a long export shows while it runs: each stage with its time, and Ctrl-C that stops cleanly.
 
 MindSpore's graph compiler polls for signals and, on Ctrl-C, aborts with a long analyzer dump and an
-`analyze_fail.ir` file in the working directory. While an export runs, SIGINT only sets a flag;
-the export checks it between stages and stops there, removing what it had written.
+`analyze_fail.ir` file in the working directory. While an export runs, SIGINT and SIGTERM (a service
+manager's or container's stop) only set a flag; the export checks it between stages and stops there,
+removing what it had written.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from lite_runtime.contract.errors import ToolchainError
 
 log = logging.getLogger("exporter")
 _interrupted = threading.Event()
+_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_received = []
 
 
 class Interrupted(ToolchainError):
@@ -34,18 +37,26 @@ def stage(what: str):
 
 def check_interrupt() -> None:
     if _interrupted.is_set():
-        raise Interrupted("interrupted (Ctrl-C): the export stopped and removed what it had written")
+        name = _SIGNAL_NAMES.get(_received[-1], "a signal") if _received else "a signal"
+        raise Interrupted(f"interrupted ({name}): the export stopped and removed what it had written")
 
 
 @contextlib.contextmanager
 def deferred_interrupts():
-    """SIGINT sets a flag instead of raising inside MindSpore (main thread only)."""
+    """SIGINT and SIGTERM set a flag instead of raising inside MindSpore or killing the process
+    (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _interrupted.clear()
-    previous = signal.signal(signal.SIGINT, lambda *_: _interrupted.set())
+    _received.clear()
+
+    def handler(signum, _frame):
+        _received.append(signum)
+        _interrupted.set()
+    previous = {sig: signal.signal(sig, handler) for sig in _SIGNAL_NAMES}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

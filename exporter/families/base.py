@@ -138,7 +138,7 @@ def family_by_hf_type(model_type, where: str, hf: Optional[dict] = None) -> Type
     families sharing it."""
     found = next((f for f in FAMILIES.values() if model_type in f.hf_model_types and f.claims_hf(hf or {})), None)
     if found is None:
-        known = ", ".join(t for f in FAMILIES.values() for t in f.hf_model_types)
+        known = ", ".join(dict.fromkeys(t for f in FAMILIES.values() for t in f.hf_model_types))   # glm, glm2 share one
         raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {known}")
     return found
 

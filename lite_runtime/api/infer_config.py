@@ -60,8 +60,9 @@ class InferConfig:
             value = getattr(self, name)
             if name == "infer_seq_length" and value is None:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"InferConfig: {name} must be an integer >= 0, got {value!r}")
+            least = 1 if name == "num_threads" else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"InferConfig: {name} must be an integer >= {least}, got {value!r}")
         if not self.model_dir and not (self.prefill_model_path and self.increment_model_path):
             raise ConfigError("InferConfig: give model_dir (an export folder) or both prefill_model_path "
                               "and increment_model_path")

@@ -16,12 +16,17 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import family_from_model_name, get_family
 from lite_runtime.api.infer_config import InferConfig
 from lite_runtime.api.infer_task import InferTask
+from lite_runtime.api.text_generator import INFER_DEFAULTS
 
 _CONFIG_KEYS = {f.name for f in dataclasses.fields(InferConfig)}
+# Generation keywords given at construction (as upstream passes add_special_tokens, is_sample_acceleration):
+# the defaults of every call. Not a streamer: one serves one request.
+_CALL_KEYS = set(INFER_DEFAULTS) - {"streamer"}
 
 
 def pipeline(task: str = "text_generation", model: Union[str, tuple, InferConfig, None] = None,
              tokenizer=None, backend: str = "mslite", **kwargs):
+    call_defaults = {k: kwargs.pop(k) for k in list(kwargs) if k in _CALL_KEYS}
     if isinstance(model, InferConfig):
         if kwargs:
             raise ConfigError(f"pipeline: with an InferConfig, give settings in it, not as keywords "
@@ -38,9 +43,12 @@ def pipeline(task: str = "text_generation", model: Union[str, tuple, InferConfig
             settings.update(_model_settings(model, settings))
         unknown = sorted(set(settings) - _CONFIG_KEYS)
         if unknown:
-            raise ConfigError(f"pipeline: unknown keyword {unknown[0]!r}; allowed: {', '.join(sorted(_CONFIG_KEYS))}")
+            raise ConfigError(f"pipeline: unknown keyword {unknown[0]!r}; allowed: "
+                              f"{', '.join(sorted(_CONFIG_KEYS | _CALL_KEYS))}")
         config = InferConfig(**settings)
-    return InferTask.get_infer_task(task, config, tokenizer=tokenizer)
+    generator = InferTask.get_infer_task(task, config, tokenizer=tokenizer)
+    generator.call_defaults = call_defaults
+    return generator
 
 
 def _model_settings(model, settings: dict) -> dict:

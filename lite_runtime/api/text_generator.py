@@ -21,6 +21,12 @@ from lite_runtime.decode.streamers import CONTEXT_TOKENS, continuation_text
 from lite_runtime.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger("lite_runtime")
+# `infer`'s keywords and their defaults (upstream's names; is_sample_acceleration is accepted, sampling is on
+# the host). Those given to `pipeline(...)` become the generator's own defaults (`call_defaults`).
+INFER_DEFAULTS = dict(do_sample=False, top_k=1, top_p=1.0, temperature=1.0, repetition_penalty=1.0, eos_token_id=None,
+                      pad_token_id=None, max_length=256, is_sample_acceleration=False, add_special_tokens=None,
+                      streamer=None, max_new_tokens=None, seed=None, truncate=False, adapter_id=None,
+                      strict_adapter=False)
 
 
 class TextGeneratorInfer:
@@ -60,20 +66,20 @@ class TextGeneratorInfer:
         self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
+        self.call_defaults: dict = {}
 
     # --- the upstream call forms ----------------------------------------------------------------
-    def infer(self, inputs, do_sample: bool = False, top_k: int = 1, top_p: float = 1.0,
-              temperature: float = 1.0, repetition_penalty: float = 1.0, eos_token_id=None,
-              pad_token_id=None, max_length: Optional[int] = 256, is_sample_acceleration: bool = False,
-              add_special_tokens: Optional[bool] = None, streamer=None, max_new_tokens: Optional[int] = None,
-              seed: Optional[int] = None, truncate: bool = False, adapter_id=None,
-              strict_adapter: bool = False) -> List[Dict[str, List[str]]]:
+    def infer(self, inputs, **kwargs) -> List[Dict[str, List[str]]]:
+        """`kwargs`: the keywords of INFER_DEFAULTS; unset ones take `call_defaults`, then INFER_DEFAULTS."""
+        unknown = sorted(set(kwargs) - set(INFER_DEFAULTS))
+        if unknown:
+            raise ConfigError(f"unknown keyword {unknown[0]!r}; allowed: {', '.join(INFER_DEFAULTS)}")
+        if not isinstance(inputs, (str, list, tuple)):
+            raise ValidationError(f"inputs must be a prompt (str) or a list of prompts, got {inputs!r}")
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        options = dict(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
-                       repetition_penalty=repetition_penalty, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                       max_length=max_length, max_new_tokens=max_new_tokens, add_special_tokens=add_special_tokens,
-                       streamer=streamer, seed=seed, truncate=truncate, adapter_id=adapter_id,
-                       strict_adapter=strict_adapter)
+        options = {**INFER_DEFAULTS, **self.call_defaults, **kwargs}
+        del options["is_sample_acceleration"]
+        streamer, adapter_id, strict_adapter = options["streamer"], options["adapter_id"], options["strict_adapter"]
         if self.data_parallel is None:
             return self._answer(texts, options)
         if streamer is not None:
@@ -127,11 +133,8 @@ class TextGeneratorInfer:
                         "and limit the answer with max_new_tokens")
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
         adapters = self.adapter_slots(adapter_id, len(prompts), strict_adapter)
+        _check_streamer(streamer, len(prompts))
         forward = None
-        if streamer is not None:
-            if hasattr(streamer, "prime"):
-                streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
-            forward = _streaming(streamer, len(texts))
         timing = RequestTiming()
         self.last_timing = timing
 
@@ -140,6 +143,7 @@ class TextGeneratorInfer:
             if forward is not None:
                 forward(offset, step)
         try:
+            forward = _stream_to(streamer, prompts) if streamer is not None else None
             return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step,
                                              adapters)
         finally:
@@ -197,6 +201,39 @@ class RequestTiming:
     @property
     def ttft_ms(self) -> float:
         return ((self.first or self.end) - self.start) * 1e3
+
+
+def _check_streamer(streamer, prompts: int) -> None:
+    if streamer is None:
+        return
+    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise ValidationError(f"streamer {streamer!r} has no put(new_ids) and end() methods; give a TextStreamer "
+                              "or TextIteratorStreamer of lite_runtime.decode.streamers, a transformers streamer, "
+                              "or None")
+    if _from_transformers(streamer) and prompts != 1:
+        raise ValidationError(f"streamer {type(streamer).__name__} (transformers) streams one prompt; this request "
+                              f"has {prompts}: stream one prompt per call, or use lite_runtime.decode.streamers."
+                              f"TextIteratorStreamer(tokenizer, batch_size={prompts})")
+
+
+def _from_transformers(streamer) -> bool:
+    return any(cls.__module__.split(".")[0] == "transformers" for cls in type(streamer).__mro__)
+
+
+def _stream_to(streamer, prompts: List[List[int]]):
+    """The step callback feeding `streamer`. A transformers streamer gets what transformers' generate
+    gives it: the prompt ids as a (1, n) array first (its skip_prompt drops them), then each new
+    token as a (1,) array."""
+    if _from_transformers(streamer):
+        streamer.put(np.array([prompts[0]], dtype=np.int64))
+
+        def on_step(offset, step):
+            if offset == 0 and step.active[0]:
+                streamer.put(np.array([int(step.tokens[0])], dtype=np.int64))
+        return on_step
+    if hasattr(streamer, "prime"):
+        streamer.prime([p[-CONTEXT_TOKENS:] for p in prompts])
+    return _streaming(streamer, len(prompts))
 
 
 def _streaming(streamer, n_rows: int):

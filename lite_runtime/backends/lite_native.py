@@ -18,6 +18,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -123,7 +124,12 @@ def _working_directory(folder: str):
 
 
 def _last_error(lib) -> str:
-    return (lib.lite_last_error() or b"").decode("utf-8", "replace")
+    """Lite's error text, each distinct message of its log once: some faults (a missing .msw weight file)
+    log the same line for every tensor, hundreds of times."""
+    text = (lib.lite_last_error() or b"").decode("utf-8", "replace")
+    head, sep, log = text.rpartition(" Lite log: ")    # the shim joins the log's [ERROR] lines with "; "
+    counts = Counter(log.split("; "))
+    return head + sep + "; ".join(p if counts[p] == 1 else f"{p} ({counts[p]} times)" for p in counts)
 
 
 class LiteModel:
@@ -268,7 +274,7 @@ class LiteModel:
     def close(self) -> None:
         if self._handle:
             self._lib.lite_model_free(self._handle)
-            self._handle = ctypes.c_void_p()
+            self._handle = None     # not ctypes.c_void_p(): at interpreter exit the module's globals may be gone
         self._bound_inputs = [None] * len(self.inputs)
 
     def __enter__(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from typing import List, Optional
@@ -17,6 +18,9 @@ from lite_runtime.contract.errors import ConfigError
 
 log = logging.getLogger("lite_runtime")
 RESULT_FILE = "text_generation_result.txt"   # upstream run_mindformer's name, in the working directory
+PREDICT_DATA_ALLOWED = "allowed: a prompt text, or a .txt file (UTF-8) with one prompt per line"
+# A --predict_data value that is one word ending like a data file: meant as a file, not as the prompt.
+_DATA_FILE_NAME = re.compile(r"\S+\.(txt|csv|tsv|json|jsonl|yaml|yml|md|parquet)", re.IGNORECASE)
 
 
 def str2bool(value: str) -> bool:
@@ -111,13 +115,20 @@ def read_prompts(predict_data: str, template: Optional[str]) -> List[str]:
     if not predict_data.strip():
         raise ConfigError("--predict_data is empty; give a prompt or a .txt file (omit the option to type "
                           "prompts at a terminal)")
+    if not predict_data.endswith(".txt"):
+        if os.path.exists(predict_data):
+            kind = "folder" if os.path.isdir(predict_data) else "file"
+            raise ConfigError(f"--predict_data {predict_data} is a {kind}, not a .txt file; {PREDICT_DATA_ALLOWED}")
+        if _DATA_FILE_NAME.fullmatch(predict_data):
+            raise ConfigError(f"--predict_data file {predict_data} does not exist (and is not a .txt file); "
+                              f"{PREDICT_DATA_ALLOWED}")
     if predict_data.endswith(".txt"):
         if not os.path.isfile(predict_data):
             raise ConfigError(f"--predict_data file {predict_data} does not exist")
         with open(predict_data, "rb") as f:
             raw = f.read()
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")   # a BOM (Windows editors) is not part of the first prompt
         except UnicodeDecodeError as e:
             raise ConfigError(f"--predict_data file {predict_data} is not UTF-8 text: byte 0x{raw[e.start]:02x} "
                               f"at offset {e.start} ({e.reason}); save it as UTF-8") from None
@@ -271,6 +282,9 @@ def main(argv=None) -> int:
         print(f"error: --data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank table of "
               f"that many devices (python -m lite_runtime.distributed.launch --rank_table FILE -- "
               "run_infer_main.py --data_parallel N ...)", file=sys.stderr)
+        return 2
+    if args.num_threads < 1:
+        print(f"error: --num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)", file=sys.stderr)
         return 2
     if args.distributed:
         from lite_runtime.distributed.distributed_run import run_distributed

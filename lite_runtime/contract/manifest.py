@@ -168,11 +168,31 @@ def copy_manifest(manifest: Manifest, export_dir: str, copies: Dict[str, str], f
 
 
 def load_manifest(folder: str) -> Manifest:
+    """An export folder's manifest, or, in upstream's model folder form, that of its prefill graph copy."""
     if not os.path.isdir(folder):
         raise ArtifactError(f"export folder {folder} does not exist")
     if not os.path.isfile(os.path.join(folder, MANIFEST_NAME)):
-        raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME}")
+        return load_manifest_file(_graph_copy_manifest(folder))
     return load_manifest_file(os.path.join(folder, MANIFEST_NAME))
+
+
+def _graph_copy_manifest(folder: str) -> str:
+    """Upstream's model folder (MindFormers' Lite guide: a yaml, `xxx_prefill_graph.mindir`,
+    `xxx_inc_graph.mindir`, `config.ini`): the manifest the exporter wrote beside its prefill graph copy."""
+    graphs = sorted(n for n in os.listdir(folder) if n.endswith("prefill_graph.mindir"))
+    found = [copy_manifest_path(os.path.join(folder, n)) for n in graphs
+             if os.path.isfile(copy_manifest_path(os.path.join(folder, n)))]
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise ArtifactError(f"{folder} holds the graphs of several exports ({', '.join(graphs)}); give "
+                            "prefill_model_path and increment_model_path of one")
+    if graphs:
+        raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME}, and {graphs[0]} has no "
+                            f"{os.path.basename(copy_manifest_path(graphs[0]))} beside it; export with "
+                            "infer.prefill_model_path / increment_model_path naming this folder, which writes it")
+    raise ArtifactError(f"{folder} is not an export: it has no {MANIFEST_NAME} (nor a *prefill_graph.mindir "
+                        f"copy with its {COPY_MANIFEST_SUFFIX} beside it)")
 
 
 def load_manifest_file(path: str) -> Manifest:
@@ -184,6 +204,9 @@ def load_manifest_file(path: str) -> Manifest:
             data = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ArtifactError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path} is malformed: expected a JSON object, got a {type(data).__name__}; "
+                            "export the model again")
     version = data.get("format_version")
     if version != FORMAT_VERSION:
         advice = ("it was written by an older exporter (its graphs' inputs differ): export the model again "
@@ -191,9 +214,15 @@ def load_manifest_file(path: str) -> Manifest:
                   and version < FORMAT_VERSION else "export the model again with the matching exporter")
         raise ArtifactError(f"{path} has format_version {version!r}; this runtime reads format_version "
                             f"{FORMAT_VERSION}: {advice}")
+    _check_keys(data, path)
     try:
         if data.get("kv_cache") not in KV_MODES:
             raise ArtifactError(f"{path}: kv_cache {data.get('kv_cache')!r} is not one of {KV_MODES}")
+        missing = [k for k in graph_kinds(data["kv_cache"]) if k not in (data["graphs"] or {})]
+        if missing:
+            raise ArtifactError(f"{path} is malformed: graphs has no {' or '.join(missing)} entry (kv_cache "
+                                f"{data['kv_cache']} needs {', '.join(graph_kinds(data['kv_cache']))}); "
+                                "export the model again")
         graphs = {k: GraphEntry.from_json(data["graphs"][k]) for k in graph_kinds(data["kv_cache"])}
         segments = {k: GraphEntry.from_json(v) for k, v in data.get("segments", {}).items()}
         fields = {k: v for k, v in data.items() if k not in ("graphs", "segments", "root", "file")}
@@ -202,3 +231,17 @@ def load_manifest_file(path: str) -> Manifest:
         raise ArtifactError(f"{path} is malformed: {type(e).__name__}: {e}") from None
     get_family(manifest.family, source=path)
     return manifest
+
+
+def _check_keys(data: dict, path: str) -> None:
+    """Hand-edited manifests: a missing or unknown key named, not a Python error."""
+    fields = [f for f in dataclasses.fields(Manifest) if f.name not in ("root", "file")]
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ArtifactError(f"{path} is malformed: it has no {', '.join(missing)} (required keys: "
+                            f"{', '.join(required)}); export the model again")
+    unknown = sorted(set(data) - {f.name for f in fields})
+    if unknown:
+        raise ArtifactError(f"{path} is malformed: unknown key {', '.join(unknown)} (allowed keys: "
+                            f"{', '.join(sorted(f.name for f in fields))}); export the model again")

@@ -273,6 +273,13 @@ class TextIteratorStreamer(_RowStreams):
         self._per_row = [queue.Queue() for _ in range(batch_size)]
         self.rows = [_RowIterator(chunks, timeout) for chunks in self._per_row]
 
+    def prime(self, contexts: Sequence[Sequence[int]]) -> None:
+        if len(contexts) != len(self._per_row):
+            raise ValidationError(f"TextIteratorStreamer(batch_size={len(self._per_row)}) has a queue for "
+                                  f"{len(self._per_row)} row(s) but the request has {len(contexts)} prompts; "
+                                  f"make it with batch_size={len(contexts)}")
+        super().prime(contexts)
+
     def _on_text(self, row: int, text: str) -> None:
         self._per_row[row].put(text)
         self._all.put((row, text))
