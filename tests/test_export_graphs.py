@@ -41,7 +41,7 @@ def test_graphs_match_eager_network_for_32_steps(tiny_ckpt, tiny_exports, kv_mod
     sizes["norm_eps"] = sizes.pop("rms_norm_eps")
     cfg = llama.config(sizes, "test")
     net = CausalLM(cfg, BuildContext(1, 0, "io", manifest.batch_size, manifest.seq_length, ms.float32))
-    load_into(net, llama.mindformers_weights.apply(tiny_ckpt[1], cfg, "tiny", "llama"), "tiny")
+    load_into(net, llama.mindformers_weights.apply(dict(tiny_ckpt[1]), cfg, "tiny", "llama"), "tiny")
 
     B, S = manifest.batch_size, manifest.seq_length
     ids = np.zeros((B, S), np.int32)

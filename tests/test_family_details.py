@@ -239,7 +239,7 @@ def test_pangualpha_mindformers_names_and_settings():
     rng = np.random.default_rng(0)
     named = {k: rng.standard_normal((4, 3)).astype(np.float32) for k in tables}
     plan = family.mindformers_weights
-    got = plan.apply(named, cfg, "a.ckpt", family.name)
+    got = plan.apply(dict(named), cfg, "a.ckpt", family.name)
     assert sorted(got) == ["embed.weight", "pos_embed.weight", "top_query.query_embed.weight"]
     converted = plan.apply({tables[k]: v for k, v in named.items()}, cfg, "b.ckpt", family.name)
     assert all(np.array_equal(got[k], converted[k]) for k in got)

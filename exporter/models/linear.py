@@ -13,8 +13,16 @@ from mindspore import Parameter, Tensor, nn, ops
 
 
 def zeros_param(shape, dtype, name: str) -> Parameter:
-    # Placeholder values: every weight is overwritten by the loader, which checks none is left.
+    """A parameter that stays zeros (the in-graph KV cache)."""
     return Parameter(Tensor(np.zeros(shape, np.float32), dtype), name=name)
+
+
+def weight_param(shape, dtype, name: str) -> Parameter:
+    """A weight the loader sets: a one-element placeholder until then, so a model-sized array of
+    zeros is never held beside the weights; its shape is kept as `full_shape` for the loader."""
+    param = Parameter(Tensor(np.zeros((1,) * len(shape), np.float32), dtype), name=name)
+    param.full_shape = tuple(shape)
+    return param
 
 
 class Linear(nn.Cell):
@@ -37,14 +45,14 @@ class Linear(nn.Cell):
         self.flat = flat          # inputs are (tokens, in): the dynamic graph's layout, no reshapes
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = zeros_param((out_features, in_features), dtype, "weight")
+        self.weight = weight_param((out_features, in_features), dtype, "weight")
         self.has_bias = bias
         if bias:
-            self.bias = zeros_param((out_features,), dtype, "bias")
+            self.bias = weight_param((out_features,), dtype, "bias")
         self.lora = lora_width > 0
         if self.lora:
-            self.lora_a = zeros_param((lora_width, in_features), dtype, "lora_a")
-            self.lora_b = zeros_param((out_features, lora_width), dtype, "lora_b")
+            self.lora_a = weight_param((lora_width, in_features), dtype, "lora_a")
+            self.lora_b = weight_param((out_features, lora_width), dtype, "lora_b")
         self.matmul = ops.MatMul(transpose_b=True)
         self.reshape = ops.Reshape()
         self.shape = ops.Shape()
@@ -95,7 +103,7 @@ class Embedding(nn.Cell):
 
     def __init__(self, rows: int, dim: int, dtype, dynamic: bool = False):
         super().__init__()
-        self.weight = zeros_param((rows, dim), dtype, "weight")
+        self.weight = weight_param((rows, dim), dtype, "weight")
         self.gather = ops.Gather()
         # Lite 2.0 builds a gather in a graph with dynamic dimensions only with the axis as a tensor
         self.axis = Tensor(np.array([0], np.int32)) if dynamic else 0

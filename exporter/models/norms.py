@@ -8,13 +8,13 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
-from exporter.models.linear import zeros_param
+from exporter.models.linear import weight_param
 
 
 class RMSNorm(nn.Cell):
     def __init__(self, dim: int, eps: float, dtype):
         super().__init__()
-        self.weight = zeros_param((dim,), ms.float32, "weight")
+        self.weight = weight_param((dim,), ms.float32, "weight")
         self.eps = eps
         self.dtype = dtype
         self.mean = ops.ReduceMean(keep_dims=True)
@@ -30,8 +30,8 @@ class RMSNorm(nn.Cell):
 class LayerNorm(nn.Cell):
     def __init__(self, dim: int, eps: float, dtype):
         super().__init__()
-        self.weight = zeros_param((dim,), ms.float32, "weight")
-        self.bias = zeros_param((dim,), ms.float32, "bias")
+        self.weight = weight_param((dim,), ms.float32, "weight")
+        self.bias = weight_param((dim,), ms.float32, "bias")
         self.eps = eps
         self.dtype = dtype
         self.mean = ops.ReduceMean(keep_dims=True)

@@ -187,19 +187,28 @@ def tie_head(weights: Dict[str, np.ndarray], expects_head: bool, tied: bool, ran
     return weights
 
 
+def _loaded_parameters(net) -> Dict[str, object]:
+    """The parameters the weights set (not the in-graph KV caches, which stay zeros)."""
+    return {name: p for name, p in net.parameters_and_names() if hasattr(p, "full_shape")}
+
+
 def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None) -> None:
-    """Set every network parameter from `weights` (canonical names), checking names and shapes.
-    Problems are named as the checkpoint names them, when `plan` knows the checkpoint's name."""
-    from mindspore import Tensor
-    params = {name: p for name, p in net.parameters_and_names() if not name.endswith(("key_cache", "value_cache"))}
+    """Set every weight of the network (placeholders of `full_shape`, see `weight_param`) from
+    `weights` (canonical names), checking names and shapes. `weights` is emptied as it goes and each
+    parameter takes its array without a copy where the dtype is already the parameter's, so the
+    model is held once. Problems are named as the checkpoint names them, when `plan` knows the
+    checkpoint's name."""
+    from mindspore import Tensor, dtype_to_nptype
+    params = _loaded_parameters(net)
+    shapes = {name: p.full_shape for name, p in params.items()}
     def named(n):
         found = plan.source_of(n) if plan is not None else None
         return n if found is None or found[0] == n else f"{found[0]} ({n})"
 
     missing = sorted(named(n) for n in set(params) - set(weights))
     unexpected = sorted(named(n) for n in set(weights) - set(params))
-    wrong = [f"{named(n)}: checkpoint {tuple(weights[n].shape)} vs model {tuple(params[n].shape)}"
-             for n in sorted(set(params) & set(weights)) if tuple(weights[n].shape) != tuple(params[n].shape)]
+    wrong = [f"{named(n)}: checkpoint {tuple(weights[n].shape)} vs model {shapes[n]}"
+             for n in sorted(set(params) & set(weights)) if tuple(weights[n].shape) != shapes[n]]
     problems = ([f"missing {n}" for n in missing] + [f"unexpected {n}" for n in unexpected]
                 + [f"wrong shape {w}" for w in wrong])
     if problems:
@@ -207,4 +216,5 @@ def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None) -> Non
         raise WeightError(f"weights from {where} do not fit the model ({len(problems)} "
                           f"problem{'s' if len(problems) > 1 else ''}): {shown}")
     for name, p in params.items():
-        p.set_data(Tensor(np.ascontiguousarray(weights[name]).astype(np.float32), p.dtype))
+        array = np.ascontiguousarray(weights.pop(name), dtype=dtype_to_nptype(p.dtype))
+        p.set_data(Tensor.from_numpy(array), slice_shape=True)

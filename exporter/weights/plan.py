@@ -48,7 +48,8 @@ class WeightPlan:
 
     def apply(self, tensors: Dict[str, np.ndarray], cfg, where: str, family: str) -> Dict[str, np.ndarray]:
         out, unknown = {}, []
-        for name, value in tensors.items():
+        for name in list(tensors):
+            value = tensors.pop(name)   # `tensors` is emptied: a source and its converted copy are never all held
             if any(p.fullmatch(name) for p in self.ignore):
                 continue
             found = self._match(name)
