@@ -108,3 +108,23 @@ def test_safetensors_tensors_are_read_as_the_ranks_slice(tmp_path):
     np.testing.assert_array_equal(tensors["a"], a[:, 3:])
     np.testing.assert_array_equal(tensors["b"], b[3:])
     np.testing.assert_array_equal(tensors["c"], c)
+
+
+def test_bfloat16_tensors_are_read_as_the_exports_float_type(tmp_path):
+    """bfloat16 (numpy has none) against torch's own conversion: exact to float32, and to float16 as
+    torch rounds it; a value beyond float16's range is refused for a float16 export."""
+    import torch
+    from safetensors.torch import save_file
+    from lite_runtime.contract.errors import WeightError
+    from exporter.weights.safetensors_io import read_safetensors_part
+    w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ids = torch.arange(5, dtype=torch.int32)
+    save_file({"w": w, "ids": ids}, str(tmp_path / "m.safetensors"))
+    for dtype, expected in ((np.float32, w.float()), (np.float16, w.half())):
+        tensors, _ = read_safetensors_part(str(tmp_path / "m.safetensors"), {}, 0, 1, dtype)
+        assert tensors["w"].dtype == dtype
+        np.testing.assert_array_equal(tensors["w"], expected.numpy())
+        np.testing.assert_array_equal(tensors["ids"], ids.numpy())
+    save_file({"big": torch.full((2,), 1e5, dtype=torch.bfloat16)}, str(tmp_path / "big.safetensors"))
+    with pytest.raises(WeightError, match="tensor big has values beyond float16's range"):
+        read_safetensors_part(str(tmp_path / "big.safetensors"), {}, 0, 1, np.float16)

@@ -26,7 +26,7 @@ def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
-                 world_size: int) -> Dict[str, np.ndarray]:
+                 world_size: int, float_dtype=np.float32) -> Dict[str, np.ndarray]:
     """This rank's weights under canonical names: a pre-sharded rank folder as is, shards of any
     layout merged by their strategy file and cut again, or a slice of the full model cut by the
     network's split rules."""
@@ -45,7 +45,7 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
     if shards:
         full = W.merge_shards(shards, source.strategy, source.family, source.config)
     else:
-        full, done = W.read_source(source, rules, rank, world_size)
+        full, done = W.read_source(source, rules, rank, world_size, float_dtype)
     if source.slora:
         from exporter.weights.slora import stacked_weights
         full.update(stacked_weights(source.slora, source.config))
@@ -86,7 +86,8 @@ def _build_rank(config: ExportConfig, source: ModelSource, rank: int, graph_coll
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
     with stage(f"read and loaded the weights{where}"):
-        weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size)
+        weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size,
+                               np.float16 if config.compute_dtype == "float16" else np.float32)
         W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family))
     return net
 

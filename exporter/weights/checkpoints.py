@@ -40,11 +40,13 @@ def plan_for(path: str, family):
         else family.mindformers_weights
 
 
-def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 1) -> Tuple[Dict[str, np.ndarray], Set[str]]:
+def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 1,
+                float_dtype=np.float32) -> Tuple[Dict[str, np.ndarray], Set[str]]:
     """A model under canonical names, from a .ckpt file or a safetensors folder, with its LoRA adapter
     (if any) merged in; and the names already cut to rank `rank`'s share of `rules`. From safetensors,
     a tensor that maps one to one onto a split tensor is read as this rank's block only; everything
-    else is whole (fused tensors, .ckpt files) and is cut by `shard`."""
+    else is whole (fused tensors, .ckpt files) and is cut by `shard`. bfloat16 tensors are read as
+    `float_dtype` (the export's compute dtype)."""
     path, family, cfg = source.checkpoint, source.family, source.config
     plan = plan_for(path, family)
     done: Set[str] = set()
@@ -56,7 +58,7 @@ def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 
         cut = {} if world_size == 1 or source.adapter else _source_axes(plan, rules)
         tensors = {}
         for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-            part, cut_here = read_safetensors_part(f, cut, rank, world_size)
+            part, cut_here = read_safetensors_part(f, cut, rank, world_size, float_dtype)
             tensors.update(part)
             done |= {plan.target_of(name) for name in cut_here}
     else:
@@ -157,19 +159,20 @@ def read_ckpt(path: str) -> Dict[str, np.ndarray]:
 
 def shard(full: Dict[str, np.ndarray], rules: Dict[str, int], rank: int, world_size: int,
           done: Set[str] = frozenset()) -> Dict[str, np.ndarray]:
-    """This rank's slice of every tensor (Megatron-style contiguous blocks along its rule's axis);
-    `done` names tensors that are this rank's slice already."""
+    """This rank's slice of every tensor (Megatron-style contiguous blocks along its rule's axis),
+    emptying `full`; `done` names tensors that are this rank's slice already."""
     if world_size == 1:
         return full
     out = {}
-    for name, value in full.items():
+    for name in list(full):
+        value = full.pop(name)   # emptied as it goes: the whole tensors are freed once cut
         axis = rules.get(name)
         if axis is None or name in done:
             out[name] = value
             continue
         if value.shape[axis] % world_size:
             raise WeightError(f"{name} of shape {value.shape} cannot be split in {world_size} along axis {axis}")
-        out[name] = np.split(value, world_size, axis=axis)[rank]
+        out[name] = np.split(value, world_size, axis=axis)[rank].copy()   # a view would keep the whole alive
     return out
 
 

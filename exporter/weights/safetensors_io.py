@@ -26,10 +26,12 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
     return _read_with_bf16(path)
 
 
-def read_safetensors_part(path: str, cut: Dict[str, int], rank: int, parts: int) -> Tuple[Dict[str, np.ndarray], Set[str]]:
+def read_safetensors_part(path: str, cut: Dict[str, int], rank: int, parts: int,
+                          float_dtype=np.float32) -> Tuple[Dict[str, np.ndarray], Set[str]]:
     """The tensors of `path`, those named in `cut` ({name: axis}) as block `rank` of `parts` along
     that axis only (read from the file without the rest); returns them and the names so cut. A file
-    with bfloat16 tensors is read whole (the library's numpy view has no bfloat16).
+    with bfloat16 tensors is read whole (the library's numpy view has no bfloat16), its bfloat16
+    tensors as `float_dtype`.
 
     The library maps the whole file and every page a tensor is copied from stays resident while the
     file is open: each tensor is read under an opening of its own, so a shard is never held both as
@@ -40,7 +42,7 @@ def read_safetensors_part(path: str, cut: Dict[str, int], rank: int, parts: int)
         with safe_open(path, framework="numpy") as f:
             names = list(f.keys())
             if any(f.get_slice(name).get_dtype() == "BF16" for name in names):
-                return _read_with_bf16(path), done
+                return _read_with_bf16(path, float_dtype), done
         for name in names:
             with safe_open(path, framework="numpy") as f:
                 axis = cut.get(name)
@@ -59,21 +61,29 @@ def read_safetensors_part(path: str, cut: Dict[str, int], rank: int, parts: int)
     return tensors, done
 
 
-def _read_with_bf16(path: str) -> Dict[str, np.ndarray]:
+def _read_with_bf16(path: str, float_dtype=np.float32) -> Dict[str, np.ndarray]:
+    """Every tensor of a file holding bfloat16 ones, read one at a time; bfloat16 tensors become
+    `float_dtype` (float16 for a float16 export: a 7B bfloat16 model is never widened to float32 whole)."""
+    tensors = {}
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(header_len))
-        data = f.read()
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        raw, dtype, shape = data[start:end], info["dtype"], tuple(info["shape"])
-        if dtype == "BF16":
-            tensors[name] = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-        elif dtype in _TYPES:
-            tensors[name] = np.frombuffer(raw, _TYPES[dtype]).reshape(shape)
-        else:
-            raise WeightError(f"{path}: tensor {name} has dtype {dtype}; supported: BF16, {', '.join(_TYPES)}")
+        base = 8 + header_len
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            dtype, shape = info["dtype"], tuple(info["shape"])
+            if dtype != "BF16" and dtype not in _TYPES:
+                raise WeightError(f"{path}: tensor {name} has dtype {dtype}; supported: BF16, {', '.join(_TYPES)}")
+            f.seek(base + start)
+            raw = np.fromfile(f, np.uint16 if dtype == "BF16" else _TYPES[dtype],
+                              count=(end - start) // (2 if dtype == "BF16" else np.dtype(_TYPES[dtype]).itemsize))
+            if dtype == "BF16":
+                wide = (raw.astype(np.uint32) << 16).view(np.float32)
+                raw = wide.astype(float_dtype)
+                if float_dtype == np.float16 and np.isinf(raw).any() and not np.isinf(wide).any():
+                    raise WeightError(f"{path}: tensor {name} has values beyond float16's range "
+                                      f"(largest {np.abs(wide).max():.4g}); export it with compute_dtype float32")
+            tensors[name] = raw.reshape(shape)
     return tensors
