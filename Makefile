@@ -18,7 +18,7 @@ setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 $(STAMP)/venv: setup.cfg pyproject.toml
 	@mkdir -p $(STAMP)
 	@test -x $(VENV)/bin/python || $(PY311) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e ".[test,hf]"
+	$(VENV)/bin/pip install -q -e ".[test,hf,serve]"
 	@touch $@
 
 $(STAMP)/venv-ms20: setup.cfg pyproject.toml

@@ -105,6 +105,16 @@ class BucketedKVCache:
             else:
                 cache[rows, :, :, positions] = new[:, :, :, 0]
 
+    def write_rows(self, new_rows: List[np.ndarray], past: np.ndarray, counts: np.ndarray) -> None:
+        """Row r's first `counts[r]` new positions go to positions past[r].. (rows with 0 keep theirs)."""
+        for row in np.flatnonzero(counts):
+            start, n = int(past[row]), int(counts[row])
+            for i, (cache, new) in enumerate(zip(self.arrays, new_rows)):
+                if i % 2:
+                    cache[row, :, start:start + n] = new[row, :, :n]
+                else:
+                    cache[row, ..., start:start + n] = new[row, ..., :n]
+
 
 class Session:
     """One rank's loaded prefill + increment graphs.
@@ -151,6 +161,21 @@ class Session:
         outputs = self._timed_run(STEP if self.dynamic else "increment", feeds)
         if self.cache is not None:
             self.cache.write_step(outputs[1:], valid_length - 1)
+        return outputs[0]
+
+    def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
+        """One call of the dynamic step graph in which each row moves on by its own number of tokens
+        (continuous batching: a prompt joining rows that decode). Row r feeds `tokens[r, :counts[r]]`
+        after the `past[r]` tokens in its cache and gets the logits of its last one; rows with
+        counts 0 are idle (their cache is left as it is, their logits are meaningless)."""
+        if not self.dynamic:
+            raise UnsupportedError("continuous batching needs an export with kv_cache: dynamic; this one has "
+                                   f"kv_cache {self.manifest.kv_cache!r}: export again with kv_cache: dynamic")
+        lengths = (past + np.maximum(counts, 1)).astype(np.int32)   # an idle row reads one padding token
+        self.cache.ensure(int(lengths.max()))
+        feeds = [tokens, lengths, past.astype(np.int32), *extra, *self.cache.arrays]
+        outputs = self._timed_run(STEP, feeds)
+        self.cache.write_rows(outputs[1:], past, counts)
         return outputs[0]
 
     def close(self) -> None:

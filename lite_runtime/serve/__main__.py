@@ -1,0 +1,79 @@
+"""`python -m lite_runtime.serve --model_dir out/x [--host 127.0.0.1] [--port 8000] [--backend mslite]`
+(console script `lite-serve`): the export behind an OpenAI-compatible endpoint."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from lite_runtime.contract.errors import ToolchainError
+
+PROG = "python -m lite_runtime.serve"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model_dir", required=True, help="The export folder (its manifest.json).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
+@click.option("--served_model_name", default=None, help="The model name clients send (default: the folder's name).")
+@click.option("--num_threads", type=click.IntRange(1, None), default=2, show_default=True)
+@click.option("--max_waiting", type=click.IntRange(1, None), default=64, show_default=True,
+              help="Requests that may wait for a cache row; more are answered 429 at once.")
+@click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
+              help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
+def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, shutdown_timeout):
+    """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics."""
+    import uvicorn
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.app import ServedModel, create_app
+    from lite_runtime.serve.engine import Engine
+    from lite_runtime.serve.metrics import Metrics
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    manifest = load_manifest(model_dir)
+    manifest.verify_files()
+    tokenizer = manifest.load_tokenizer()
+    if tokenizer is None:
+        raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
+    metrics = Metrics()
+    session = load_session(backend, manifest, num_threads=num_threads)
+    engine = Engine(session, max_waiting=max_waiting, metrics=metrics)
+    metrics.cache_rows.set(manifest.batch_size)
+    name = served_model_name or os.path.basename(os.path.abspath(model_dir))
+    app = create_app(ServedModel(engine, tokenizer, name, metrics))
+    logging.getLogger("lite_runtime.serve").info(
+        "serving %s (%s, %d cache rows, %s) on http://%s:%d", name, manifest.family, manifest.batch_size,
+        session.runtime, host, port)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
+    server = uvicorn.Server(config)
+    try:
+        server.run()     # SIGTERM / Ctrl-C: stops accepting, waits for open requests up to the timeout
+    finally:
+        engine.stop(timeout=shutdown_timeout)
+        session.close()
+
+
+def main(argv=None):
+    try:
+        command.main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.UsageError as e:
+        _fail(f"{e.format_message().rstrip('.')} (see {PROG} --help)", 2)
+    except click.Abort:
+        _fail("aborted", 1)
+    except ToolchainError as e:
+        _fail(e, 1)
+    sys.exit(0)
+
+
+def _fail(message, code: int):
+    click.echo("error: " + " ".join(str(message).split()), err=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""The serving engine: continuous batching over the cache rows of one dynamic-kv session.
+
+Each of the graph's B rows holds one request or is idle. Every step is one call of the step graph
+in which each row moves on by its own number of tokens: a request admitted since the last step
+feeds its whole prompt, the others their last token (`Session.step`). So a request joins at the
+next step instead of waiting for a batch to end, and a finished request frees its row at once.
+Each row keeps its own sampler (seeded per request), penalties, token budget and stop ids.
+
+The engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
+A request reports through `on_token(token_id, logprob)` and `on_finish(reason)`, called from the
+engine thread (the server hands them on to its event loop).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Deque, List, Optional
+
+import numpy as np
+
+from lite_runtime.contract.errors import UnsupportedError, ValidationError
+from lite_runtime.decode.sampling import Sampler, SamplingParams
+
+log = logging.getLogger("lite_runtime.serve")
+
+
+class QueueFull(Exception):
+    """The engine's waiting queue is full: answer the client at once (429)."""
+
+
+@dataclass
+class EngineRequest:
+    """One generation: token ids in, token ids out through the callbacks."""
+    prompt: List[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset = frozenset()
+    adapter_slot: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    on_token: Callable[[int, float], None] = lambda token, logprob: None
+    on_finish: Callable[[str], None] = lambda reason: None
+    # set by the engine
+    arrived: float = field(default_factory=time.perf_counter)
+    admitted: Optional[float] = None
+    cancelled: bool = False
+
+
+@dataclass
+class _Row:
+    request: EngineRequest
+    sampler: Sampler
+    tokens: List[int]            # prompt, then generated tokens
+    past: int = 0                # tokens in the cache
+    pending: List[int] = field(default_factory=list)   # tokens to feed at the next step
+    generated: int = 0
+
+
+class Engine:
+    """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
+
+    def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = 128, metrics=None):
+        m = session.manifest
+        if m.kv_cache != "dynamic":
+            raise UnsupportedError(f"serving needs an export with kv_cache: dynamic (one step graph with per-row "
+                                   f"lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
+                                   "kv_cache: dynamic")
+        from lite_runtime.contract.families import get_family
+        if get_family(m.family).row_inputs:
+            raise UnsupportedError(f"serving the {m.family} family (graph inputs per row beyond ids and lengths) "
+                                   "is not supported yet; use run_infer_main.py or pipeline()")
+        self.session = session
+        self.batch = m.batch_size
+        self.seq_length = m.seq_length
+        self.pad_id = m.pad_token_id
+        self.adapters = m.dims.adapter_slots > 0
+        self.max_waiting = max_waiting
+        self.prefill_chunk = prefill_chunk    # most prompt tokens a row feeds in one step
+        self.metrics = metrics
+        self.rows: List[Optional[_Row]] = [None] * self.batch
+        self.waiting: Deque[EngineRequest] = collections.deque()
+        self._wake = threading.Condition()
+        self._stopping = False     # no new requests
+        self._exit = False         # the engine thread ends
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    # --- called from any thread ------------------------------------------------------------------
+    def submit(self, request: EngineRequest) -> None:
+        if not request.prompt:
+            raise ValidationError("the prompt is empty after tokenisation; give at least one token")
+        if len(request.prompt) >= self.seq_length:
+            raise ValidationError(f"the prompt has {len(request.prompt)} tokens but this export holds "
+                                  f"{self.seq_length} per request (seq_length): at most {self.seq_length - 1} "
+                                  "prompt tokens leave room for one new token")
+        with self._wake:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self.waiting)} requests are waiting already (the most the engine queues)")
+            self.waiting.append(request)
+            self._wake.notify()
+        self._observe()
+
+    def cancel(self, request: EngineRequest) -> None:
+        """Stop `request` (a client went away): its row is freed at the next step."""
+        request.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Refuse new requests, let running ones finish within `timeout`, then cancel the rest."""
+        with self._wake:
+            self._stopping = True
+            for request in self.waiting:
+                request.cancelled = True
+            self._wake.notify()
+        deadline = time.perf_counter() + timeout
+        while self.busy_rows() and time.perf_counter() < deadline:
+            time.sleep(0.02)
+        for row in self.rows:
+            if row is not None:
+                row.request.cancelled = True
+        with self._wake:
+            self._exit = True
+            self._wake.notify()
+        self._thread.join(timeout=5)
+
+    def busy_rows(self) -> int:
+        return sum(row is not None for row in self.rows)
+
+    # --- the engine thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._exit and not self._has_work():
+                    self._wake.wait()
+                if self._exit:
+                    return
+                self._admit()
+            try:
+                self._step()
+            except Exception as e:   # a failing graph ends every running request, not the server
+                log.exception("engine step failed")
+                for i, row in enumerate(self.rows):
+                    if row is not None:
+                        self._finish(i, f"error: {e}")
+            self._observe()
+
+    def _has_work(self) -> bool:
+        return any(row is not None for row in self.rows) or (self.waiting and None in self.rows)
+
+    def _admit(self) -> None:
+        while self.waiting and None in self.rows:
+            request = self.waiting.popleft()
+            if request.cancelled:
+                request.on_finish("cancelled")
+                continue
+            request.admitted = time.perf_counter()
+            slot = self.rows.index(None)
+            self.rows[slot] = _Row(request, Sampler(request.sampling), list(request.prompt),
+                                   pending=list(request.prompt))
+            if self.metrics is not None:
+                self.metrics.queue_time.observe(request.admitted - request.arrived)
+
+    def _step(self) -> None:
+        for i, row in enumerate(self.rows):
+            if row is not None and row.request.cancelled:
+                self._finish(i, "cancelled")
+        live = [i for i, row in enumerate(self.rows) if row is not None]
+        if not live:
+            return
+        past = np.zeros(self.batch, np.int32)
+        for i in live:
+            past[i] = self.rows[i].past
+        # Every row reads positions past..past+T-1 of the graph's tables, so T stays within the room
+        # the fullest row has left; a longer prompt is fed in chunks over several steps (chunked
+        # prefill), which also bounds how long the rows that decode wait.
+        width = min(max(len(self.rows[i].pending) for i in live), self.prefill_chunk,
+                    int(self.seq_length - past[live].max()))
+        counts = np.zeros(self.batch, np.int32)
+        tokens = np.full((self.batch, width), self.pad_id, np.int32)
+        for i in live:
+            feed = self.rows[i].pending[:width]
+            counts[i] = len(feed)
+            tokens[i, :len(feed)] = feed
+        extra = []
+        if self.adapters:
+            extra.append(np.array([row.request.adapter_slot if row else 0 for row in self.rows], np.int32))
+        logits = self.session.step(tokens, counts, past, *extra)
+        self.steps += 1
+        for i in live:
+            row = self.rows[i]
+            row.past += int(counts[i])
+            del row.pending[:int(counts[i])]
+            if row.pending:        # the prompt's next chunk comes at the next step
+                continue
+            token, logprob = self._pick(row, logits[i:i + 1])
+            row.tokens.append(token)
+            row.pending = [token]
+            row.generated += 1
+            row.request.on_token(token, logprob)
+            reason = None
+            if token in row.request.stop_ids:
+                reason = "stop"
+            elif row.generated >= row.request.max_tokens or row.past >= self.seq_length:   # no slot left
+                reason = "length"
+            if reason:
+                self._finish(i, reason)
+
+    def _pick(self, row: _Row, logits: np.ndarray):
+        request = row.request
+        logprobs = _log_softmax(logits[0])
+        if request.presence_penalty or request.frequency_penalty:
+            generated = np.asarray(row.tokens[len(request.prompt):], np.int64)
+            if generated.size:
+                ids, counts = np.unique(generated, return_counts=True)
+                logits = logits.copy()
+                logits[0, ids] -= request.presence_penalty + request.frequency_penalty * counts
+        if request.min_p > 0 and not request.sampling.is_greedy:
+            logits = np.where(logprobs[None] >= np.log(request.min_p) + logprobs.max(), logits, -np.inf)
+        ids = np.asarray(row.tokens, np.int32)[None]
+        token = int(row.sampler(logits.astype(np.float32), ids, np.array([ids.shape[1]], np.int32))[0])
+        return token, float(logprobs[token])
+
+    def _finish(self, slot: int, reason: str) -> None:
+        row = self.rows[slot]
+        self.rows[slot] = None
+        row.request.on_finish(reason)
+
+    def _observe(self) -> None:
+        if self.metrics is not None:
+            self.metrics.running.set(self.busy_rows())
+            self.metrics.waiting.set(len(self.waiting))
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())

@@ -1,0 +1,42 @@
+"""The server's Prometheus metrics (prometheus-client), in a registry of their own."""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class Metrics:
+    def __init__(self):
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+        r = CollectorRegistry()
+        latency = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+        self.ttft = Histogram("lite_time_to_first_token_seconds", "Time from arrival to the first token",
+                              buckets=latency, registry=r)
+        self.inter_token = Histogram("lite_inter_token_latency_seconds", "Time between a request's tokens",
+                                     buckets=latency, registry=r)
+        self.e2e = Histogram("lite_e2e_request_latency_seconds", "Time from arrival to the last token",
+                             buckets=latency, registry=r)
+        self.queue_time = Histogram("lite_request_queue_time_seconds", "Time a request waited for a cache row",
+                                    buckets=latency, registry=r)
+        self.running = Gauge("lite_requests_running", "Requests holding a cache row", registry=r)
+        self.waiting = Gauge("lite_requests_waiting", "Requests waiting for a cache row", registry=r)
+        self.cache_rows = Gauge("lite_cache_rows", "Cache rows of the engine (the graph's batch)", registry=r)
+        self.prompt_tokens = Counter("lite_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generation_tokens = Counter("lite_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("lite_requests", "Finished requests by finish reason", ["finish_reason"],
+                                registry=r)
+        self.registry, self.content_type = r, CONTENT_TYPE_LATEST
+
+    def token(self, start: float, last: Optional[float], now: float) -> None:
+        self.generation_tokens.inc()
+        if last is None:
+            self.ttft.observe(now - start)
+        else:
+            self.inter_token.observe(now - last)
+
+    def finished(self, start: float, now: float, reason: str, tokens: int) -> None:
+        self.e2e.observe(now - start)
+        self.requests.labels(finish_reason=reason.split(":")[0]).inc()
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
