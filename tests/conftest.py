@@ -3,6 +3,7 @@ import os
 import sys
 
 import pytest
+import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
 from family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
@@ -10,6 +11,7 @@ from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_con
                          save_ckpt, tiny_export_config, write_yaml)
 
 os.environ.setdefault("GLOG_v", "3")  # keep MindSpore's C++ log quiet
+DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +81,23 @@ def family_export(hf_family, tmp_path_factory):
             made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[key]
     return get
+
+
+@pytest.fixture(scope="session")
+def demo_exports(tmp_path_factory):
+    """The demo yaml (kv_cache dynamic) for ms and mslite, and in the two-graph io layout for ms."""
+    folder = tmp_path_factory.mktemp("demo")
+    with open(DEMO_YAML) as f:
+        io_config = yaml.safe_load(f)
+    demo_dir = os.path.dirname(DEMO_YAML)
+    io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
+    io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
+    io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
+    out = {}
+    for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
+                                 ("ms_io", None, io_yaml)):
+        args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
+        result = run_cli(args, python=python) if python else run_cli(args)
+        assert result.returncode == 0, result.stderr[-2000:]
+        out[name] = str(folder / name)
+    return out

@@ -8,11 +8,8 @@ import os
 import re
 
 import pytest
-import yaml
+from tiny_models import run_cli
 
-from tiny_models import REPO, VENV_MS20_PYTHON, run_cli, write_yaml
-
-DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 EXPECTED = {
     "An increasing sequence: one,": " two, three, four, five",
     "Counting: seven, eight,": " nine, ten",
@@ -20,26 +17,6 @@ EXPECTED = {
     "Counting down: ten, nine,": " eight, seven, six",
     "The capital of France is": " Paris.",
 }
-
-
-@pytest.fixture(scope="module")
-def demo_exports(tmp_path_factory):
-    """The demo yaml (kv_cache dynamic) for ms and mslite, and in the two-graph io layout for ms."""
-    folder = tmp_path_factory.mktemp("demo")
-    with open(DEMO_YAML) as f:
-        io_config = yaml.safe_load(f)
-    demo_dir = os.path.dirname(DEMO_YAML)
-    io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
-    io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
-    io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
-    out = {}
-    for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
-                                 ("ms_io", None, io_yaml)):
-        args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
-        result = run_cli(args, python=python) if python else run_cli(args)
-        assert result.returncode == 0, result.stderr[-2000:]
-        out[name] = str(folder / name)
-    return out
 
 
 @pytest.mark.parametrize("backend", ["ms", "mslite"])

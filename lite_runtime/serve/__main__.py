@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -51,8 +52,12 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
         session.runtime, host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
     server = uvicorn.Server(config)
+    # uvicorn stops on SIGTERM / Ctrl-C (no new connections, open ones get the timeout), then raises
+    # the signal again for the handler found before it: this one, so that a requested stop exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
-        server.run()     # SIGTERM / Ctrl-C: stops accepting, waits for open requests up to the timeout
+        server.run()
     finally:
         engine.stop(timeout=shutdown_timeout)
         session.close()

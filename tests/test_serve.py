@@ -1,0 +1,189 @@
+"""The OpenAI-compatible server and its engine on the bundled demo model (it continues counting, so
+text and stop strings can be checked), on `ms` and on real Lite, through the official `openai`
+client: greedy text equal to pipeline()'s, streaming equal to the whole answer, stop strings,
+OpenAI-style errors, Prometheus metrics; and the engine's continuous batching: requests joining at
+different moments and reusing freed rows get exactly the tokens each gets alone."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tiny_models import REPO
+
+PROMPTS = ["An increasing sequence: one,", "Counting: seven, eight,", "The alphabet: a, b,"]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=["ms", "mslite"])
+def server(demo_exports, request):
+    """(base url, backend): the demo export served in a process of its own."""
+    backend = request.param
+    if backend == "mslite":
+        from lite_process import ensure_lite_installed
+        ensure_lite_installed()
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", demo_exports[backend],
+                             "--backend", backend, "--port", str(port), "--served_model_name", "demo"],
+                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else "no answer"
+            time.sleep(0.3)
+    yield url, backend
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, proc.stdout.read()
+
+
+def client(url):
+    from openai import OpenAI
+    return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def pipeline_texts(demo_exports):
+    """The greedy continuations of PROMPTS by pipeline() on `ms` (prompt removed)."""
+    from lite_runtime import pipeline
+    pipe = pipeline("text_generation", model=demo_exports["ms"], backend="ms")
+    answers = pipe(PROMPTS, max_new_tokens=10, add_special_tokens=True)
+    return [a["text_generation_text"][0][len(p):] for a, p in zip(answers, PROMPTS)]
+
+
+def test_completions_give_pipelines_greedy_text_streamed_or_not(server, pipeline_texts):
+    url, _ = server
+    c = client(url)
+    for prompt, expected in zip(PROMPTS, pipeline_texts):
+        whole = c.completions.create(model="demo", prompt=prompt, max_tokens=10, temperature=0)
+        assert whole.choices[0].text == expected
+        assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 10
+        chunks = list(c.completions.create(model="demo", prompt=prompt, max_tokens=10, temperature=0, stream=True))
+        assert "".join(ch.choices[0].text for ch in chunks) == expected
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_strings_end_the_text_before_them(server):
+    url, _ = server
+    answer = client(url).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=20, temperature=0,
+                                            stop=[" four", "never"])
+    assert answer.choices[0].text == " two, three," and answer.choices[0].finish_reason == "stop"
+    streamed = client(url).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=20, temperature=0,
+                                              stop=" four", stream=True)
+    assert "".join(ch.choices[0].text for ch in streamed) == " two, three,"
+
+
+def test_chat_answers_with_usage_and_the_chosen_tokens_logprobs(server):
+    url, _ = server
+    answer = client(url).chat.completions.create(model="demo", messages=[{"role": "user", "content": "Counting:"}],
+                                                 max_tokens=6, temperature=0, logprobs=True)
+    choice = answer.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("length", "stop")
+    assert answer.usage.completion_tokens == len(choice.logprobs.content) and answer.usage.prompt_tokens > 3
+    assert all(t.logprob <= 0 for t in choice.logprobs.content)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"temperature": 3}, 400, "temperature"),
+    ({"top_p": 0}, 400, "top_p"),
+    ({"n": 2}, 400, "n"),
+    ({"presence_penalty": -2.5}, 400, "presence_penalty"),
+    ({"model": "other"}, 404, "model"),
+    ({"prompt": "one, " * 200}, 400, "prompt"),
+])
+def test_a_bad_request_gets_an_openai_error_naming_the_field(server, body, status, param):
+    url, _ = server
+    data = dict({"model": "demo", "prompt": "one,", "max_tokens": 2}, **body)
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(data).encode(),
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == status
+    error = json.loads(e.value.read())["error"]
+    assert error["param"] == param and error["message"], error
+
+
+def test_metrics_parse_and_count_the_requests(server):
+    from prometheus_client.parser import text_string_to_metric_families
+    url, _ = server
+    def finished():
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        return sum(s.value for s in families["lite_requests"].samples if s.name == "lite_requests_total"), families
+    before, _ = finished()
+    c = client(url)
+    for _ in range(3):
+        c.completions.create(model="demo", prompt=PROMPTS[1], max_tokens=3, temperature=0)
+    after, families = finished()
+    assert after - before == 3
+    ttft = [s for s in families["lite_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
+    assert ttft[0].value >= 3
+    assert {"lite_inter_token_latency_seconds", "lite_e2e_request_latency_seconds", "lite_requests_running",
+            "lite_requests_waiting", "lite_prompt_tokens", "lite_generation_tokens"} <= set(families)
+
+
+def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports):
+    """Seven requests on the 4 cache rows, submitted while others run, with budgets of 2 to 12: each
+    gets the tokens it gets alone; rows freed by short requests are taken by waiting ones while
+    long ones continue; fewer steps than tokens (requests share steps)."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.decode.generation import generate_batches
+    from lite_runtime.decode.inputs import InputOfInfer
+    from lite_runtime.decode.sampling import Sampler, SamplingParams
+    from lite_runtime.serve.engine import Engine, EngineRequest
+    m = load_manifest(demo_exports["ms"])
+    tokenizer = m.load_tokenizer()
+    texts = PROMPTS + ["Counting down: ten, nine,", "The capital of France is", "one,", "a, b, c, d, e, f,"]
+    prompts = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
+    budgets = [12, 2, 9, 3, 12, 5, 7]
+    session = load_session("ms", m)
+    inputs = InputOfInfer.get_inputs(m.family, m)
+    alone = [generate_batches(session, inputs, [p], [n], [], m.pad_token_id, Sampler(SamplingParams()))[0]
+             for p, n in zip(prompts, budgets)]
+    engine = Engine(session, prefill_chunk=8)
+    got = [[] for _ in prompts]
+    ended = {}
+    requests = []
+    for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        request = EngineRequest(prompt, budget, on_token=lambda t, lp, i=i: got[i].append(t),
+                                on_finish=lambda reason, i=i: ended.__setitem__(i, (reason, time.perf_counter())))
+        requests.append(request)
+        engine.submit(request)
+        time.sleep(0.02 * (i % 3))
+    deadline = time.time() + 120
+    while len(ended) < len(prompts) and time.time() < deadline:
+        time.sleep(0.01)
+    engine.stop()
+    assert got == alone
+    assert all(reason == "length" for reason, _ in ended.values())
+    # the requests that waited were admitted while the longest first request still ran
+    assert all(r.admitted < ended[0][1] for r in requests[4:])
+    assert engine.steps < sum(budgets)
+
+
+def test_a_client_that_goes_away_frees_its_row(server):
+    url, _ = server
+    stream = client(url).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=100, temperature=0,
+                                            stream=True)
+    next(iter(stream))
+    stream.close()
+    deadline = time.time() + 30
+    while json.loads(urllib.request.urlopen(url + "/health", timeout=5).read())["running"]:
+        assert time.time() < deadline, "the row of a closed stream was not freed"
+        time.sleep(0.1)
