@@ -3,6 +3,7 @@ text and stop strings can be checked), on `ms` and on real Lite, through the off
 client: greedy text equal to pipeline()'s, streaming equal to the whole answer, stop strings,
 OpenAI-style errors, Prometheus metrics; and the engine's continuous batching: requests joining at
 different moments and reusing freed rows get exactly the tokens each gets alone."""
+import contextlib
 import json
 import os
 import signal
@@ -26,30 +27,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", params=["ms", "mslite"])
-def server(demo_exports, request):
-    """(base url, backend): the demo export served in a process of its own."""
-    backend = request.param
+@contextlib.contextmanager
+def served(export: str, backend: str, name: str = "demo"):
+    """`export` served in a process of its own; yields (base url, pid); stopped by SIGTERM (exit 0)."""
     if backend == "mslite":
         from lite_process import ensure_lite_installed
         ensure_lite_installed()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", demo_exports[backend],
-                             "--backend", backend, "--port", str(port), "--served_model_name", "demo"],
+    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", export,
+                             "--backend", backend, "--port", str(port), "--served_model_name", name],
                             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else "no answer"
-            time.sleep(0.3)
-    yield url, backend
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, proc.stdout.read()
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise AssertionError(f"the server did not start: {proc.stdout.read() if proc.poll() else ''}")
+                time.sleep(0.3)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, proc.stdout.read()
+
+
+@pytest.fixture(scope="module", params=["ms", "mslite"])
+def server(demo_exports, request):
+    """(base url, backend, pid): the demo export served in a process of its own."""
+    with served(demo_exports[request.param], request.param) as (url, pid):
+        yield url, request.param, pid
 
 
 def client(url):
@@ -67,7 +78,7 @@ def pipeline_texts(demo_exports):
 
 
 def test_completions_give_pipelines_greedy_text_streamed_or_not(server, pipeline_texts):
-    url, _ = server
+    url, *_ = server
     c = client(url)
     for prompt, expected in zip(PROMPTS, pipeline_texts):
         whole = c.completions.create(model="demo", prompt=prompt, max_tokens=10, temperature=0)
@@ -79,7 +90,7 @@ def test_completions_give_pipelines_greedy_text_streamed_or_not(server, pipeline
 
 
 def test_stop_strings_end_the_text_before_them(server):
-    url, _ = server
+    url, *_ = server
     answer = client(url).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=20, temperature=0,
                                             stop=[" four", "never"])
     assert answer.choices[0].text == " two, three," and answer.choices[0].finish_reason == "stop"
@@ -89,7 +100,7 @@ def test_stop_strings_end_the_text_before_them(server):
 
 
 def test_chat_answers_with_usage_and_the_chosen_tokens_logprobs(server):
-    url, _ = server
+    url, *_ = server
     answer = client(url).chat.completions.create(model="demo", messages=[{"role": "user", "content": "Counting:"}],
                                                  max_tokens=6, temperature=0, logprobs=True)
     choice = answer.choices[0]
@@ -107,7 +118,7 @@ def test_chat_answers_with_usage_and_the_chosen_tokens_logprobs(server):
     ({"prompt": "one, " * 200}, 400, "prompt"),
 ])
 def test_a_bad_request_gets_an_openai_error_naming_the_field(server, body, status, param):
-    url, _ = server
+    url, *_ = server
     data = dict({"model": "demo", "prompt": "one,", "max_tokens": 2}, **body)
     req = urllib.request.Request(url + "/v1/completions", json.dumps(data).encode(),
                                  {"Content-Type": "application/json"})
@@ -120,7 +131,7 @@ def test_a_bad_request_gets_an_openai_error_naming_the_field(server, body, statu
 
 def test_metrics_parse_and_count_the_requests(server):
     from prometheus_client.parser import text_string_to_metric_families
-    url, _ = server
+    url, *_ = server
     def finished():
         text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -178,7 +189,7 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
 
 
 def test_a_client_that_goes_away_frees_its_row(server):
-    url, _ = server
+    url, *_ = server
     stream = client(url).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=100, temperature=0,
                                             stream=True)
     next(iter(stream))
@@ -187,3 +198,68 @@ def test_a_client_that_goes_away_frees_its_row(server):
     while json.loads(urllib.request.urlopen(url + "/health", timeout=5).read())["running"]:
         assert time.time() < deadline, "the row of a closed stream was not freed"
         time.sleep(0.1)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
+def _post(url, body, timeout=120):
+    req = urllib.request.Request(url + "/v1/completions", body if isinstance(body, bytes) else json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _disconnect_mid_stream(url):
+    import http.client
+    host, port = url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": "demo", "prompt": PROMPTS[0], "max_tokens": 60,
+                                                        "stream": True}), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.readline()           # the first event
+    conn.close()
+    return "gone", None
+
+
+def test_a_bounded_load_with_bad_and_vanishing_clients(server):
+    """200 requests from 32 concurrent clients: valid ones (greedy and seeded sampling), malformed
+    bodies, over-long prompts and clients that leave mid-stream. Every valid request gets its whole
+    answer, every bad one a 4xx, the server stays up, and its RSS after the run is within 5 % of
+    its RSS after a warm-up of the same mix."""
+    from concurrent.futures import ThreadPoolExecutor
+    url, *_ = server
+    valid = {"model": "demo", "prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0}
+    kinds = [("valid", valid), ("sampled", dict(valid, temperature=0.8, seed=3)), ("malformed", b"{not json"),
+             ("bad_field", dict(valid, max_tokens=0)), ("too_long", dict(valid, prompt="one, " * 200)),
+             ("gone", None)]
+
+    def one(i):
+        kind, body = kinds[i % len(kinds)]
+        if kind == "gone":
+            return kind, _disconnect_mid_stream(url)
+        return kind, _post(url, body)
+
+    def run(n):
+        with ThreadPoolExecutor(32) as pool:
+            return list(pool.map(one, range(n)))
+
+    run(48)
+    pid = server[2]
+    warm = _rss(pid)
+    results = run(200)
+    expected_text = _post(url, valid)[1]["choices"][0]["text"]
+    for kind, (status, body) in results:
+        if kind == "valid":
+            assert status == 200 and body["choices"][0]["text"] == expected_text, body
+        elif kind == "sampled":
+            assert status == 200 and body["usage"]["completion_tokens"] == 8, body
+        elif kind != "gone":
+            assert 400 <= status < 500 and body["error"]["message"], (kind, body)
+    assert json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())["status"] == "ok"
+    assert _rss(pid) <= 1.05 * warm, (warm, _rss(pid))

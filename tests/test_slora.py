@@ -186,3 +186,29 @@ def test_pipeline_takes_one_adapter_per_prompt(slora_exports):
     alone = [pipe([p], adapter_id=a, max_new_tokens=8)[0] for p, a in zip(prompts, ["a1", None, "a2"])]
     assert mixed == alone
     assert pipe(prompts[:1], adapter_id="a1", max_new_tokens=8) != pipe(prompts[:1], max_new_tokens=8)
+
+
+def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slora_exports):
+    """The Lite SLoRA export served: /v1/models lists the base and each adapter; requests for the
+    base model, a1 and a2, in flight together, each give peft's greedy tokens of that adapter."""
+    from concurrent.futures import ThreadPoolExecutor
+    from lite_process import ensure_lite_installed
+    from lite_runtime.contract.manifest import load_manifest
+    from test_serve import client, served
+    ensure_lite_installed()
+    prompts = json.loads((slora_model / "prompts.json").read_text())
+    with served(slora_exports("lite"), "mslite", "base") as (url, _):
+        c = client(url)
+        assert sorted(m.id for m in c.models.list().data) == ["a1", "a2", "base"]
+        jobs = [(name, i) for name in ("base", "a1", "a2") for i in range(len(prompts))]
+
+        def ask(job):
+            name, i = job
+            answer = c.completions.create(model=name, prompt=prompts[i], max_tokens=6, temperature=0, logprobs=1)
+            return answer.choices[0].logprobs.tokens
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            answers = dict(zip(jobs, pool.map(ask, jobs)))
+    tokenizer = load_manifest(slora_exports("lite")).load_tokenizer()
+    for (name, i), pieces in answers.items():
+        expected = np.load(slora_model / f"reference_{name}.npz")["tokens"][i][:len(pieces)]
+        assert pieces == [tokenizer.id_to_piece(int(t)) for t in expected], (name, i)
