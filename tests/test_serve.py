@@ -263,3 +263,37 @@ def test_a_bounded_load_with_bad_and_vanishing_clients(server):
             assert 400 <= status < 500 and body["error"]["message"], (kind, body)
     assert json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())["status"] == "ok"
     assert _rss(pid) <= 1.05 * warm, (warm, _rss(pid))
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Count to 3"}]
+
+
+@pytest.mark.parametrize("family, expected", [
+    # Llama 2 chat (Meta's reference: [INST] <<SYS>> ... <</SYS>> ..., each answer then </s><s>)
+    ("llama", "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Count to 3 [/INST]"),
+    # Qwen: ChatML
+    ("qwen", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+             "Hello.<|im_end|>\n<|im_start|>user\nCount to 3<|im_end|>\n<|im_start|>assistant\n"),
+    # ChatGLM3: a role token, a newline, the content
+    ("glm2", "<|system|>\n Be brief.<|user|>\n Hi<|assistant|>\n Hello.<|user|>\n Count to 3<|assistant|>"),
+    # Baichuan2: <reserved_106> before the user, <reserved_107> before the assistant
+    ("baichuan2", "Be brief.<reserved_106>Hi<reserved_107>Hello.<reserved_106>Count to 3<reserved_107>"),
+    ("internlm", "<|User|>:Hi<eoh>\n<|Bot|>:Hello.<eoa>\n<|User|>:Count to 3<eoh>\n<|Bot|>:"),
+])
+def test_chat_prompts_follow_each_familys_published_format(family, expected):
+    from lite_runtime.serve.chat import ChatFormat
+    assert ChatFormat(family, None).render(CHAT) == expected
+
+
+def test_the_exports_chat_template_comes_first_and_special_tokens_become_their_ids(tmp_path):
+    from lite_runtime.serve.chat import ChatFormat, encode_chat
+    from lite_runtime.tokenizers import load_tokenizer
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"}))
+    assert ChatFormat("llama", str(tmp_path)).render(CHAT[1:3]) == "<user>Hi<assistant>Hello."
+    tokenizer = load_tokenizer(os.path.join(REPO, "tools", "demo_model", "tokenizer.model"))
+    ids = encode_chat(tokenizer, "[INST] Hi [/INST] Hello. </s><s>[INST] Count [/INST]")
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    assert ids[0] == bos and ids.count(bos) == 2 and ids.count(eos) == 1 and ids.index(eos) + 1 == ids.index(bos, 1)
+    assert ids[1:ids.index(eos)] == tokenizer.encode("[INST] Hi [/INST] Hello. ", add_special_tokens=False)

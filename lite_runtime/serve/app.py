@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from lite_runtime.contract.errors import ToolchainError
-from lite_runtime.serve.chat import ChatFormat
+from lite_runtime.serve.chat import ChatFormat, encode_chat
 from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import ChatRequest, CompletionRequest, SamplingFields, error_body
@@ -86,7 +86,7 @@ def create_app(served: ServedModel) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         text = served.chat.render([m.model_dump() for m in body.messages])
-        prompt_ids = served.tokenizer.encode(text, add_special_tokens=True)
+        prompt_ids = encode_chat(served.tokenizer, text)
         return await _answer(served, body, prompt_ids, request, chat=True)
 
     async def _answer(served: ServedModel, body: SamplingFields, prompt_ids: List[int], request: Request, chat: bool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Dict, List, Optional
 
 # The families' chat formats (BOS and ChatGLM's [gMASK] sop come from the tokenizer's own prefix).
@@ -41,7 +42,7 @@ class ChatFormat:
         source = _tokenizer_config_template(export_dir) or FAMILY_TEMPLATES.get(family, PLAIN_TEMPLATE)
         self.from_tokenizer_config = source is not None and source not in FAMILY_TEMPLATES.values() \
             and source != PLAIN_TEMPLATE
-        env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
+        env = jinja2.Environment(keep_trailing_newline=True)
         self.template = env.from_string(source)
 
     def render(self, messages: List[dict]) -> str:
@@ -57,3 +58,24 @@ def _tokenizer_config_template(export_dir: Optional[str]) -> Optional[str]:
     with open(path, encoding="utf-8") as f:
         template = json.load(f).get("chat_template")
     return template if isinstance(template, str) else None
+
+
+def encode_chat(tokenizer, text: str) -> List[int]:
+    """Token ids of a rendered chat prompt: the tokenizer's prefix (BOS, ChatGLM's [gMASK] sop), the
+    special tokens written in the text (`</s><s>`, `<|im_start|>`...) as their own ids, the rest
+    encoded as text, then the tokenizer's suffix."""
+    specials = {tokenizer.id_to_piece(i): i for i in tokenizer.all_special_ids}
+    specials = {piece: i for piece, i in specials.items() if piece}
+    ids = list(tokenizer.prefix_ids)
+    if specials:
+        pattern = re.compile("|".join(re.escape(p) for p in sorted(specials, key=len, reverse=True)))
+        parts = pattern.split(text)
+        marks = pattern.findall(text)
+    else:
+        parts, marks = [text], []
+    for i, part in enumerate(parts):
+        if part:
+            ids += tokenizer.encode(part, add_special_tokens=False)
+        if i < len(marks):
+            ids.append(specials[marks[i]])
+    return ids + list(tokenizer.suffix_ids)
