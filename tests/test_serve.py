@@ -116,6 +116,7 @@ def test_chat_answers_with_usage_and_the_chosen_tokens_logprobs(server):
     ({"presence_penalty": -2.5}, 400, "presence_penalty"),
     ({"model": "other"}, 404, "model"),
     ({"prompt": "one, " * 200}, 400, "prompt"),
+    ({"prompt": [1, 5, 10 ** 6]}, 400, "prompt"),
 ])
 def test_a_bad_request_gets_an_openai_error_naming_the_field(server, body, status, param):
     url, *_ = server

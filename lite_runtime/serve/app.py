@@ -31,6 +31,7 @@ class ServedModel:
         self.stop_ids = frozenset(int(i) for i in m.eos_token_id)
         self.chat = ChatFormat(m.family, m.root)
         self.context = m.seq_length
+        self.vocab_size = m.vocab_size
 
     def slot(self, model: str) -> int:
         if model == self.name:
@@ -81,6 +82,10 @@ def create_app(served: ServedModel) -> FastAPI:
             prompt_ids = served.tokenizer.encode(body.prompt, add_special_tokens=True)
         else:
             prompt_ids = list(body.prompt)
+            bad = [t for t in prompt_ids if not 0 <= t < served.vocab_size]
+            if bad:
+                raise _BadRequest(f"prompt: token id {bad[0]} is outside the vocabulary [0, {served.vocab_size})",
+                                  "prompt")
         return await _answer(served, body, prompt_ids, request, chat=False)
 
     @app.post("/v1/chat/completions")
