@@ -22,6 +22,7 @@ from typing import Callable, Deque, List, Optional
 import numpy as np
 
 from lite_runtime.contract.errors import UnsupportedError, ValidationError
+from lite_runtime.contract.families import get_family
 from lite_runtime.decode.sampling import Sampler, SamplingParams
 
 log = logging.getLogger("lite_runtime.serve")
@@ -69,7 +70,6 @@ class Engine:
             raise UnsupportedError(f"serving needs an export with kv_cache: dynamic (one step graph with per-row "
                                    f"lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
                                    "kv_cache: dynamic")
-        from lite_runtime.contract.families import get_family
         if get_family(m.family).row_inputs:
             raise UnsupportedError(f"serving the {m.family} family (graph inputs per row beyond ids and lengths) "
                                    "is not supported yet; use run_infer_main.py or pipeline()")
