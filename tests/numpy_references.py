@@ -258,11 +258,12 @@ def pangualpha_case(out_dir):
     model = dict(family="pangualpha", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
                  num_layers=cfg["num_layers"], n_heads=cfg["num_heads"], intermediate_size=cfg["ffn_hidden_size"],
                  max_position_embeddings=cfg["seq_length"], tokenizer=vocab)
-    # configs/pangualpha/run_pangualpha_2_6b.yaml's model section at the tiny sizes (eos: this vocab's <eot>)
+    # configs/pangualpha/run_pangualpha_2_6b.yaml's model section at the tiny sizes (eos: this vocab's <eot>;
+    # use_past False as in every upstream PanguAlpha run yaml)
     model_config = dict(cfg, type="PanguAlphaConfig", batch_size=1, pad_token_id=pad, eod_token_id=pad,
                         eos_token_id=eot, post_layernorm_residual=False, param_init_type="float32",
                         compute_dtype="float32", softmax_compute_type="float32", embedding_dropout_prob=0.1,
-                        hidden_dropout_rate=0.1, attention_dropout_rate=0.1, hidden_act="fast_gelu", use_past=True,
+                        hidden_dropout_rate=0.1, attention_dropout_rate=0.1, hidden_act="fast_gelu", use_past=False,
                         use_moe=False, expert_num=1, per_token_num_experts_chosen=1,
                         checkpoint_name_or_path="pangualpha_2_6b", repetition_penalty=1, max_decode_length=1024,
                         top_k=5, top_p=1, do_sample=False)

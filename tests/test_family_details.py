@@ -10,7 +10,8 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from family_cases import BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, reference
+from family_cases import (BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, mindformers_yaml,
+                          reference)
 from parity_runner import greedy_prompts
 from tiny_models import REPO, VENV_MS20_PYTHON, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
@@ -220,6 +221,28 @@ def test_pangualpha_refuses_the_segment_form(hf_family, tmp_path):
     assert result.returncode != 0 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
     assert "parallel.collectives: host is not supported for the pangualpha family" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_pangualpha_run_yaml_with_use_past_false_exports_the_incremental_graphs(hf_family, family_export, tmp_path):
+    """Upstream's PanguAlpha run yamls say `use_past: False` (as the case's does): the export writes the
+    prefill and increment graphs anyway, says so in one line, and gives the HF-style export's logits."""
+    folder = hf_family("pangualpha")
+    run = mindformers_yaml("pangualpha", folder, mindformers_ckpt(folder), str(tmp_path / "out"))
+    assert run["model"]["model_config"]["use_past"] is False
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "run_pangualpha_2_6b.yaml"), run)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in result.stderr.splitlines() if "use_past" in line]
+    assert len(said) == 1, result.stderr
+    for fact in ("run_pangualpha_2_6b.yaml", "use_past False", "writes the incremental (KV cache) graphs anyway",
+                 "the runtime needs them"):
+        assert fact in said[0], said[0]
+    manifest = load_manifest(str(tmp_path / "out"))
+    assert manifest.kv_cache == "io" and sorted(manifest.graphs) == ["increment", "prefill"]
+    prompts, _, _ = reference(folder)
+    got = greedy_prompts(load_session("ms", manifest), prompts, 4)
+    want = greedy_prompts(load_session("ms", load_manifest(family_export("pangualpha", "io"))), prompts, 4)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
 def test_pangualpha_mindformers_names_and_settings():

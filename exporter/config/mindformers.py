@@ -78,6 +78,10 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
         ours["tokenizer"] = tokenizer
     config = {"model": ours, "output_dir": data.get("output_dir") or MF_DEFAULT_OUTPUT_DIR}
     config.update({k: mc[k] for k in MF_EXPORT_KEYS if mc.get(k) is not None})
+    if mc.get("use_past") is False:     # upstream's switch for its own predict network (PanguAlpha's yamls)
+        log.info("%s: model.model_config.use_past False: the export writes the incremental (KV cache) graphs "
+                 "anyway, because the runtime needs them", source)
+        del config["use_past"]
     for key in ("load_checkpoint", "infer", "src_strategy_path_or_dir", "auto_trans_ckpt"):
         if data.get(key):
             config[key] = data[key]
