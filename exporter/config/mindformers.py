@@ -34,8 +34,10 @@ MF_IGNORED_MODEL_KEYS = {
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
+# This exporter's own top-level keys a run yaml may carry too (upstream has no such choices).
+MF_OWN_TOP_KEYS = ("kv_cache", "lite_ms")
 MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer",
-               "src_strategy_path_or_dir", "auto_trans_ckpt"}
+               "src_strategy_path_or_dir", "auto_trans_ckpt", *MF_OWN_TOP_KEYS}
 
 
 def is_mindformers_yaml(data: dict) -> bool:
@@ -85,6 +87,7 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
     for key in ("load_checkpoint", "infer", "src_strategy_path_or_dir", "auto_trans_ckpt"):
         if data.get(key):
             config[key] = data[key]
+    config.update({k: data[k] for k in MF_OWN_TOP_KEYS if k in data})
     parallel = data.get("parallel_config") or {}
     if parallel.get("model_parallel"):
         config["parallel"] = {"model_parallel": parallel["model_parallel"]}
