@@ -29,8 +29,9 @@ Cases (CASES: case -> family):
   position id, rotate-half, tables rounded to float16 as upstream makes them), attention scaled by
   1/(sqrt(hd)·(layer+1)) and back by (layer+1), bidirectional over the prompt before <sop>, a GELU
   MLP in the tanh form (upstream's P.GeLU: MindSpore's GeLU primitive computes the tanh form, whatever
-  its docstring's formula says; THUDM's gelu_impl is the same), final LayerNorm, untied head. Its prompts end with [gMASK] <sop> (one has [MASK] inside
-  instead); the special ids sit inside the tiny vocabulary and are in its config.json / run yaml.
+  its docstring's formula says; THUDM's gelu_impl is the same), final LayerNorm, untied head. Its
+  prompts end with [gMASK] <sop> (one has [MASK] inside instead); the special ids sit inside the tiny
+  vocabulary and are in its config.json / run yaml.
   Written as hf/ (the Hugging Face ChatGLM-6B layout) and mindformers.npz / mindformers.json.
 """
 import json
