@@ -457,3 +457,49 @@ def test_glm_gelu_is_upstreams_at_a_larger_weight_scale(tmp_path_factory, backen
     assert result.returncode == 0, result.stderr[-3000:]
     _, ref_logits, ref_tokens = reference(folder)
     check_parity(np.load(out)["logits"], np.load(out)["tokens"], ref_logits, ref_tokens, f"glm x2 on {backend}")
+
+
+def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path):
+    """transformers' LlamaForCausalLM with attention_bias and mlp_bias (biases on q, k, v, o, gate, up,
+    down): the folder exports with those biases and gives transformers' greedy tokens and logits."""
+    steps = 8
+    result = run_cli([os.path.join(REPO, "tests", "hf_models.py"), "llama_bias", str(tmp_path), str(steps)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = {"model": {"hf_dir": str(tmp_path / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
+           "output_dir": str(tmp_path / "export")}
+    manifest = load_manifest(export_in_subprocess(write_yaml(str(tmp_path / "export.yaml"), cfg)))
+    assert manifest.family == "llama"
+    assert all(manifest.model_config[k] for k in ("qkv_bias", "o_bias", "mlp_bias"))
+    prompts, ref_logits, ref_tokens = reference(tmp_path)
+    logits, tokens = greedy_prompts(load_session("ms", manifest), prompts, steps)
+    check_parity(logits, tokens, ref_logits, ref_tokens, "llama with attention_bias and mlp_bias")
+
+
+def test_mindformers_qwen2_as_llama_with_qkv_has_bias(hf_family, tmp_path):
+    """MindFormers runs Qwen1.5 / Qwen2 as LlamaForCausalLM with qkv_has_bias: True: the qwen case's
+    transformers Qwen2 weights under Llama's MindFormers names (biases on wq, wk, wv; none on wo) and such
+    a run yaml export the qwen family (what --model_name qwen1_5_7b / qwen2_7b name) with transformers'
+    tokens and logits."""
+    from safetensors.numpy import load_file
+    from hf_models import llama_mf_name
+    from lite_runtime.contract.families import family_from_model_name, get_family
+    folder = hf_family("qwen")
+    hf = json.loads((folder / "hf_qwen2" / "config.json").read_text())
+    tensors = load_file(str(folder / "hf_qwen2" / "model.safetensors"))
+    ckpt = save_ckpt({llama_mf_name(k): v for k, v in tensors.items()}, str(tmp_path / "qwen2.ckpt"))
+    assert not any(".wo.bias" in k for k in map(llama_mf_name, tensors))
+    mc = dict(type="LlamaConfig", batch_size=BATCH, seq_length=SEQ, hidden_size=hf["hidden_size"],
+              num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+              n_kv_heads=hf["num_key_value_heads"], intermediate_size=hf["intermediate_size"],
+              vocab_size=hf["vocab_size"], rms_norm_eps=hf["rms_norm_eps"], qkv_has_bias=True,
+              theta=hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"], compute_dtype="float32",
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, use_past=True)
+    run = {"model": {"model_config": mc, "arch": {"type": "LlamaForCausalLM"}}, "load_checkpoint": ckpt,
+           "output_dir": str(tmp_path / "out")}
+    manifest = load_manifest(export_in_subprocess(write_yaml(str(tmp_path / "run_qwen2_7b.yaml"), run)))
+    assert manifest.family == "qwen" and manifest.model_config["qkv_bias"] and not manifest.model_config["o_bias"]
+    for name in ("qwen1_5_7b", "qwen2_7b", "qwen_7b"):
+        assert get_family(family_from_model_name(name)).name == "qwen"
+    prompts, ref_logits, ref_tokens = reference(folder)
+    logits, tokens = greedy_prompts(load_session("ms", manifest), prompts, STEPS)
+    check_parity(logits, tokens, ref_logits, ref_tokens, "qwen2 from a MindFormers llama run yaml")

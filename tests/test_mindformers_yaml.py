@@ -98,7 +98,6 @@ def test_qkv_concat_checkpoint_exports_the_same_model(tiny_ckpt, tiny_exports, t
 
 
 @pytest.mark.parametrize("change, facts", [
-    ({"qkv_has_bias": True}, ["model.model_config.qkv_has_bias True", "allowed: False"]),
     ({"type": "GLM2Config"}, ["LlamaForCausalLM"]),
     ({"use_fancy_thing": 1}, ["unknown key model.model_config.use_fancy_thing"]),
 ])

@@ -64,7 +64,7 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
     if unknown:
         raise ConfigError(f"{source}: unknown key model.model_config.{unknown[0]} for a MindFormers {family.name} "
                           f"config; understood: {', '.join(sorted(understood))}")
-    ours = dict(family.from_mindformers(mc, source), family=family.name)
+    ours = dict({"family": family.name}, **family.from_mindformers(mc, source))   # it may name another
     ours.update(family.mindformers_variants.get(arch, {}))     # e.g. Baichuan2's 7B / 13B classes
     pet = mc.get("pet_config")
     if pet:
