@@ -3,7 +3,7 @@ of one family, save it as an HF folder with a locally trained tokenizer, record 
 tokens and logits, and write the same weights under MindFormers' names (converted here, from the
 upstream conversion rules, independently of the exporter's weight plans).
 
-usage: python tests/hf_models.py FAMILY OUT_DIR STEPS
+usage: python tests/hf_models.py FAMILY OUT_DIR STEPS   (FAMILY: a BUILDERS or SHAPES key)
 Writes OUT_DIR/hf/ (config.json, model.safetensors, tokenizer files), OUT_DIR/reference.npz
 (logits (P, STEPS+1, V), tokens (P, STEPS+1)), OUT_DIR/prompts.json, OUT_DIR/mindformers.npz.
 """
@@ -78,6 +78,18 @@ def _qwen(transformers):
 # torch and transformers are imported only when run as a script: test modules import this for BUILDERS.
 BUILDERS = {"llama": _llama, "bloom": _bloom, "gpt2": _gpt2, "internlm": _internlm, "baichuan2": _baichuan2,
             "glm2": _glm2, "qwen": _qwen}
+
+
+def _llama_bias(transformers):
+    """Llama with transformers' attention_bias (q, k, v, o) and mlp_bias (gate, up, down), GQA."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+        attention_bias=True, mlp_bias=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
+# Other shapes of a family, made on request by one test (not in every family's matrix).
+SHAPES = {"llama_bias": _llama_bias}
 SENTENCEPIECE = ("llama", "internlm", "baichuan2", "glm2")   # folders with a tokenizer.model (others: tokenizer.json)
 
 
@@ -86,7 +98,7 @@ SENTENCEPIECE = ("llama", "internlm", "baichuan2", "glm2")   # folders with a to
 # biases]) per family.
 WIDEN = {"llama": (4.0, 4.0, 0.05), "bloom": (12.0, 4.0, 0.5), "gpt2": (4.0, 4.0, 0.05),
          "internlm": (4.0, 4.0, 0.05, 0.2), "baichuan2": (4.0, 4.0, 0.05), "glm2": (4.0, 4.0, 0.05, 0.2),
-         "qwen": (4.0, 4.0, 0.05, 0.2)}
+         "qwen": (4.0, 4.0, 0.05, 0.2), "llama_bias": (4.0, 4.0, 0.05, 0.2)}
 
 
 def widen(model, family):
@@ -353,7 +365,7 @@ def mindformers_names(family, sd, cfg):
     """The state dict under MindFormers' parameter names, converted as its conversion scripts do."""
     t = {k: v.numpy() for k, v in sd.items()}
     out = {}
-    if family in ("llama", "internlm"):     # research/internlm/convert_weight.py: Llama's renames, biases kept
+    if family in ("llama", "internlm", "llama_bias"):   # Llama's renames, biases kept (as research/internlm's)
         return {llama_mf_name(k): v for k, v in t.items()}
     if family == "baichuan2":
         return baichuan2_mindformers(baichuan_layout(t), cfg.hidden_size)
@@ -447,7 +459,7 @@ def main(family, out_dir, steps):
     import transformers
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    model = BUILDERS[family](transformers).eval()
+    model = dict(BUILDERS, **SHAPES)[family](transformers).eval()
     widen(model, family)
     hf_dir = os.path.join(out_dir, "hf")
     model.save_pretrained(hf_dir, safe_serialization=True)

@@ -2,9 +2,10 @@
 published formulas (never from the project's model code), in float64.
 
 Run as a script it does for a case what tests/hf_models.py does for a builder:
-  python tests/numpy_references.py CASE OUT_DIR STEPS
+  python tests/numpy_references.py CASE OUT_DIR STEPS [SCALE]
 writes OUT_DIR/hf/ (the family's own config.json, model.safetensors, tokenizer), reference.npz (logits
-(P, STEPS+1, V), tokens (P, STEPS+1)), prompts.json and mindformers.npz (the upstream conversion).
+(P, STEPS+1, V), tokens (P, STEPS+1)), prompts.json and mindformers.npz (the upstream conversion);
+SCALE (glm only) multiplies the weight matrices.
 A family with no Hugging Face layout (PanguAlpha) gets no hf/: mindformers.npz holds its weights
 under MindFormers' names, and OUT_DIR/model.json (the export yaml's `model:` section: family, sizes,
 tokenizer) and OUT_DIR/mindformers.json (a MindFormers run yaml's `model` and `processor` sections)
@@ -26,9 +27,11 @@ Cases (CASES: case -> family):
   LayerNorm blocks with DeepNorm residuals (normed input times alpha = sqrt(2·layers)), fused per-head
   qkv with biases, 2-D rotary (first half of each head by the position id, second half by the block
   position id, rotate-half, tables rounded to float16 as upstream makes them), attention scaled by
-  1/(sqrt(hd)·(layer+1)) and back by (layer+1), bidirectional over the prompt before <sop>, tanh GELU
-  MLP, final LayerNorm, untied head. Its prompts end with [gMASK] <sop> (one has [MASK] inside
-  instead); the special ids sit inside the tiny vocabulary and are in its config.json / run yaml.
+  1/(sqrt(hd)·(layer+1)) and back by (layer+1), bidirectional over the prompt before <sop>, a GELU
+  MLP in the tanh form (upstream's P.GeLU: MindSpore's GeLU primitive computes the tanh form, whatever
+  its docstring's formula says; THUDM's gelu_impl is the same), final LayerNorm, untied head. Its
+  prompts end with [gMASK] <sop> (one has [MASK] inside instead); the special ids sit inside the tiny
+  vocabulary and are in its config.json / run yaml.
   Written as hf/ (the Hugging Face ChatGLM-6B layout) and mindformers.npz / mindformers.json.
 """
 import json
@@ -256,11 +259,12 @@ def pangualpha_case(out_dir):
     model = dict(family="pangualpha", vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
                  num_layers=cfg["num_layers"], n_heads=cfg["num_heads"], intermediate_size=cfg["ffn_hidden_size"],
                  max_position_embeddings=cfg["seq_length"], tokenizer=vocab)
-    # configs/pangualpha/run_pangualpha_2_6b.yaml's model section at the tiny sizes (eos: this vocab's <eot>)
+    # configs/pangualpha/run_pangualpha_2_6b.yaml's model section at the tiny sizes (eos: this vocab's <eot>;
+    # use_past False as in every upstream PanguAlpha run yaml)
     model_config = dict(cfg, type="PanguAlphaConfig", batch_size=1, pad_token_id=pad, eod_token_id=pad,
                         eos_token_id=eot, post_layernorm_residual=False, param_init_type="float32",
                         compute_dtype="float32", softmax_compute_type="float32", embedding_dropout_prob=0.1,
-                        hidden_dropout_rate=0.1, attention_dropout_rate=0.1, hidden_act="fast_gelu", use_past=True,
+                        hidden_dropout_rate=0.1, attention_dropout_rate=0.1, hidden_act="fast_gelu", use_past=False,
                         use_moe=False, expert_num=1, per_token_num_experts_chosen=1,
                         checkpoint_name_or_path="pangualpha_2_6b", repetition_penalty=1, max_decode_length=1024,
                         top_k=5, top_p=1, do_sample=False)
@@ -293,6 +297,7 @@ def glm_rotary_tables(dim, positions):
 
 
 def gelu_tanh(x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in float64."""
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
 
 
@@ -348,12 +353,13 @@ def glm_logits(w, cfg, ids, prompt_len, causal=False, block_shift=0):
     return x[-1] @ w["lm_head.weight"].T
 
 
-def glm_weights(cfg, rng):
-    """Random weights under the Hugging Face ChatGLM-6B names (Linear weights (out, in))."""
+def glm_weights(cfg, rng, scale=1.0):
+    """Random weights under the Hugging Face ChatGLM-6B names (Linear weights (out, in)); `scale`
+    multiplies every matrix (larger activations: the GELU's inputs reach its curved range)."""
     hidden, inner, vocab = cfg["hidden_size"], cfg["inner_hidden_size"], cfg["vocab_size"]
 
     def matrix(rows, cols, gain=1.0):
-        return rng.standard_normal((rows, cols)) * gain / math.sqrt(cols)
+        return rng.standard_normal((rows, cols)) * gain * scale / math.sqrt(cols)
 
     def vector(size, around=0.0, scale=0.1):
         return around + scale * rng.standard_normal(size)
@@ -391,12 +397,12 @@ def glm_mindformers_names(weights):
     return out
 
 
-def glm_case(out_dir):
+def glm_case(out_dir, scale=1.0):
     """hf/ (config.json, model.safetensors), mindformers.json (run_glm_6b_infer.yaml's model section at
-    the tiny sizes); MindFormers' names of the weights; the reference forward."""
+    the tiny sizes); MindFormers' names of the weights; the reference forward. `scale`: glm_weights'."""
     from safetensors.numpy import save_file
     cfg = GLM
-    weights = glm_weights(cfg, np.random.default_rng(0))
+    weights = glm_weights(cfg, np.random.default_rng(0), scale)
     hf_dir = os.path.join(out_dir, "hf")
     os.makedirs(hf_dir)
     save_file(weights, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
@@ -458,9 +464,10 @@ WRITERS = {"baichuan2_13b": baichuan2_13b_case, "glm": glm_case, "pangualpha": p
 CASE_PROMPTS = {"glm": GLM_PROMPTS}
 
 
-def main(case, out_dir, steps):
+def main(case, out_dir, steps, *options):
+    """`options`: the case writer's own arguments (glm: the weight scale)."""
     assert case in WRITERS, f"unknown case {case!r}; cases: {', '.join(CASES)}"
-    mindformers, forward = WRITERS[case](out_dir)
+    mindformers, forward = WRITERS[case](out_dir, *(float(o) for o in options))
     prompts = CASE_PROMPTS.get(case, PROMPTS)
     logits, tokens = greedy(forward, steps, prompts)
     np.savez(os.path.join(out_dir, "reference.npz"), logits=logits, tokens=tokens)
@@ -470,4 +477,4 @@ def main(case, out_dir, steps):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:])

@@ -2,6 +2,7 @@
 tests/test_families.py): config.json switches, other Hugging Face layouts of a family, prompt formats,
 MindFormers names, and what a family refuses, each in one line."""
 import json
+import os
 import sys
 
 import numpy as np
@@ -9,9 +10,10 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from family_cases import BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, reference
+from family_cases import (BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, mindformers_yaml,
+                          reference)
 from parity_runner import greedy_prompts
-from tiny_models import VENV_MS20_PYTHON, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from tiny_models import REPO, VENV_MS20_PYTHON, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 
 def test_internlm_config_json_bias_and_dynamic_rotary():
@@ -221,6 +223,28 @@ def test_pangualpha_refuses_the_segment_form(hf_family, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_pangualpha_run_yaml_with_use_past_false_exports_the_incremental_graphs(hf_family, family_export, tmp_path):
+    """Upstream's PanguAlpha run yamls say `use_past: False` (as the case's does): the export writes the
+    prefill and increment graphs anyway, says so in one line, and gives the HF-style export's logits."""
+    folder = hf_family("pangualpha")
+    run = mindformers_yaml("pangualpha", folder, mindformers_ckpt(folder), str(tmp_path / "out"))
+    assert run["model"]["model_config"]["use_past"] is False
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(tmp_path / "run_pangualpha_2_6b.yaml"), run)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in result.stderr.splitlines() if "use_past" in line]
+    assert len(said) == 1, result.stderr
+    for fact in ("run_pangualpha_2_6b.yaml", "use_past False", "writes the incremental (KV cache) graphs anyway",
+                 "the runtime needs them"):
+        assert fact in said[0], said[0]
+    manifest = load_manifest(str(tmp_path / "out"))
+    assert manifest.kv_cache == "io" and sorted(manifest.graphs) == ["increment", "prefill"]
+    prompts, _, _ = reference(folder)
+    got = greedy_prompts(load_session("ms", manifest), prompts, 4)
+    want = greedy_prompts(load_session("ms", load_manifest(family_export("pangualpha", "io"))), prompts, 4)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert np.abs(got[0] - want[0]).max() <= 1e-6
+
+
 def test_pangualpha_mindformers_names_and_settings():
     """The three tables also under the names upstream's convert_weight.py saves them with; run yaml
     settings that change the network (another activation, post-layernorm residuals, MoE) refused by name;
@@ -411,3 +435,71 @@ def test_glm_decode_loop_with_padding_rows_and_two_batches(hf_family, family_exp
         want = ref_tokens[row].tolist()
         stop = [i for i, t in enumerate(want) if t in eos]
         assert tokens == (want[:stop[0] + 1] if stop else want)
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_glm_gelu_is_upstreams_at_a_larger_weight_scale(tmp_path_factory, backend):
+    """With the weight matrices twice the family case's, the GELU's inputs reach its curved range: the
+    tanh-form GELU (MindSpore's GeLU primitive, which upstream's MLPWithGEGLU runs) computed through the
+    Tanh kernels of MindSpore 2.10 / Lite 2.0 on CPU (approximations) moved the logits by 1.4e-3 from
+    the float64 reference; computed through Sigmoid, the export stays within the tolerance."""
+    folder = tmp_path_factory.mktemp("glm_scale2")
+    steps = 8
+    result = run_cli([os.path.join(REPO, "tests", "numpy_references.py"), "glm", str(folder), str(steps), "2.0"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
+           "output_dir": str(folder / "export")}
+    python = str(VENV_MS20_PYTHON) if backend == "mslite" else sys.executable
+    export = export_in_subprocess(write_yaml(str(folder / "export.yaml"), cfg), python=python)
+    out = str(folder / "run.npz")
+    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), backend, export, str(folder / "prompts.json"),
+                      str(steps), out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, ref_logits, ref_tokens = reference(folder)
+    check_parity(np.load(out)["logits"], np.load(out)["tokens"], ref_logits, ref_tokens, f"glm x2 on {backend}")
+
+
+def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path):
+    """transformers' LlamaForCausalLM with attention_bias and mlp_bias (biases on q, k, v, o, gate, up,
+    down): the folder exports with those biases and gives transformers' greedy tokens and logits."""
+    steps = 8
+    result = run_cli([os.path.join(REPO, "tests", "hf_models.py"), "llama_bias", str(tmp_path), str(steps)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = {"model": {"hf_dir": str(tmp_path / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
+           "output_dir": str(tmp_path / "export")}
+    manifest = load_manifest(export_in_subprocess(write_yaml(str(tmp_path / "export.yaml"), cfg)))
+    assert manifest.family == "llama"
+    assert all(manifest.model_config[k] for k in ("qkv_bias", "o_bias", "mlp_bias"))
+    prompts, ref_logits, ref_tokens = reference(tmp_path)
+    logits, tokens = greedy_prompts(load_session("ms", manifest), prompts, steps)
+    check_parity(logits, tokens, ref_logits, ref_tokens, "llama with attention_bias and mlp_bias")
+
+
+def test_mindformers_qwen2_as_llama_with_qkv_has_bias(hf_family, tmp_path):
+    """MindFormers runs Qwen1.5 / Qwen2 as LlamaForCausalLM with qkv_has_bias: True: the qwen case's
+    transformers Qwen2 weights under Llama's MindFormers names (biases on wq, wk, wv; none on wo) and such
+    a run yaml export the qwen family (what --model_name qwen1_5_7b / qwen2_7b name) with transformers'
+    tokens and logits."""
+    from safetensors.numpy import load_file
+    from hf_models import llama_mf_name
+    from lite_runtime.contract.families import family_from_model_name, get_family
+    folder = hf_family("qwen")
+    hf = json.loads((folder / "hf_qwen2" / "config.json").read_text())
+    tensors = load_file(str(folder / "hf_qwen2" / "model.safetensors"))
+    ckpt = save_ckpt({llama_mf_name(k): v for k, v in tensors.items()}, str(tmp_path / "qwen2.ckpt"))
+    assert not any(".wo.bias" in k for k in map(llama_mf_name, tensors))
+    mc = dict(type="LlamaConfig", batch_size=BATCH, seq_length=SEQ, hidden_size=hf["hidden_size"],
+              num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+              n_kv_heads=hf["num_key_value_heads"], intermediate_size=hf["intermediate_size"],
+              vocab_size=hf["vocab_size"], rms_norm_eps=hf["rms_norm_eps"], qkv_has_bias=True,
+              theta=hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"], compute_dtype="float32",
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, use_past=True)
+    run = {"model": {"model_config": mc, "arch": {"type": "LlamaForCausalLM"}}, "load_checkpoint": ckpt,
+           "output_dir": str(tmp_path / "out")}
+    manifest = load_manifest(export_in_subprocess(write_yaml(str(tmp_path / "run_qwen2_7b.yaml"), run)))
+    assert manifest.family == "qwen" and manifest.model_config["qkv_bias"] and not manifest.model_config["o_bias"]
+    for name in ("qwen1_5_7b", "qwen2_7b", "qwen_7b"):
+        assert get_family(family_from_model_name(name)).name == "qwen"
+    prompts, ref_logits, ref_tokens = reference(folder)
+    logits, tokens = greedy_prompts(load_session("ms", manifest), prompts, STEPS)
+    check_parity(logits, tokens, ref_logits, ref_tokens, "qwen2 from a MindFormers llama run yaml")

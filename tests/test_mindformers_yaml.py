@@ -46,6 +46,27 @@ def test_mindformers_yaml_exports_the_same_model(tiny_ckpt, tiny_exports, tmp_pa
                                   load_session("ms", ref).prefill(ids, lengths))
 
 
+def test_run_yaml_chooses_kv_cache_and_lite_ms_at_its_top_level(tiny_ckpt, tiny_exports, tmp_path):
+    """`kv_cache` and `lite_ms`, the export yaml's own top-level keys, are read from a run yaml too: kv_cache
+    dynamic writes the step graph, whose greedy tokens are the io export's."""
+    from exporter.config.schema import load_config
+    from parity_runner import greedy_prompts
+    data = dict(mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out")), kv_cache="dynamic")
+    path = write_yaml(str(tmp_path / "run_llama_dynamic.yaml"), data)
+    assert load_config(write_yaml(str(tmp_path / "run_llama_ms.yaml"), dict(data, lite_ms=True))).lite_ms is True
+    result = run_cli(["-m", "exporter", "--config", path])
+    assert result.returncode == 0, result.stderr[-2000:]
+    unused = [line for line in result.stderr.splitlines() if "not used by export" in line]
+    assert len(unused) == 1 and "kv_cache" not in unused[0].split("not used by export")[1], result.stderr
+    mine = load_manifest(str(tmp_path / "out"))
+    assert mine.kv_cache == "dynamic" and sorted(mine.graphs) == ["step"]
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [1, 2, 3, 4]]
+    got = greedy_prompts(load_session("ms", mine), prompts, 8)
+    want = greedy_prompts(load_session("ms", load_manifest(tiny_exports["io"])), prompts, 8)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert np.abs(got[0] - want[0]).max() <= 1e-4
+
+
 def concatenated(weights):
     """The checkpoint newer MindFormers writes with qkv_concat: True: [q; k; v] as w_qkv and
     [gate; up] as w_gate_hidden, stacked along the output rows."""
@@ -77,7 +98,6 @@ def test_qkv_concat_checkpoint_exports_the_same_model(tiny_ckpt, tiny_exports, t
 
 
 @pytest.mark.parametrize("change, facts", [
-    ({"qkv_has_bias": True}, ["model.model_config.qkv_has_bias True", "allowed: False"]),
     ({"type": "GLM2Config"}, ["LlamaForCausalLM"]),
     ({"use_fancy_thing": 1}, ["unknown key model.model_config.use_fancy_thing"]),
 ])

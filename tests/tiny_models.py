@@ -98,7 +98,7 @@ def save_ckpt(weights: Dict[str, np.ndarray], path: str) -> str:
 
 # How unknown-family errors list the families (one place for the tests that check those messages).
 KNOWN_FAMILIES = ("known families: baichuan2, bloom, glm (chatglm), glm2 (glm3, chatglm2, chatglm3), gpt2, internlm, "
-                  "llama (llama2, llama3, codellama), pangualpha, qwen (qwen1.5, qwen2)")
+                  "llama (llama2, llama3, codellama), pangualpha, qwen (qwen1.5, qwen1, qwen2)")
 
 
 def write_yaml(path: str, data: dict) -> str:

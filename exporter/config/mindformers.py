@@ -34,8 +34,10 @@ MF_IGNORED_MODEL_KEYS = {
 # Keys that are fine at these values only (any family); each family adds its own.
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
+# This exporter's own top-level keys a run yaml may carry too (upstream has no such choices).
+MF_OWN_TOP_KEYS = ("kv_cache", "lite_ms")
 MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer",
-               "src_strategy_path_or_dir", "auto_trans_ckpt"}
+               "src_strategy_path_or_dir", "auto_trans_ckpt", *MF_OWN_TOP_KEYS}
 
 
 def is_mindformers_yaml(data: dict) -> bool:
@@ -62,7 +64,7 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
     if unknown:
         raise ConfigError(f"{source}: unknown key model.model_config.{unknown[0]} for a MindFormers {family.name} "
                           f"config; understood: {', '.join(sorted(understood))}")
-    ours = dict(family.from_mindformers(mc, source), family=family.name)
+    ours = dict({"family": family.name}, **family.from_mindformers(mc, source))   # it may name another
     ours.update(family.mindformers_variants.get(arch, {}))     # e.g. Baichuan2's 7B / 13B classes
     pet = mc.get("pet_config")
     if pet:
@@ -78,9 +80,14 @@ def from_mindformers(data: dict, source: str) -> Dict[str, object]:
         ours["tokenizer"] = tokenizer
     config = {"model": ours, "output_dir": data.get("output_dir") or MF_DEFAULT_OUTPUT_DIR}
     config.update({k: mc[k] for k in MF_EXPORT_KEYS if mc.get(k) is not None})
+    if mc.get("use_past") is False:     # upstream's switch for its own predict network (PanguAlpha's yamls)
+        log.info("%s: model.model_config.use_past False: the export writes the incremental (KV cache) graphs "
+                 "anyway, because the runtime needs them", source)
+        del config["use_past"]
     for key in ("load_checkpoint", "infer", "src_strategy_path_or_dir", "auto_trans_ckpt"):
         if data.get(key):
             config[key] = data[key]
+    config.update({k: data[k] for k in MF_OWN_TOP_KEYS if k in data})
     parallel = data.get("parallel_config") or {}
     if parallel.get("model_parallel"):
         config["parallel"] = {"model_parallel": parallel["model_parallel"]}

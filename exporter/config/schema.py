@@ -40,7 +40,8 @@ class ModelSection:
     max_position_embeddings: Optional[int] = None
     tie_word_embeddings: Optional[bool] = None
     positions: Optional[str] = None         # position scheme where a family has two (baichuan2: rotary | alibi)
-    bias: Optional[bool] = None             # q, k, v and o biases where a family has both shapes (internlm)
+    bias: Optional[bool] = None             # q, k, v and o biases where a family has both shapes (internlm, llama)
+    mlp_bias: Optional[bool] = None         # biases of the MLP's linears where a family has both shapes (llama)
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Union[int, list]] = None
     pad_token_id: Optional[int] = None

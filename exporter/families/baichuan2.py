@@ -38,6 +38,8 @@ class Baichuan2(Llama):
                             "Baichuan13BV2ForCausalLM": {"positions": "alibi"}}
     features = dict(norm="rms", positions="rotary", mlp="swiglu")
     variants = {"positions": POSITIONS}
+    qkv_has_bias_family = None
+    mindformers_required = {"qkv_has_bias": (False,)}
     hf_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
                "num_attention_heads": "n_heads", "intermediate_size": "intermediate_size",
                "rms_norm_eps": "norm_eps"}

@@ -19,8 +19,8 @@ SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads",
              "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings",
              "mask_token_id", "gmask_token_id")   # the last two: GLM v1's, refused by the other families
 # Yaml `model:` keys that choose between the shapes of one family (`Family.variants`), e.g. Baichuan2's
-# `positions: alibi` (13B) or InternLM's `bias: false` (20B); other families refuse them.
-VARIANT_KEYS = ("positions", "bias")
+# `positions: alibi` (13B), InternLM's `bias: false` (20B) or Llama's `mlp_bias: true`; other families refuse them.
+VARIANT_KEYS = ("positions", "bias", "mlp_bias")
 
 
 class Family:

@@ -27,6 +27,7 @@ class InternLM(Llama):
     mindformers_types = ("InternLMForCausalLM", "InternLMConfig", "InternLMModel")
     features = dict(norm="rms", positions="rotary", mlp="swiglu", qkv_bias=True, o_bias=True)
     variants = {"bias": {True: dict(qkv_bias=True, o_bias=True), False: dict(qkv_bias=False, o_bias=False)}}
+    qkv_has_bias_family = None     # its biases: has_bias
     hf_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
                "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
                "intermediate_size": "intermediate_size", "rms_norm_eps": "norm_eps",

@@ -1,10 +1,14 @@
-"""Llama (Llama 2, CodeLlama, Llama 3 shapes): RMSNorm, rotate-half rotary, GQA, SwiGLU, no biases."""
+"""Llama (Llama 2, CodeLlama, Llama 3 shapes): RMSNorm, rotate-half rotary, GQA, SwiGLU, no biases, or
+transformers' LlamaForCausalLM switches: `attention_bias` (q, k, v and o) and `mlp_bias` (gate, up, down),
+the model section's `bias` and `mlp_bias`. MindFormers runs Qwen1.5 / Qwen2 as LlamaForCausalLM with
+`qkv_has_bias: True` (q, k, v biases, o without, research/qwen1_5 and qwen2): such a run yaml is the qwen
+family's, which reads Llama's MindFormers names too (`qkv_has_bias_family`)."""
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
 
 from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
-from exporter.families.base import Family, refuse_true, register_family
+from exporter.families.base import Family, register_family
 
 
 def llama_ffn_size(hidden: int, multiple_of: int = 256, multiplier=None) -> int:
@@ -33,6 +37,27 @@ def check_head_dim(hf: dict, where: str) -> None:
         raise UnsupportedError(f"{where}: head_dim {head_dim} * num_attention_heads != hidden_size is not supported")
 
 
+# MindFormers' Llama names (also Qwen1.5 / Qwen2 checkpoints, which MindFormers runs as LlamaForCausalLM).
+MINDFORMERS_RULES = [
+    rule("model.tok_embeddings.embedding_weight", "embed.weight"),
+    rule("model.layers.{L}.attention_norm.weight", "layers.{L}.attn_norm.weight"),
+    rule("model.layers.{L}.attention.wq.{wb}", "layers.{L}.attn.q.{wb}"),
+    rule("model.layers.{L}.attention.wk.{wb}", "layers.{L}.attn.k.{wb}"),
+    rule("model.layers.{L}.attention.wv.{wb}", "layers.{L}.attn.v.{wb}"),
+    rule("model.layers.{L}.attention.w_qkv.{wb}",     # qkv_concat: True
+         "layers.{L}.attn.q.{wb}", "layers.{L}.attn.k.{wb}", "layers.{L}.attn.v.{wb}", split=qkv_sections),
+    rule("model.layers.{L}.attention.wo.{wb}", "layers.{L}.attn.o.{wb}"),
+    rule("model.layers.{L}.ffn_norm.weight", "layers.{L}.mlp_norm.weight"),
+    rule("model.layers.{L}.feed_forward.w1.{wb}", "layers.{L}.mlp.gate.{wb}"),
+    rule("model.layers.{L}.feed_forward.w3.{wb}", "layers.{L}.mlp.up.{wb}"),
+    rule("model.layers.{L}.feed_forward.w_gate_hidden.{wb}",
+         "layers.{L}.mlp.gate.{wb}", "layers.{L}.mlp.up.{wb}", split=halves),
+    rule("model.layers.{L}.feed_forward.w2.{wb}", "layers.{L}.mlp.down.{wb}"),
+    rule("model.norm_out.weight", "final_norm.weight"),
+    rule("lm_head.weight", "head.weight"),
+]
+
+
 @register_family
 class Llama(Family):
     name = "llama"
@@ -40,6 +65,9 @@ class Llama(Family):
     hf_model_types = ("llama",)
     mindformers_types = ("LlamaForCausalLM", "LlamaConfig", "LlamaModel")
     features = dict(norm="rms", positions="rotary", mlp="swiglu")
+    variants = {"bias": {True: dict(qkv_bias=True, o_bias=True), False: dict(qkv_bias=False, o_bias=False)},
+                "mlp_bias": {True: dict(mlp_bias=True), False: dict(mlp_bias=False)}}
+    qkv_has_bias_family = "qwen"    # the family of a run yaml with qkv_has_bias: True
     hf_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
                "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
                "intermediate_size": "intermediate_size", "rms_norm_eps": "norm_eps",
@@ -47,41 +75,24 @@ class Llama(Family):
     mindformers_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_layers",
                         "num_heads": "n_heads", "n_kv_heads": "n_kv_heads", "intermediate_size": "intermediate_size",
                         "rms_norm_eps": "norm_eps", "theta": "rope_theta", "tie_word_embeddings": "tie_word_embeddings"}
-    mindformers_required = {"qkv_has_bias": (False,)}
+    mindformers_also_read = ("qkv_has_bias",)
 
     hf_weights = WeightPlan([
         rule("model.embed_tokens.weight", "embed.weight"),
         rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.self_attn.q_proj.weight", "layers.{L}.attn.q.weight"),
-        rule("model.layers.{L}.self_attn.k_proj.weight", "layers.{L}.attn.k.weight"),
-        rule("model.layers.{L}.self_attn.v_proj.weight", "layers.{L}.attn.v.weight"),
-        rule("model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.attn.o.weight"),
+        rule("model.layers.{L}.self_attn.q_proj.{wb}", "layers.{L}.attn.q.{wb}"),
+        rule("model.layers.{L}.self_attn.k_proj.{wb}", "layers.{L}.attn.k.{wb}"),
+        rule("model.layers.{L}.self_attn.v_proj.{wb}", "layers.{L}.attn.v.{wb}"),
+        rule("model.layers.{L}.self_attn.o_proj.{wb}", "layers.{L}.attn.o.{wb}"),
         rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.mlp.up_proj.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down.weight"),
+        rule("model.layers.{L}.mlp.gate_proj.{wb}", "layers.{L}.mlp.gate.{wb}"),
+        rule("model.layers.{L}.mlp.up_proj.{wb}", "layers.{L}.mlp.up.{wb}"),
+        rule("model.layers.{L}.mlp.down_proj.{wb}", "layers.{L}.mlp.down.{wb}"),
         rule("model.norm.weight", "final_norm.weight"),
         rule("lm_head.weight", "head.weight"),
     ], ignore=[r".*rotary_emb\.inv_freq"])
 
-    mindformers_weights = WeightPlan([
-        rule("model.tok_embeddings.embedding_weight", "embed.weight"),
-        rule("model.layers.{L}.attention_norm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.attention.wq.weight", "layers.{L}.attn.q.weight"),
-        rule("model.layers.{L}.attention.wk.weight", "layers.{L}.attn.k.weight"),
-        rule("model.layers.{L}.attention.wv.weight", "layers.{L}.attn.v.weight"),
-        rule("model.layers.{L}.attention.w_qkv.weight",     # qkv_concat: True
-             "layers.{L}.attn.q.weight", "layers.{L}.attn.k.weight", "layers.{L}.attn.v.weight", split=qkv_sections),
-        rule("model.layers.{L}.attention.wo.weight", "layers.{L}.attn.o.weight"),
-        rule("model.layers.{L}.ffn_norm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.feed_forward.w1.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.feed_forward.w3.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.feed_forward.w_gate_hidden.weight",
-             "layers.{L}.mlp.gate.weight", "layers.{L}.mlp.up.weight", split=halves),
-        rule("model.layers.{L}.feed_forward.w2.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm_out.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
-    ])
+    mindformers_weights = WeightPlan(MINDFORMERS_RULES)
 
     @classmethod
     def default_intermediate_size(cls, hidden: int) -> int:
@@ -89,14 +100,14 @@ class Llama(Family):
 
     @classmethod
     def from_hf(cls, hf, where):
-        return dict(super().from_hf(hf, where), **read_rope(hf, where))
+        switches = {ours: True for key, ours in (("attention_bias", "bias"), ("mlp_bias", "mlp_bias")) if hf.get(key)}
+        return dict(super().from_hf(hf, where), **read_rope(hf, where), **switches)
 
     @classmethod
     def check_hf(cls, hf, where):
         if hf.get("hidden_act", "silu") != "silu":
             raise UnsupportedError(f"{where}: hidden_act {hf['hidden_act']!r} is not supported by the llama "
                                    "family; allowed: silu")
-        refuse_true(hf, ("attention_bias", "mlp_bias"), where, cls.name)
         check_head_dim(hf, where)
 
     @classmethod
@@ -106,4 +117,6 @@ class Llama(Family):
             sizes["intermediate_size"] = llama_ffn_size(int(sizes["hidden_size"]),
                                                         int(model_config.get("multiple_of") or 256),
                                                         model_config.get("ffn_dim_multiplier"))
+        if model_config.get("qkv_has_bias") and cls.qkv_has_bias_family:
+            sizes["family"] = cls.qkv_has_bias_family
         return sizes

@@ -11,7 +11,9 @@ q, k, v only, GQA, `rope_theta`; sliding-window attention is refused. MindFormer
 (`QwenForCausalLM`, `QwenConfig`): `transformer.wte.embedding_weight`, `attention.wq/wk/wv` (+bias),
 `wo`, `feed_forward.w1` (up) / `w3` (gate) / `w2` (down), `ln_f`; its `intermediate_size` is the
 MLP width itself, and its rotary base is LlamaConfig's `theta` (the yaml's `rotary_emb_base` is a
-copied Qwen item upstream's model does not read).
+copied Qwen item upstream's model does not read). MindFormers' research/qwen1_5 and qwen2 run Qwen1.5 / Qwen2
+as `LlamaForCausalLM` with `qkv_has_bias: True`: such a run yaml comes here (llama.py), with Llama's
+MindFormers names.
 """
 from __future__ import annotations
 
@@ -19,13 +21,13 @@ from lite_runtime.contract.errors import UnsupportedError
 
 from exporter.weights.plan import WeightPlan, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
-from exporter.families.llama import check_head_dim, read_rope
+from exporter.families.llama import MINDFORMERS_RULES as LLAMA_MINDFORMERS_RULES, check_head_dim, read_rope
 
 
 @register_family
 class Qwen(Family):
     name = "qwen"
-    aliases = ("qwen1.5", "qwen2")
+    aliases = ("qwen1.5", "qwen1", "qwen2")    # qwen1: upstream's qwen1_5_7b, ...
     hf_model_types = ("qwen", "qwen2")
     mindformers_types = ("QwenForCausalLM", "QwenConfig", "QwenModel")
     features = dict(norm="rms", positions="rotary", mlp="swiglu", qkv_bias=True)
@@ -75,7 +77,7 @@ class Qwen(Family):
         rule("transformer.layers.{L}.feed_forward.w1.weight", "layers.{L}.mlp.up.weight"),
         rule("transformer.layers.{L}.feed_forward.w2.weight", "layers.{L}.mlp.down.weight"),
         rule("transformer.ln_f.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
+        *LLAMA_MINDFORMERS_RULES,   # Qwen1.5 / Qwen2: a LlamaForCausalLM run yaml with qkv_has_bias: True
     ])
 
     @classmethod

@@ -26,10 +26,14 @@ class SwiGLU(nn.Cell):
 
 
 class GeluMLP(nn.Cell):
-    """down(gelu(up(x))), GELU exact (erf), with the tanh approximation (GPT-2, Bloom), or MindSpore's
-    FastGeLU (PanGu-α): x / (1 + exp(-1.702|x|)) * exp(0.851 (x - |x|)), which is x * sigmoid(1.702 x).
+    """down(gelu(up(x))), GELU exact (erf), with the tanh approximation (GPT-2, Bloom, GLM v1: what
+    MindSpore's GeLU primitive computes), or MindSpore's FastGeLU (PanGu-α): x / (1 + exp(-1.702|x|))
+    * exp(0.851 (x - |x|)), which is x * sigmoid(1.702 x).
 
-    Written from primitives: the fused GeLU kernels differ in which form they compute.
+    Written from primitives: the fused GeLU kernels differ in which form they compute (MindSpore's is
+    the tanh form, Lite 2.0's CPU kernel the erf form). The tanh form is computed as
+    x * sigmoid(2z) = 0.5 x (1 + tanh z): the Tanh kernels of MindSpore 2.10 and Lite 2.0 on CPU are
+    approximations (error up to 1e-4), their Sigmoid is accurate to float32.
     """
 
     def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, form: str,
@@ -41,10 +45,9 @@ class GeluMLP(nn.Cell):
         self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0), reduce)
         self.fast = form == "fast_gelu"
         self.approximate = form == "gelu_tanh"
-        self.tanh = ops.Tanh()
         self.sigmoid = ops.Sigmoid()
         self.erf = ops.Erf()
-        self.k_tanh = math.sqrt(2.0 / math.pi)
+        self.k_sigmoid = 2.0 * math.sqrt(2.0 / math.pi)     # 2z of the sigmoid
         self.k_erf = 1.0 / math.sqrt(2.0)
 
     def construct(self, x, select=None):
@@ -52,7 +55,7 @@ class GeluMLP(nn.Cell):
         if self.fast:
             g = h * self.sigmoid(1.702 * h)
         elif self.approximate:
-            g = 0.5 * h * (1.0 + self.tanh(self.k_tanh * (h + 0.044715 * h * h * h)))
+            g = h * self.sigmoid(self.k_sigmoid * (h + 0.044715 * h * h * h))
         else:
             g = 0.5 * h * (1.0 + self.erf(h * self.k_erf))
         return self.down(g, select)

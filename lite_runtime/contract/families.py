@@ -159,7 +159,7 @@ FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (
     FamilySpec("internlm"),
     FamilySpec("baichuan2"),
     FamilySpec("glm2", aliases=("glm3", "chatglm2", "chatglm3")),
-    FamilySpec("qwen", aliases=("qwen1.5", "qwen2")),
+    FamilySpec("qwen", aliases=("qwen1.5", "qwen1", "qwen2")),    # qwen1: upstream's qwen1_5_7b, ...
     GLM,
     FamilySpec("pangualpha"),   # pangualpha_2_6b, pangualpha_13b; its top query layer's cache is the last pair
 )}
