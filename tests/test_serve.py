@@ -150,9 +150,9 @@ def test_metrics_parse_and_count_the_requests(server):
 
 
 def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports):
-    """Seven requests on the 4 cache rows, submitted while others run, with budgets of 2 to 12: each
-    gets the tokens it gets alone; rows freed by short requests are taken by waiting ones while
-    long ones continue; fewer steps than tokens (requests share steps)."""
+    """Seven requests on the 4 cache rows with budgets of 2 to 12, three of them submitted while the
+    first runs (at its 3rd and 6th token): each gets the tokens it gets alone; rows freed by short
+    requests are taken while the first continues; fewer steps than tokens (requests share steps)."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.generation import generate_batches
@@ -171,13 +171,19 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     engine = Engine(session, prefill_chunk=8)
     got = [[] for _ in prompts]
     ended = {}
-    requests = []
-    for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
-        request = EngineRequest(prompt, budget, on_token=lambda t, lp, i=i: got[i].append(t),
-                                on_finish=lambda reason, i=i: ended.__setitem__(i, (reason, time.perf_counter())))
-        requests.append(request)
+    requests = [EngineRequest(p, n, on_finish=lambda reason, i=i: ended.__setitem__(i, (reason, time.perf_counter())))
+                for i, (p, n) in enumerate(zip(prompts, budgets))]
+    joining = {3: [4, 5], 6: [6]}    # request 0's token count -> the requests submitted then
+
+    def on_token(i, token):
+        got[i].append(token)
+        if i == 0:
+            for j in joining.get(len(got[0]), []):
+                engine.submit(requests[j])
+    for i, request in enumerate(requests):
+        request.on_token = lambda t, lp, i=i: on_token(i, t)
+    for request in requests[:4]:
         engine.submit(request)
-        time.sleep(0.02 * (i % 3))
     deadline = time.time() + 120
     while len(ended) < len(prompts) and time.time() < deadline:
         time.sleep(0.01)
