@@ -191,6 +191,20 @@ def test_bad_tokenizer_is_named_before_tracing(hf_family, tmp_path, out_dir, nam
     assert_nothing_left(out_dir)
 
 
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_tracing(hf_family, tmp_path, out_dir):
+    """Every run would refuse it (more pieces than the model has logits): say so at export time."""
+    from tiny_models import make_tokenizer
+    hf_dir = _hf_copy(hf_family, tmp_path, drop=["tokenizer.model"])
+    vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    (tmp_path / "big").mkdir()
+    shutil.copy(make_tokenizer(str(tmp_path / "big"), vocab_size=vocab + 9), hf_dir / "tokenizer.model")
+    result, _ = export_with(tmp_path, {"model": {"hf_dir": str(hf_dir)}, "seq_length": 48, "output_dir": out_dir})
+    assert_one_line_error(result, str(hf_dir / "tokenizer.model"), f"has {vocab + 9} pieces",
+                          f"the model's vocabulary is {vocab}")
+    assert "traced" not in result.stderr, result.stderr
+    assert_nothing_left(out_dir)
+
+
 def test_hf_dir_without_tokenizer_exports_with_a_warning(hf_family, tmp_path, out_dir):
     hf_dir = _hf_copy(hf_family, tmp_path, drop=["tokenizer.model"])
     result, _ = export_with(tmp_path, {"model": {"hf_dir": str(hf_dir)}, "seq_length": 48, "output_dir": out_dir})

@@ -190,6 +190,11 @@ def _special_ids(config: ExportConfig, source: ModelSource):
             tok = load_tokenizer(source.tokenizer, **source.family.tokenizer_options())
         except ArtifactError as e:
             raise ArtifactError(f"{config.source}: {e}") from None
+        if tok.vocab_size > source.config.vocab_size:   # the runtime would refuse every run
+            raise ConfigError(f"{config.source}: the tokenizer {source.tokenizer} has {tok.vocab_size} pieces (with "
+                              f"the {source.family.name} family's special tokens) but the model's vocabulary is "
+                              f"{source.config.vocab_size}: they belong to different models; give the model's own "
+                              "tokenizer (model.tokenizer), whose pieces and special tokens fit its vocabulary")
         bos = tok.bos_token_id if bos is None else bos
         eos = eos or list(tok.eos_token_ids)
     if not eos:
