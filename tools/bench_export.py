@@ -79,7 +79,7 @@ def timed_process(cmd, log_path: str, timeout: float, env=None, cwd: str = REPO,
                   rss_limit_mb: Optional[float] = None, min_available_mb: float = 0.0) -> dict:
     """Run `cmd` in a process group of its own, its output to `log_path`; wall seconds, peak RSS (MB:
     `ru_maxrss` from `os.wait4`, which covers the child and the descendants it waited for), return
-    code and the log's text. With `rss_limit_mb` the group is killed when its resident memory passes
+    code, CPU seconds (user + system) and the log's text. With `rss_limit_mb` the group is killed when its resident memory passes
     the limit, or when the machine's available memory falls below `min_available_mb`
     (`error` then says which)."""
     error = None
@@ -110,8 +110,8 @@ def timed_process(cmd, log_path: str, timeout: float, env=None, cwd: str = REPO,
         wall = time.perf_counter() - start
         log.seek(0)
         text = log.read()
-    result = dict(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024.0, returncode=os.waitstatus_to_exitcode(status),
-                  log=text)
+    result = dict(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024.0, cpu_s=usage.ru_utime + usage.ru_stime,
+                  returncode=os.waitstatus_to_exitcode(status), log=text)
     if error:
         result["error"] = error
     return result

@@ -99,6 +99,13 @@ def check_memory(args, shape: dict, runtimes: List[str]) -> None:
             f"machine with more memory and raise --rss_limit_gb")
 
 
+def _cpu_jiffies():
+    """(busy, total) jiffies of all CPUs since boot."""
+    with open("/proc/stat", encoding="ascii") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
 class Runner:
     """Child processes one at a time, under the memory watchdog, logs kept in the work folder."""
 
@@ -110,8 +117,13 @@ class Runner:
     def run(self, cmd: List[str], name: str, extra_env: Optional[dict] = None) -> dict:
         env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3", **(extra_env or {}))
         busy = wait_until_idle(self.args.idle, self.args.idle_timeout)
+        before = _cpu_jiffies()
         r = timed_process(cmd, os.path.join(self.logs, name + ".log"), self.args.timeout, env,
                           rss_limit_mb=self.args.rss_limit_gb * 1024, min_available_mb=self.args.min_available_gb * 1024)
+        after = _cpu_jiffies()
+        # The share of the machine's CPU time that others used while the child ran (its own CPU time out).
+        ticks = os.sysconf("SC_CLK_TCK")
+        r["others_cpu"] = max(0.0, ((after[0] - before[0]) / ticks - r["cpu_s"]) / max((after[1] - before[1]) / ticks, 1e-9))
         r["busy_before"] = busy
         if r["returncode"] != 0 and "error" not in r:
             lines = [ln for ln in r["log"].strip().splitlines() if ln.strip()]
@@ -163,7 +175,8 @@ class Runner:
                 m = json.load(f)
         step = m["step_ms"]["median"]
         out = dict(load_s=m["load_s"], ttft_ms=m["ttft_ms"], step_ms=step, tok_s=len(prompts) * 1e3 / step,
-                   steps=m["decode_steps"], tokens=m["tokens"], child_rss_mb=r["peak_rss_mb"], wall_s=r["wall_s"])
+                   steps=m["decode_steps"], tokens=m["tokens"], child_rss_mb=r["peak_rss_mb"], wall_s=r["wall_s"],
+                   others_cpu=r["others_cpu"])
         self.log(f"  load {out['load_s']:.1f} s, peak RSS {out['child_rss_mb'] / 1024:.1f} GB, TTFT "
                  f"{out['ttft_ms']:.0f} ms, step {step:.1f} ms")
         return out
@@ -273,7 +286,7 @@ def format_report(rows: List[dict], shape: dict, args, bandwidth: float) -> str:
         for r in ok:
             r["check"] = "reference" if r is ref else compare_tokens(r["tokens"], ref["tokens"])
     head = ["runtime", "batch", "build s", "build RSS GB", "load s", "peak RSS GB", "RSS/weights", "TTFT ms",
-            "step med ms", "tok/s", "step/floor", "tokens"]
+            "step med ms", "tok/s", "step/floor", "others CPU", "tokens"]
     table = []
     for r in rows:
         b = r["build"]
@@ -285,7 +298,8 @@ def format_report(rows: List[dict], shape: dict, args, bandwidth: float) -> str:
         rss = r["child_rss_mb"] / 1024
         table.append([r["runtime"], str(r["batch"])] + build + [
             f"{r['load_s']:.1f}", f"{rss:.2f}", f"{rss / weights_gb:.2f}x", f"{r['ttft_ms']:.0f}",
-            f"{r['step_ms']:.1f}", f"{r['tok_s']:.1f}", f"{r['step_ms'] / floor_ms:.2f}x", r["check"]])
+            f"{r['step_ms']:.1f}", f"{r['tok_s']:.1f}", f"{r['step_ms'] / floor_ms:.2f}x",
+            f"{100 * r['others_cpu']:.0f}%" if "others_cpu" in r else "-", r["check"]])
     hf = rows[0]["hf_build"] if rows else {}
     lines = [f"shape {args.shape}: hidden {shape['hidden_size']}, {shape['num_layers']} layers, {shape['n_heads']} heads "
              f"({shape['n_kv_heads']} KV), ffn {shape['intermediate_size']}, vocab {shape['vocab_size']}: "
@@ -294,7 +308,8 @@ def format_report(rows: List[dict], shape: dict, args, bandwidth: float) -> str:
              _align(head, table),
              f"build: the runtime's own conversion from the HF folder (ours: the export, which the forms of one export "
              f"share; .ms conversion included), in a child process; peak RSS GB: the measuring child (load + request); "
-             f"tok/s: batch / step median",
+             f"tok/s: batch / step median; others CPU: the share of the machine's CPU time other processes used while "
+             f"the measuring child ran (above 0: its times are inflated)",
              f"bandwidth floor of a decode step: {step_bytes / GB:.2f} GiB of weights read (all but the embedding) at "
              f"{bandwidth / GB:.1f} GiB/s (numpy sum of 2 GiB, one thread) = {floor_ms:.0f} ms",
              f"workload: {args.prompt_len}-token random prompts, {args.steps} greedy new tokens (EOS ignored), "
@@ -310,7 +325,8 @@ def format_report(rows: List[dict], shape: dict, args, bandwidth: float) -> str:
                     f"load {mine['load_s'] / r['load_s']:.2f}x"
                     + (f", build {mine['build']['wall_s'] / r['build']['wall_s']:.2f}x time "
                        f"{mine['build']['peak_rss_mb'] / r['build']['peak_rss_mb']:.2f}x RSS"
-                       if mine["build"].get("wall_s") and r["build"].get("wall_s") else ""))
+                       if mine["build"].get("wall_s") and r["build"].get("wall_s") else "")
+                    + ("" if {mine.get("check"), r.get("check")} <= {"same", "reference"} else "  (TOKENS DIFFER)"))
     if ratio_lines:
         lines += ["same-run ratios (< 1: mslite faster or smaller):"] + ["  " + x for x in ratio_lines]
     return "\n".join(lines)
