@@ -11,7 +11,7 @@ VENV_PEERS := .venv-peers
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
-.PHONY: setup demo test export export-lite bench peers clean
+.PHONY: setup demo test export export-lite bench peers bench-scale clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 
@@ -71,6 +71,11 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt
 
 peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/compare_peers.py $(ARGS)
+
+# A random Llama of a real shape (default 1b: TinyLlama-1.1B's, 4.4 GB fp32) on our Lite forms and the
+# peers, built from one HF folder (build/scale/<shape>; ~25 GB of disk, ~18 GB peak memory at 1b).
+bench-scale: setup $(STAMP)/venv-peers
+	$(VENV)/bin/python tools/bench_scale.py $(ARGS)
 
 clean:
 	rm -rf build output $(VENV) $(VENV_LITE) $(VENV_CONVERTER) $(VENV_PEERS)

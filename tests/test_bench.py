@@ -115,3 +115,27 @@ def test_multi_rank_runs_are_checked_against_the_one_rank_tokens():
     assert one_rank_agreement(results[1], results) == "tokens identical to 1 rank"
     assert one_rank_agreement(results[2], results) == "TOKENS DIFFER FROM 1 RANK"
     assert one_rank_agreement(results[3], results) == "no one-rank run to compare tokens with"
+
+
+def test_scale_bench_counts_refuses_and_compares_tokens(tmp_path):
+    """tools/bench_scale.py's pieces that run no model: TinyLlama-1.1B's parameter count, a shape too
+    large for the memory limit refused by name and a form too large skipped, the tokens check, and the watchdog killing a child
+    that passes its resident limit (with its peak RSS still reported)."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    import pytest
+    from bench_export import timed_process
+    from bench_scale import SHAPES, build_parser, check_memory, compare_tokens, weight_counts
+    from lite_runtime.contract.errors import ToolchainError
+
+    assert weight_counts(SHAPES["1b"])["total"] == 1_100_048_384      # TinyLlama-1.1B's
+    args = build_parser().parse_args(["--shape", "3b"])
+    with pytest.raises(ToolchainError, match=r"shape 3b: 12\.8 GiB .* mslite would need .* above --rss_limit_gb 20: refused"):
+        check_memory(args, SHAPES["3b"], args.runtime)
+    assert check_memory(args, SHAPES["3b"], ["ort"]) == {}      # 1.3x the weights fits in 20 GB
+    skipped = check_memory(args, SHAPES["1b"], args.runtime)    # the io MindIR form's two graphs do not
+    assert list(skipped) == ["mslite_io"] and skipped["mslite_io"].startswith("skipped: needs about 20.5 GiB")
+    assert compare_tokens([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == "same"
+    assert compare_tokens([[1, 2, 3], [4, 9, 6]], [[1, 2, 3], [4, 5, 6]]) == "DIFFER: 1/2 rows, row 1 from token 1"
+    grow = "import time\nx = bytearray(300 * 2 ** 20)\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(60)\n"
+    r = timed_process([sys.executable, "-c", grow], str(tmp_path / "log"), 30, rss_limit_mb=200)
+    assert r["error"].startswith("killed at") and r["wall_s"] < 20 and r["peak_rss_mb"] > 200

@@ -19,11 +19,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,34 +36,84 @@ EXPORTER_SECONDS = re.compile(r"exported .* in ([0-9.]+) s")
 def export_once(python: str, config: str, workdir: str, timeout: float) -> dict:
     """One export in a fresh process; wall seconds, peak RSS (MB) and the exporter's own seconds."""
     out_dir = os.path.join(workdir, "export")
-    log_path = os.path.join(workdir, "export.log")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("GLOG_v", "3")
+    run = timed_process([python, "-m", "exporter", "--config", config, "--output_dir", out_dir],
+                        os.path.join(workdir, "export.log"), timeout, env)
+    text = run.pop("log")
+    found = EXPORTER_SECONDS.search(text)
+    result = dict(run, export_s=float(found.group(1)) if found else None,
+                  export_mb=_folder_mb(out_dir) if run["returncode"] == 0 else None)
+    if run["returncode"] != 0:
+        result["error"] = run.get("error") or (text.strip().splitlines()[-1] if text.strip()
+                                               else f"exit code {run['returncode']}")
+        result["log"] = text[-3000:]
+    return result
+
+
+def _tree_rss_mb(pid: int) -> float:
+    """Resident MB of a process and its descendants (from /proc; 0 once it is gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm", encoding="ascii") as f:
+                total += int(f.read().split()[1])
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def _available_mb() -> float:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    return float("inf")
+
+
+def timed_process(cmd, log_path: str, timeout: float, env=None, cwd: str = REPO,
+                  rss_limit_mb: Optional[float] = None, min_available_mb: float = 0.0) -> dict:
+    """Run `cmd` in a process group of its own, its output to `log_path`; wall seconds, peak RSS (MB:
+    `ru_maxrss` from `os.wait4`, which covers the child and the descendants it waited for), return
+    code, CPU seconds (user + system) and the log's text. With `rss_limit_mb` the group is killed when its resident memory passes
+    the limit, or when the machine's available memory falls below `min_available_mb`
+    (`error` then says which)."""
+    error = None
     with open(log_path, "w+", encoding="utf-8") as log:
         start = time.perf_counter()
-        proc = subprocess.Popen([python, "-m", "exporter", "--config", config, "--output_dir", out_dir],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = start + timeout
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline, next_check = start + timeout, start
         while True:   # os.wait4 gives this child's own rusage (RUSAGE_CHILDREN would be a running max)
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() > deadline:
-                proc.kill()
+            now = time.perf_counter()
+            if now > deadline:
+                error = f"timed out after {timeout:.0f} s"
+            elif rss_limit_mb is not None and now >= next_check:
+                next_check = now + 0.2
+                rss, free = _tree_rss_mb(proc.pid), _available_mb()
+                if rss > rss_limit_mb:
+                    error = f"killed at {rss / 1024:.1f} GB resident (limit {rss_limit_mb / 1024:.1f} GB)"
+                elif free < min_available_mb:
+                    error = (f"killed at {rss / 1024:.1f} GB resident: the machine had {free / 1024:.1f} GB "
+                             f"available (floor {min_available_mb / 1024:.1f} GB)")
+            if error:
+                os.killpg(proc.pid, signal.SIGKILL)
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(0.01)
         wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         text = log.read()
-    found = EXPORTER_SECONDS.search(text)
-    result = dict(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024.0, returncode=proc.returncode,
-                  export_s=float(found.group(1)) if found else None,
-                  export_mb=_folder_mb(out_dir) if proc.returncode == 0 else None)
-    if proc.returncode != 0:
-        result["error"] = text.strip().splitlines()[-1] if text.strip() else f"exit code {proc.returncode}"
-        result["log"] = text[-3000:]
+    result = dict(wall_s=wall, peak_rss_mb=usage.ru_maxrss / 1024.0, cpu_s=usage.ru_utime + usage.ru_stime,
+                  returncode=os.waitstatus_to_exitcode(status), log=text)
+    if error:
+        result["error"] = error
     return result
 
 

@@ -1,6 +1,6 @@
 """The peer side of tools/compare_peers.py; runs in the peers venv (`make peers`), never imports the project.
 
-    python tools/peer_runtimes.py model   OUT_DIR SIZES_JSON   # random HF Llama + tokenizer.json
+    python tools/peer_runtimes.py model   OUT_DIR SIZES_JSON   # random HF Llama + tokenizer.json (or .model)
     python tools/peer_runtimes.py ort     HF_DIR OUT_DIR THREADS  # ONNX Runtime GenAI's model builder
     python tools/peer_runtimes.py openvino HF_DIR OUT_DIR         # stateful OpenVINO IR for OpenVINO GenAI
     python tools/peer_runtimes.py measure JOB_JSON OUT_JSON       # one timed request: ort, openvino or transformers
@@ -25,10 +25,14 @@ import numpy as np
 def make_model(out_dir: str, sizes: dict) -> None:
     """A random transformers Llama with a word-level tokenizer: normal(0, 0.02) weights (seed 0), the
     decoder layers' matrices scaled by 4 so that the context steers the greedy tokens (at 0.02 they
-    repeat one token after a few steps, which would make the tokens check weak)."""
+    repeat one token after a few steps, which would make the tokens check weak).
+
+    `sizes["tokenizer"] == "sentencepiece"` (tools/bench_scale.py) ships a sentencepiece
+    `tokenizer.model` of exactly vocab_size pieces instead; `sizes["max_shard_size"]` shards the
+    safetensors. The weights are made once, in place (one copy of them in memory, plus the shard
+    being written)."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
@@ -43,7 +47,14 @@ def make_model(out_dir: str, sizes: dict) -> None:
         for name, weight in model.model.layers.named_parameters():
             if "norm" not in name:
                 weight.mul_(4.0)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    extra = {"max_shard_size": sizes["max_shard_size"]} if "max_shard_size" in sizes else {}
+    model.save_pretrained(out_dir, safe_serialization=True, **extra)
+    del model
+    if sizes.get("tokenizer") == "sentencepiece":
+        _sentencepiece_tokenizer(out_dir, sizes["vocab_size"])
+        return
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, sizes["vocab_size"])}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -51,6 +62,33 @@ def make_model(out_dir: str, sizes: dict) -> None:
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
                    "unk_token": "<unk>", "pad_token": "<unk>"}, f)
+
+
+def _sentencepiece_tokenizer(out_dir: str, vocab_size: int) -> None:
+    """A Llama-style sentencepiece BPE `tokenizer.model` (<unk> 0, <s> 1, </s> 2, byte fallback) of
+    exactly `vocab_size` pieces, trained on generated text (random words of random syllables, seeded:
+    enough distinct pairs for every merge; padding with user-defined symbols instead would make them
+    added tokens, which the peers' tokenizer conversions take minutes over), and the
+    tokenizer_config.json transformers reads it with."""
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + list("aeiou")
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(20000)]
+    sentences = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(60000)]
+    prefix = os.path.join(out_dir, "tokenizer")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+                                   model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   minloglevel=2)
+    size = spm.SentencePieceProcessor(model_file=prefix + ".model").get_piece_size()
+    if size != vocab_size:
+        raise RuntimeError(f"sentencepiece made {size} pieces, not {vocab_size}")
+    os.unlink(prefix + ".vocab")
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+                   "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}, f)
 
 
 def build_ort(hf_dir: str, out_dir: str, threads: int) -> None:
