@@ -304,3 +304,27 @@ def test_the_exports_chat_template_comes_first_and_special_tokens_become_their_i
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     assert ids[0] == bos and ids.count(bos) == 2 and ids.count(eos) == 1 and ids.index(eos) + 1 == ids.index(bos, 1)
     assert ids[1:ids.index(eos)] == tokenizer.encode("[INST] Hi [/INST] Hello. ", add_special_tokens=False)
+
+
+def test_a_full_queue_is_refused_at_once_and_stop_ends_every_request(demo_exports):
+    """4 rows busy and `max_waiting` requests waiting: the next request is refused (the server answers
+    429); `stop` cancels what is still running and waiting, each told so."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull
+    m = load_manifest(demo_exports["ms"])
+    engine = Engine(load_session("ms", m), max_waiting=2)
+    ended = []
+    requests = [EngineRequest([1, 50, 60, 70], 100, on_finish=ended.append) for _ in range(6)]
+    for request in requests[:4]:
+        engine.submit(request)
+    deadline = time.time() + 60
+    while engine.busy_rows() < 4:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    engine.submit(requests[4])
+    engine.submit(requests[5])
+    with pytest.raises(QueueFull, match="2 requests are waiting"):
+        engine.submit(EngineRequest([1, 50], 5))
+    engine.stop(timeout=0.5)
+    assert ended == ["cancelled"] * 6 and engine.busy_rows() == 0

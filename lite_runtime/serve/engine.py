@@ -101,8 +101,10 @@ class Engine:
         with self._wake:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self.waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self.waiting)} requests are waiting already (the most the engine queues)")
+            free_rows = self.rows.count(None)       # requests for them are admitted at the next step
+            if len(self.waiting) >= self.max_waiting + free_rows:
+                raise QueueFull(f"{len(self.waiting) - free_rows} requests are waiting for a cache row already "
+                                "(the most the engine queues)")
             self.waiting.append(request)
             self._wake.notify()
         self._observe()
@@ -114,22 +116,25 @@ class Engine:
             self._wake.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, let running ones finish within `timeout`, then cancel the rest."""
+        """Refuse new requests, let running ones finish within `timeout`, then cancel the rest (waiting
+        requests at once)."""
         with self._wake:
             self._stopping = True
-            for request in self.waiting:
-                request.cancelled = True
+            while self.waiting:
+                self.waiting.popleft().on_finish("cancelled")
             self._wake.notify()
         deadline = time.perf_counter() + timeout
         while self.busy_rows() and time.perf_counter() < deadline:
             time.sleep(0.02)
-        for row in self.rows:
-            if row is not None:
-                row.request.cancelled = True
         with self._wake:
             self._exit = True
             self._wake.notify()
         self._thread.join(timeout=5)
+        for slot, row in enumerate(self.rows):     # what the timeout cut short is told so
+            if row is not None:
+                self._finish(slot, "cancelled")
+        while self.waiting:
+            self.waiting.popleft().on_finish("cancelled")
 
     def busy_rows(self) -> int:
         return sum(row is not None for row in self.rows)
