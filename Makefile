@@ -11,7 +11,7 @@ VENV_PEERS := .venv-peers
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
-.PHONY: setup demo test export export-lite bench peers bench-scale clean
+.PHONY: setup demo test export export-lite bench peers bench-scale bench-serve clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 
@@ -61,6 +61,11 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/python tools/benchmark.py --slora $(ARGS)
+
+# The server against pipeline()'s static batches on the demo model (ARGS: --requests, --clients, --rate ...).
+bench-serve: setup
+	$(VENV_LITE)/bin/python -m exporter --config tools/demo_model/demo.yaml --output_dir build/bench_serve/demo
+	$(VENV)/bin/python tools/bench_serve.py --model_dir build/bench_serve/demo $(ARGS)
 
 # Side by side with ONNX Runtime GenAI and OpenVINO GenAI (their own venv, not needed by anything else).
 $(STAMP)/venv-peers: tools/peers-requirements.txt
