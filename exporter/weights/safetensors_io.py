@@ -81,7 +81,8 @@ def _read_with_bf16(path: str, float_dtype=np.float32) -> Dict[str, np.ndarray]:
                               count=(end - start) // (2 if dtype == "BF16" else np.dtype(_TYPES[dtype]).itemsize))
             if dtype == "BF16":
                 wide = (raw.astype(np.uint32) << 16).view(np.float32)
-                raw = wide.astype(float_dtype)
+                with np.errstate(over="ignore"):     # checked just below, naming the tensor
+                    raw = wide.astype(float_dtype)
                 if float_dtype == np.float16 and np.isinf(raw).any() and not np.isinf(wide).any():
                     raise WeightError(f"{path}: tensor {name} has values beyond float16's range "
                                       f"(largest {np.abs(wide).max():.4g}); export it with compute_dtype float32")
