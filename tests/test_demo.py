@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from tiny_models import run_cli
+from tiny_models import REPO, run_cli
 
 EXPECTED = {
     "An increasing sequence: one,": " two, three, four, five",
@@ -23,8 +23,10 @@ EXPECTED = {
 def test_run_infer_main_continues_the_demo_prompts(demo_exports, backend, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(EXPECTED) + "\n")
-    result = run_cli(["run_infer_main.py", "--model_dir", demo_exports[backend], "--backend", backend,
-                      "--predict_data", str(prompts), "--max_new_tokens", "12"])
+    export = demo_exports[backend]      # given relative to the working directory, as `make demo` does
+    result = run_cli([os.path.join(REPO, "run_infer_main.py"), "--model_dir", os.path.basename(export),
+                      "--backend", backend, "--predict_data", str(prompts), "--max_new_tokens", "12"],
+                     cwd=os.path.dirname(export))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert len(lines) == len(EXPECTED)

@@ -145,11 +145,11 @@ class LiteModel:
         self._handle = ctypes.c_void_p()
         start = time.perf_counter()
         config = os.path.abspath(config_path).encode() if config_path else None
+        model = os.path.abspath(path)      # before the working directory changes
         # Lite 2.0 opens the weights file of a large `.ms` model (`<name>.msw`) by its name relative
         # to the working directory, not to the model's folder: Build from inside that folder.
-        with _working_directory(os.path.dirname(os.path.abspath(path))):
-            failed = self._lib.lite_model_create(os.path.abspath(path).encode(), config, int(num_threads),
-                                                 ctypes.byref(self._handle))
+        with _working_directory(os.path.dirname(model)):
+            failed = self._lib.lite_model_create(model.encode(), config, int(num_threads), ctypes.byref(self._handle))
         if failed:
             text = _last_error(self._lib)
             raise ArtifactError(explain_lite_error(text, path)
