@@ -142,7 +142,7 @@ class _Run:
         max_tokens = body.max_tokens or served.context - len(prompt_ids)
         self.engine_request = EngineRequest(
             prompt_ids, max_tokens, body.sampling(), served.stop_ids, slot, body.presence_penalty,
-            body.frequency_penalty, body.min_p,
+            body.frequency_penalty, body.min_p, bool(body.logprobs) if chat else body.logprobs is not None,
             on_token=lambda t, lp: self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", t, lp)),
             on_finish=lambda reason: self.loop.call_soon_threadsafe(self.queue.put_nowait, ("end", reason, None)))
 

@@ -7,7 +7,7 @@ next step instead of waiting for a batch to end, and a finished request frees it
 Each row keeps its own sampler (seeded per request), penalties, token budget and stop ids.
 
 The engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
-A request reports through `on_token(token_id, logprob)` and `on_finish(reason)`, called from the
+A request reports through `on_token(token_id, logprob or None)` and `on_finish(reason)`, called from the
 engine thread (the server hands them on to its event loop).
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ class EngineRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_p: float = 0.0
+    logprobs: bool = False       # report the chosen token's log-probability (a softmax per step)
     on_token: Callable[[int, float], None] = lambda token, logprob: None
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
@@ -219,19 +220,23 @@ class Engine:
                 self._finish(i, reason)
 
     def _pick(self, row: _Row, logits: np.ndarray):
+        """The row's next token, and its log-probability under the model when the request asks for it."""
         request = row.request
-        logprobs = _log_softmax(logits[0])
+        scores = logits
         if request.presence_penalty or request.frequency_penalty:
             generated = np.asarray(row.tokens[len(request.prompt):], np.int64)
             if generated.size:
                 ids, counts = np.unique(generated, return_counts=True)
-                logits = logits.copy()
-                logits[0, ids] -= request.presence_penalty + request.frequency_penalty * counts
-        if request.min_p > 0 and not request.sampling.is_greedy:
-            logits = np.where(logprobs[None] >= np.log(request.min_p) + logprobs.max(), logits, -np.inf)
-        ids = np.asarray(row.tokens, np.int32)[None]
-        token = int(row.sampler(logits.astype(np.float32), ids, np.array([ids.shape[1]], np.int32))[0])
-        return token, float(logprobs[token])
+                scores = scores.copy()
+                scores[0, ids] -= request.presence_penalty + request.frequency_penalty * counts
+        if request.min_p > 0 and not request.sampling.is_greedy:   # p >= min_p * p_max, in logits
+            scores = np.where(scores >= scores.max() + np.log(request.min_p), scores, -np.inf).astype(np.float32)
+        ids = valid = None
+        if request.sampling.repetition_penalty != 1.0:      # only the penalty reads the row's tokens
+            ids = np.asarray(row.tokens, np.int32)[None]
+            valid = np.array([ids.shape[1]], np.int32)
+        token = int(row.sampler(scores, ids, valid)[0])
+        return token, float(_log_softmax(logits[0])[token]) if request.logprobs else None
 
     def _finish(self, slot: int, reason: str) -> None:
         row = self.rows[slot]
