@@ -214,17 +214,20 @@ class _Run:
             if self.chat:
                 yield self._event(kind, {"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None})
+            ready = []      # events of tokens already queued go out in one write (a slow client catches up)
             async for piece, token, logprob in self._items():
                 lp = self._logprobs([token], [logprob]) if token is not None else None
                 if self.chat:
                     choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp, "finish_reason": None}
                 else:
                     choice = {"index": 0, "text": piece, "logprobs": lp, "finish_reason": None}
-                yield self._event(kind, choice)
+                ready.append(self._event(kind, choice))
+                if self.queue.empty():
+                    yield "".join(ready)
+                    ready = []
             end = {"index": 0, "finish_reason": self._reason(), "logprobs": None}
             end.update({"delta": {}} if self.chat else {"text": ""})
-            yield self._event(kind, end, usage=self.usage())
-            yield "data: [DONE]\n\n"
+            yield "".join(ready) + self._event(kind, end, usage=self.usage()) + "data: [DONE]\n\n"
         except asyncio.CancelledError:      # the client went away: free its row at the next step
             self.served.engine.cancel(self.engine_request)
             raise
