@@ -1,6 +1,7 @@
 import json
 import os
 import sys
+import tempfile
 
 import pytest
 import yaml
@@ -11,6 +12,8 @@ from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_con
                          save_ckpt, tiny_export_config, write_yaml)
 
 os.environ.setdefault("GLOG_v", "3")  # keep MindSpore's C++ log quiet
+# The record of checked export hashes (lite_runtime/contract/hashes.py) in a folder of this run's own.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="lite-test-cache-")
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 
 

@@ -140,3 +140,29 @@ def test_infer_copies_of_a_split_export_run_on_their_own(split_export, tmp_path)
                 "--tokenizer_path", str(moved / "tokenizer.model"), cwd=str(tmp_path))
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout == expected.stdout
+
+
+def test_unchanged_files_are_hashed_once_and_a_file_rewritten_since_is_hashed_again(split_export, monkeypatch,
+                                                                                   tmp_path):
+    from lite_runtime.contract import hashes
+    from lite_runtime.contract.errors import ArtifactError
+    from lite_runtime.contract.manifest import load_manifest
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    export = str(tmp_path / "export")
+    shutil.copytree(split_export("lite"), export)
+    hashed = []
+    real = hashes.file_sha256
+    monkeypatch.setattr(hashes, "file_sha256", lambda path: hashed.append(path) or real(path))
+    load_manifest(export).verify_files()
+    assert len(hashed) == len(load_manifest(export).sha256) > 2
+    hashed.clear()
+    load_manifest(export).verify_files()
+    assert hashed == []
+    data = os.path.join(export, "mindir_full_checkpoint", "rank_0_variables", "data_0")
+    os.chmod(data, 0o644)
+    blob = bytearray(open(data, "rb").read())
+    blob[-1] ^= 1                             # same size, one bit: only a new hash tells
+    open(data, "wb").write(bytes(blob))
+    with pytest.raises(ArtifactError, match=f"weight data file {data} does not match the sha256"):
+        load_manifest(export).verify_files()
+    assert hashed == [data]

@@ -19,9 +19,10 @@ from typing import List
 from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
+from lite_runtime.contract.hashes import file_sha256
 from lite_runtime.contract.segments import segment_names, segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
-                                           file_sha256, graph_relpath)
+                                           graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
 from exporter.build.lite_convert import convert_graphs, converter_python, lite_weights_name
@@ -128,7 +129,7 @@ def _graph_files(config: ExportConfig, source: ModelSource):
 
 def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids) -> Manifest:
     import mindspore as ms
-    from lite_runtime.contract.mindir import external_data_files, read_mindir_io
+    from lite_runtime.contract.mindir import read_mindir
 
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     hashes, mindir_version = {}, ""
@@ -140,11 +141,11 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     for kind, files in _graph_files(config, source).items():
         entry = GraphEntry(files, *io[kind])
         for rel in files:
-            actual, mindir_version = read_mindir_io(os.path.join(tmp, rel))
-            check_graph_inputs(actual, entry.inputs, f"exported {rel}")
-            data = external_data_files(os.path.join(tmp, rel))
-            if data:
-                external[rel] = [os.path.normpath(os.path.join(os.path.dirname(rel), d)) for d in data]
+            graph = read_mindir(os.path.join(tmp, rel))
+            mindir_version = graph.version
+            check_graph_inputs(graph.inputs, entry.inputs, f"exported {rel}")
+            if graph.data_files:
+                external[rel] = [os.path.normpath(os.path.join(os.path.dirname(rel), d)) for d in graph.data_files]
         for rel in lite_files.get(kind, []):
             weights = lite_weights_name(rel)
             if os.path.isfile(os.path.join(tmp, weights)):

@@ -44,7 +44,7 @@ class LoraAdapter:
 
 def adapter_record(source) -> List[dict]:
     """What the manifest records of the export's adapter (read from its configuration and files)."""
-    from lite_runtime.contract.manifest import file_sha256
+    from lite_runtime.contract.hashes import file_sha256
     if source.pet_config:
         pet = source.pet_config
         return [{"name": "pet_config", "type": "lora", "merged": True, "r": pet.get("lora_rank"),

@@ -17,7 +17,7 @@ import numpy as np
 from lite_runtime.contract.errors import ArtifactError, UnsupportedError
 from lite_runtime.contract.families import graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
-from lite_runtime.contract.mindir import cpu_graph_mode, read_mindir_io
+from lite_runtime.contract.mindir import cpu_graph_mode, read_mindir
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.backends.base import Session
 
@@ -50,7 +50,7 @@ class MSSession(Session):
         self._cells = {}
         for kind in graph_kinds(manifest.kv_cache):
             path = manifest.graph_path(kind, rank)
-            inputs, _ = read_mindir_io(path)
+            inputs = read_mindir(path).inputs
             check_graph_inputs(inputs, manifest.graphs[kind].inputs, path)
             try:
                 self._cells[kind] = nn.GraphCell(ms.load(path))

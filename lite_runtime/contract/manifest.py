@@ -5,13 +5,13 @@ One schema, read and written here only. The runtime trusts nothing else about an
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ArtifactError
+from lite_runtime.contract.hashes import CheckedHashes
 from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
 
 FORMAT_VERSION = 3   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files;
@@ -115,27 +115,24 @@ class Manifest:
             json.dump(self.to_json(), f, indent=2, sort_keys=True)
 
     def verify_files(self) -> None:
-        """Check that every graph file and weight data file exists and has the recorded hash."""
+        """Check that every graph file and weight data file exists and has the recorded hash (files
+        checked before and unchanged since are not hashed again, see `hashes.CheckedHashes`)."""
         data = {rel for files in self.external_data.values() for rel in files}
-        for rel, expected in self.sha256.items():
-            path = os.path.join(self.root, rel)
-            what = "weight data file" if rel in data else "graph file"
-            if not os.path.isfile(path):
-                raise ArtifactError(f"{what} {path} listed in {self._where()} does not exist")
-            if file_sha256(path) != expected:
-                raise ArtifactError(f"{what} {path} does not match the sha256 in {self._where()}; "
-                                    "the export was modified, damaged or truncated: export again")
+        checked = CheckedHashes()
+        try:
+            for rel, expected in self.sha256.items():
+                path = os.path.join(self.root, rel)
+                what = "weight data file" if rel in data else "graph file"
+                if not os.path.isfile(path):
+                    raise ArtifactError(f"{what} {path} listed in {self._where()} does not exist")
+                if not checked.matches(path, expected):
+                    raise ArtifactError(f"{what} {path} does not match the sha256 in {self._where()}; "
+                                        "the export was modified, damaged or truncated: export again")
+        finally:
+            checked.save()
 
     def _where(self) -> str:
         return self.file or os.path.join(self.root, MANIFEST_NAME)
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def copy_manifest_path(graph_copy: str) -> str:

@@ -4,7 +4,7 @@ mindspore only when called."""
 from __future__ import annotations
 
 import os
-from typing import List, Tuple
+from typing import List, NamedTuple
 
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import TensorSpec
@@ -14,44 +14,47 @@ _DTYPES = {"FLOAT": "float32", "FLOAT16": "float16", "INT32": "int32", "INT64": 
            "DOUBLE": "float64", "INT8": "int8", "UINT8": "uint8"}
 
 
-def read_mindir_io(path: str) -> Tuple[List[TensorSpec], str]:
-    """(inputs as TensorSpec with the names the file records, mind_ir_version as a string)."""
-    from mindspore.train.mind_ir_pb2 import ModelProto, TensorProto
+class MindIR(NamedTuple):
+    inputs: List[TensorSpec]     # with the names the file records
+    version: str                 # mind_ir_version
+    data_files: List[str]        # files holding the weights as external data (MindSpore's
+                                 # `<name>_variables/data_N` of a large net), relative to the graph's folder
+
+
+def read_mindir(path: str) -> MindIR:
+    """What the exporter and the runtime check of a MindIR graph file, from one parse."""
+    from mindspore.train.mind_ir_pb2 import TensorProto
+    model = _parse(path)
+    inputs = []
+    for value in model.graph.input:
+        tensor = value.tensor[0]
+        dtype = TensorProto.DataType.Name(tensor.data_type)
+        inputs.append(TensorSpec(value.name, _DTYPES.get(dtype, dtype.lower()), tuple(tensor.dims)))
+    data = sorted({t.external_data.location for t in _tensors(model) if t.HasField("external_data")})
+    return MindIR(inputs, str(getattr(model, "mind_ir_version", "") or model.ir_version), data)
+
+
+def _parse(path: str):
+    from mindspore.train.mind_ir_pb2 import ModelProto
     model = ModelProto()
     try:
         with open(path, "rb") as f:
             model.ParseFromString(f.read())
     except Exception as e:  # protobuf raises its own DecodeError type
         raise ArtifactError(f"{path} is not a readable MindIR file: {e}") from None
-    inputs = []
-    for value in model.graph.input:
-        tensor = value.tensor[0]
-        dtype = TensorProto.DataType.Name(tensor.data_type)
-        inputs.append(TensorSpec(value.name, _DTYPES.get(dtype, dtype.lower()), tuple(tensor.dims)))
-    return inputs, str(getattr(model, "mind_ir_version", "") or model.ir_version)
+    return model
 
 
-def external_data_files(path: str) -> List[str]:
-    """The files holding the weights of the MindIR graph `path` as external data (MindSpore's
-    `<name>_variables/data_N` of a large net), relative to the graph's folder, in order; [] when
-    the weights are inside the graph file."""
-    from mindspore.train.mind_ir_pb2 import ModelProto
-    model = ModelProto()
-    with open(path, "rb") as f:
-        model.ParseFromString(f.read())
-    tensors = list(model.graph.parameter) + [p for g in model.functions for p in g.parameter]
-    return sorted({t.external_data.location for t in tensors if t.HasField("external_data")})
+def _tensors(model) -> list:
+    return list(model.graph.parameter) + [p for g in model.functions for p in g.parameter]
 
 
 def write_relocated(src: str, dest: str, data_folder: str) -> dict:
     """Write the graph `src` to `dest` with each external data file it names moved into
     `data_folder` (relative to `dest`'s folder, same file names); returns {old location: new}."""
-    from mindspore.train.mind_ir_pb2 import ModelProto
-    model = ModelProto()
-    with open(src, "rb") as f:
-        model.ParseFromString(f.read())
+    model = _parse(src)
     moved = {}
-    for tensor in list(model.graph.parameter) + [p for g in model.functions for p in g.parameter]:
+    for tensor in _tensors(model):
         if tensor.HasField("external_data"):
             old = tensor.external_data.location
             moved[old] = tensor.external_data.location = os.path.join(data_folder, os.path.basename(old))
