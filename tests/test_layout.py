@@ -103,7 +103,8 @@ CONTRACT = {"lite_runtime", "lite_runtime.contract", "lite_runtime.contract.erro
 @pytest.mark.parametrize("module, allowed", [
     ("lite_runtime.contract.errors", CONTRACT),
     ("lite_runtime.contract.families", CONTRACT | {"lite_runtime.contract.families"}),
-    ("lite_runtime.contract.manifest", CONTRACT | {"lite_runtime.contract.families", "lite_runtime.contract.manifest"}),
+    ("lite_runtime.contract.manifest", CONTRACT | {"lite_runtime.contract.families", "lite_runtime.contract.hashes",
+                                                      "lite_runtime.contract.manifest"}),
     ("lite_runtime.contract.mindir", CONTRACT | {"lite_runtime.contract.families", "lite_runtime.contract.mindir"}),
 ])
 def test_a_light_module_loads_nothing_else_of_the_runtime(module, allowed):
