@@ -11,7 +11,7 @@ VENV_PEERS := .venv-peers
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
-.PHONY: setup demo test export export-lite bench peers bench-scale bench-serve clean
+.PHONY: setup demo test export export-lite bench peers bench-scale bench-serve soak clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 
@@ -79,6 +79,10 @@ peers: setup $(STAMP)/venv-peers
 
 # A random Llama of a real shape (default 1b: TinyLlama-1.1B's, 4.4 GB fp32) on our Lite forms and the
 # peers, built from one HF folder (build/scale/<shape>; ~25 GB of disk, ~18 GB peak memory at 1b).
+# Soak and fault figures (README, Reliability): memory over many requests, a killed rank, interrupted exports.
+soak: setup
+	$(VENV)/bin/python tools/soak.py $(ARGS)
+
 bench-scale: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/bench_scale.py $(ARGS)
 

@@ -6,9 +6,6 @@ different moments and reusing freed rows get exactly the tokens each gets alone.
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,40 +17,15 @@ from tiny_models import REPO
 PROMPTS = ["An increasing sequence: one,", "Counting: seven, eight,", "The alphabet: a, b,"]
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def served(export: str, backend: str, name: str = "demo"):
     """`export` served in a process of its own; yields (base url, pid); stopped by SIGTERM (exit 0)."""
     if backend == "mslite":
         from lite_process import ensure_lite_installed
         ensure_lite_installed()
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", export,
-                             "--backend", backend, "--port", str(port), "--served_model_name", name],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise AssertionError(f"the server did not start: {proc.stdout.read() if proc.poll() else ''}")
-                time.sleep(0.3)
-        yield url, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert code == 0, proc.stdout.read()
+    from lite_runtime.serve.process import served as serve_process
+    with serve_process(export, backend, name, cwd=REPO) as server:
+        yield server.url, server.pid
 
 
 @pytest.fixture(scope="module", params=["ms", "mslite"])

@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -48,27 +46,11 @@ def workload(model_dir: str, requests: int, rate: float, seed: int) -> list:
     return jobs
 
 
-def start_server(model_dir: str, backend: str, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", model_dir, "--backend",
-                             backend, "--port", str(port), "--served_model_name", "bench"], cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit("error: the server did not start")
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("error: the server did not answer within 2 minutes")
-
-
-def serve_side(model_dir: str, backend: str, jobs: list, clients: int, port: int) -> list:
+def serve_side(model_dir: str, backend: str, jobs: list, clients: int) -> list:
     from openai import OpenAI
-    proc = start_server(model_dir, backend, port)
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    from lite_runtime.serve.process import served
+    with served(model_dir, backend, "bench", cwd=REPO, output=None) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         client.completions.create(model="bench", prompt=jobs[0]["prompt"], max_tokens=2, temperature=0)   # warm
         start = time.perf_counter()
 
@@ -86,9 +68,6 @@ def serve_side(model_dir: str, backend: str, jobs: list, clients: int, port: int
                     "tokens": tokens}
         with ThreadPoolExecutor(clients) as pool:
             return list(pool.map(run, jobs))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 STATIC = """
@@ -146,12 +125,11 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second (0: all at once)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--work_dir", default=os.path.join(REPO, "build", "bench_serve"))
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
     jobs = workload(args.model_dir, args.requests, args.rate, args.seed)
-    served_rows = serve_side(args.model_dir, args.backend, jobs, args.clients, args.port)
+    served_rows = serve_side(args.model_dir, args.backend, jobs, args.clients)
     for r in served_rows:
         r["first"], r["end"] = (r["stamps"][0], r["stamps"][-1]) if r["stamps"] else (r["arrived"], r["arrived"])
     static_rows = static_side(args.model_dir, args.backend, jobs, args.work_dir)

@@ -1,0 +1,75 @@
+"""A server in a child process, for the tools and tests that drive it from outside as clients do."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+from lite_runtime.contract.errors import ToolchainError
+
+
+@dataclass
+class ServerProcess:
+    url: str                    # http://127.0.0.1:PORT
+    proc: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def rss_bytes(self) -> int:
+        """The server's resident set size now."""
+        with open(f"/proc/{self.pid}/status", encoding="ascii") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return kb * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(model_dir: str, backend: str = "mslite", name: str = "model", extra: Sequence[str] = (),
+           cwd: Optional[str] = None, start_timeout: float = 120.0, stop_timeout: float = 60.0,
+           output=subprocess.PIPE) -> Iterator[ServerProcess]:
+    """`python -m lite_runtime.serve` on a free port of 127.0.0.1, yielded once /health answers; stopped by
+    SIGTERM on leaving. A server that does not start, or does not exit 0 when stopped, raises
+    ToolchainError with its output."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", model_dir, "--backend", backend,
+                             "--port", str(port), "--served_model_name", name, *extra], cwd=cwd,
+                            env=dict(os.environ, GLOG_v="3"), stdout=output, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_timeout
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    said = proc.communicate()[0] if output == subprocess.PIPE else ""
+                    raise ToolchainError(f"the server of {model_dir} did not start within {start_timeout:.0f} s: "
+                                         f"{said or '(see its output)'}") from None
+                time.sleep(0.2)
+        yield ServerProcess(url, proc)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            said, code = proc.communicate(timeout=stop_timeout)[0], proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            said, code = proc.communicate()[0], "none (killed)"
+    if code != 0:
+        raise ToolchainError(f"the server of {model_dir} exited with code {code} when stopped: {said or ''}")
