@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
 from tiny_models import REPO
@@ -300,3 +301,49 @@ def test_a_full_queue_is_refused_at_once_and_stop_ends_every_request(demo_export
         engine.submit(EngineRequest([1, 50], 5))
     engine.stop(timeout=0.5)
     assert ended == ["cancelled"] * 6 and engine.busy_rows() == 0
+
+
+@pytest.fixture(scope="module")
+def demo_tp2(demo_exports, tmp_path_factory):
+    """The demo model as a two-rank segment export (Lite tensor parallel) and a two-device rank table."""
+    import yaml
+    from lite_runtime.ascend.rank_table import RankEntry, ServerEntry, table_json
+    from tiny_models import VENV_MS20_PYTHON, run_cli, write_yaml
+    folder = tmp_path_factory.mktemp("demo_tp2")
+    demo_dir = os.path.join(REPO, "tools", "demo_model")
+    with open(os.path.join(demo_dir, "demo.yaml")) as f:
+        config = yaml.safe_load(f)
+    config["model"]["tokenizer"] = os.path.join(demo_dir, config["model"]["tokenizer"])
+    config.update(load_checkpoint=os.path.join(demo_dir, config["load_checkpoint"]), output_dir=str(folder / "tp2"),
+                  parallel={"model_parallel": 2, "collectives": "host"})
+    result = run_cli(["-m", "exporter", "--config", write_yaml(str(folder / "tp2.yaml"), config)], python=VENV_MS20_PYTHON)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = folder / "table.json"
+    ranks = tuple(RankEntry(r, "127.0.0.1", r, f"192.98.92.{100 + r}") for r in range(2))
+    table.write_text(json.dumps(table_json([ServerEntry("127.0.0.1", ranks)])))
+    return str(folder / "tp2"), str(table), folder
+
+
+def test_a_tensor_parallel_export_is_served_from_rank_0_of_a_launched_run(demo_tp2, pipeline_texts):
+    """Two Lite segment ranks under the launcher, rank 0 serving: the single-rank pipeline's greedy text,
+    streamed or not, several requests at once; SIGTERM to the launcher stops every rank and exits 0."""
+    from concurrent.futures import ThreadPoolExecutor
+    from lite_process import ensure_lite_installed
+    from lite_runtime.serve.process import served as serve_process
+    ensure_lite_installed()
+    export, table, folder = demo_tp2
+    with serve_process(export, "mslite", "demo", cwd=REPO,
+                       launcher=["--rank_table", table, "--log_dir", str(folder / "logs")]) as server:
+        api = client(server.url)
+
+        def complete(i):
+            kwargs = dict(model="demo", prompt=PROMPTS[i % 3], max_tokens=10, temperature=0)
+            if i % 2:
+                return "".join(c.choices[0].text for c in api.completions.create(stream=True, **kwargs) if c.choices)
+            return api.completions.create(**kwargs).choices[0].text
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(complete, range(6)))
+        family = psutil.Process(server.pid).children(recursive=True)
+    assert texts == [pipeline_texts[i % 3] for i in range(6)]
+    time.sleep(0.5)
+    assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []

@@ -104,10 +104,11 @@ def pipeline_memory(model_dir: str, requests: int) -> str:
 
 
 def rank_table(path: str, n: int) -> str:
-    devices = [{"device_id": str(i), "device_ip": f"192.98.92.{100 + i}", "rank_id": str(i)} for i in range(n)]
+    """A one-server table of `n` devices on this host."""
+    from lite_runtime.ascend.rank_table import RankEntry, ServerEntry, table_json
+    ranks = tuple(RankEntry(r, "127.0.0.1", r, f"192.98.92.{100 + r}") for r in range(n))
     with open(path, "w") as f:
-        json.dump({"version": "1.0", "server_count": "1", "status": "completed",
-                   "server_list": [{"server_id": "127.0.0.1", "device": devices, "host_nic_ip": "reserve"}]}, f)
+        json.dump(table_json([ServerEntry("127.0.0.1", ranks)]), f)
     return path
 
 

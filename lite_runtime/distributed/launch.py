@@ -1,4 +1,5 @@
 """`python -m lite_runtime.distributed.launch --rank_table FILE [--backend ms] -- run_infer_main.py ARGS`
+(or `-- -m lite_runtime.serve ARGS`: rank 0 serves the export)
 
 Starts one process per rank of the rank table, with RANK_ID, DEVICE_ID, RANK_TABLE_FILE and
 RANK_SIZE; on CPU (`--backend ms`) also MindSpore's scheduler/worker environment with a fixed
@@ -92,13 +93,17 @@ def rank_ini_files(program_args: Sequence[str], table_path: str, log_dir: str, w
 
 
 def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = None, log_dir: Optional[str] = None,
-           timeout: float = 600.0) -> float:
-    """Run `program` once per rank; returns the launcher's start-up seconds."""
+           timeout: Optional[float] = None) -> float:
+    """Run `program` once per rank; returns the launcher's start-up seconds. `timeout` (seconds, 0: none)
+    defaults to none for a server, 600 s for anything else."""
     if not program:
         raise ConfigError("give the program after --, e.g. -- run_infer_main.py --model_dir out/llama ...")
     table = load_rank_table(rank_table)
     world = len(table.ranks)
-    args = list(program[1:])
+    head = list(program[:2]) if program[0] == "-m" else list(program[:1])     # a script, or -m module
+    args = list(program[len(head):])
+    if timeout is None:
+        timeout = 0 if head == ["-m", "lite_runtime.serve"] else 600.0
     manifest = _manifest(args)
     data_parallel = check_world_size(world, args, rank_table, manifest)
     backend = backend or _option(args, "--backend") or "mslite"
@@ -118,7 +123,7 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
 
     def command(rank: int) -> List[str]:
         rank_args = args if inis is None else _without(args, "--config_path") + ["--config_path", inis[rank]]
-        return wrapper + [sys.executable, program[0]] + rank_args
+        return wrapper + [sys.executable] + head + rank_args
 
     def env(rank: int):
         values = {"DEVICE_ID": str(table.ranks[rank].device_id), "RANK_TABLE_FILE": os.path.abspath(rank_table),
@@ -143,7 +148,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rank_table", required=True)
     parser.add_argument("--backend", choices=("ms", "mslite"), default=None)
     parser.add_argument("--log_dir", default=None)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before every rank is stopped")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds before every rank is stopped; 0: no limit (default: none for a server, else 600)")
     opts = parser.parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:

@@ -9,6 +9,7 @@ killed as a group; nothing is found or killed by name.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -77,12 +79,14 @@ def _error_line(path: str) -> str:
 def run_ranks(world_size: int, command: Callable[[int], List[str]], log_dir: str, *,
               env: Optional[Callable[[int], Dict[str, str]]] = None, with_ms_cluster: bool = False,
               rank0_console: bool = False, timeout: float = 600.0, poll: float = 0.1,
-              failure_grace: float = 0.0) -> LaunchResult:
+              failure_grace: float = 0.0, stop_grace: float = 30.0) -> LaunchResult:
     """Run `command(rank)` for every rank; raise DistributedError naming the first rank that fails.
 
     On failure or timeout every process started here is killed (SIGKILL to its process group)
-    before the error is raised, so nothing is left behind. `failure_grace` seconds after the first
+    before the error is raised, so nothing is left behind (`timeout` 0: no limit). `failure_grace` seconds after the first
     failure the other ranks may still end by themselves, so their logs hold their own errors too.
+    SIGTERM or Ctrl-C to this process is passed on to rank 0, which ends the run and tells the other ranks
+    (a server finishes its requests and exits 0); ranks still running `stop_grace` seconds later are killed.
     """
     os.makedirs(log_dir, exist_ok=True)
     base = dict(os.environ)
@@ -107,7 +111,8 @@ def run_ranks(world_size: int, command: Callable[[int], List[str]], log_dir: str
             path = os.path.join(log_dir, f"rank_{rank}.log")
             procs.append(RankProcess(rank, _spawn(command(rank), rank_env, path, rank0_console and rank == 0), path))
         start_seconds = time.perf_counter() - started
-        _wait(procs, scheduler, timeout, started, poll, failure_grace)
+        with _signals_passed_on(procs, stop_grace) as stop:
+            _wait(procs, scheduler, timeout, started, poll, failure_grace, stop)
         return LaunchResult(start_seconds, time.perf_counter() - started)
     finally:
         _kill_all([p.proc for p in procs] + ([scheduler] if scheduler else []))
@@ -123,8 +128,37 @@ def _spawn(argv: Sequence[str], env: Dict[str, str], log_path: str, console: boo
         logf.close()
 
 
+class _Stop:
+    """A stop asked for by a signal: when, and how long the ranks get to end by themselves."""
+
+    def __init__(self, grace: float):
+        self.grace, self.since = grace, None
+
+
+@contextlib.contextmanager
+def _signals_passed_on(procs: List[RankProcess], grace: float):
+    stop = _Stop(grace)
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, _frame):
+        stop.since = stop.since or time.perf_counter()
+        if procs[0].proc.poll() is None:
+            try:
+                os.killpg(procs[0].proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, poll: float,
-          grace: float = 0.0) -> None:
+          grace: float = 0.0, stop: Optional[_Stop] = None) -> None:
     pending = list(procs)
     failure: Optional[DistributedError] = None
     failed_at = 0.0
@@ -144,7 +178,10 @@ def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, p
         elif scheduler is not None and scheduler.poll() not in (None, 0) and pending:
             raise DistributedError(f"the MindSpore scheduler exited with code {scheduler.returncode} "
                                    f"while ranks {', '.join(str(p.rank) for p in pending)} were running")
-        if time.perf_counter() - started > timeout:
+        if stop is not None and stop.since is not None and time.perf_counter() - stop.since > stop.grace:
+            raise DistributedError(f"stopped by a signal; ranks {', '.join(str(p.rank) for p in pending)} did not "
+                                   f"end within {stop.grace:.0f} s and were killed")
+        if timeout and time.perf_counter() - started > timeout:
             raise failure or DistributedError(f"ranks {', '.join(str(p.rank) for p in pending)} still running after "
                                    f"{timeout:.0f} s; stopped them all (logs: {os.path.dirname(pending[0].log_path)})")
         if pending:

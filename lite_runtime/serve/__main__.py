@@ -25,7 +25,10 @@ PROG = "python -m lite_runtime.serve"
               help="Requests that may wait for a cache row; more are answered 429 at once.")
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
-def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, shutdown_timeout):
+@click.option("--distributed", type=click.Choice(["True", "False"]), default="False",
+              help="Set by the launcher: this process is one rank of a multi-rank export; rank 0 serves.")
+def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, shutdown_timeout,
+            distributed):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
     import uvicorn
@@ -41,8 +44,29 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     tokenizer = manifest.load_tokenizer()
     if tokenizer is None:
         raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
+    channel = None
+    if distributed == "True":
+        from lite_runtime.distributed.rank_channel import RankChannel
+        channel = RankChannel.from_env()
+        if channel.world_size != manifest.world_size:
+            raise ToolchainError(f"serving {model_dir} on {channel.world_size} ranks: data parallel serving is not "
+                                 f"supported yet; give a rank table of the export's {manifest.world_size} ranks")
+    elif manifest.world_size > 1:
+        raise ToolchainError(f"{model_dir} has {manifest.world_size} ranks: serve it under the launcher, python -m "
+                             "lite_runtime.distributed.launch --rank_table FILE -- -m lite_runtime.serve --model_dir ...")
+    session = load_session(backend, manifest, rank=channel.rank if channel else 0, num_threads=num_threads)
+    if channel is not None and channel.rank > 0:
+        from lite_runtime.serve.ranks import follow
+        try:
+            follow(session, channel)
+        finally:
+            session.close()
+            channel.close()
+        return
+    if channel is not None:
+        from lite_runtime.serve.ranks import MirroredSession
+        session = MirroredSession(session, channel)
     metrics = Metrics()
-    session = load_session(backend, manifest, num_threads=num_threads)
     engine = Engine(session, max_waiting=max_waiting, metrics=metrics)
     metrics.cache_rows.set(manifest.batch_size)
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))
@@ -61,6 +85,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     finally:
         engine.stop(timeout=shutdown_timeout)
         session.close()
+        if channel is not None:
+            channel.close()
 
 
 def main(argv=None):

@@ -40,13 +40,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def served(model_dir: str, backend: str = "mslite", name: str = "model", extra: Sequence[str] = (),
            cwd: Optional[str] = None, start_timeout: float = 120.0, stop_timeout: float = 60.0,
-           output=subprocess.PIPE) -> Iterator[ServerProcess]:
+           output=subprocess.PIPE, launcher: Sequence[str] = ()) -> Iterator[ServerProcess]:
     """`python -m lite_runtime.serve` on a free port of 127.0.0.1, yielded once /health answers; stopped by
-    SIGTERM on leaving. A server that does not start, or does not exit 0 when stopped, raises
-    ToolchainError with its output."""
+    SIGTERM on leaving. With `launcher` (its options: --rank_table FILE ...) the server runs on rank 0 of a
+    launched run, and `proc` is the launcher. A server that does not start, or does not exit 0 when
+    stopped, raises ToolchainError with its output."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "lite_runtime.serve", "--model_dir", model_dir, "--backend", backend,
-                             "--port", str(port), "--served_model_name", name, *extra], cwd=cwd,
+    launch = [sys.executable, "-m", "lite_runtime.distributed.launch", *launcher, "--"] if launcher else [sys.executable]
+    proc = subprocess.Popen(launch + ["-m", "lite_runtime.serve", "--model_dir", model_dir, "--backend", backend,
+                                      "--port", str(port), "--served_model_name", name, *extra], cwd=cwd,
                             env=dict(os.environ, GLOG_v="3"), stdout=output, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + start_timeout
