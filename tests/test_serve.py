@@ -6,6 +6,7 @@ different moments and reusing freed rows get exactly the tokens each gets alone.
 import contextlib
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -324,16 +325,21 @@ def demo_tp2(demo_exports, tmp_path_factory):
     return str(folder / "tp2"), str(table), folder
 
 
-def test_a_tensor_parallel_export_is_served_from_rank_0_of_a_launched_run(demo_tp2, pipeline_texts):
-    """Two Lite segment ranks under the launcher, rank 0 serving: the single-rank pipeline's greedy text,
-    streamed or not, several requests at once; SIGTERM to the launcher stops every rank and exits 0."""
+@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+def test_a_launched_run_serves_from_rank_0(demo_exports, demo_tp2, pipeline_texts, layout):
+    """Two Lite ranks under the launcher, rank 0 serving: a two-rank segment export (tensor parallel) or
+    two replicas of the single-rank export (data parallel). Several requests at once, streamed or not,
+    get the single-rank pipeline's greedy text; rank 1 ran steps; SIGTERM to the launcher stops every
+    rank and exits 0."""
     from concurrent.futures import ThreadPoolExecutor
     from lite_process import ensure_lite_installed
     from lite_runtime.serve.process import served as serve_process
     ensure_lite_installed()
-    export, table, folder = demo_tp2
-    with serve_process(export, "mslite", "demo", cwd=REPO,
-                       launcher=["--rank_table", table, "--log_dir", str(folder / "logs")]) as server:
+    tp2, table, folder = demo_tp2
+    export, extra = (tp2, []) if layout == "tp2" else (demo_exports["mslite"], ["--data_parallel", "2"])
+    logs = folder / f"logs_{layout}"
+    with serve_process(export, "mslite", "demo", cwd=REPO, extra=extra,
+                       launcher=["--rank_table", table, "--log_dir", str(logs)]) as server:
         api = client(server.url)
 
         def complete(i):
@@ -342,8 +348,10 @@ def test_a_tensor_parallel_export_is_served_from_rank_0_of_a_launched_run(demo_t
                 return "".join(c.choices[0].text for c in api.completions.create(stream=True, **kwargs) if c.choices)
             return api.completions.create(**kwargs).choices[0].text
         with ThreadPoolExecutor(6) as pool:
-            texts = list(pool.map(complete, range(6)))
+            texts = list(pool.map(complete, range(12)))
         family = psutil.Process(server.pid).children(recursive=True)
-    assert texts == [pipeline_texts[i % 3] for i in range(6)]
+    assert texts == [pipeline_texts[i % 3] for i in range(12)]
+    steps = re.search(r"rank 1 ran (\d+) steps", (logs / "rank_1.log").read_text())
+    assert steps and int(steps.group(1)) > 0
     time.sleep(0.5)
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []

@@ -26,9 +26,11 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
 @click.option("--distributed", type=click.Choice(["True", "False"]), default="False",
-              help="Set by the launcher: this process is one rank of a multi-rank export; rank 0 serves.")
+              help="Set by the launcher: this process is one rank of a launched run; rank 0 serves.")
+@click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
+              help="Under the launcher: replicas of a single-rank export, one per rank, behind rank 0's endpoint.")
 def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, shutdown_timeout,
-            distributed):
+            distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
     import uvicorn
@@ -37,6 +39,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     from lite_runtime.serve.app import ServedModel, create_app
     from lite_runtime.serve.engine import Engine
     from lite_runtime.serve.metrics import Metrics
+    from lite_runtime.serve import ranks
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     manifest = load_manifest(model_dir)
@@ -44,31 +47,20 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     tokenizer = manifest.load_tokenizer()
     if tokenizer is None:
         raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
-    channel = None
-    if distributed == "True":
-        from lite_runtime.distributed.rank_channel import RankChannel
-        channel = RankChannel.from_env()
-        if channel.world_size != manifest.world_size:
-            raise ToolchainError(f"serving {model_dir} on {channel.world_size} ranks: data parallel serving is not "
-                                 f"supported yet; give a rank table of the export's {manifest.world_size} ranks")
-    elif manifest.world_size > 1:
+    if distributed == "False" and manifest.world_size > 1:
         raise ToolchainError(f"{model_dir} has {manifest.world_size} ranks: serve it under the launcher, python -m "
                              "lite_runtime.distributed.launch --rank_table FILE -- -m lite_runtime.serve --model_dir ...")
-    session = load_session(backend, manifest, rank=channel.rank if channel else 0, num_threads=num_threads)
+    channel = ranks.join(model_dir, manifest, data_parallel) if distributed == "True" else None
+    session = load_session(backend, manifest, rank=channel.rank % manifest.world_size if channel else 0,
+                           num_threads=num_threads)
     if channel is not None and channel.rank > 0:
-        from lite_runtime.serve.ranks import follow
-        try:
-            follow(session, channel)
-        finally:
-            session.close()
-            channel.close()
-        return
-    if channel is not None:
-        from lite_runtime.serve.ranks import MirroredSession
-        session = MirroredSession(session, channel)
+        return ranks.serve_as_follower(session, channel)
     metrics = Metrics()
-    engine = Engine(session, max_waiting=max_waiting, metrics=metrics)
-    metrics.cache_rows.set(manifest.batch_size)
+
+    def make_engine(session_of_a_replica):
+        return Engine(session_of_a_replica, max_waiting=max_waiting, metrics=metrics)
+    engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
+    metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))
     app = create_app(ServedModel(engine, tokenizer, name, metrics))
     logging.getLogger("lite_runtime.serve").info(
@@ -84,7 +76,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
         server.run()
     finally:
         engine.stop(timeout=shutdown_timeout)
-        session.close()
+        for replica in getattr(engine, "engines", [engine]):
+            replica.session.close()
         if channel is not None:
             channel.close()
 

@@ -88,6 +88,7 @@ class Engine:
         self._stopping = False     # no new requests
         self._exit = False         # the engine thread ends
         self.steps = 0
+        self.counted = self        # whose rows and queue the metrics report (Replicas: all of them)
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -245,8 +246,8 @@ class Engine:
 
     def _observe(self) -> None:
         if self.metrics is not None:
-            self.metrics.running.set(self.busy_rows())
-            self.metrics.waiting.set(len(self.waiting))
+            self.metrics.running.set(self.counted.busy_rows())
+            self.metrics.waiting.set(len(self.counted.waiting))
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
