@@ -136,6 +136,20 @@ def test_config_file_missing(tmp_path):
     assert_one_line_error(export_cli("--config", path), path, "does not exist")
 
 
+@pytest.mark.parametrize("where, facts", [
+    ("a_folder", ["infer.prefill_model_path", "is a folder", ".mindir"]),
+    ("under_a_file", ["infer.prefill_model_path", "is a file, not a folder"]),
+])
+def test_infer_copy_path_that_cannot_be_written_is_refused_before_tracing(tiny_ckpt, tmp_path, out_dir, where, facts):
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "a_file").write_text("")
+    dest = {"a_folder": tmp_path / "a_folder", "under_a_file": tmp_path / "a_file" / "x" / "p.mindir"}[where]
+    result, _ = export_with(tmp_path, tiny_export_config(tiny_ckpt[0], out_dir, infer={"prefill_model_path": str(dest)}))
+    assert_one_line_error(result, str(dest), *facts)
+    assert "traced" not in result.stderr
+    assert_nothing_left(out_dir)
+
+
 # --- the weights --------------------------------------------------------------------------------------
 def test_load_checkpoint_missing(tiny_ckpt, tmp_path, out_dir):
     missing = str(tmp_path / "no_such.ckpt")

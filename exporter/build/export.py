@@ -45,6 +45,7 @@ def export(config: ExportConfig) -> str:
     except ConfigError as e:
         raise ConfigError(f"{config.source}: {e}") from None
     _check_output_dir(config)
+    _check_infer_copies(config)
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
     converter = _lite_converter(config)
@@ -218,6 +219,24 @@ def _check_output_dir(config: ExportConfig) -> None:
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise ConfigError(f"output_dir {path}{where} exists and is not an export (no {MANIFEST_NAME}); "
                           f"refusing to overwrite it: {fix}")
+
+
+def _check_infer_copies(config: ExportConfig) -> None:
+    """The `infer:` copy paths can be written: found before the tracing, not after it."""
+    for key in ("prefill_model_path", "increment_model_path"):
+        dest = getattr(config.infer, key)
+        if not dest:
+            continue
+        where = f"{config.source}: infer.{key} {dest}"
+        if os.path.isdir(dest):
+            raise ConfigError(f"{where} is a folder; give the path of the graph file to write (…/name.mindir)")
+        folder = os.path.dirname(os.path.abspath(dest))
+        while not os.path.isdir(folder):
+            if os.path.lexists(folder):
+                raise ConfigError(f"{where}: {folder} is a file, not a folder; choose another path")
+            folder = os.path.dirname(folder)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"{where}: the folder {folder} is not writable; choose a writable path")
 
 
 def _make_temp_dir(config: ExportConfig, parent: str, created: List[str]) -> str:
