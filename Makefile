@@ -77,12 +77,12 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt
 peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/compare_peers.py $(ARGS)
 
-# A random Llama of a real shape (default 1b: TinyLlama-1.1B's, 4.4 GB fp32) on our Lite forms and the
-# peers, built from one HF folder (build/scale/<shape>; ~25 GB of disk, ~18 GB peak memory at 1b).
 # Soak and fault figures (README, Reliability): memory over many requests, a killed rank, interrupted exports.
 soak: setup
 	$(VENV)/bin/python tools/soak.py $(ARGS)
 
+# A random Llama of a real shape (default 1b: TinyLlama-1.1B's, 4.4 GB fp32) on our Lite forms and the
+# peers, built from one HF folder (build/scale/<shape>; ~25 GB of disk, ~18 GB peak memory at 1b).
 bench-scale: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/bench_scale.py $(ARGS)
 
