@@ -81,12 +81,42 @@ def test_chat_answers_with_usage_and_the_chosen_tokens_logprobs(server):
     assert choice.message.role == "assistant" and choice.finish_reason in ("length", "stop")
     assert answer.usage.completion_tokens == len(choice.logprobs.content) and answer.usage.prompt_tokens > 3
     assert all(t.logprob <= 0 for t in choice.logprobs.content)
+    top = client(url).chat.completions.create(model="demo", messages=[{"role": "user", "content": "Counting:"}],
+                                              max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    for chosen in top.choices[0].logprobs.content:     # greedy: the chosen token is the most likely one
+        assert len(chosen.top_logprobs) == 3 and chosen.top_logprobs[0].token == chosen.token
+        assert [t.logprob for t in chosen.top_logprobs] == sorted((t.logprob for t in chosen.top_logprobs), reverse=True)
+
+
+def test_top_logprobs_are_the_models_most_likely_tokens(server, demo_exports):
+    """The first new token's top 3 against a log-softmax, in float64, of the prefill logits of the `ms`
+    session itself (tolerance 1e-4: Lite's and MindSpore's logits differ by about 1e-5)."""
+    import numpy as np
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    url, *_ = server
+    manifest = load_manifest(demo_exports["ms"])
+    prompt = [1, 25, 30, 40, 41]
+    with load_session("ms", manifest) as session:
+        ids = np.zeros((manifest.batch_size, manifest.seq_length), np.int32)
+        ids[:, :len(prompt)] = prompt
+        logits = session.prefill(ids, np.full(manifest.batch_size, len(prompt), np.int32))[0].astype(np.float64)
+    shifted = logits - logits.max()
+    expected = shifted - np.log(np.exp(shifted).sum())
+    best = np.argsort(-expected)[:3]
+    answer = client(url).completions.create(model="demo", prompt=prompt, max_tokens=1, temperature=0, logprobs=3)
+    got = answer.choices[0].logprobs
+    piece = manifest.load_tokenizer().id_to_piece
+    assert list(got.top_logprobs[0]) == [piece(int(i)) for i in best]
+    np.testing.assert_allclose(list(got.top_logprobs[0].values()), expected[best], atol=1e-4)
+    assert got.token_logprobs[0] == pytest.approx(expected[best[0]], abs=1e-4)
 
 
 @pytest.mark.parametrize("body, status, param", [
     ({"temperature": 3}, 400, "temperature"),
     ({"top_p": 0}, 400, "top_p"),
     ({"n": 2}, 400, "n"),
+    ({"logprobs": 6}, 400, "logprobs"),
     ({"presence_penalty": -2.5}, 400, "presence_penalty"),
     ({"model": "other"}, 404, "model"),
     ({"prompt": "one, " * 200}, 400, "prompt"),

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.serve.chat import ChatFormat, encode_chat
-from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull
+from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import ChatRequest, CompletionRequest, SamplingFields, error_body
 from lite_runtime.serve.text import RequestText
@@ -133,7 +133,7 @@ class _Run:
         self.text = RequestText(served.tokenizer, prompt_ids, body.stop_strings())
         self.prompt_ids = prompt_ids
         self.tokens: List[int] = []
-        self.logprobs: List[float] = []
+        self.logprobs: List[Optional[TokenLogprobs]] = []
         self.pieces: List[str] = []
         self.finish_reason: Optional[str] = None   # the engine's: stop (an EOS id), length, cancelled, error: ...
         self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
@@ -142,7 +142,7 @@ class _Run:
         max_tokens = body.max_tokens or served.context - len(prompt_ids)
         self.engine_request = EngineRequest(
             prompt_ids, max_tokens, body.sampling(), served.stop_ids, slot, body.presence_penalty,
-            body.frequency_penalty, body.min_p, bool(body.logprobs) if chat else body.logprobs is not None,
+            body.frequency_penalty, body.min_p, ((body.top_logprobs or 0) if body.logprobs else None) if chat else body.logprobs,
             on_token=lambda t, lp: self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", t, lp)),
             on_finish=lambda reason: self.loop.call_soon_threadsafe(self.queue.put_nowait, ("end", reason, None)))
 
@@ -182,16 +182,19 @@ class _Run:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.tokens),
                 "total_tokens": len(self.prompt_ids) + len(self.tokens)}
 
-    def _logprobs(self, tokens: List[int], logprobs: List[float]):
+    def _logprobs(self, tokens: List[int], logprobs: List[Optional[TokenLogprobs]]):
+        piece = self.served.tokenizer.id_to_piece
         if self.chat:
             if not self.body.logprobs:
                 return None
-            return {"content": [{"token": self.served.tokenizer.id_to_piece(t), "logprob": lp, "bytes": None,
-                                 "top_logprobs": []} for t, lp in zip(tokens, logprobs)]}
+            return {"content": [{"token": piece(t), "logprob": lp.logprob, "bytes": None,
+                                 "top_logprobs": [{"token": piece(i), "logprob": v, "bytes": None} for i, v in lp.top]}
+                                for t, lp in zip(tokens, logprobs)]}
         if self.body.logprobs is None:
             return None
-        return {"tokens": [self.served.tokenizer.id_to_piece(t) for t in tokens], "token_logprobs": logprobs,
-                "top_logprobs": None, "text_offset": None}
+        return {"tokens": [piece(t) for t in tokens], "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{piece(i): v for i, v in lp.top} for lp in logprobs] if self.body.logprobs else None,
+                "text_offset": None}
 
     def whole(self) -> dict:
         text = "".join(self.pieces)

@@ -7,8 +7,8 @@ next step instead of waiting for a batch to end, and a finished request frees it
 Each row keeps its own sampler (seeded per request), penalties, token budget and stop ids.
 
 The engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
-A request reports through `on_token(token_id, logprob or None)` and `on_finish(reason)`, called from the
-engine thread (the server hands them on to its event loop).
+A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called from
+the engine thread (the server hands them on to its event loop).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -32,6 +32,12 @@ class QueueFull(Exception):
     """The engine's waiting queue is full: answer the client at once (429)."""
 
 
+class TokenLogprobs(NamedTuple):
+    """The chosen token's log-probability under the model, and the `top` most likely tokens' (id, logprob)."""
+    logprob: float
+    top: List[Tuple[int, float]]
+
+
 @dataclass
 class EngineRequest:
     """One generation: token ids in, token ids out through the callbacks."""
@@ -43,8 +49,8 @@ class EngineRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_p: float = 0.0
-    logprobs: bool = False       # report the chosen token's log-probability (a softmax per step)
-    on_token: Callable[[int, float], None] = lambda token, logprob: None
+    logprobs: Optional[int] = None   # k: report TokenLogprobs with the k most likely tokens (a softmax per step)
+    on_token: Callable[[int, Optional[TokenLogprobs]], None] = lambda token, logprobs: None
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
     arrived: float = field(default_factory=time.perf_counter)
@@ -221,7 +227,7 @@ class Engine:
                 self._finish(i, reason)
 
     def _pick(self, row: _Row, logits: np.ndarray):
-        """The row's next token, and its log-probability under the model when the request asks for it."""
+        """The row's next token, and its TokenLogprobs when the request asks for them."""
         request = row.request
         scores = logits
         if request.presence_penalty or request.frequency_penalty:
@@ -237,7 +243,13 @@ class Engine:
             ids = np.asarray(row.tokens, np.int32)[None]
             valid = np.array([ids.shape[1]], np.int32)
         token = int(row.sampler(scores, ids, valid)[0])
-        return token, float(_log_softmax(logits[0])[token]) if request.logprobs else None
+        if request.logprobs is None:
+            return token, None
+        logprobs = _log_softmax(logits[0])
+        k = min(request.logprobs, logprobs.size - 1)
+        top = np.argpartition(-logprobs, k)[:k] if k else []
+        top = sorted(((int(i), float(logprobs[i])) for i in top), key=lambda pair: -pair[1])
+        return token, TokenLogprobs(float(logprobs[token]), top)
 
     def _finish(self, slot: int, reason: str) -> None:
         row = self.rows[slot]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lite_runtime.decode.sampling import SamplingParams
 
@@ -40,7 +40,8 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     prompt: Union[str, List[int]]
     max_tokens: Optional[int] = Field(16, ge=1)           # OpenAI's default for completions
-    logprobs: Optional[int] = Field(None, ge=0, le=1)     # the chosen token's log-probability
+    logprobs: Optional[int] = Field(None, ge=0, le=5)     # the chosen token's and the k most likely ones'
+
     echo: bool = False
 
 
@@ -52,7 +53,13 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: List[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=0)
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)   # with logprobs: the k most likely tokens too
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
 
 def error_body(message: str, param: Optional[str] = None, kind: str = "invalid_request_error",
