@@ -16,6 +16,7 @@ from typing import Dict, List, Set, Tuple
 import numpy as np
 
 from lite_runtime.contract.errors import WeightError
+from exporter.weights.ckpt_io import read_ckpt_file
 from exporter.weights.safetensors_io import read_safetensors_part
 
 HEAD, EMBEDDING = "head.weight", "embed.weight"
@@ -53,7 +54,7 @@ def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 
     if os.path.isfile(path):
         if not path.endswith(".ckpt"):
             raise WeightError(f"load_checkpoint {path}: a file must be a MindSpore .ckpt")
-        tensors = read_ckpt(path)
+        tensors = read_ckpt(path, float_dtype)
     elif glob.glob(os.path.join(path, "*.safetensors")):
         cut = {} if world_size == 1 or source.adapter else _source_axes(plan, rules)
         tensors = {}
@@ -67,7 +68,7 @@ def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 
             raise WeightError(f"load_checkpoint {path}: found no weights; allowed: a .ckpt file, a folder with one "
                               ".ckpt, a folder of *.safetensors, or a folder of rank_{i}/*.ckpt shards")
         path = ckpts[0]
-        tensors = read_ckpt(path)
+        tensors = read_ckpt(path, float_dtype)
     tensors = _with_adapter(tensors, source, plan, path)
     return plan.apply(tensors, cfg, path, family.name), done
 
@@ -148,13 +149,9 @@ def _ckpt_in(folder: str) -> str:
     return ckpts[0]
 
 
-def read_ckpt(path: str) -> Dict[str, np.ndarray]:
-    import mindspore as ms
-    try:
-        params = ms.load_checkpoint(path)
-    except (RuntimeError, ValueError, OSError) as e:
-        raise WeightError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
-    return {name: p.asnumpy() for name, p in params.items() if not name.startswith(_NOT_WEIGHTS)}
+def read_ckpt(path: str, float_dtype=np.float32) -> Dict[str, np.ndarray]:
+    """The weights of a MindSpore .ckpt (optimizer state and counters left out), each a view of the mapped file."""
+    return read_ckpt_file(path, skip=_NOT_WEIGHTS, float_dtype=float_dtype)
 
 
 def shard(full: Dict[str, np.ndarray], rules: Dict[str, int], rank: int, world_size: int,

@@ -80,11 +80,17 @@ def _read_with_bf16(path: str, float_dtype=np.float32) -> Dict[str, np.ndarray]:
             raw = np.fromfile(f, np.uint16 if dtype == "BF16" else _TYPES[dtype],
                               count=(end - start) // (2 if dtype == "BF16" else np.dtype(_TYPES[dtype]).itemsize))
             if dtype == "BF16":
-                wide = (raw.astype(np.uint32) << 16).view(np.float32)
-                with np.errstate(over="ignore"):     # checked just below, naming the tensor
-                    raw = wide.astype(float_dtype)
-                if float_dtype == np.float16 and np.isinf(raw).any() and not np.isinf(wide).any():
-                    raise WeightError(f"{path}: tensor {name} has values beyond float16's range "
-                                      f"(largest {np.abs(wide).max():.4g}); export it with compute_dtype float32")
+                raw = widen_bfloat16(raw, float_dtype, f"{path}: tensor {name}")
             tensors[name] = raw.reshape(shape)
     return tensors
+
+
+def widen_bfloat16(raw: np.ndarray, float_dtype, where: str) -> np.ndarray:
+    """bfloat16 bits (uint16) as `float_dtype`; values beyond float16's range are refused, naming `where`."""
+    wide = (raw.astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(over="ignore"):     # checked just below
+        out = wide.astype(float_dtype)
+    if float_dtype == np.float16 and np.isinf(out).any() and not np.isinf(wide).any():
+        raise WeightError(f"{where} has values beyond float16's range (largest {np.abs(wide).max():.4g}); "
+                          "export it with compute_dtype float32")
+    return out
