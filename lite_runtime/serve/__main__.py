@@ -9,12 +9,13 @@ import sys
 
 import click
 
+from lite_runtime.cli.cli_common import CONTEXT, entry_point
 from lite_runtime.contract.errors import ToolchainError
 
 PROG = "python -m lite_runtime.serve"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
 @click.option("--model_dir", required=True, help="The export folder (its manifest.json).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -82,22 +83,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
             channel.close()
 
 
-def main(argv=None):
-    try:
-        command.main(args=argv, prog_name=PROG, standalone_mode=False)
-    except click.UsageError as e:
-        _fail(f"{e.format_message().rstrip('.')} (see {PROG} --help)", 2)
-    except click.Abort:
-        _fail("aborted", 1)
-    except ToolchainError as e:
-        _fail(e, 1)
-    sys.exit(0)
-
-
-def _fail(message, code: int):
-    click.echo("error: " + " ".join(str(message).split()), err=True)
-    sys.exit(code)
-
+main = entry_point(command, PROG)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
