@@ -43,7 +43,7 @@ def command(config_path, model_dir, output_dir, batch_size, verbose, list_famili
         overrides["output_dir_default"] = False
     if overrides:   # replace() validates the overridden values like the yaml's own
         config = dataclasses.replace(config, **overrides)
-    from exporter.build.export import export
+    from exporter.writing.export import export
     click.echo(export(config))
 
 
