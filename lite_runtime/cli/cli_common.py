@@ -48,6 +48,11 @@ def run_command(command: click.Command, argv: Optional[Sequence[str]] = None, pr
         return fail("aborted", 1)
     except ToolchainError as e:
         return fail(e, 1)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "mindspore":
+            raise
+        return fail(f"{prog} needs MindSpore here (the exporter and backend ms do): pip install "
+                    "'llm-lite-export[mindspore]'; backend mslite runs without it", 1)
     return result if isinstance(result, int) else 0
 
 
