@@ -1,7 +1,7 @@
 """The runtime installed where it is deployed, without this repository: a wheel of the project in a
-fresh venv outside the checkout (no system site-packages, dependencies from the package index),
-`lite-setup` extracting Lite 2.0 and compiling the shim into the per-user location, and `lite-infer`
-there continuing the demo prompts with the same text as run_infer_main.py in the checkout.
+fresh venv outside the checkout (no system site-packages, dependencies from the package index, no
+MindSpore), `lite-setup` extracting Lite 2.0 and compiling the shim into the per-user location, and
+`lite-infer` there continuing the demo prompts with the same text as run_infer_main.py in the checkout.
 """
 import os
 import shutil
@@ -57,6 +57,16 @@ def test_wheel_in_a_fresh_venv_sets_up_lite_and_generates_as_the_checkout(instal
     assert f"built {shim}" in setup.stdout and "extracted 11 libraries" in setup.stdout, setup.stdout
     again = _run([str(venv / "bin" / "lite-setup"), "--wheel", WHEEL], root, env)
     assert "already extracted" in again.stdout and "shim up to date" in again.stdout, again.stdout
+
+    for script, args, message in (
+            ("lite-export", ["--config", os.path.join(REPO, "tools", "demo_model", "demo.yaml")],
+             "error: lite-export needs MindSpore here (the exporter and backend ms do): pip install "
+             "'llm-lite-export[mindspore]'; backend mslite runs without it"),
+            ("lite-infer", ["--top_k", "x"],
+             "error: Invalid value for '--top_k': 'x' is not a valid integer (see lite-infer --help)")):
+        result = subprocess.run([str(venv / "bin" / script)] + args, cwd=root, env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode != 0 and result.stderr == message + "\n", result.stderr
 
     prompts = root / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")

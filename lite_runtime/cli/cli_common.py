@@ -7,8 +7,10 @@ into that line; the exporter's CLI uses it too (the runtime never imports the ex
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Optional, Sequence
+from types import SimpleNamespace
+from typing import List, Optional, Sequence
 
 import click
 
@@ -35,11 +37,55 @@ class UpstreamBool(click.ParamType):
 BOOL = UpstreamBool()
 
 
+class SpacedList(click.Option):
+    """An option taking its values after one flag, as argparse's nargs="+" did (`--batch 1 8`; with
+    `empty_ok`, nargs="*": the flag alone is no value); click reads them as the repeated flag
+    (`--batch 1 --batch 8`, also accepted) into a tuple."""
+
+    def __init__(self, *names, empty_ok: bool = False, **kwargs):
+        super().__init__(*names, multiple=True, **kwargs)
+        self.empty_ok = empty_ok
+
+
+def spread_lists(command: click.Command, argv: Sequence[str]) -> List[str]:
+    """`--batch 1 8 --steps 4` -> `--batch 1 --batch 8 --steps 4` for the command's SpacedList options."""
+    lists = {name: param for param in command.params if isinstance(param, SpacedList) for name in param.opts}
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token == "--":
+            return out + list(argv[i - 1:])
+        if token not in lists:
+            out.append(token)
+            continue
+        values = []
+        while i < len(argv) and not (argv[i].startswith("-") and not _NEGATIVE.fullmatch(argv[i])):
+            values.append(argv[i])
+            i += 1
+        if not values and not lists[token].empty_ok:
+            out.append(token)        # the flag without a value: click names the mistake
+        for value in values:
+            out += [token, value]
+    return out
+
+
+_NEGATIVE = re.compile(r"-\d+(\.\d*)?")
+
+
+def parse_options(command: click.Command, argv: Sequence[str]) -> SimpleNamespace:
+    """The command's options from `argv` as attributes, without running it (tests, callers of a tool)."""
+    with command.make_context(command.name, spread_lists(command, list(argv))) as ctx:
+        return SimpleNamespace(**ctx.params)
+
+
 def run_command(command: click.Command, argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     """Run a click command; returns its exit code (the command's own int result, else 0)."""
     prog = _console_script_name() or prog or command.name
+    argv = spread_lists(command, sys.argv[1:] if argv is None else list(argv))
     try:
-        result = command.main(args=None if argv is None else list(argv), prog_name=prog, standalone_mode=False)
+        result = command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.UsageError as e:
         return fail(f"{e.format_message().rstrip('.')} (see {prog} --help)", 2)
     except click.ClickException as e:
