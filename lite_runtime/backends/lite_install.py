@@ -10,11 +10,10 @@ The PyPI `mindspore_lite` 2.0 wheel is cp37-only; only its C++ libraries and hea
 Where the native binding looks for the shim, in order: $LITE_SHIM_LIB, the per-user location
 (`$XDG_DATA_HOME/llm-lite-export/lite`, default `~/.local/share/...`), a checkout's build/lite.
 Each step is skipped when its result is already there; the shim is rebuilt when its source is newer.
-Imports nothing but the standard library (and the project's errors).
+Imports nothing but the standard library and the project's light contract modules.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import zipfile
 from typing import Callable, List, Optional, Tuple
 
 from lite_runtime.contract.errors import ConfigError, ToolchainError
+from lite_runtime.contract.hashes import file_sha256
 
 WHEEL_NAME = "mindspore_lite-2.0.0-cp37-cp37m-manylinux1_x86_64.whl"
 WHEEL_SHA256 = "199cd0605cc985b88eddb273db9dfe9000a585ba10ca2292b6b36ebfff07b3ec"
@@ -93,20 +93,12 @@ def _wheel(prefix: str, given: Optional[str], say) -> str:
                                  "output above)")
             if not os.path.isfile(path):
                 raise SetupError(f"pip download finished but {path} is not there")
-    actual = sha256_of(path)
+    actual = file_sha256(path)
     if actual != WHEEL_SHA256:
         raise SetupError(f"sha256 of {path} is {actual}, expected {WHEEL_SHA256} (mindspore_lite 2.0.0); "
                          "delete the file and run again")
     say("wheel sha256 ok")
     return path
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _extract(wheel: str, prefix: str, say) -> None:
