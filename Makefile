@@ -18,17 +18,17 @@ setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 $(STAMP)/venv: setup.cfg pyproject.toml
 	@mkdir -p $(STAMP)
 	@test -x $(VENV)/bin/python || $(PY311) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e ".[test,hf,serve]"
+	$(VENV)/bin/pip install -q -e ".[mindspore,test,hf,serve]"
 	@touch $@
 
 $(STAMP)/venv-ms20: setup.cfg pyproject.toml
 	@mkdir -p $(STAMP)
 	@test -n "$(PY39)" || { echo "error: Python 3.9 not found (pyenv install 3.9.18, or set PY39=/path/to/python3.9): it hosts MindSpore 2.0 for Lite-compatible exports" >&2; exit 1; }
 	@test -x $(VENV_LITE)/bin/python || $(PY39) -m venv $(VENV_LITE)
-	$(VENV_LITE)/bin/pip install -q -e .
+	$(VENV_LITE)/bin/pip install -q -e ".[mindspore]"
 	@touch $@
 
-$(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/native/lite_shim.cc
+$(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/lite_install.py lite_runtime/backends/native/lite_shim.cc
 	@mkdir -p $(STAMP)
 	bash tools/setup_lite.sh
 	@touch $@

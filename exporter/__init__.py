@@ -6,7 +6,7 @@ from exporter.config.schema import ExportConfig, config_from_dict, load_config
 
 def export(config):
     """Export `config` (an ExportConfig, a yaml path or a dict); returns the output folder."""
-    from exporter.build.export import export as _export
+    from exporter.writing.export import export as _export
     if isinstance(config, str):
         config = load_config(config)
     elif isinstance(config, dict):

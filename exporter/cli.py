@@ -1,20 +1,20 @@
-"""`python -m exporter --config X.yaml | --model_dir DIR`: parses arguments, calls `export`."""
+"""`python -m exporter --config X.yaml | --model_dir DIR` (console script `lite-export`): parses
+arguments, calls `export`."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
-import sys
 
 import click
 
-from lite_runtime.contract.errors import ConfigError, ToolchainError
+from lite_runtime.cli.cli_common import CONTEXT, entry_point
 from exporter.config.schema import find_model_dir_config, load_config
 
 PROG = "python -m exporter"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
 @click.option("--config", "--config_path", "config_path", type=str, default=None,
               help="Export yaml (model, weights, seq_length, batch_size, output_dir, ...).")
 @click.option("--model_dir", type=str, default=None, help="A folder holding exactly one yaml and its weights.")
@@ -35,34 +35,16 @@ def command(config_path, model_dir, output_dir, batch_size, verbose, list_famili
         os.environ["GLOG_v"] = "1"
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("exporter").setLevel(logging.INFO)
-    try:
-        if (config_path is None) == (model_dir is None):
-            raise ConfigError(f"give exactly one of --config and --model_dir (see {PROG} --help)")
-        config = load_config(config_path or find_model_dir_config(model_dir))
-        overrides = {k: v for k, v in (("output_dir", output_dir), ("batch_size", batch_size)) if v is not None}
-        if output_dir is not None:
-            overrides["output_dir_default"] = False
-        if overrides:   # replace() validates the overridden values like the yaml's own
-            config = dataclasses.replace(config, **overrides)
-        from exporter.build.export import export
-        out = export(config)
-    except ToolchainError as e:
-        _fail(e, 1)
-    click.echo(out)
+    if (config_path is None) == (model_dir is None):
+        raise click.UsageError("give exactly one of --config and --model_dir")
+    config = load_config(config_path or find_model_dir_config(model_dir))
+    overrides = {k: v for k, v in (("output_dir", output_dir), ("batch_size", batch_size)) if v is not None}
+    if output_dir is not None:
+        overrides["output_dir_default"] = False
+    if overrides:   # replace() validates the overridden values like the yaml's own
+        config = dataclasses.replace(config, **overrides)
+    from exporter.writing.export import export
+    click.echo(export(config))
 
 
-def main(argv=None):
-    """The CLI; argument mistakes are one `error:` line too (click would print its usage block)."""
-    try:
-        code = command.main(args=argv, prog_name=PROG, standalone_mode=False)
-    except click.UsageError as e:
-        _fail(f"{e.format_message().rstrip('.')} (see {PROG} --help)", 2)
-    except click.Abort:
-        _fail("aborted", 1)
-    sys.exit(code or 0)
-
-
-def _fail(message, code: int):
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    click.echo("error: " + " ".join(lines), err=True)
-    sys.exit(code)
+main = entry_point(command, PROG)

@@ -36,7 +36,7 @@ def test_bench_reports_every_figure(tiny_exports, tmp_path):
 
 def test_bench_parent_never_imports_mindspore():
     code = (f"import sys; sys.path.insert(0, {os.path.join(REPO, 'tools')!r}); import bench_decode as b; "
-            "b.build_parser(); "
+            "b.command; "
             "assert not [m for m in sys.modules if m.split('.')[0] == 'mindspore']")
     result = run_cli(["-c", code])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -124,11 +124,12 @@ def test_scale_bench_counts_refuses_and_compares_tokens(tmp_path):
     sys.path.insert(0, os.path.join(REPO, "tools"))
     import pytest
     from bench_export import timed_process
-    from bench_scale import SHAPES, build_parser, check_memory, compare_tokens, weight_counts
+    from bench_scale import SHAPES, check_memory, command, compare_tokens, weight_counts
+    from lite_runtime.cli.cli_common import parse_options
     from lite_runtime.contract.errors import ToolchainError
 
     assert weight_counts(SHAPES["1b"])["total"] == 1_100_048_384      # TinyLlama-1.1B's
-    args = build_parser().parse_args(["--shape", "3b"])
+    args = parse_options(command, ["--shape", "3b"])
     with pytest.raises(ToolchainError, match=r"shape 3b: 12\.8 GiB .* mslite would need .* above --rss_limit_gb 20: refused"):
         check_memory(args, SHAPES["3b"], args.runtime)
     assert check_memory(args, SHAPES["3b"], ["ort"]) == {}      # 1.3x the weights fits in 20 GB

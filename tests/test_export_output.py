@@ -87,7 +87,7 @@ def test_export_modes_follow_the_umask(tiny_ckpt, tmp_path):
 def _read_only(monkeypatch, folder):
     """Make creating anything in `folder` fail as on a read-only filesystem (the tests run as root,
     whom permission bits do not stop), and fail the test if the export starts tracing."""
-    import exporter.build.export as export_module
+    import exporter.writing.export as export_module
     real_mkdir = os.mkdir
 
     def mkdir(path, *args, **kwargs):
@@ -106,9 +106,7 @@ def test_read_only_output_location_is_one_line_before_tracing(tiny_ckpt, tmp_pat
     out = str(read_only.joinpath(*sub, "out"))
     path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
     _read_only(monkeypatch, read_only)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--config", path])
-    assert exit_info.value.code == 1
+    assert main(["--config", path]) == 1
     [line] = error_lines(capsys.readouterr().err)
     assert line == (f"error: output_dir {out}: the folder {read_only} is not writable (Read-only file system); "
                     "choose a writable output_dir")
@@ -142,7 +140,7 @@ def _assert_replaced_in_place(tmp, target, inode):
 def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypatch):
     """An output_dir that is a mount point cannot be renamed: the new export's entries replace the old
     one's inside it (os.path.ismount monkeypatched: tests cannot mount)."""
-    from exporter.build.export import _replace_dir
+    from exporter.writing.export import _replace_dir
     tmp, target = _old_and_new_export(tmp_path)
     inode = os.stat(target).st_ino
     real_ismount = os.path.ismount
@@ -154,7 +152,7 @@ def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypa
 def test_replace_dir_fills_a_folder_whose_rename_is_busy_simulated_ebusy(tmp_path, monkeypatch):
     """Renaming the old export away fails with EBUSY (as for a mount point os.path.ismount misses):
     the entries are moved instead (os.rename monkeypatched to fail so)."""
-    from exporter.build.export import _replace_dir
+    from exporter.writing.export import _replace_dir
     tmp, target = _old_and_new_export(tmp_path)
     inode = os.stat(target).st_ino
     real_rename = os.rename

@@ -1,4 +1,5 @@
-"""tools/hccl_tools.py and tools/merge_hccl.py on a fake hccn.conf."""
+"""Making and merging rank tables (lite_runtime/ascend/rank_table_writer.py) on a fake hccn.conf, through
+`lite-rank-table make | merge` and its upstream-named shims tools/hccl_tools.py and tools/merge_hccl.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lite_runtime.contract.errors import ConfigError
+from lite_runtime.ascend import rank_table_writer as writer
 from lite_runtime.ascend.rank_table import load_rank_table
+from lite_runtime.contract.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +25,6 @@ def _load(name: str):
 
 
 hccl_tools = _load("hccl_tools")
-merge_hccl = _load("merge_hccl")
 
 
 def device_ip(d: int) -> str:
@@ -82,53 +83,60 @@ def test_visible_device_remapping_looks_ips_up_by_physical_id(tmp_path, hccn_con
 
 
 def test_device_range_parsing_and_node_fit():
-    assert hccl_tools.parse_device_range("[8,16)") == range(8, 16)
-    assert hccl_tools.select_devices(range(2, 4), [0, 1, 2, 3, 4, 5, 6, 7], 8) == [2, 3]
+    assert writer.parse_device_range("[8,16)") == range(8, 16)
+    assert writer.select_devices(range(2, 4), [0, 1, 2, 3, 4, 5, 6, 7], 8) == [2, 3]
     with pytest.raises(ConfigError, match="half-open range"):
-        hccl_tools.parse_device_range("0-8")
+        writer.parse_device_range("0-8")
     with pytest.raises(ConfigError, match="is empty"):
-        hccl_tools.parse_device_range("[4,4)")
+        writer.parse_device_range("[4,4)")
     with pytest.raises(ConfigError, match=r"does not fit in one node .* inside \[0,8\)"):
-        hccl_tools.select_devices(range(4, 12), list(range(16)), 8)
+        writer.select_devices(range(4, 12), list(range(16)), 8)
     with pytest.raises(ConfigError, match="needs 8 visible devices"):
-        hccl_tools.select_devices(range(0, 8), [0, 1, 2, 3], 8)
+        writer.select_devices(range(0, 8), [0, 1, 2, 3], 8)
     # no hard-coded groups of four: [2,6) is fine on an 8-device node
-    assert hccl_tools.select_devices(range(2, 6), list(range(8)), 8) == [2, 3, 4, 5]
+    assert writer.select_devices(range(2, 6), list(range(8)), 8) == [2, 3, 4, 5]
 
 
 def test_device_ip_sources(tmp_path, hccn_conf):
-    assert hccl_tools.collect_device_ips([3, 9], device_ips="10.1.0.3,10.1.0.9") == {3: "10.1.0.3", 9: "10.1.0.9"}
-    assert hccl_tools.collect_device_ips([9], device_ips=hccn_conf) == {9: device_ip(9)}
+    assert writer.collect_device_ips([3, 9], device_ips="10.1.0.3,10.1.0.9") == {3: "10.1.0.3", 9: "10.1.0.9"}
+    assert writer.collect_device_ips([9], device_ips=hccn_conf) == {9: device_ip(9)}
     with pytest.raises(ConfigError, match="2 IP.* for 1 device"):
-        hccl_tools.collect_device_ips([3], device_ips="10.1.0.3,10.1.0.9")
+        writer.collect_device_ips([3], device_ips="10.1.0.3,10.1.0.9")
     short = tmp_path / "short.conf"
     short.write_text("address_0=192.168.0.100\n")
     with pytest.raises(ConfigError, match=r"no IP for device\(s\) 1 .*address_1=IP"):
-        hccl_tools.collect_device_ips([0, 1], hccn_conf=str(short))
+        writer.collect_device_ips([0, 1], hccn_conf=str(short))
     broken = tmp_path / "broken.conf"
     broken.write_text("netmask_0=255.0.0.0\naddress_0=192.168.0.1000\n")
     with pytest.raises(ConfigError, match=r"broken.conf: line 2: address_0: '192.168.0.1000' is not a valid IP"):
-        hccl_tools.read_hccn_conf(str(broken))
+        writer.read_hccn_conf(str(broken))
 
 
 def test_hccn_tool_output_is_parsed(tmp_path):
     fake = tmp_path / "hccn_tool"
     fake.write_text("#!/bin/sh\necho \"ipaddr:192.168.7.$2\"\necho \"netmask:255.255.255.0\"\n")
     fake.chmod(0o755)
-    assert hccl_tools.collect_device_ips([1, 12], hccn_tool=str(fake)) == {1: "192.168.7.1", 12: "192.168.7.12"}
+    assert writer.collect_device_ips([1, 12], hccn_tool=str(fake)) == {1: "192.168.7.1", 12: "192.168.7.12"}
 
 
-def test_script_subprocess_and_merge(tmp_path, hccn_conf):
+@pytest.mark.parametrize("make, merge", [
+    ([str(REPO / "tools" / "hccl_tools.py")], [str(REPO / "tools" / "merge_hccl.py")]),
+    (["-m", "lite_runtime.cli.rank_table", "make"], ["-m", "lite_runtime.cli.rank_table", "merge"]),
+], ids=["upstream_scripts", "rank_table_command"])
+def test_make_and_merge_in_subprocesses(tmp_path, hccn_conf, make, merge):
     out = tmp_path / "tables"
     for ip, rng, visible in (("10.0.0.1", "[0,8)", "0,1,2,3,4,5,6,7"),
                              ("10.0.0.2", "[8,16)", ",".join(str(d) for d in range(16)))):
-        run = subprocess.run([sys.executable, str(REPO / "tools" / "hccl_tools.py"), "--device_num", rng,
+        run = subprocess.run([sys.executable, *make, "--device_num", rng,
                               "--visible_devices", visible, "--server_ip", ip, "--hccn_conf", hccn_conf,
-                              "--output_dir", str(out)], capture_output=True, text=True, cwd=tmp_path)
+                              "--output_dir", str(out)], capture_output=True, text=True, cwd=REPO)
         assert run.returncode == 0, run.stderr
     first, second = out / "hccl_8p_01234567_10.0.0.1.json", out / "hccl_8p_89101112131415_10.0.0.2.json"
-    merged = Path(merge_hccl.merge_files([str(first), str(second)], str(out)))
-    assert merged.name == "hccl_2s_16p.json"
+    run = subprocess.run([sys.executable, *merge, str(first), str(second), "--output_dir", str(out)],
+                         capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    merged = Path(run.stdout.strip())
+    assert merged == out / "hccl_2s_16p.json"
     table = load_rank_table(str(merged))
     assert [r.rank_id for r in table.ranks] == list(range(16))
     assert [r.server_id for r in table.ranks] == ["10.0.0.1"] * 8 + ["10.0.0.2"] * 8
@@ -140,7 +148,7 @@ def test_merge_refuses_the_same_server_twice(tmp_path, hccn_conf):
     out = run_main(tmp_path, hccn_conf, "[0,2)")
     path = str(out / "hccl_2p_01_10.0.0.1.json")
     with pytest.raises(ConfigError, match="server 10.0.0.1 is in both"):
-        merge_hccl.merge_files([path, path], str(tmp_path))
+        writer.merge_files([path, path], str(tmp_path))
 
 
 @pytest.mark.parametrize("script,args,expected", [
@@ -148,7 +156,7 @@ def test_merge_refuses_the_same_server_twice(tmp_path, hccn_conf):
      "needs 9 visible devices"),
     ("hccl_tools.py", ["--device_num", "[0,2)", "--server_ip", "10.0.0.999", "--device_ips", "1.1.1.1,1.1.1.2"],
      "--server_ip: '10.0.0.999' is not a valid IP"),
-    ("hccl_tools.py", ["--device_num_per_node", "eight"], "invalid int value"),
+    ("hccl_tools.py", ["--device_num_per_node", "eight"], "'eight' is not a valid integer"),
     ("merge_hccl.py", ["missing.json"], "rank table missing.json does not exist"),
 ])
 def test_cli_errors_are_one_line(tmp_path, script, args, expected):

@@ -195,8 +195,9 @@ def test_mindir_of_new_mindspore_is_refused_clearly(new_graphs):
 def test_missing_shim_says_how_to_install(monkeypatch, tmp_path):
     from lite_runtime.backends import lite_native
     monkeypatch.setattr(lite_native, "_lib", None)
-    monkeypatch.setenv(lite_native.SHIM_ENV, str(tmp_path / "liblite_shim.so"))
-    with pytest.raises(UnsupportedError, match=r"run `make setup` \(or `bash tools/setup_lite.sh`\)"):
+    monkeypatch.setenv("LITE_SHIM_LIB", str(tmp_path / "liblite_shim.so"))
+    with pytest.raises(UnsupportedError, match=rf"no shim at \$LITE_SHIM_LIB: {tmp_path}/liblite_shim.so; "
+                       r"run `lite-setup` .* \(in a checkout: `make setup`\)"):
         lite_native.LiteModel("any.mindir")
 
 

@@ -117,13 +117,13 @@ def test_merge_refuses_duplicates(tmp_path):
 
 def test_cli_check(tmp_path):
     good = write(tmp_path, table(server("10.0.0.1", range(2))), "good.json")
-    run = subprocess.run([sys.executable, "-m", "lite_runtime.ascend.rank_table", "check", good],
+    run = subprocess.run([sys.executable, "-m", "lite_runtime.cli.rank_table", "check", good],
                          capture_output=True, text=True, cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert "1 server(s), 2 rank(s)" in run.stdout and "rank 1: device 1" in run.stdout
     bad = copy.deepcopy(table(server("10.0.0.1", range(2))))
     bad["status"] = "pending"
-    run = subprocess.run([sys.executable, "-m", "lite_runtime.ascend.rank_table", "check", write(tmp_path, bad)],
+    run = subprocess.run([sys.executable, "-m", "lite_runtime.cli.rank_table", "check", write(tmp_path, bad)],
                          capture_output=True, text=True, cwd=REPO)
     assert run.returncode == 1
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr

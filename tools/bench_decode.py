@@ -25,19 +25,21 @@ times from different runs: these machines are shared and noisy.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 from typing import Dict, List, Optional, Tuple
 
+import click
 import numpy as np
 
 from bench_export import SLORA_ADAPTERS, SLORA_RANK, SLORA_RECIPE, write_slora_adapters
 from bench_measure import measure, measure_pair
 from bench_ranks import launch_command, launcher_startup_ms
+from lite_runtime.cli.cli_common import CONTEXT, SpacedList, entry_point
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.contract.manifest import FORMAT_VERSION
 
@@ -293,64 +295,55 @@ def format_slora(summary: Dict[Tuple[str, int], dict]) -> str:
     return title + "\n" + _align(head, rows)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python tools/benchmark.py", description=__doc__.split("\n\n")[0])
-    a = p.add_argument
-    a("--model_dir", nargs="+", default=[], help="export folder(s); batch = the graph's batch size")
-    a("--make-bench-model", "--make_bench_model", dest="make_bench_model", action="store_true",
-      help="build (or reuse) the notes' benchmark model exports under --work_dir and bench them "
-           "(the default without --model_dir)")
-    a("--work_dir", default=DEFAULT_WORK_DIR, help="where --make-bench-model keeps its checkpoint and exports")
-    a("--rebuild", action="store_true", help="re-export the benchmark model even if cached")
-    a("--family", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS),
-      help="families of the benchmark model (same sizes in each family's shape; default: all)")
-    a("--kv_cache", default="io", choices=("io", "in_graph", "dynamic"),
-      help="kv mode of the benchmark model's exports (mslite runs io or dynamic: in_graph gives io there)")
-    a("--backend", nargs="+", default=None, choices=BACKENDS, help="default: ms and mslite")
-    a("--batch", nargs="+", type=int, default=None,
-      help="batch sizes of the benchmark model (default 1 8); with --model_dir, prompts per request "
-           "(at most the graph's batch size, which is the default; the other rows are padding)")
-    a("--slora", action="store_true",
-      help=f"also measure the Llama's SLoRA export ({len(SLORA_ADAPTERS)} adapters, r {SLORA_RANK} on q, k, v, o) "
-           "against the same model without adapters, in interleaved rounds, and print SLoRA/base of the decode step")
-    a("--slora_rounds", type=int, default=5, help="requests per export in the --slora comparison (default 5)")
-    a("--tp", nargs="+", type=int, default=[1],
-      help="rank counts of the benchmark model (tensor parallel; e.g. --tp 1 2; mslite with --kv_cache dynamic: "
-           "step segments with host all-reduces); the ranks share --threads")
-    a("--steps", type=int, default=128,
-      help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
-    a("--prompt_len", type=int, default=32)
-    a("--threads", type=int, default=2)
-    a("--lite_format", default="auto", choices=("auto", "ms", "mindir"),
-      help="mslite: the export's .ms models when it has them (auto), or insist on one format")
-    a("--warmup", type=int, default=1, help="short warm-up requests before the measured one")
-    a("--no-detok", "--no_detok", dest="no_detok", action="store_true", help="skip detokenisation")
-    a("--python", default=None, help="interpreter of the measuring child processes (default .venv/bin/python)")
-    a("--timeout", type=int, default=1800, help="seconds per child process")
-    a("--json", dest="json_path", default=None, help="also write the results to this file")
-    a("--child", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--model_dir", cls=SpacedList, default=[], help="export folder(s); batch = the graph's batch size")
+@click.option("--make-bench-model", "--make_bench_model", "make_bench_model", is_flag=True,
+              help="build (or reuse) the notes' benchmark model exports under --work_dir and bench them "
+                   "(the default without --model_dir)")
+@click.option("--work_dir", default=DEFAULT_WORK_DIR, show_default=True,
+              help="where --make-bench-model keeps its checkpoint and exports")
+@click.option("--rebuild", is_flag=True, help="re-export the benchmark model even if cached")
+@click.option("--family", cls=SpacedList, type=click.Choice(list(BENCH_MODELS)), default=list(BENCH_MODELS),
+              help="families of the benchmark model (same sizes in each family's shape; default: all)")
+@click.option("--kv_cache", type=click.Choice(["io", "in_graph", "dynamic"]), default="io", show_default=True,
+              help="kv mode of the benchmark model's exports (mslite runs io or dynamic: in_graph gives io there)")
+@click.option("--backend", cls=SpacedList, type=click.Choice(list(BACKENDS)), default=[],
+              help="default: ms and mslite")
+@click.option("--batch", cls=SpacedList, type=int, default=[],
+              help="batch sizes of the benchmark model (default 1 8); with --model_dir, prompts per request "
+                   "(at most the graph's batch size, which is the default; the other rows are padding)")
+@click.option("--slora", is_flag=True,
+              help=f"also measure the Llama's SLoRA export ({len(SLORA_ADAPTERS)} adapters, r {SLORA_RANK} on q, k, "
+                   "v, o) against the same model without adapters, in interleaved rounds, and print SLoRA/base of "
+                   "the decode step")
+@click.option("--slora_rounds", type=int, default=5, help="requests per export in the --slora comparison (default 5)")
+@click.option("--tp", cls=SpacedList, type=int, default=[1],
+              help="rank counts of the benchmark model (tensor parallel; e.g. --tp 1 2; mslite with --kv_cache "
+                   "dynamic: step segments with host all-reduces); the ranks share --threads")
+@click.option("--steps", type=int, default=128,
+              help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
+@click.option("--prompt_len", type=int, default=32, show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True)
+@click.option("--lite_format", type=click.Choice(["auto", "ms", "mindir"]), default="auto", show_default=True,
+              help="mslite: the export's .ms models when it has them (auto), or insist on one format")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="short warm-up requests before the measured one")
+@click.option("--no-detok", "--no_detok", "no_detok", is_flag=True, help="skip detokenisation")
+@click.option("--python", default=None, help="interpreter of the measuring child processes (default .venv/bin/python)")
+@click.option("--timeout", type=int, default=1800, show_default=True, help="seconds per child process")
+@click.option("--json", "json_path", default=None, help="also write the results to this file")
+@click.option("--child", nargs=2, default=None, hidden=True)
+def command(**options):
+    args = SimpleNamespace(**options)
     if args.child:
         with open(args.child[0], encoding="utf-8") as f:
             job = json.load(f)
-        try:
-            result = (measure_pair if "model_dirs" in job else measure)(job)
-        except ToolchainError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        result = (measure_pair if "model_dirs" in job else measure)(job)
         if result["rank"] == 0:   # in a multi-rank job rank 0 reports
             with open(args.child[1], "w", encoding="utf-8") as f:
                 json.dump(result, f)
         return 0
-    try:
-        jobs = plan_jobs(args)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    jobs = plan_jobs(args)
     results = [run_logged(job, args.python, args.timeout) for job in jobs if not job.get("adapters")]
     pairs = slora_pairs(jobs) if args.slora else []
     if args.slora and not pairs:
@@ -378,6 +371,9 @@ def main(argv=None) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump(results + slora, f, indent=2)
     return 1 if any("error" in r for r in results + slora) else 0
+
+
+main = entry_point(command, "python tools/benchmark.py")
 
 
 def run_logged(job: dict, python: Optional[str], timeout: int, prefix: str = "") -> dict:

@@ -14,7 +14,6 @@ fresh temporary folder, removed afterwards.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -24,11 +23,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 from typing import Dict, Optional, Sequence, Tuple
 
+import click
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.errors import ConfigError  # noqa: E402
 DEFAULT_CONFIG = os.path.join("tools", "demo_model", "demo.yaml")
 EXPORTER_SECONDS = re.compile(r"exported .* in ([0-9.]+) s")
 
@@ -183,22 +187,20 @@ def write_slora_adapters(folder: str, model: dict, seed: int = 1) -> str:
     return path
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"export yaml (default {DEFAULT_CONFIG})")
-    p.add_argument("-n", "--runs", type=int, default=3, help="number of exports (default 3)")
-    p.add_argument("--python", default=sys.executable,
-                   help="interpreter running the exporter, e.g. .venv-ms20/bin/python (default: this one)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per export")
-    p.add_argument("--json", dest="json_path", default=None, help="also write the results to this file")
-    args = p.parse_args(argv)
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--config", default=DEFAULT_CONFIG, help=f"export yaml (default {DEFAULT_CONFIG})")
+@click.option("-n", "--runs", type=int, default=3, help="number of exports (default 3)")
+@click.option("--python", default=sys.executable,
+              help="interpreter running the exporter, e.g. .venv-ms20/bin/python (default: this one)")
+@click.option("--timeout", type=float, default=1800, show_default=True, help="seconds per export")
+@click.option("--json", "json_path", default=None, help="also write the results to this file")
+def command(**options):
+    args = SimpleNamespace(**options)
     config = os.path.abspath(args.config)
     if not os.path.isfile(config):
-        print(f"error: config {args.config} does not exist (give --config)", file=sys.stderr)
-        return 1
+        raise ConfigError(f"config {args.config} does not exist (give --config)")
     if args.runs < 1:
-        print(f"error: --runs must be at least 1, got {args.runs}", file=sys.stderr)
-        return 1
+        raise ConfigError(f"--runs must be at least 1, got {args.runs}")
     python = args.python if os.sep not in args.python else os.path.abspath(args.python)
     runs = []
     for i in range(args.runs):
@@ -224,6 +226,9 @@ def main(argv=None) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump(dict(config=config, python=args.python, runs=runs, summary=summary), f, indent=2)
     return 0 if all(r["returncode"] == 0 for r in runs) else 1
+
+
+main = entry_point(command, "python tools/bench_export.py")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Compare ratios within one run: the machines are shared and noisy.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -33,8 +32,10 @@ import shutil
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
+import click
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,6 +43,7 @@ from bench_decode import REPO, VENV_MS20_PYTHON, VENV_PYTHON, _align  # noqa: E4
 from bench_export import EXPORTER_SECONDS, _folder_mb, timed_process  # noqa: E402
 from bench_measure import bench_prompts  # noqa: E402
 from compare_peers import PEER_TOOL, PEERS_PYTHON, wait_until_idle  # noqa: E402
+from lite_runtime.cli.cli_common import CONTEXT, SpacedList, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 
@@ -366,45 +368,42 @@ def format_report(rows: List[dict], shape: dict, args, bandwidths: Dict[str, flo
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python tools/bench_scale.py", description=__doc__.split("\n\n")[0])
-    a = p.add_argument
-    a("--shape", default="1b", choices=list(SHAPES), help="1b: TinyLlama-1.1B's shape (default); tiny: checks the tool")
-    a("--work_dir", default=None, help="cache of the HF folder and the runtimes' models (default build/scale/<shape>)")
-    a("--runtime", nargs="+", default=["mslite", "mslite_mindir", "mslite_io", "ort", "openvino"],
-      choices=OURS + PEERS, help="forms and peers to run (ms, transformers: not by default)")
-    a("--reference", default="ort", choices=OURS + PEERS, help="the runtime whose tokens the others are compared with")
-    a("--batch", nargs="+", type=int, default=[1, 8])
-    a("--steps", type=int, default=64, help="new tokens per row")
-    a("--prompt_len", type=int, default=32)
-    a("--seq_length", type=int, default=256)
-    a("--threads", type=int, default=2)
-    a("--rss_limit_gb", type=float, default=20.0, help="kill a child whose process tree passes this resident size")
-    a("--min_available_gb", type=float, default=1.5, help="kill a child when the machine has less memory available")
-    a("--keep_exports", action="store_true", help="keep our exports (2x the weights each on disk)")
-    a("--rebuild", action="store_true", help="rebuild the peers' models and our exports even when cached")
-    a("--env", nargs="*", default=[], metavar="KEY=VALUE", help="environment of the measuring children "
-      "(e.g. MALLOC_ARENA_MAX=2)")
-    a("--idle", type=float, default=0.6, help="start a child when the CPUs are less busy than this")
-    a("--idle_timeout", type=float, default=30.0)
-    a("--timeout", type=int, default=2400, help="seconds per child process")
-    a("--json", dest="json_path", default=None, help="also write the rows to this file")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--shape", type=click.Choice(list(SHAPES)), default="1b",
+              help="1b: TinyLlama-1.1B's shape (default); tiny: checks the tool")
+@click.option("--work_dir", default=None,
+              help="cache of the HF folder and the runtimes' models (default build/scale/<shape>)")
+@click.option("--runtime", cls=SpacedList, type=click.Choice(OURS + PEERS),
+              default=["mslite", "mslite_mindir", "mslite_io", "ort", "openvino"], show_default=True,
+              help="forms and peers to run (ms, transformers: not by default)")
+@click.option("--reference", type=click.Choice(OURS + PEERS), default="ort", show_default=True,
+              help="the runtime whose tokens the others are compared with")
+@click.option("--batch", cls=SpacedList, type=int, default=[1, 8], show_default=True)
+@click.option("--steps", type=int, default=64, show_default=True, help="new tokens per row")
+@click.option("--prompt_len", type=int, default=32, show_default=True)
+@click.option("--seq_length", type=int, default=256, show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True)
+@click.option("--rss_limit_gb", type=float, default=20.0, show_default=True,
+              help="kill a child whose process tree passes this resident size")
+@click.option("--min_available_gb", type=float, default=1.5, show_default=True,
+              help="kill a child when the machine has less memory available")
+@click.option("--keep_exports", is_flag=True, help="keep our exports (2x the weights each on disk)")
+@click.option("--rebuild", is_flag=True, help="rebuild the peers' models and our exports even when cached")
+@click.option("--env", cls=SpacedList, empty_ok=True, default=[], metavar="KEY=VALUE",
+              help="environment of the measuring children (e.g. MALLOC_ARENA_MAX=2)")
+@click.option("--idle", type=float, default=0.6, show_default=True,
+              help="start a child when the CPUs are less busy than this")
+@click.option("--idle_timeout", type=float, default=30.0, show_default=True)
+@click.option("--timeout", type=int, default=2400, show_default=True, help="seconds per child process")
+@click.option("--json", "json_path", default=None, help="also write the rows to this file")
+def command(**options):
+    args = SimpleNamespace(**options)
     args.work_dir = os.path.abspath(args.work_dir or os.path.join(REPO, "build", "scale", args.shape))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     bad_env = [kv for kv in args.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", kv)]
     if bad_env:
-        print(f"error: --env takes KEY=VALUE, got {bad_env[0]!r}", file=sys.stderr)
-        return 2
-    try:
-        rows = run(args, log)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise click.BadParameter(f"takes KEY=VALUE, got {bad_env[0]!r}", param_hint="'--env'")
+    rows = run(args, log)
     bandwidth = read_bandwidth(args.threads)
     print(format_report(rows, SHAPES[args.shape], args, bandwidth))
     if args.json_path:
@@ -414,6 +413,8 @@ def main(argv=None) -> int:
     failed = any("error" in r for r in rows) or any(r.get("check", "same") not in ("same", "reference") for r in rows)
     return 1 if failed else 0
 
+
+main = entry_point(command, "python tools/bench_scale.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,22 +13,24 @@ and same-run ratios. Each side runs in a process of its own, one after the other
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
+import click
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
 
 
 def workload(model_dir: str, requests: int, rate: float, seed: int) -> list:
     """[{arrival s, prompt text, max_tokens}], prompts made of the tokenizer's own pieces."""
-    sys.path.insert(0, REPO)
     from lite_runtime.contract.manifest import load_manifest
     manifest = load_manifest(model_dir)
     tokenizer = manifest.load_tokenizer()
@@ -117,16 +119,16 @@ def summary(name: str, rows: list, tokens: list) -> dict:
             "ttft99": np.percentile(ttft, 99), "itl50": np.percentile(itl, 50), "itl99": np.percentile(itl, 99)}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/bench_serve.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--model_dir", required=True, help="an export with kv_cache: dynamic")
-    parser.add_argument("--backend", default="mslite", choices=["mslite", "ms"])
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second (0: all at once)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work_dir", default=os.path.join(REPO, "build", "bench_serve"))
-    args = parser.parse_args(argv)
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n")[0])
+@click.option("--model_dir", required=True, help="an export with kv_cache: dynamic")
+@click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
+@click.option("--requests", type=int, default=64, show_default=True)
+@click.option("--clients", type=int, default=16, show_default=True)
+@click.option("--rate", type=float, default=8.0, show_default=True, help="arrivals per second (0: all at once)")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--work_dir", default=os.path.join(REPO, "build", "bench_serve"), show_default=True)
+def command(**options):
+    args = SimpleNamespace(**options)
     os.makedirs(args.work_dir, exist_ok=True)
     jobs = workload(args.model_dir, args.requests, args.rate, args.seed)
     served_rows = serve_side(args.model_dir, args.backend, jobs, args.clients)
@@ -148,6 +150,9 @@ def main(argv=None) -> int:
     print(f"ratios server / pipeline: throughput {s['tok_s'] / p['tok_s']:.2f}x, TTFT p50 "
           f"{s['ttft50'] / p['ttft50']:.2f}x")
     return 0 if same == len(jobs) else 1
+
+
+main = entry_point(command, "python tools/bench_serve.py")
 
 
 if __name__ == "__main__":

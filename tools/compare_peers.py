@@ -14,20 +14,22 @@ the same-round ratios mslite / peer (median over rounds): absolute times differ 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 from typing import Dict, List
 
+import click
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_decode import BENCH_MODELS, BENCH_SEQ_LENGTH, REPO, VENV_MS20_PYTHON, VENV_PYTHON  # noqa: E402
 from bench_measure import bench_prompts  # noqa: E402
+from lite_runtime.cli.cli_common import CONTEXT, SpacedList, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 
@@ -170,49 +172,43 @@ def format_report(summary: dict, ours: str = "mslite") -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python tools/compare_peers.py", description=__doc__.split("\n\n")[0])
-    a = p.add_argument
-    a("--runtime", nargs="+", default=["mslite", "ort", "openvino", "transformers"], choices=OURS + PEERS,
-      help="runtimes to run (mslite_io: the static prefill + increment export, for comparison)")
-    a("--batch", nargs="+", type=int, default=[1, 8])
-    a("--rounds", type=int, default=5)
-    a("--steps", type=int, default=128, help="new tokens per row")
-    a("--prompt_len", type=int, default=32)
-    a("--threads", type=int, default=2)
-    a("--idle", type=float, default=0.15, help="start a timed run when the CPUs are less busy than this")
-    a("--idle_timeout", type=float, default=60.0, help="seconds to wait for an idle machine before a run")
-    a("--work_dir", default=DEFAULT_WORK_DIR)
-    a("--rebuild", action="store_true", help="remake the model and every runtime's files")
-    a("--timeout", type=int, default=900, help="seconds per measuring child process")
-    a("--json", dest="json_path", default=None, help="also write every round's results to this file")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--runtime", cls=SpacedList, type=click.Choice(OURS + PEERS),
+              default=["mslite", "ort", "openvino", "transformers"], show_default=True,
+              help="runtimes to run (mslite_io: the static prefill + increment export, for comparison)")
+@click.option("--batch", cls=SpacedList, type=int, default=[1, 8], show_default=True)
+@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--steps", type=int, default=128, show_default=True, help="new tokens per row")
+@click.option("--prompt_len", type=int, default=32, show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True)
+@click.option("--idle", type=float, default=0.15, show_default=True,
+              help="start a timed run when the CPUs are less busy than this")
+@click.option("--idle_timeout", type=float, default=60.0, show_default=True,
+              help="seconds to wait for an idle machine before a run")
+@click.option("--work_dir", default=DEFAULT_WORK_DIR, show_default=True)
+@click.option("--rebuild", is_flag=True, help="remake the model and every runtime's files")
+@click.option("--timeout", type=int, default=900, show_default=True, help="seconds per measuring child process")
+@click.option("--json", "json_path", default=None, help="also write every round's results to this file")
+def command(**options):
+    args = SimpleNamespace(**options)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    try:
-        if not os.path.isfile(PEERS_PYTHON):
-            raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
-        if args.prompt_len + args.steps > BENCH_SEQ_LENGTH:
-            raise ToolchainError(f"--prompt_len {args.prompt_len} + --steps {args.steps} exceeds the "
-                                 f"export's seq_length {BENCH_SEQ_LENGTH}")
-        models = prepare(args.work_dir, args.batch, args.runtime, args.threads, args.rebuild, log)
-        results = []
-        for round_ in range(args.rounds):
-            order = args.runtime[round_ % len(args.runtime):] + args.runtime[:round_ % len(args.runtime)]
-            for batch in args.batch:
-                prompts = bench_prompts(batch, args.prompt_len, BENCH_MODELS["llama"]["vocab_size"])
-                for runtime in order:
-                    busy = wait_until_idle(args.idle, args.idle_timeout)
-                    r = measure(runtime, models[(runtime, batch)], prompts, args)
-                    results.append(dict(r, round=round_, busy_before=busy))
-                    log(f"round {round_ + 1}/{args.rounds} batch {batch} {runtime}: step {r['step']:.2f} ms, "
-                        f"TTFT {r['ttft']:.1f} ms, RSS {r['rss']:.0f} MB (CPUs {busy:.0%} busy before)")
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if not os.path.isfile(PEERS_PYTHON):
+        raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
+    if args.prompt_len + args.steps > BENCH_SEQ_LENGTH:
+        raise ToolchainError(f"--prompt_len {args.prompt_len} + --steps {args.steps} exceeds the "
+                             f"export's seq_length {BENCH_SEQ_LENGTH}")
+    models = prepare(args.work_dir, args.batch, args.runtime, args.threads, args.rebuild, log)
+    results = []
+    for round_ in range(args.rounds):
+        order = args.runtime[round_ % len(args.runtime):] + args.runtime[:round_ % len(args.runtime)]
+        for batch in args.batch:
+            prompts = bench_prompts(batch, args.prompt_len, BENCH_MODELS["llama"]["vocab_size"])
+            for runtime in order:
+                busy = wait_until_idle(args.idle, args.idle_timeout)
+                r = measure(runtime, models[(runtime, batch)], prompts, args)
+                results.append(dict(r, round=round_, busy_before=busy))
+                log(f"round {round_ + 1}/{args.rounds} batch {batch} {runtime}: step {r['step']:.2f} ms, "
+                    f"TTFT {r['ttft']:.1f} ms, RSS {r['rss']:.0f} MB (CPUs {busy:.0%} busy before)")
     summary = summarise(results)
     print(format_report(summary))
     print(f"workload: {args.prompt_len}-token prompts, {args.steps} greedy new tokens (EOS ignored), "
@@ -221,6 +217,9 @@ def main(argv=None) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump(results, f)
     return 0 if all(row["same_tokens"] for row in summary["rows"].values()) else 1
+
+
+main = entry_point(command, "python tools/compare_peers.py")
 
 
 if __name__ == "__main__":

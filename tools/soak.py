@@ -12,7 +12,6 @@ Exports are made with MindSpore 2.0 (`.venv-ms20`), as `make demo` does.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -21,11 +20,13 @@ import subprocess
 import sys
 import time
 
+import click
 import psutil
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.serve.process import served        # noqa: E402
 
 EXPORTER = os.path.join(REPO, ".venv-ms20", "bin", "python")
@@ -166,19 +167,20 @@ def interrupted_export(work: str) -> list:
     return lines
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/soak.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--work_dir", default=os.path.join(REPO, "build", "soak"))
-    args = parser.parse_args(argv)
-    os.makedirs(args.work_dir, exist_ok=True)
-    demo = export(args.work_dir, "demo")
-    print(server_memory(demo, args.requests, args.work_dir), flush=True)
-    print(pipeline_memory(demo, args.requests), flush=True)
-    print(killed_rank(args.work_dir), flush=True)
-    for line in interrupted_export(args.work_dir):
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n")[0])
+@click.option("--requests", type=int, default=1000, show_default=True)
+@click.option("--work_dir", default=os.path.join(REPO, "build", "soak"), show_default=True)
+def command(requests, work_dir):
+    os.makedirs(work_dir, exist_ok=True)
+    demo = export(work_dir, "demo")
+    print(server_memory(demo, requests, work_dir), flush=True)
+    print(pipeline_memory(demo, requests), flush=True)
+    print(killed_rank(work_dir), flush=True)
+    for line in interrupted_export(work_dir):
         print(line, flush=True)
-    return 0
+
+
+main = entry_point(command, "python tools/soak.py")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ torch and mindspore are never imported in the same process: the trained weights 
 """
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import random
@@ -26,10 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
+import click
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
 DEFAULT_OUT = os.path.join(REPO, "tools", "demo_model")
 THREADS = 2
 SEED = 1234
@@ -264,15 +267,15 @@ def write_checkpoint(npz_path: str, ckpt_path: str) -> None:
     print(f"wrote {ckpt_path} ({len(params)} tensors)")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default tools/demo_model)")
-    parser.add_argument("--steps", type=int, default=800)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--vocab_size", type=int, default=400)
-    parser.add_argument("--write-ckpt", nargs=2, metavar=("NPZ", "CKPT"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+@click.command(context_settings=CONTEXT, help=__doc__.splitlines()[0])
+@click.option("--out", default=DEFAULT_OUT, help="output folder (default tools/demo_model)")
+@click.option("--steps", type=int, default=800, show_default=True)
+@click.option("--batch_size", type=int, default=16, show_default=True)
+@click.option("--lr", type=float, default=3e-3, show_default=True)
+@click.option("--vocab_size", type=int, default=400, show_default=True)
+@click.option("--write-ckpt", "write_ckpt", nargs=2, default=None, metavar="NPZ CKPT", hidden=True)
+def command(**options):
+    args = SimpleNamespace(**options)
     if args.write_ckpt:
         write_checkpoint(*args.write_ckpt)
         return 0
@@ -284,7 +287,6 @@ def main(argv=None) -> int:
     torch.set_num_threads(THREADS)
     random.seed(SEED)
     np.random.seed(SEED)
-    sys.path.insert(0, REPO)
     from exporter.weights.checkpoints import rename_hf
 
     start = time.time()
@@ -321,6 +323,9 @@ def main(argv=None) -> int:
         return 1
     print(f"done in {time.time() - start:.0f}s")
     return 0
+
+
+main = entry_point(command, "python tools/train_demo_model.py")
 
 
 if __name__ == "__main__":

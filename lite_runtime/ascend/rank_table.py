@@ -7,17 +7,16 @@ Format (every value a string):
 Rank ids must be exactly 0..N-1 over the whole table; HCCL maps rank r to the process that
 sets RANK_ID=r, so a gap or a repeat hangs or crashes the job much later and far away.
 
-CLI: python -m lite_runtime.ascend.rank_table check FILE
+Making and merging tables: rank_table_writer.py. CLI (lite_runtime/cli/rank_table.py, console script
+lite-rank-table): make | merge | check.
 """
 from __future__ import annotations
 
 import ipaddress
 import json
-import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-from lite_runtime.cli.cli_common import OneLineParser, report_errors
 from lite_runtime.contract.errors import ConfigError
 
 SUPPORTED_VERSIONS = ("1.0",)
@@ -225,16 +224,3 @@ def merge_rank_tables(tables: Sequence[RankTable]) -> dict:
     validate_rank_table(data, "merged rank table")
     return data
 
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m lite_runtime.ascend.rank_table",
-                           description="Validate an HCCL rank table and list its ranks.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    check = sub.add_parser("check", help="validate FILE and print servers, devices and ranks")
-    check.add_argument("file")
-    args = parser.parse_args(argv)
-    return report_errors(lambda: print(load_rank_table(args.file).summary()))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """ctypes binding to MindSpore Lite 2.0's C++ runtime through the project's shim (CPU, any Python).
 
 The PyPI `mindspore_lite` wheel is cp37-only, so on other Pythons the project compiles
-`lite_runtime/backends/native/lite_shim.cc` against the wheel's C++ libraries (`make setup`, i.e.
-`bash tools/setup_lite.sh`) and loads it here. This module never imports mindspore: Lite's libraries
+`lite_runtime/backends/native/lite_shim.cc` against the wheel's C++ libraries (`lite-setup`, see
+lite_install.py; `make setup` in a checkout) and loads it here. This module never imports mindspore: Lite's libraries
 and mindspore's cannot live in one process.
 
     model = LiteModel("graph.mindir", num_threads=2)
@@ -23,12 +23,10 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from lite_runtime.backends.lite_install import shim_candidates
 from lite_runtime.contract.errors import ArtifactError, ToolchainError, UnsupportedError
 from lite_runtime.contract.families import TensorSpec
 
-SHIM_ENV = "LITE_SHIM_LIB"
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_SHIM = os.path.join(_REPO_ROOT, "build", "lite", "lib", "liblite_shim.so")
 _MAX_RANK = 8
 
 # mindspore::DataType values (include/api/data_type.h) -> numpy dtype names
@@ -58,7 +56,9 @@ def explain_lite_error(text: str, path: str) -> Optional[str]:
 
 
 def shim_path() -> str:
-    return os.environ.get(SHIM_ENV) or DEFAULT_SHIM
+    """The first shim that exists of $LITE_SHIM_LIB, the per-user location, a checkout's build/lite."""
+    found = [path for path, _ in shim_candidates() if os.path.isfile(path)]
+    return found[0] if found else ""
 
 
 _lib = None
@@ -70,11 +70,11 @@ def load_shim() -> ctypes.CDLL:
     if _lib is not None:
         return _lib
     path = shim_path()
-    if not os.path.isfile(path):
-        source = f"${SHIM_ENV}" if os.environ.get(SHIM_ENV) else "the default location"
+    if not path:
+        looked = "; ".join(f"{where}: {candidate}" for candidate, where in shim_candidates())
         raise UnsupportedError(
-            f"the MindSpore Lite runtime is not installed: {path} ({source}) does not exist; "
-            "run `make setup` (or `bash tools/setup_lite.sh`) to download Lite 2.0 and build the shim")
+            f"the MindSpore Lite runtime is not installed: no shim at {looked}; run `lite-setup` to download "
+            "Lite 2.0 and build the shim (in a checkout: `make setup`)")
     # Lite logs through glog on stderr; keep its warnings (e.g. about libnuma) out of the way unless
     # the user asked for them. Failures reach the caller as exception text (see lite_shim.cc).
     os.environ.setdefault("GLOG_v", "3")
@@ -82,7 +82,7 @@ def load_shim() -> ctypes.CDLL:
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise UnsupportedError(f"cannot load the MindSpore Lite shim {path}: {e}; "
-                               "run `bash tools/setup_lite.sh` again") from None
+                               "run `lite-setup` again") from None
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.lite_last_error.restype = ctypes.c_char_p
     lib.lite_model_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int, ctypes.POINTER(vp)]

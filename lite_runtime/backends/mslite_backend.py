@@ -27,7 +27,7 @@ from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
 
 log = logging.getLogger("lite_runtime.mslite")
 
-LITE_VERSION = "2.0.0"                # the wheel tools/setup_lite.sh installs
+LITE_VERSION = "2.0.0"                # the wheel lite-setup installs (lite_install.py)
 LITE_MAX_MIND_IR_VERSION = 1          # Lite 2.0 reads mind_ir_version 1 (MindSpore 2.0); 2.10 writes 3
 FIRST_UNREADABLE_MINDSPORE = (2, 7)   # measured: MindIR of MindSpore >= 2.7 is refused by Lite 2.0
 TARGETS = ("cpu", "ascend")   # and "auto"

@@ -1,36 +1,41 @@
-"""`python -m lite_runtime.cli.ge_config check FILE... | generate --model_dir DIR --preset P -o OUT`."""
+"""`python -m lite_runtime.cli.ge_config check FILE... | generate --model_dir DIR --preset P -o OUT`
+(console script `lite-ge-config`)."""
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+
+import click
 
 from lite_runtime.ascend.ge_config import read_ge_config, split_config_paths
 from lite_runtime.ascend.ge_config_writer import list_presets, write_export_configs
-from lite_runtime.cli.cli_common import OneLineParser, report_errors
+from lite_runtime.cli.cli_common import CONTEXT, entry_point
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m lite_runtime.cli.ge_config",
-                           description="Check GE config.ini files or generate them for an export.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    check = sub.add_parser("check", help="validate ini files (also the a.ini,b.ini pair)")
-    check.add_argument("files", nargs="+", metavar="FILE")
-    gen = sub.add_parser("generate", help="write prefill.ini and increment.ini for an export")
-    gen.add_argument("--model_dir", required=True, help="export folder with manifest.json")
-    gen.add_argument("--preset", required=True, help=f"one of {', '.join(list_presets())} or an ini path")
-    gen.add_argument("--rank_table", default=None, help="rank table JSON for multi-rank exports")
-    gen.add_argument("-o", "--output_dir", required=True)
-    args = parser.parse_args(argv)
+@click.group(context_settings=CONTEXT)
+def command():
+    """Check GE config.ini files or generate them for an export."""
 
-    def run():
-        if args.command == "check":
-            for path in split_config_paths(args.files):
-                print(read_ge_config(path).summary())
-        else:
-            prefill, increment = write_export_configs(args.model_dir, args.preset, args.output_dir, args.rank_table)
-            print(f"--config_path {prefill},{increment}")
-    return report_errors(run)
 
+@command.command(context_settings=CONTEXT)
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def check(files):
+    """Validate ini files (also the a.ini,b.ini pair)."""
+    for path in split_config_paths(files):
+        click.echo(read_ge_config(path).summary())
+
+
+@command.command(context_settings=CONTEXT)
+@click.option("--model_dir", required=True, help="Export folder with manifest.json.")
+@click.option("--preset", required=True, help=f"One of {', '.join(list_presets())} or an ini path.")
+@click.option("--rank_table", default=None, help="Rank table JSON for multi-rank exports.")
+@click.option("-o", "--output_dir", required=True)
+def generate(model_dir, preset, rank_table, output_dir):
+    """Write prefill.ini and increment.ini for an export."""
+    prefill, increment = write_export_configs(model_dir, preset, output_dir, rank_table)
+    click.echo(f"--config_path {prefill},{increment}")
+
+
+main = entry_point(command, "python -m lite_runtime.cli.ge_config")
 
 if __name__ == "__main__":
     sys.exit(main())

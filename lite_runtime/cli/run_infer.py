@@ -1,19 +1,22 @@
-"""`run_infer_main.py`: upstream argument names, plus --backend, --model_dir, --seed, --max_new_tokens.
+"""`run_infer_main.py` (console script `lite-infer`): upstream argument names, plus --backend, --model_dir,
+--seed, --max_new_tokens.
 
 `--predict_data` takes a prompt or a .txt file (one prompt per line, batched); without it, an
 interactive loop reads prompts from stdin until EOF or Ctrl-C.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
 import sys
 import time
+from types import SimpleNamespace
 from typing import List, Optional
 
-from lite_runtime.cli.cli_common import OneLineParser, report_errors
+import click
+
+from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ConfigError
 
 log = logging.getLogger("lite_runtime")
@@ -23,92 +26,77 @@ PREDICT_DATA_ALLOWED = "allowed: a prompt text, or a .txt file (UTF-8) with one 
 _DATA_FILE_NAME = re.compile(r"\S+\.(txt|csv|tsv|json|jsonl|yaml|yml|md|parquet)", re.IGNORECASE)
 
 
-def str2bool(value: str) -> bool:
-    lowered = str(value).strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
+def _option(*names, help: str, default=None, **kwargs):
+    """A click option whose help ends with its default, unless the help already says what the default is."""
+    text = help if "default" in help else f"{help} (default: {default})"
+    return click.option(*names, default=default, help=text, show_default=False, **kwargs)
 
 
-class _HelpWithDefaults(argparse.HelpFormatter):
-    """Every option's help ends with its default, unless the help already says what the default is."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.option_strings and action.default is not argparse.SUPPRESS and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(description="Generate text from an export with MindSpore Lite (or MindSpore).",
-                      formatter_class=_HelpWithDefaults)
-    a = p.add_argument
-    a("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph paths; "
-      "default: none, give the two graph paths instead")
-    a("--backend", default="mslite", help="mslite (MindSpore Lite) or ms (MindSpore's MindIR executor)")
-    a("--device_id", type=int, default=0, help="the Ascend device the graphs run on")
-    a("--rank_id", type=int, default=None, help="this process's rank of a multi-rank export; default: $RANK_ID, else 0")
-    a("--model_name", default="common", help="family name such as llama2_7b, checked against the export; "
-      "'common' = the family in the manifest")
-    a("--seq_length", type=int, default=None, help="checked against the export's seq_length (graphs have static "
-      "shapes); default: the export's")
-    a("--tokenizer_path", default=None, help="tokenizer file or folder; default: the tokenizer shipped in the export")
-    a("--prefill_model_path", default="", help="prefill graph: an export's mindir_full_checkpoint/rank_N_graph.mindir "
-      "or the copy written for infer.prefill_model_path; default: none, use --model_dir")
-    a("--increment_model_path", default="", help="increment graph: an export's mindir_inc_checkpoint/"
-      "rank_N_graph.mindir or the copy written for infer.increment_model_path; default: none, use --model_dir")
-    a("--config_path", default=None, help="GE config.ini (Ascend), or 'prefill.ini,increment.ini'; default: the "
-      "export's config.ini when it ships one, else none")
-    a("--do_sample", type=str2bool, default=False, help="sample the next token instead of taking the most likely")
-    a("--top_k", type=int, default=1, help="sampling keeps the k most likely tokens")
-    a("--top_p", type=float, default=1.0, help="sampling keeps the most likely tokens up to this probability mass")
-    a("--repetition_penalty", type=float, default=1.0, help="penalise tokens already in the text (> 1 discourages "
-      "repeats; 1 = off)")
-    a("--temperature", type=float, default=1.0, help="divide the logits by this before sampling")
-    a("--max_length", type=int, default=None,
-      help="prompt + new tokens; default: the export's seq_length (a larger value is capped by it)")
-    a("--max_output_length", "--max_new_tokens", dest="max_new_tokens", type=int, default=128,
-      help="new tokens per prompt at most")
-    a("--is_sample_acceleration", type=str2bool, default=False, help="accepted; sampling is always on the host")
-    a("--add_special_tokens", type=str2bool, default=None, help="add the tokenizer's special tokens (such as BOS) "
-      "to each prompt; default: only the prefix a family's prompts need (ChatGLM2/3: [gMASK] sop)")
-    a("--stream", type=str2bool, default=False, help="print each answer while it is generated, one prompt at a time")
-    a("--prompt", default=None, help="a template with {} where each input goes; default: none, inputs as they are")
-    a("--dynamic", type=str2bool, default=False, help="upstream's dynamic shapes: True requires an export with "
-      "kv_cache dynamic (one graph; prompts at their own length); such exports run dynamic either way")
-    a("--paged_attention", type=str2bool, default=False, help="upstream's paged attention: not supported (the KV "
-      "cache is a graph input or parameter); leave it False")
-    a("--pa_block_size", type=int, default=16, help="upstream's paged-attention block size; accepted, unused")
-    a("--pa_num_blocks", type=int, default=512, help="upstream's paged-attention block count; accepted, unused")
-    a("--distributed", type=str2bool, default=False, help="run as one rank of a launched job "
-      "(python -m lite_runtime.distributed.launch sets it)")
-    a("--adapter_id", default=None, help="SLoRA exports: the adapter every prompt runs with (a name of the export's "
-      "lora_adapter.json); unknown or absent: the base model")
-    a("--strict_adapter", type=str2bool, default=False, help="refuse an unknown --adapter_id instead of running "
-      "the base model")
-    a("--data_parallel", type=int, default=1, help="model replicas under the launcher (a single-rank export on "
-      "a rank table of that many devices): each request's prompts are split over them in order")
-    a("--predict_data", default=None, help="a prompt, or a .txt file (UTF-8) with one prompt per line; "
-      "default: none, read prompts from the terminal")
-    a("--interactive", action="store_true",
-      help="read prompts from stdin even when it is not a terminal (without --predict_data)")
-    a("--batch_size", type=int, default=None,
-      help="accepted; the export's static batch size is used and prompts run in batches of it; "
-      "default: the export's batch size")
-    a("--save_result", type=str2bool, default=False,
-      help=f"also write the results to {RESULT_FILE} in the working directory, one line per prompt "
-      "({'text_generation_text': [...]}, as upstream run_mindformer)")
-    a("--generated_time", type=int, default=1, help="repeat each request this many times; each run prints its "
-      "timings")
-    a("--seed", type=int, default=None, help="seed of sampling, for the same text every run; default: a fresh "
-      "random seed")
-    a("--num_threads", type=int, default=2, help="CPU threads of the runtime")
-    a("--truncate", type=str2bool, default=False, help="keep the tail of over-long prompts instead of failing")
-    a("--verbose", action="store_true", help="log loading and generation details")
-    return p
+# Upstream run_infer_main.py's option names and True/False strings, plus --backend, --model_dir, --seed, ...
+OPTIONS = (
+    _option("--model_dir", default="", help="export folder (manifest.json, graphs, tokenizer); replaces the graph "
+            "paths; default: none, give the two graph paths instead"),
+    _option("--backend", default="mslite", help="mslite (MindSpore Lite) or ms (MindSpore's MindIR executor)"),
+    _option("--device_id", type=int, default=0, help="the Ascend device the graphs run on"),
+    _option("--rank_id", type=int, help="this process's rank of a multi-rank export; default: $RANK_ID, else 0"),
+    _option("--model_name", default="common", help="family name such as llama2_7b, checked against the export; "
+            "'common' = the family in the manifest"),
+    _option("--seq_length", type=int, help="checked against the export's seq_length (graphs have static shapes); "
+            "default: the export's"),
+    _option("--tokenizer_path", help="tokenizer file or folder; default: the tokenizer shipped in the export"),
+    _option("--prefill_model_path", default="", help="prefill graph: an export's mindir_full_checkpoint/"
+            "rank_N_graph.mindir or the copy written for infer.prefill_model_path; default: none, use --model_dir"),
+    _option("--increment_model_path", default="", help="increment graph: an export's mindir_inc_checkpoint/"
+            "rank_N_graph.mindir or the copy written for infer.increment_model_path; default: none, use --model_dir"),
+    _option("--config_path", help="GE config.ini (Ascend), or 'prefill.ini,increment.ini'; default: the "
+            "export's config.ini when it ships one, else none"),
+    _option("--do_sample", type=BOOL, default=False, help="sample the next token instead of taking the most likely"),
+    _option("--top_k", type=int, default=1, help="sampling keeps the k most likely tokens"),
+    _option("--top_p", type=float, default=1.0, help="sampling keeps the most likely tokens up to this probability "
+            "mass"),
+    _option("--repetition_penalty", type=float, default=1.0, help="penalise tokens already in the text (> 1 "
+            "discourages repeats; 1 = off)"),
+    _option("--temperature", type=float, default=1.0, help="divide the logits by this before sampling"),
+    _option("--max_length", type=int, help="prompt + new tokens; default: the export's seq_length (a larger value "
+            "is capped by it)"),
+    _option("--max_output_length", "--max_new_tokens", "max_new_tokens", type=int, default=128,
+            help="new tokens per prompt at most"),
+    _option("--is_sample_acceleration", type=BOOL, default=False, help="accepted; sampling is always on the host"),
+    _option("--add_special_tokens", type=BOOL, help="add the tokenizer's special tokens (such as BOS) to each "
+            "prompt; default: only the prefix a family's prompts need (ChatGLM2/3: [gMASK] sop)"),
+    _option("--stream", type=BOOL, default=False, help="print each answer while it is generated, one prompt at a "
+            "time"),
+    _option("--prompt", help="a template with {} where each input goes; default: none, inputs as they are"),
+    _option("--dynamic", type=BOOL, default=False, help="upstream's dynamic shapes: True requires an export with "
+            "kv_cache dynamic (one graph; prompts at their own length); such exports run dynamic either way"),
+    _option("--paged_attention", type=BOOL, default=False, help="upstream's paged attention: not supported (the "
+            "KV cache is a graph input or parameter); leave it False"),
+    _option("--pa_block_size", type=int, default=16, help="upstream's paged-attention block size; accepted, unused"),
+    _option("--pa_num_blocks", type=int, default=512, help="upstream's paged-attention block count; accepted, "
+            "unused"),
+    _option("--distributed", type=BOOL, default=False, help="run as one rank of a launched job "
+            "(python -m lite_runtime.distributed.launch sets it)"),
+    _option("--adapter_id", help="SLoRA exports: the adapter every prompt runs with (a name of the export's "
+            "lora_adapter.json); unknown or absent: the base model"),
+    _option("--strict_adapter", type=BOOL, default=False, help="refuse an unknown --adapter_id instead of running "
+            "the base model"),
+    _option("--data_parallel", type=int, default=1, help="model replicas under the launcher (a single-rank export "
+            "on a rank table of that many devices): each request's prompts are split over them in order"),
+    _option("--predict_data", help="a prompt, or a .txt file (UTF-8) with one prompt per line; default: none, "
+            "read prompts from the terminal"),
+    _option("--interactive", is_flag=True, default=False,
+            help="read prompts from stdin even when it is not a terminal (without --predict_data)"),
+    _option("--batch_size", type=int, help="accepted; the export's static batch size is used and prompts run in "
+            "batches of it; default: the export's batch size"),
+    _option("--save_result", type=BOOL, default=False, help=f"also write the results to {RESULT_FILE} in the "
+            "working directory, one line per prompt ({'text_generation_text': [...]}, as upstream run_mindformer)"),
+    _option("--generated_time", type=int, default=1, help="repeat each request this many times; each run prints "
+            "its timings"),
+    _option("--seed", type=int, help="seed of sampling, for the same text every run; default: a fresh random seed"),
+    _option("--num_threads", type=int, default=2, help="CPU threads of the runtime"),
+    _option("--truncate", type=BOOL, default=False, help="keep the tail of over-long prompts instead of failing"),
+    _option("--verbose", is_flag=True, default=False, help="log loading and generation details"),
+)
 
 
 def read_prompts(predict_data: str, template: Optional[str]) -> List[str]:
@@ -274,19 +262,30 @@ def _interactive(answer, template) -> None:
         sys.stderr.write("\n")
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def _with_options(function):
+    for option in reversed(OPTIONS):
+        function = option(function)
+    return function
+
+
+@click.command(context_settings=CONTEXT)
+@_with_options
+def command(**options):
+    """Generate text from an export with MindSpore Lite (or MindSpore)."""
+    args = SimpleNamespace(**options)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
     if args.data_parallel < 1 or (args.data_parallel > 1 and not args.distributed):
-        print(f"error: --data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank table of "
-              f"that many devices (python -m lite_runtime.distributed.launch --rank_table FILE -- "
-              "run_infer_main.py --data_parallel N ...)", file=sys.stderr)
-        return 2
+        raise click.UsageError(f"--data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank "
+                               "table of that many devices (python -m lite_runtime.distributed.launch --rank_table "
+                               "FILE -- run_infer_main.py --data_parallel N ...)")
     if args.num_threads < 1:
-        print(f"error: --num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)", file=sys.stderr)
-        return 2
+        raise click.UsageError(f"--num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)")
     if args.distributed:
         from lite_runtime.distributed.distributed_run import run_distributed
-        return report_errors(lambda: run_distributed(args, run, make_generator, generation_kwargs))
-    return report_errors(lambda: run(args))
+        run_distributed(args, run, make_generator, generation_kwargs)
+    else:
+        run(args)
+
+
+main = entry_point(command, "run_infer_main.py")

@@ -9,12 +9,13 @@ import sys
 
 import click
 
+from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ToolchainError
 
 PROG = "python -m lite_runtime.serve"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings=CONTEXT)
 @click.option("--model_dir", required=True, help="The export folder (its manifest.json).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -25,7 +26,7 @@ PROG = "python -m lite_runtime.serve"
               help="Requests that may wait for a cache row; more are answered 429 at once.")
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
-@click.option("--distributed", type=click.Choice(["True", "False"]), default="False",
+@click.option("--distributed", type=BOOL, default=False,
               help="Set by the launcher: this process is one rank of a launched run; rank 0 serves.")
 @click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
               help="Under the launcher: replicas of a single-rank export, one per rank, behind rank 0's endpoint.")
@@ -47,10 +48,10 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     tokenizer = manifest.load_tokenizer()
     if tokenizer is None:
         raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
-    if distributed == "False" and manifest.world_size > 1:
+    if not distributed and manifest.world_size > 1:
         raise ToolchainError(f"{model_dir} has {manifest.world_size} ranks: serve it under the launcher, python -m "
                              "lite_runtime.distributed.launch --rank_table FILE -- -m lite_runtime.serve --model_dir ...")
-    channel = ranks.join(model_dir, manifest, data_parallel) if distributed == "True" else None
+    channel = ranks.join(model_dir, manifest, data_parallel) if distributed else None
     session = load_session(backend, manifest, rank=channel.rank % manifest.world_size if channel else 0,
                            num_threads=num_threads)
     if channel is not None and channel.rank > 0:
@@ -82,22 +83,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
             channel.close()
 
 
-def main(argv=None):
-    try:
-        command.main(args=argv, prog_name=PROG, standalone_mode=False)
-    except click.UsageError as e:
-        _fail(f"{e.format_message().rstrip('.')} (see {PROG} --help)", 2)
-    except click.Abort:
-        _fail("aborted", 1)
-    except ToolchainError as e:
-        _fail(e, 1)
-    sys.exit(0)
-
-
-def _fail(message, code: int):
-    click.echo("error: " + " ".join(str(message).split()), err=True)
-    sys.exit(code)
-
+main = entry_point(command, PROG)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

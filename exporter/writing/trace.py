@@ -12,7 +12,7 @@ from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family,
 from lite_runtime.contract.manifest import graph_relpath
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
 from lite_runtime.contract.segments import segment_relpath, segment_specs
-from exporter.build.progress import stage
+from exporter.writing.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
 from exporter.weights import checkpoints as W

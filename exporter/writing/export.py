@@ -25,9 +25,9 @@ from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest,
                                            graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
-from exporter.build.lite_convert import convert_graphs, converter_python, lite_weights_name
-from exporter.build.progress import deferred_interrupts, stage
-from exporter.build.trace import graph_dims, trace_rank, trace_segments
+from exporter.writing.lite_convert import convert_graphs, converter_python, lite_weights_name
+from exporter.writing.progress import deferred_interrupts, stage
+from exporter.writing.trace import graph_dims, trace_rank, trace_segments
 from exporter.model_source import ModelSource, resolve_model
 from exporter.weights.adapters import adapter_record
 
