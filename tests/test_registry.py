@@ -15,8 +15,16 @@ from tiny_models import KNOWN_FAMILIES
 
 
 
-def test_exporter_and_runtime_register_the_same_families_and_aliases():
-    assert {n: f.aliases for n, f in EXPORT_FAMILIES.items()} == {n: s.aliases for n, s in FAMILIES.items()}
+def test_exporter_families_are_the_runtimes_declared_once():
+    """Each exporter family carries the runtime's spec (its names are written there only), and every
+    runtime family has an exporter family; a family class without a spec of its own cannot register."""
+    from exporter.families import Family, register_family
+    assert set(EXPORT_FAMILIES) == set(FAMILIES)
+    assert all(f.spec is FAMILIES[n] and f.aliases == FAMILIES[n].aliases for n, f in EXPORT_FAMILIES.items())
+    with pytest.raises(TypeError, match="has no spec"):
+        register_family(type("Stray", (EXPORT_FAMILIES["llama"],), {}))
+    with pytest.raises(ValueError, match="registered twice"):
+        register_family(type("Again", (Family,), {"spec": FAMILIES["llama"]}))
 
 
 def test_every_family_has_a_tiny_reference_model_and_parity_tests():

@@ -19,6 +19,7 @@ refuses Baichuan-7B v1 by its architecture name `BaiChuanForCausalLM`.
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, qkv_sections, rule, unit_rows
 from exporter.families.base import register_family
@@ -30,8 +31,7 @@ POSITIONS = {"rotary": dict(positions="rotary", alibi=False), "alibi": dict(posi
 
 @register_family
 class Baichuan2(Llama):
-    name = "baichuan2"
-    aliases = ()
+    spec = RUNTIME_FAMILIES["baichuan2"]
     hf_model_types = ("baichuan",)
     mindformers_types = ("Baichuan7BV2ForCausalLM", "Baichuan13BV2ForCausalLM")
     mindformers_variants = {"Baichuan7BV2ForCausalLM": {"positions": "rotary"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple, Type
 
 from lite_runtime.contract.errors import ConfigError, UnsupportedError
+from lite_runtime.contract.families import FamilySpec, known_families
 
 from exporter.models.config import DecoderConfig
 from exporter.weights.plan import WeightPlan
@@ -24,8 +25,9 @@ VARIANT_KEYS = ("positions", "bias", "mlp_bias")
 
 
 class Family:
-    name: str = ""
-    aliases: Tuple[str, ...] = ()              # other names users write (upstream model_name prefixes)
+    spec: FamilySpec = None                    # the runtime contract's declaration: names, aliases, graph inputs
+    name: str = ""                             # spec.name and spec.aliases, set when registered
+    aliases: Tuple[str, ...] = ()
     hf_model_types: Tuple[str, ...] = ()       # config.json model_type values
     mindformers_types: Tuple[str, ...] = ()    # MindFormers arch / config class names
     mindformers_variants: Dict[str, Dict[str, object]] = {}   # MindFormers arch type -> VARIANT_KEYS values
@@ -115,9 +117,12 @@ FAMILIES: Dict[str, Type[Family]] = {}
 
 
 def register_family(cls: Type[Family]) -> Type[Family]:
-    for name in (cls.name,) + cls.aliases:
-        if name in FAMILIES:
-            raise ValueError(f"family name {name!r} registered twice")
+    """Register a family under the names of its runtime spec (the one place they are written)."""
+    if not isinstance(cls.__dict__.get("spec"), FamilySpec):
+        raise TypeError(f"family class {cls.__name__} has no spec of its own (its FamilySpec in lite_runtime/contract/families.py)")
+    if cls.spec.name in FAMILIES:
+        raise ValueError(f"family {cls.spec.name!r} registered twice")
+    cls.name, cls.aliases = cls.spec.name, cls.spec.aliases
     FAMILIES[cls.name] = cls
     return cls
 
@@ -152,7 +157,7 @@ def family_by_mindformers_type(arch, where: str) -> Type[Family]:
 
 
 def describe_families() -> str:
-    return ", ".join(f.name + (f" ({', '.join(f.aliases)})" if f.aliases else "") for f in sorted(FAMILIES.values(), key=lambda f: f.name))
+    return known_families()
 
 
 def family_table() -> List[Tuple[str, str, str, str]]:

@@ -3,6 +3,7 @@ biases everywhere, fused per-head-interleaved query_key_value, GELU (tanh), tied
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, qkv_per_head, rule
 from exporter.families.base import Family, refuse_true, register_family
@@ -12,7 +13,7 @@ _QKV = ("layers.{L}.attn.q.{wb}", "layers.{L}.attn.k.{wb}", "layers.{L}.attn.v.{
 
 @register_family
 class Bloom(Family):
-    name = "bloom"
+    spec = RUNTIME_FAMILIES["bloom"]
     hf_model_types = ("bloom",)
     mindformers_types = ("BloomLMHeadModel", "BloomConfig", "BloomModel")
     features = dict(norm="layer", positions="none", alibi=True, mlp="gelu_tanh", qkv_bias=True, o_bias=True,

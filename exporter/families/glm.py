@@ -24,6 +24,7 @@ A ChatGLM-6B folder is `model_type: chatglm` like ChatGLM2/3: this family claims
 from __future__ import annotations
 
 from lite_runtime.contract.errors import ConfigError, UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, qkv_per_head, rule
 from exporter.families.base import Family, register_family
@@ -48,8 +49,7 @@ def _plan(embedding: str, norm_names: dict) -> WeightPlan:
 
 @register_family
 class Glm(Family):
-    name = "glm"
-    aliases = ("chatglm",)
+    spec = RUNTIME_FAMILIES["glm"]
     hf_model_types = ("chatglm",)
     mindformers_types = ("GLMChatModel", "GLMForPreTraining", "GLMConfig")
     features = dict(norm="layer", norm_eps=1e-5, positions="rotary_2d", rotary_fp16_tables=True, mlp="gelu_tanh",

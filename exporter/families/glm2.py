@@ -16,6 +16,7 @@ ChatGLM-6B v1 folders (also `model_type: chatglm`, with position_encoding_2d) ar
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
@@ -48,8 +49,7 @@ def _layers(prefix: str, names: dict) -> list:
 
 @register_family
 class Glm2(Family):
-    name = "glm2"
-    aliases = ("glm3", "chatglm2", "chatglm3")
+    spec = RUNTIME_FAMILIES["glm2"]
     hf_model_types = ("chatglm", "glm")
     mindformers_types = ("ChatGLM2ForConditionalGeneration", "ChatGLM2Config", "ChatGLM2Model")
     features = dict(norm="rms", positions="rotary", rotary_fraction=0.5, rotary_interleaved=True, mlp="swiglu",

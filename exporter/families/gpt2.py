@@ -3,6 +3,7 @@ fused c_attn (q, k, v one after another), GELU (tanh), tied head."""
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
@@ -12,7 +13,7 @@ _QKV = ("layers.{L}.attn.q.%s", "layers.{L}.attn.k.%s", "layers.{L}.attn.v.%s")
 
 @register_family
 class GPT2(Family):
-    name = "gpt2"
+    spec = RUNTIME_FAMILIES["gpt2"]
     hf_model_types = ("gpt2",)
     mindformers_types = ("GPT2LMHeadModel", "GPT2Config", "GPT2Model")
     features = dict(norm="layer", positions="learned", mlp="gelu_tanh", qkv_bias=True, o_bias=True,

@@ -11,6 +11,7 @@ seq_length <= max_position_embeddings. MindFormers (research/internlm: `InternLM
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, rule
 from exporter.families.base import register_family
@@ -21,8 +22,7 @@ ROTARY_TYPES = ("origin", "dynamic")
 
 @register_family
 class InternLM(Llama):
-    name = "internlm"
-    aliases = ()
+    spec = RUNTIME_FAMILIES["internlm"]
     hf_model_types = ("internlm",)
     mindformers_types = ("InternLMForCausalLM", "InternLMConfig", "InternLMModel")
     features = dict(norm="rms", positions="rotary", mlp="swiglu", qkv_bias=True, o_bias=True)

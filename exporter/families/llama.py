@@ -6,6 +6,7 @@ family's, which reads Llama's MindFormers names too (`qkv_has_bias_family`)."""
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
 from exporter.families.base import Family, register_family
@@ -60,8 +61,7 @@ MINDFORMERS_RULES = [
 
 @register_family
 class Llama(Family):
-    name = "llama"
-    aliases = ("llama2", "llama3", "codellama")
+    spec = RUNTIME_FAMILIES["llama"]
     hf_model_types = ("llama",)
     mindformers_types = ("LlamaForCausalLM", "LlamaConfig", "LlamaModel")
     features = dict(norm="rms", positions="rotary", mlp="swiglu")

@@ -17,6 +17,8 @@ used for the shipped sentencepiece model whatever its file name; `<eot>` is its 
 """
 from __future__ import annotations
 
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
+
 from exporter.weights.plan import WeightPlan, rule
 from exporter.families.base import Family, register_family
 
@@ -37,8 +39,7 @@ def _block_rules(source: str, target: str):
 
 @register_family
 class PanguAlpha(Family):
-    name = "pangualpha"
-    aliases = ()
+    spec = RUNTIME_FAMILIES["pangualpha"]
     hf_model_types = ()
     mindformers_types = ("PanguAlphaHeadModel", "PanguAlphaConfig", "PanguAlphaModel")
     features = dict(norm="layer", norm_eps=1e-5, positions="learned", mlp="fast_gelu", qkv_bias=True, o_bias=True,

@@ -18,6 +18,7 @@ MindFormers names.
 from __future__ import annotations
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
@@ -26,8 +27,7 @@ from exporter.families.llama import MINDFORMERS_RULES as LLAMA_MINDFORMERS_RULES
 
 @register_family
 class Qwen(Family):
-    name = "qwen"
-    aliases = ("qwen1.5", "qwen1", "qwen2")    # qwen1: upstream's qwen1_5_7b, ...
+    spec = RUNTIME_FAMILIES["qwen"]
     hf_model_types = ("qwen", "qwen2")
     mindformers_types = ("QwenForCausalLM", "QwenConfig", "QwenModel")
     features = dict(norm="rms", positions="rotary", mlp="swiglu", qkv_bias=True)
