@@ -1,0 +1,101 @@
+"""A random Hugging Face Llama folder of a real shape in float16, for export measurements at the sizes
+users ship (a 7B checkpoint is 13.5 GB in float16) without torch and without a copy of the whole model
+in memory: each safetensors shard is made and written on its own.
+
+    .venv/bin/python tools/random_hf_llama.py --shape 7b --out DIR [--shard_gb 2] [--seed 0]
+    .venv/bin/python tools/bench_export.py --python .venv-ms20/bin/python --config DIR/export.yaml -n 1
+
+Writes config.json (transformers' LlamaForCausalLM), model-0000k-of-0000n.safetensors with their index,
+and export.yaml (compute_dtype float16, kv_cache dynamic, the folder as hf_dir) beside them. Weights are
+normal(0, 0.02), norms 1; the folder has no tokenizer (the export warns; measurements need none).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_scale import SHAPES  # noqa: E402
+from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+
+
+def hf_tensors(shape: dict):
+    """(name, shape) of every tensor of a transformers Llama, in file order."""
+    h, inter, vocab, layers = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_layers"]
+    kv = shape["n_kv_heads"] * (h // shape["n_heads"])
+    yield "model.embed_tokens.weight", (vocab, h)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        yield from ((p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (h, h)),
+                    (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.v_proj.weight", (kv, h)),
+                    (p + "self_attn.o_proj.weight", (h, h)), (p + "post_attention_layernorm.weight", (h,)),
+                    (p + "mlp.gate_proj.weight", (inter, h)), (p + "mlp.up_proj.weight", (inter, h)),
+                    (p + "mlp.down_proj.weight", (h, inter)))
+    yield "model.norm.weight", (h,)
+    yield "lm_head.weight", (vocab, h)
+
+
+def write_shards(out: str, shape: dict, shard_bytes: int, seed: int) -> int:
+    """The shards and their index; returns the weights' bytes."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(seed)
+    groups, current, size = [], [], 0
+    for name, dims in hf_tensors(shape):
+        nbytes = 2 * int(np.prod(dims))
+        if current and size + nbytes > shard_bytes:
+            groups.append(current)
+            current, size = [], 0
+        current.append((name, dims))
+        size += nbytes
+    groups.append(current)
+    weight_map, total = {}, 0
+    for k, group in enumerate(groups, 1):
+        file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {name: (np.ones(dims, np.float16) if name.endswith("norm.weight") else
+                          (0.02 * rng.standard_normal(dims, dtype=np.float32)).astype(np.float16))
+                   for name, dims in group}
+        save_file(tensors, os.path.join(out, file), metadata={"format": "pt"})
+        total += sum(t.nbytes for t in tensors.values())
+        weight_map.update({name: file for name, _ in group})
+        print(f"wrote {file} ({sum(t.nbytes for t in tensors.values()) / 2**30:.2f} GiB)", file=sys.stderr, flush=True)
+        del tensors
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    return total
+
+
+@click.command(context_settings=CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--shape", type=click.Choice(list(SHAPES)), default="7b", show_default=True)
+@click.option("--out", required=True, help="the folder to write (created)")
+@click.option("--shard_gb", type=float, default=2.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seq_length", type=int, default=256, show_default=True, help="the export's seq_length")
+def command(shape, out, shard_gb, seed, seq_length):
+    sizes = SHAPES[shape]
+    os.makedirs(out, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float16",
+              "vocab_size": sizes["vocab_size"], "hidden_size": sizes["hidden_size"],
+              "intermediate_size": sizes["intermediate_size"], "num_hidden_layers": sizes["num_layers"],
+              "num_attention_heads": sizes["n_heads"], "num_key_value_heads": sizes["n_kv_heads"],
+              "rms_norm_eps": sizes["norm_eps"], "rope_theta": sizes["rope_theta"], "hidden_act": "silu",
+              "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": sizes["bos_token_id"],
+              "eos_token_id": sizes["eos_token_id"], "pad_token_id": sizes["pad_token_id"]}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    total = write_shards(out, sizes, int(shard_gb * 2**30), seed)
+    with open(os.path.join(out, "export.yaml"), "w") as f:
+        f.write(f"model:\n  hf_dir: {os.path.abspath(out)}\nseq_length: {seq_length}\nbatch_size: 1\n"
+                f"kv_cache: dynamic\ncompute_dtype: float16\noutput_dir: {os.path.abspath(out)}_export\n")
+    print(f"{out}: a random {shape} Llama, {total / 2**30:.2f} GiB of float16 weights; export.yaml beside them")
+    return 0
+
+
+main = entry_point(command, "python tools/random_hf_llama.py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
