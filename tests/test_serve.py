@@ -385,3 +385,32 @@ def test_a_launched_run_serves_from_rank_0(demo_exports, demo_tp2, pipeline_text
     assert steps and int(steps.group(1)) > 0
     time.sleep(0.5)
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_glm_prompts_are_served_whole_with_their_row_inputs(family_export, hf_family):
+    """GLM v1 (its per-row context_length and mask_position; its prompt attends both ways, so it is never
+    fed in chunks, even with prefill_chunk 2): three requests, the last submitted while the first runs,
+    give the independent numpy reference's greedy tokens."""
+    from family_cases import STEPS, reference
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.engine import Engine, EngineRequest
+    prompts, _, expected = reference(hf_family("glm"))
+    session = load_session("ms", load_manifest(family_export("glm", "dynamic")))
+    engine = Engine(session, prefill_chunk=2)
+    got, ended = [[] for _ in prompts], []
+    requests = [EngineRequest(list(p), STEPS + 1, on_finish=lambda reason: ended.append(reason)) for p in prompts]
+
+    def on_token(i, token):
+        got[i].append(token)
+        if i == 0 and len(got[0]) == 3:
+            engine.submit(requests[2])
+    for i, request in enumerate(requests):
+        request.on_token = lambda t, lp, i=i: on_token(i, t)
+    engine.submit(requests[0])
+    engine.submit(requests[1])
+    deadline = time.time() + 120
+    while len(ended) < len(prompts) and time.time() < deadline:
+        time.sleep(0.01)
+    engine.stop()
+    assert got == [list(map(int, row)) for row in expected]

@@ -23,6 +23,7 @@ import numpy as np
 
 from lite_runtime.contract.errors import UnsupportedError, ValidationError
 from lite_runtime.contract.families import get_family
+from lite_runtime.decode.inputs import InputOfInfer
 from lite_runtime.decode.sampling import Sampler, SamplingParams
 
 log = logging.getLogger("lite_runtime.serve")
@@ -66,6 +67,7 @@ class _Row:
     past: int = 0                # tokens in the cache
     pending: List[int] = field(default_factory=list)   # tokens to feed at the next step
     generated: int = 0
+    row_values: List[int] = field(default_factory=list)   # the family's per-row graph inputs
 
 
 class Engine:
@@ -77,9 +79,9 @@ class Engine:
             raise UnsupportedError(f"serving needs an export with kv_cache: dynamic (one step graph with per-row "
                                    f"lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
                                    "kv_cache: dynamic")
-        if get_family(m.family).row_inputs:
-            raise UnsupportedError(f"serving the {m.family} family (graph inputs per row beyond ids and lengths) "
-                                   "is not supported yet; use run_infer_main.py or pipeline()")
+        # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
+        # prompt, once. Its prompt attends both ways, so it is fed whole, never in chunks.
+        self.row_inputs = InputOfInfer.get_inputs(m.family, m).row_inputs if get_family(m.family).row_inputs else None
         self.session = session
         self.batch = m.batch_size
         self.seq_length = m.seq_length
@@ -177,9 +179,14 @@ class Engine:
             request.admitted = time.perf_counter()
             slot = self.rows.index(None)
             self.rows[slot] = _Row(request, Sampler(request.sampling), list(request.prompt),
-                                   pending=list(request.prompt))
+                                   pending=list(request.prompt), row_values=self._row_values(request.prompt))
             if self.metrics is not None:
                 self.metrics.queue_time.observe(request.admitted - request.arrived)
+
+    def _row_values(self, prompt: List[int]) -> List[int]:
+        if self.row_inputs is None:
+            return []
+        return [int(v[0]) for v in self.row_inputs(np.array([prompt], np.int32), np.array([len(prompt)], np.int32))]
 
     def _step(self) -> None:
         for i, row in enumerate(self.rows):
@@ -194,15 +201,22 @@ class Engine:
         # Every row reads positions past..past+T-1 of the graph's tables, so T stays within the room
         # the fullest row has left; a longer prompt is fed in chunks over several steps (chunked
         # prefill), which also bounds how long the rows that decode wait.
-        width = min(max(len(self.rows[i].pending) for i in live), self.prefill_chunk,
-                    int(self.seq_length - past[live].max()))
+        room = int(self.seq_length - past[live].max())
+        width = min(max(len(self.rows[i].pending) for i in live), room,
+                    room if self.row_inputs else self.prefill_chunk)
         counts = np.zeros(self.batch, np.int32)
         tokens = np.full((self.batch, width), self.pad_id, np.int32)
         for i in live:
+            if self.row_inputs and len(self.rows[i].pending) > width:    # a whole prompt waits for room
+                continue
             feed = self.rows[i].pending[:width]
             counts[i] = len(feed)
             tokens[i, :len(feed)] = feed
         extra = []
+        if self.row_inputs:
+            idle = self._row_values([self.pad_id])
+            extra += [np.array([row.row_values[k] if row else idle[k] for row in self.rows], np.int32)
+                      for k in range(len(idle))]
         if self.adapters:
             extra.append(np.array([row.request.adapter_slot if row else 0 for row in self.rows], np.int32))
         logits = self.session.step(tokens, counts, past, *extra)
