@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
       "lora_adapter.json); unknown or absent: the base model")
     a("--strict_adapter", type=str2bool, default=False, help="refuse an unknown --adapter_id instead of running "
       "the base model")
-    a("--data_parallel", type=int, default=1, help="model replicas under the launcher (a single-rank export on "
-      "a rank table of that many devices): each request's prompts are split over them in order")
+    a("--data_parallel", type=int, default=1, help="model replicas under the launcher (a rank table of "
+      "data_parallel x the export's ranks): each request's prompts are split over them in order")
     a("--predict_data", default=None, help="a prompt, or a .txt file (UTF-8) with one prompt per line; "
       "default: none, read prompts from the terminal")
     a("--interactive", action="store_true",
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
                         format="%(name)s: %(message)s")
     if args.data_parallel < 1 or (args.data_parallel > 1 and not args.distributed):
         print(f"error: --data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank table of "
-              f"that many devices (python -m lite_runtime.distributed.launch --rank_table FILE -- "
+              f"that many replicas x the export's ranks (python -m lite_runtime.distributed.launch --rank_table FILE -- "
               "run_infer_main.py --data_parallel N ...)", file=sys.stderr)
         return 2
     if args.num_threads < 1:

@@ -5,6 +5,11 @@ RANK_SIZE; on CPU (`--backend ms`) also MindSpore's scheduler/worker environment
 rank order; for `mslite` a per-rank GE ini carrying `rank_table_file`. Rank 0 keeps the console
 (stdin and stdout); other ranks log to `--log_dir`. When any rank fails or the run exceeds
 `--timeout`, every rank is stopped and the launcher exits non-zero naming the failing rank.
+
+The program's `--model_dir` and `--data_parallel` tell the launcher the job's form: a table of
+dp·mp devices runs dp replicas of an mp-rank export, consecutive ranks forming a replica (ranks
+r·mp … r·mp+mp−1, as MindSpore's and upstream's layouts do), each replica with its own MindSpore
+cluster (`ms`) or MPI join (Lite segments); see job_layout.py.
 """
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ import time
 from typing import List, Optional, Sequence
 
 from lite_runtime.contract.errors import ConfigError, ToolchainError
-from lite_runtime.distributed.host_collectives import PORT_FILE_ENV, mpiexec
-from lite_runtime.distributed.process_group import free_port, run_ranks
+from lite_runtime.distributed.host_collectives import mpiexec
+from lite_runtime.distributed.job_layout import JobLayout
+from lite_runtime.distributed.process_group import run_ranks
 from lite_runtime.ascend.rank_table import load_rank_table
 
 log = logging.getLogger("lite_runtime.distributed.launch")
@@ -63,12 +69,11 @@ def check_world_size(table_size: int, program_args: Sequence[str], table_path: s
     if dp < 1:
         raise ConfigError(f"--data_parallel {text!r} must be a positive integer")
     if manifest is None:
+        if table_size % dp:
+            raise ConfigError(f"rank table {table_path} has {table_size} ranks, which --data_parallel {dp} does "
+                              "not divide into replicas of equal size")
         return dp
     model_dir = _option(program_args, "--model_dir")
-    if dp > 1 and manifest.world_size > 1:
-        raise ConfigError(f"--data_parallel {dp} with an export of {manifest.world_size} ranks (model_parallel): "
-                          "data parallel runs replicas of a single-rank export here (the CPU collectives of "
-                          "MindSpore have one world group); export with model_parallel 1")
     if dp * manifest.world_size != table_size:
         raise ConfigError(f"rank table {table_path} has {table_size} ranks but the export {model_dir} was "
                           f"written for {manifest.world_size}" + (f" x data_parallel {dp}" if dp > 1 else "") +
@@ -103,33 +108,29 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     data_parallel = check_world_size(world, args, rank_table, manifest)
     backend = backend or _option(args, "--backend") or "mslite"
     # Segment exports reduce on the host through MPI: each rank its own one-process MPI job, joined
-    # by the ranks themselves (host_collectives.py).
+    # by the ranks of its replica themselves (host_collectives.py).
     mpi = backend == "mslite" and manifest is not None and manifest.collectives == "host"
+    model_ranks = world // data_parallel
+    layout = JobLayout(data_parallel, model_ranks, ["127.0.0.1"] * world,
+                       ms_cluster=backend == "ms" and model_ranks > 1, mpi=mpi)
     args = _without(_without(args, "--backend"), "--distributed") + ["--backend", backend, "--distributed", "True"]
     log_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
     os.makedirs(log_dir, exist_ok=True)
     inis = rank_ini_files(args, os.path.abspath(rank_table), log_dir, world) if backend == "mslite" else None
-    channel_port = free_port()
-
     wrapper = [mpiexec(), "-n", "1"] if mpi else []
-    port_file = os.path.join(log_dir, "mpi_port")
-    if os.path.exists(port_file):     # an earlier run's: rank 0 writes this run's
-        os.remove(port_file)
 
     def command(rank: int) -> List[str]:
         rank_args = args if inis is None else _without(args, "--config_path") + ["--config_path", inis[rank]]
         return wrapper + [sys.executable, program[0]] + rank_args
 
     def env(rank: int):
-        values = {"DEVICE_ID": str(table.ranks[rank].device_id), "RANK_TABLE_FILE": os.path.abspath(rank_table),
-                  "LITE_CHANNEL_PORT": str(channel_port)}
-        if mpi:
-            values[PORT_FILE_ENV] = port_file
-        return values
+        return dict(layout.env(rank), DEVICE_ID=str(table.ranks[rank].device_id),
+                    RANK_TABLE_FILE=os.path.abspath(rank_table))
 
     started = time.perf_counter()
-    result = run_ranks(world, command, log_dir, env=env, with_ms_cluster=backend == "ms" and data_parallel == 1,
-                       rank0_console=True, timeout=timeout)
+    ranks = range(world)
+    result = run_ranks(ranks, command, log_dir, env=env, schedulers=layout.schedulers(ranks), rank0_console=True,
+                       timeout=timeout)
     print(f"launcher: {world} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
           f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
     return result.start_seconds
