@@ -25,9 +25,11 @@ class JobLayout:
     ms_cluster: bool            # backend ms with a multi-rank export: a MindSpore cluster per replica
     mpi: bool                   # Lite segments: an MPI join per replica
     master_port: Optional[int] = None    # None: free ports of this machine (every rank is here)
+    linked: bool = False                 # several servers: their launchers keep in touch (servers.py)
 
     def __post_init__(self):
         names = [f"scheduler{r}" for r in range(self.data_parallel) if self.ms_cluster] + ["channel"]
+        names += ["launchers"] if self.linked else []
         if self.data_parallel > 1 and self.model_ranks > 1:
             names += [f"replica{r}" for r in range(self.data_parallel)]
         names += [f"mpi{r}" for r in range(self.data_parallel) if self.mpi]
@@ -39,6 +41,10 @@ class JobLayout:
     @property
     def world(self) -> int:
         return len(self.hosts)
+
+    def address(self, name: str, rank: int = 0):
+        """(host, port) of listener `name`, on the server of `rank`."""
+        return self.hosts[rank], self.ports[name]
 
     def _at(self, rank: int, name: str) -> str:
         return f"{self.hosts[rank]}:{self.ports[name]}"

@@ -10,6 +10,12 @@ The program's `--model_dir` and `--data_parallel` tell the launcher the job's fo
 dp·mp devices runs dp replicas of an mp-rank export, consecutive ranks forming a replica (ranks
 r·mp … r·mp+mp−1, as MindSpore's and upstream's layouts do), each replica with its own MindSpore
 cluster (`ms`) or MPI join (Lite segments); see job_layout.py.
+
+Several servers (a rank table merged by tools/merge_hccl.py): run the launcher on each server; it
+starts the ranks of its server (`--server_id`, else the server whose address is this host's). The
+ranks join through the same engines as on one server, listening on the first server's address at
+ports from `--master_port` on, which every server's launcher derives alike; the launchers keep in
+touch, so one server's failure stops them all (servers.py).
 """
 from __future__ import annotations
 
@@ -21,13 +27,15 @@ import tempfile
 import time
 from typing import List, Optional, Sequence
 
-from lite_runtime.contract.errors import ConfigError, ToolchainError
+from lite_runtime.contract.errors import ConfigError, DistributedError, ToolchainError
 from lite_runtime.distributed.host_collectives import mpiexec
 from lite_runtime.distributed.job_layout import JobLayout
 from lite_runtime.distributed.process_group import run_ranks
+from lite_runtime.distributed.servers import LauncherLink, pick_server, rank_hosts
 from lite_runtime.ascend.rank_table import load_rank_table
 
 log = logging.getLogger("lite_runtime.distributed.launch")
+DEFAULT_MASTER_PORT = 8118      # msrun's
 
 
 def _option(args: Sequence[str], name: str) -> Optional[str]:
@@ -97,12 +105,16 @@ def rank_ini_files(program_args: Sequence[str], table_path: str, log_dir: str, w
 
 
 def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = None, log_dir: Optional[str] = None,
-           timeout: float = 600.0) -> float:
-    """Run `program` once per rank; returns the launcher's start-up seconds."""
+           timeout: float = 600.0, server_id: Optional[str] = None, master_port: Optional[int] = None) -> float:
+    """Run `program` once per rank of this server; returns the launcher's start-up seconds."""
     if not program:
         raise ConfigError("give the program after --, e.g. -- run_infer_main.py --model_dir out/llama ...")
     table = load_rank_table(rank_table)
     world = len(table.ranks)
+    server, chosen_by = pick_server(table, server_id)
+    several = len(table.servers) > 1
+    if master_port is not None and not 0 < master_port < 65536:
+        raise ConfigError(f"--master_port {master_port} must be a port number, 1..65535")
     args = list(program[1:])
     manifest = _manifest(args)
     data_parallel = check_world_size(world, args, rank_table, manifest)
@@ -111,8 +123,13 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     # by the ranks of its replica themselves (host_collectives.py).
     mpi = backend == "mslite" and manifest is not None and manifest.collectives == "host"
     model_ranks = world // data_parallel
-    layout = JobLayout(data_parallel, model_ranks, ["127.0.0.1"] * world,
-                       ms_cluster=backend == "ms" and model_ranks > 1, mpi=mpi)
+    layout = JobLayout(data_parallel, model_ranks, rank_hosts(table), ms_cluster=backend == "ms" and model_ranks > 1,
+                       mpi=mpi, master_port=DEFAULT_MASTER_PORT if several and master_port is None else master_port,
+                       linked=several)
+    ranks = sorted(r.rank_id for r in server.ranks)
+    if several:
+        print(f"launcher: server {server.server_id} ({chosen_by}), ranks {', '.join(map(str, ranks))} of {world}",
+              file=sys.stderr)
     args = _without(_without(args, "--backend"), "--distributed") + ["--backend", backend, "--distributed", "True"]
     log_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
     os.makedirs(log_dir, exist_ok=True)
@@ -128,10 +145,24 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
                     RANK_TABLE_FILE=os.path.abspath(rank_table))
 
     started = time.perf_counter()
-    ranks = range(world)
-    result = run_ranks(ranks, command, log_dir, env=env, schedulers=layout.schedulers(ranks), rank0_console=True,
-                       timeout=timeout)
-    print(f"launcher: {world} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
+    link = None
+    if several:
+        first = table.ranks[0].server_id
+        servers = [first] + [s.server_id for s in table.servers if s.server_id != first]
+        link = LauncherLink(server.server_id, servers, layout.address("launchers"), timeout)
+    try:
+        result = run_ranks(ranks, command, log_dir, env=env, schedulers=layout.schedulers(ranks), rank0_console=True,
+                           timeout=timeout, watch=link.watch if link else None)
+        if link is not None:
+            link.finish()
+    except DistributedError as e:
+        if link is not None:
+            link.report(str(e))
+        raise
+    finally:
+        if link is not None:
+            link.close()
+    print(f"launcher: {len(ranks)} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
           f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
     return result.start_seconds
 
@@ -145,10 +176,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--backend", choices=("ms", "mslite"), default=None)
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before every rank is stopped")
+    parser.add_argument("--server_id", default=None, help="start the ranks of this server of the rank table "
+                        "(its server_id); default: the server whose address is this host's")
+    parser.add_argument("--master_port", type=int, default=None, help="first of the ports the job listens on, on "
+                        "the first server (the same on every server); default: "
+                        f"{DEFAULT_MASTER_PORT} for a table of several servers, free ports for one")
     opts = parser.parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        launch(opts.rank_table, program, opts.backend, opts.log_dir, opts.timeout)
+        launch(opts.rank_table, program, opts.backend, opts.log_dir, opts.timeout, opts.server_id, opts.master_port)
     except ToolchainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -64,6 +64,7 @@ class LauncherLink:
         self._done: Dict[str, bool] = {s: False for s in servers[1:]}
         self._peers: Dict[str, socket.socket] = {}
         self._lock = threading.Lock()
+        self._connected = threading.Event()      # first server: all others connected; others: it is reached
         self._deadline = time.monotonic() + timeout
         if server_id == self.first:
             self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -83,12 +84,18 @@ class LauncherLink:
             raise DistributedError(self.failure)
 
     def report(self, message: str) -> None:
-        """This launcher's ranks failed with `message`: tell the other launchers."""
+        """This launcher's ranks failed with `message`: tell the other launchers (waiting a little for
+        those that have not connected yet)."""
+        self._connected.wait(10)
         self._send_all({"failed": f"server {self.server_id}: {message}"})
 
     def finish(self) -> None:
         """This launcher's ranks all ended well. The first server's launcher waits for the others'."""
         if self.server_id != self.first:
+            while not self._connected.wait(0.1):
+                self.watch()
+                if time.monotonic() > self._deadline:
+                    raise DistributedError(f"could not reach the launcher of server {self.first}")
             self._send_all({"done": True})
             return
         while not all(self._done.values()):
@@ -130,22 +137,28 @@ class LauncherLink:
         with self._lock:
             self._peers[self.first] = sock
         _write(sock, {"server": self.server_id})
+        self._connected.set()
         self._read(sock, self.first)
 
     def _read(self, sock: socket.socket, peer: Optional[str]) -> None:
-        with sock.makefile("r", encoding="utf-8") as lines:
-            for line in lines:
-                message = json.loads(line)
-                if "server" in message:      # a newcomer says who it is
-                    peer = message["server"]
-                    with self._lock:
-                        self._peers[peer] = sock
-                elif message.get("done"):
-                    self._done[peer] = True
-                    return
-                elif "failed" in message:
-                    self._fail(message["failed"], relay=True)
-                    return
+        try:
+            with sock.makefile("r", encoding="utf-8") as lines:
+                for line in lines:
+                    message = json.loads(line)
+                    if "server" in message:      # a newcomer says who it is
+                        peer = message["server"]
+                        with self._lock:
+                            self._peers[peer] = sock
+                            if len(self._peers) == len(self._done):
+                                self._connected.set()
+                    elif message.get("done"):
+                        self._done[peer] = True
+                        return
+                    elif "failed" in message:
+                        self._fail(message["failed"], relay=True)
+                        return
+        except (OSError, ValueError):     # closed here, or not a launcher talking
+            pass
         if not self._done.get(peer, False):
             self._fail(f"lost the launcher of server {peer}")
 
