@@ -8,8 +8,9 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
 from family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
-from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, random_weights, run_cli,
-                         save_ckpt, tiny_export_config, write_yaml)
+from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, make_tokenizer, random_weights,
+                         rank_table, run_cli, save_ckpt, shard_mindformers_llama, tiny_export_config, write_strategy,
+                         write_yaml)
 
 os.environ.setdefault("GLOG_v", "3")  # keep MindSpore's C++ log quiet
 # The record of checked export hashes (lite_runtime/contract/hashes.py) in a folder of this run's own.
@@ -34,6 +35,55 @@ def tiny_exports(tiny_ckpt, tmp_path_factory):
         cfg = tiny_export_config(tiny_ckpt[0], str(folder / mode), kv_cache=mode)
         out[mode] = export_in_subprocess(write_yaml(str(folder / f"{mode}.yaml"), cfg))
     return out
+
+
+@pytest.fixture(scope="session")
+def tp_setup(tiny_ckpt, tmp_path_factory):
+    """The tiny model for the ms backend on 2 ranks and on 1, from the .ckpt and from 2-way shards:
+    (folder, {single, full, sharded, merged, resharded: export dir}, 2-rank table)."""
+    folder = tmp_path_factory.mktemp("tp")
+    ckpt, weights = tiny_ckpt
+    tokenizer = make_tokenizer(str(folder))
+    exports = {}
+    for rank in range(2):
+        os.makedirs(folder / "shards" / f"rank_{rank}")
+        save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
+    strategy = write_strategy(str(folder / "strategy.ckpt"), {n: v.shape for n, v in weights.items()}, 2)
+    shards = str(folder / "shards")
+    for name, source, mp in (("single", ckpt, 1), ("full", ckpt, 2), ("sharded", shards, 2),
+                             ("merged", shards, 1), ("resharded", shards, 2)):
+        cfg = tiny_export_config(source, str(folder / name), parallel={"model_parallel": mp})
+        cfg["model"]["tokenizer"] = tokenizer
+        if name in ("merged", "resharded"):    # upstream: load_checkpoint dir + src_strategy_path_or_dir
+            cfg.update(src_strategy_path_or_dir=strategy, auto_trans_ckpt=True)
+        exports[name] = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg))
+    return folder, exports, rank_table(folder / "table2.json", 2)
+
+
+@pytest.fixture(scope="session")
+def lite_tp(tp_setup, tiny_ckpt):
+    """MindSpore 2.0 exports in the dynamic kv mode: 2 ranks as step segments (collectives on the host;
+    converted to .ms, which the runtime prefers) and 1 rank (MindIR), with the tokenizer."""
+    folder, _, _ = tp_setup
+    out = {}
+    for name, parallel in (("tp2", {"model_parallel": 2, "collectives": "host"}), ("tp1", {"model_parallel": 1})):
+        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="dynamic",
+                                 lite_ms=name == "tp2")
+        cfg["model"]["tokenizer"] = os.path.join(folder, "tokenizer.model")
+        out[name] = export_in_subprocess(write_yaml(str(folder / f"lite_{name}.yaml"), cfg), python=str(VENV_MS20_PYTHON))
+    return out
+
+
+@pytest.fixture
+def tp_exports(request):
+    """backend -> (TP=2 export, TP=1 export) of the tiny model for that backend (built on first use)."""
+    def get(backend):
+        if backend == "ms":
+            _, exports, _ = request.getfixturevalue("tp_setup")
+            return exports["full"], exports["single"]
+        lite = request.getfixturevalue("lite_tp")
+        return lite["tp2"], lite["tp1"]
+    return get
 
 
 @pytest.fixture(scope="session")

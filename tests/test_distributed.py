@@ -16,40 +16,11 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import (error_lines, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess, make_tokenizer,
-                         run_cli, save_ckpt, tiny_export_config, write_strategy, write_yaml)
+from tiny_models import (error_lines, rank_table, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess,
+                         make_tokenizer, run_cli, save_ckpt, tiny_export_config, write_strategy, write_yaml)
 from greedy_runner import greedy_run
 
 STEPS = 32
-
-
-def rank_table(path, n):
-    devices = [{"device_id": str(i), "device_ip": f"192.98.92.{100 + i}", "rank_id": str(i)} for i in range(n)]
-    data = {"version": "1.0", "server_count": "1", "status": "completed",
-            "server_list": [{"server_id": "127.0.0.1", "device": devices, "host_nic_ip": "reserve"}]}
-    path.write_text(json.dumps(data))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def tp_setup(tiny_ckpt, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tp")
-    ckpt, weights = tiny_ckpt
-    tokenizer = make_tokenizer(str(folder))
-    exports = {}
-    for rank in range(2):
-        os.makedirs(folder / "shards" / f"rank_{rank}")
-        save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
-    strategy = write_strategy(str(folder / "strategy.ckpt"), {n: v.shape for n, v in weights.items()}, 2)
-    shards = str(folder / "shards")
-    for name, source, mp in (("single", ckpt, 1), ("full", ckpt, 2), ("sharded", shards, 2),
-                             ("merged", shards, 1), ("resharded", shards, 2)):
-        cfg = tiny_export_config(source, str(folder / name), parallel={"model_parallel": mp})
-        cfg["model"]["tokenizer"] = tokenizer
-        if name in ("merged", "resharded"):    # upstream: load_checkpoint dir + src_strategy_path_or_dir
-            cfg.update(src_strategy_path_or_dir=strategy, auto_trans_ckpt=True)
-        exports[name] = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg))
-    return folder, exports, rank_table(folder / "table2.json", 2)
 
 
 def launched_greedy(table, backend, export, out):
@@ -79,20 +50,6 @@ def test_tp2_greedy_matches_single_rank(tp_setup, ms_tp2_greedy, source):
         assert np.abs(logits - ref_logits).max() <= 1e-4
 
 
-@pytest.fixture(scope="module")
-def lite_tp(tp_setup, tiny_ckpt):
-    """MindSpore 2.0 exports in the dynamic kv mode: 2 ranks as step segments (collectives on the host;
-    converted to .ms, which the runtime prefers) and 1 rank (MindIR), with the tokenizer."""
-    folder, _, _ = tp_setup
-    out = {}
-    for name, parallel in (("tp2", {"model_parallel": 2, "collectives": "host"}), ("tp1", {"model_parallel": 1})):
-        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="dynamic",
-                                 lite_ms=name == "tp2")
-        cfg["model"]["tokenizer"] = os.path.join(folder, "tokenizer.model")
-        out[name] = export_in_subprocess(write_yaml(str(folder / f"lite_{name}.yaml"), cfg), python=str(VENV_MS20_PYTHON))
-    return out
-
-
 def test_lite_tp2_segments_equal_lite_tp1_and_ms_tp2(tp_setup, ms_tp2_greedy, lite_tp, tmp_path):
     """Lite on CPU, each rank's step in segments and the all-reduces on the host: the greedy tokens of
     Lite with one rank and of the ms backend's TP=2 (collectives in its graphs), for 32 steps on a
@@ -120,19 +77,10 @@ def test_a_segment_export_runs_on_mslite_under_the_launcher_only(lite_tp, backen
     assert all(f in result.stderr for f in facts), result.stderr
 
 
-def two_and_one_rank(request, backend):
-    """(TP=2 export, TP=1 export) of the tiny model for `backend`."""
-    if backend == "ms":
-        _, exports, _ = request.getfixturevalue("tp_setup")
-        return exports["full"], exports["single"]
-    lite = request.getfixturevalue("lite_tp")
-    return lite["tp2"], lite["tp1"]
-
-
 @pytest.mark.parametrize("backend", ["ms", "mslite"])
-def test_seeded_sampling_agrees_on_every_rank_and_with_single_rank(tp_setup, request, backend, tmp_path):
+def test_seeded_sampling_agrees_on_every_rank_and_with_single_rank(tp_setup, tp_exports, backend, tmp_path):
     folder, exports, table = tp_setup
-    tp2, tp1 = two_and_one_rank(request, backend)
+    tp2, tp1 = tp_exports(backend)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one two three\nalpha beta\nfive six seven eight nine\n")
     gen = ["--predict_data", str(prompts), "--do_sample", "True", "--top_k", "20", "--top_p", "0.9",
@@ -162,27 +110,34 @@ def test_rank_table_size_mismatch_is_refused_before_start(tp_setup, tmp_path):
     assert not logs.exists()
 
 
-@pytest.mark.parametrize("backend", ["ms", "mslite"])
-def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, request, backend, tmp_path):
-    """Rank 1's own Python process killed (on mslite it runs under its one-process mpiexec)."""
+@pytest.mark.parametrize("backend, data_parallel, victim", [("ms", 1, 1), ("mslite", 1, 1), ("mslite", 2, 3)],
+                         ids=["ms", "mslite", "mslite-dp2xmp2"])
+def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, tp_exports, backend, data_parallel, victim, tmp_path):
+    """Rank `victim`'s own Python process killed (on mslite it runs under its one-process mpiexec); with
+    dp=2 x mp=2 the second rank of the second replica."""
     folder, exports, table = tp_setup
-    tp2, _ = two_and_one_rank(request, backend)
+    tp2, _ = tp_exports(backend)
+    if data_parallel > 1:
+        table = rank_table(tmp_path / "table4.json", 4)
     env = dict(os.environ, PYTHONPATH=REPO)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
-         "--log_dir", str(tmp_path / "logs"), "--", "run_infer_main.py", "--model_dir", tp2, "--interactive"],
+         "--log_dir", str(tmp_path / "logs"), "--", "run_infer_main.py", "--model_dir", tp2, "--interactive",
+         "--data_parallel", str(data_parallel)],
         cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    target = victim
     try:
         victim, started = None, time.monotonic()
         while victim is None and time.monotonic() - started < 60:
             for child in psutil.Process(launcher.pid).children(recursive=True):
                 try:
-                    if child.environ().get("RANK_ID") == "1" and child.cmdline()[1].endswith("run_infer_main.py"):
+                    if (child.environ().get("RANK_ID") == str(target)
+                            and child.cmdline()[1].endswith("run_infer_main.py")):
                         victim = child
                 except psutil.Error:
                     pass
             time.sleep(0.5)
-        assert victim is not None, "rank 1 never started"
+        assert victim is not None, f"rank {target} never started"
         family = [victim] + psutil.Process(launcher.pid).children(recursive=True)
         time.sleep(5)   # let the ranks load and wait for a prompt
         victim.send_signal(signal.SIGKILL)
@@ -191,7 +146,7 @@ def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, request, back
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode == 1
-    assert "rank 1" in stderr and ("killed by signal 9" in stderr or "ended: Killed (signal 9)" in stderr), stderr
+    assert f"rank {target}" in stderr and ("killed by signal 9" in stderr or "ended: Killed (signal 9)" in stderr), stderr
     time.sleep(1)
     alive = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == []
@@ -298,7 +253,7 @@ def test_pipeline_with_data_parallel_answers_in_input_order(tp_setup, lite_singl
         assert json.loads((out / f"rank_{rank}.txt").read_text()) == expected
 
 
-def test_pipeline_data_parallel_needs_the_launcher_and_a_single_rank_export(tp_setup, monkeypatch):
+def test_pipeline_data_parallel_needs_the_launcher_and_a_layout_for_it(tp_setup, monkeypatch):
     from lite_runtime import pipeline
     from lite_runtime.contract.errors import ConfigError
     _, exports, _ = tp_setup
@@ -310,13 +265,17 @@ def test_pipeline_data_parallel_needs_the_launcher_and_a_single_rank_export(tp_s
     with pytest.raises(ConfigError, match="needs a script started on 2 ranks.*RANK_SIZE '3'"):
         pipeline("text_generation", model=exports["single"], backend="ms", data_parallel=2)
     monkeypatch.setenv("RANK_SIZE", "2")
-    with pytest.raises(ConfigError, match="an export of 2 ranks.*model_parallel 1"):
+    with pytest.raises(ConfigError, match=r"\(2 rank\(s\) per replica\) needs a script started on 4 ranks.*RANK_SIZE '2'"):
+        pipeline("text_generation", model=exports["full"], backend="ms", data_parallel=2)
+    monkeypatch.setenv("RANK_SIZE", "4")
+    monkeypatch.setenv("RANK_ID", "0")
+    with pytest.raises(ConfigError, match="laid the job out for data_parallel 1; give `--data_parallel 2`"):
         pipeline("text_generation", model=exports["full"], backend="ms", data_parallel=2)
 
 
-def test_data_parallel_needs_a_matching_table_and_a_single_rank_export(tp_setup, tmp_path):
+def test_data_parallel_needs_a_matching_table(tp_setup, tmp_path):
     folder, exports, table = tp_setup
-    for export, dp, facts in ((exports["full"], "2", ["--data_parallel 2", "export of 2 ranks", "model_parallel 1"]),
+    for export, dp, facts in ((exports["full"], "2", ["has 2 ranks", "written for 2 x data_parallel 2", "with 4 devices"]),
                               (exports["single"], "3", ["has 2 ranks", "x data_parallel 3"])):
         result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--",
                           "run_infer_main.py", "--model_dir", export, "--data_parallel", dp, "--predict_data", "one"])
@@ -349,3 +308,51 @@ def test_strategy_that_does_not_fit_the_shards_is_refused(tp_setup, tiny_ckpt, d
     assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr[-2000:]
     assert all(f in result.stderr for f in facts), result.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend, tmp_path):
+    """dp=2 x mp=2 on a 4-rank table: two replicas of the TP=2 export (ranks 0-1 and 2-3, each its own
+    MindSpore cluster or MPI join); 5 prompts split 3 + 2 come back in input order, each the answer of
+    one process with the TP=1 export (greedy), and each replica's second rank ran its share in step
+    with its first (token agreement) and logged the same answers."""
+    tp2, tp1 = tp_exports(backend)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one two three\nalpha beta\nfive six seven eight nine\nten\neleven twelve\n")
+    gen = ["--predict_data", str(prompts), "--max_new_tokens", "8"]
+    single = run_cli(["run_infer_main.py", "--backend", backend, "--model_dir", tp1] + gen)
+    assert single.returncode == 0, single.stderr[-2000:]
+    expected = single.stdout.strip().splitlines()
+    assert len(expected) == 5
+    logs = tmp_path / "logs"
+    multi = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
+                     "--backend", backend, "--log_dir", str(logs), "--", "run_infer_main.py", "--model_dir", tp2,
+                     "--data_parallel", "2"] + gen)
+    assert multi.returncode == 0, multi.stderr[-2000:]
+    assert multi.stdout.strip().splitlines() == expected
+    for rank, share in ((1, expected[:3]), (3, expected[3:])):
+        assert [l for l in (logs / f"rank_{rank}.log").read_text().splitlines() if l in expected] == share
+    assert (logs / "rank_2.log").exists()
+    if backend == "ms":
+        assert {"scheduler_0.log", "scheduler_1.log"} <= set(os.listdir(logs))
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_pipeline_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend, tmp_path):
+    """pipeline(..., data_parallel=2) with the TP=2 export in a script on 4 ranks (`--data_parallel 2
+    --model_dir` among its arguments lay the job out): every rank gets the one-process answers of the
+    TP=1 export, in input order."""
+    tp2, tp1 = tp_exports(backend)
+    worker = os.path.join(REPO, "tests", "pipeline_worker.py")
+    alone = run_cli([worker, tp1, str(tmp_path), backend, "1"])
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    expected = json.loads((tmp_path / "rank_0.txt").read_text())
+    assert len(expected) == 5
+    out = tmp_path / "dp"
+    out.mkdir()
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
+                      "--backend", backend, "--log_dir", str(out / "logs"), "--", worker, tp2, str(out), backend, "2",
+                      "--model_dir", tp2, "--data_parallel", "2"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in range(4):
+        assert json.loads((out / f"rank_{rank}.txt").read_text()) == expected

@@ -42,3 +42,38 @@ def test_argument_helpers():
     assert _option(args, "--model_dir") == "out" and _option(args, "--backend") == "ms"
     assert _option(args, "--missing") is None
     assert _without(_without(args, "--backend"), "--distributed") == ["--model_dir", "out", "--x", "1"]
+
+
+def test_listeners_sit_on_the_server_of_the_replicas_first_rank(tmp_path):
+    """dp=2 x mp=2 over two servers (ranks 0-1 on 127.0.0.2, 2-3 on 127.0.0.1): each replica's
+    scheduler, channel and MPI publication on its first rank's server, the job's channel on rank 0's;
+    with a master port every launcher derives the same ports, the first scheduler on the master port."""
+    from lite_runtime.ascend.rank_table import load_rank_table
+    from lite_runtime.distributed.job_layout import JobLayout
+    from lite_runtime.distributed.servers import rank_hosts
+    servers = [{"server_id": ip, "host_nic_ip": "reserve",
+                "device": [{"device_id": str(d), "device_ip": f"192.98.9{s}.{d}", "rank_id": str(2 * s + d)}
+                           for d in range(2)]} for s, ip in enumerate(("127.0.0.2", "127.0.0.1"))]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"version": "1.0", "server_count": "2", "status": "completed", "server_list": servers}))
+    hosts = rank_hosts(load_rank_table(str(path)))
+    assert hosts == ["127.0.0.2", "127.0.0.2", "127.0.0.1", "127.0.0.1"]
+    for ms in (True, False):
+        layout = JobLayout(2, 2, hosts, ms_cluster=ms, mpi=not ms, master_port=9000, linked=True)
+        again = JobLayout(2, 2, hosts, ms_cluster=ms, mpi=not ms, master_port=9000, linked=True)
+        assert [again.env(r) for r in range(4)] == [layout.env(r) for r in range(4)]
+        env = [layout.env(r) for r in range(4)]
+        assert {e["LITE_CHANNEL"] for e in env} == {env[0]["LITE_CHANNEL"]} and env[0]["LITE_CHANNEL"].startswith("127.0.0.2:")
+        assert env[1]["LITE_REPLICA_CHANNEL"].startswith("127.0.0.2:") and env[3]["LITE_REPLICA_CHANNEL"].startswith("127.0.0.1:")
+        assert env[0]["LITE_REPLICA_CHANNEL"] != env[2]["LITE_REPLICA_CHANNEL"]
+        assert [e["RANK_ID"] for e in env] == ["0", "1", "2", "3"] and {e["RANK_SIZE"] for e in env} == {"4"}
+        if ms:
+            assert [(e["MS_SCHED_HOST"], e["MS_SCHED_PORT"], e["MS_NODE_ID"], e["MS_WORKER_NUM"]) for e in env] == [
+                ("127.0.0.2", "9000", "0", "2"), ("127.0.0.2", "9000", "1", "2"),
+                ("127.0.0.1", "9001", "0", "2"), ("127.0.0.1", "9001", "1", "2")]
+            assert [s["MS_SCHED_HOST"] for s in layout.schedulers([2, 3])] == ["127.0.0.1"]
+        else:
+            assert env[1]["LITE_MPI_CHANNEL"].startswith("127.0.0.2:") and env[2]["LITE_MPI_CHANNEL"].startswith("127.0.0.1:")
+            assert layout.schedulers(range(4)) == []
+        ports = sorted(layout.ports.values())
+        assert ports == list(range(9000, 9000 + len(ports)))

@@ -159,6 +159,16 @@ def train_byte_bpe_tokenizer(folder, corpus, vocab_size: int = 400) -> str:
 _PROGRESS = re.compile(r"exporter: .* \(\d+\.\d s\)")
 
 
+def rank_table(path, n, server_id="127.0.0.1"):
+    """A one-server HCCL rank table of `n` devices at `path` (a pathlib.Path); returns its path."""
+    import json
+    devices = [{"device_id": str(i), "device_ip": f"192.98.92.{100 + i}", "rank_id": str(i)} for i in range(n)]
+    data = {"version": "1.0", "server_count": "1", "status": "completed",
+            "server_list": [{"server_id": server_id, "device": devices, "host_nic_ip": "reserve"}]}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
 def error_lines(stderr: str):
     """stderr without the exporter's stage lines ('exporter: traced the prefill graph (1.0 s)')."""
     return [ln for ln in stderr.strip("\n").splitlines() if ln.strip() and not _PROGRESS.fullmatch(ln)]

@@ -33,7 +33,7 @@ class InferConfig:
     backend: str = "mslite"
     tokenizer_path: str = ""
     num_threads: int = 2
-    data_parallel: int = 1              # > 1: one replica per rank under the launcher, prompts split in order
+    data_parallel: int = 1              # > 1: replicas of the export under the launcher, prompts split in order
 
     def __init__(self, **kwargs):
         fields = {f.name: f for f in dataclasses.fields(self)}

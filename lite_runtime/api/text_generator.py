@@ -60,7 +60,8 @@ class TextGeneratorInfer:
             self.data_parallel = DataParallelGroup(config.data_parallel, self.manifest.world_size,
                                                    self.manifest.root or "the export")
         start = time.perf_counter()
-        self.session = factory(config.backend, self.manifest, 0 if self.data_parallel else config.rank_id, **options)
+        rank = self.data_parallel.model_rank if self.data_parallel else config.rank_id
+        self.session = factory(config.backend, self.manifest, rank, **options)
         self.load_seconds = time.perf_counter() - start
         self.last_timing: Optional[RequestTiming] = None
         self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens

@@ -103,12 +103,22 @@ def _check_exporting_version(manifest: Manifest, running: str) -> None:
         f"runs MindIR of its own release only: export again with MindSpore {running} for backend ms")
 
 
+def join_cluster() -> None:
+    """`mindspore.communication.init()` in a rank the launcher started. init() sets RANK_ID to the rank
+    in the cluster, which with data parallel is the rank in the replica: RANK_ID stays the job's."""
+    from mindspore.communication import init
+    job_rank = os.environ.get("RANK_ID")
+    init()
+    if job_rank is not None:
+        os.environ["RANK_ID"] = job_rank
+
+
 def _require_cluster(manifest: Manifest) -> None:
     """Graphs with collectives crash a process that has no communication group (notes). In a job
     started by the launcher (MS_ROLE is set) the group is joined here, so `pipeline()` just works."""
-    from mindspore.communication import GlobalComm, get_group_size, init
+    from mindspore.communication import GlobalComm, get_group_size
     if not GlobalComm.INITED and os.environ.get("MS_ROLE") == "MS_WORKER":
-        init()
+        join_cluster()
     try:
         size = get_group_size() if GlobalComm.INITED else None
     except (RuntimeError, ValueError):

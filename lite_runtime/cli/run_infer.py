@@ -80,8 +80,8 @@ OPTIONS = (
             "lora_adapter.json); unknown or absent: the base model"),
     _option("--strict_adapter", type=BOOL, default=False, help="refuse an unknown --adapter_id instead of running "
             "the base model"),
-    _option("--data_parallel", type=int, default=1, help="model replicas under the launcher (a single-rank export "
-            "on a rank table of that many devices): each request's prompts are split over them in order"),
+    _option("--data_parallel", type=int, default=1, help="model replicas under the launcher (a rank table of "
+            "data_parallel x the export's ranks): each request's prompts are split over them in order"),
     _option("--predict_data", help="a prompt, or a .txt file (UTF-8) with one prompt per line; default: none, "
             "read prompts from the terminal"),
     _option("--interactive", is_flag=True, default=False,
@@ -277,7 +277,7 @@ def command(**options):
                         format="%(name)s: %(message)s")
     if args.data_parallel < 1 or (args.data_parallel > 1 and not args.distributed):
         raise click.UsageError(f"--data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank "
-                               "table of that many devices (python -m lite_runtime.distributed.launch --rank_table "
+                               "table of that many replicas x the export's ranks (python -m lite_runtime.distributed.launch --rank_table "
                                "FILE -- run_infer_main.py --data_parallel N ...)")
     if args.num_threads < 1:
         raise click.UsageError(f"--num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)")

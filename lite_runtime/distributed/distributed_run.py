@@ -1,10 +1,11 @@
 """`run_infer_main.py --distributed True`: one rank of a launched multi-rank run.
 
-Only rank 0 reads prompts and prints. Tensor parallel: every rank runs the same request with
-the same seed; rank 0's tokens are sent to the others each step, and each other rank checks that
-its own choice agrees, stopping with an error on divergence instead of silently drifting.
-Data parallel (`--data_parallel N`, one single-rank model per rank): rank 0 splits each request's
-prompts in order over the ranks and prints the answers in input order.
+Only rank 0 reads prompts and prints. Tensor parallel: every rank of a replica runs the same request
+with the same seed; the replica's first rank sends its tokens to the others each step, and each
+other rank checks that its own choice agrees, stopping with an error on divergence instead of
+silently drifting. Data parallel (`--data_parallel N`, N replicas of the export; data_parallel.py):
+rank 0 splits each request's prompts in order over the replicas and prints the answers in input
+order; each replica's first rank leads its replica's ranks through its share.
 """
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import sys
 import numpy as np
 
 from lite_runtime.contract.errors import DistributedError
-from lite_runtime.distributed.data_parallel import split_in_order
+from lite_runtime.distributed.data_parallel import ReplicaLayout, split_in_order
 from lite_runtime.distributed.rank_channel import RankChannel
 
 log = logging.getLogger("lite_runtime.distributed")
 
 
 class TokenAgreement:
-    """Wraps a rank's sampler: rank 0 broadcasts its tokens; other ranks compare theirs."""
+    """Wraps a rank's sampler: rank 0 of the channel broadcasts its tokens; other ranks compare theirs."""
 
     def __init__(self, channel: RankChannel):
         self.channel = channel
@@ -35,8 +36,9 @@ class TokenAgreement:
                 return mine
             theirs = self.channel.recv_tokens()
             if not np.array_equal(mine, theirs):
-                raise DistributedError(f"rank {self.channel.rank} chose tokens {mine.tolist()} but rank 0 chose "
-                                       f"{theirs.tolist()} at step {self.step}: the ranks diverged")
+                raise DistributedError(f"rank {self.channel.names[self.channel.rank]} chose tokens {mine.tolist()} but "
+                                       f"rank {self.channel.names[0]} chose {theirs.tolist()} at step {self.step}: "
+                                       "the ranks diverged")
             self.step += 1
             return theirs
         return pick
@@ -45,70 +47,87 @@ class TokenAgreement:
 def run_distributed(args, run, make_generator, generation_kwargs) -> None:
     """`run`, `make_generator` and `generation_kwargs` are the single-process CLI's (cli/run_infer.py),
     passed in so this module does not import the CLI that calls it."""
-    if args.backend == "ms" and args.data_parallel == 1:
-        from mindspore.communication import init
-        init()   # before any graph with collectives is loaded: one without a group crashes the process
-    channel = RankChannel.from_env()
+    layout = ReplicaLayout.from_env(args.data_parallel)
+    if args.backend == "ms" and layout.model_ranks > 1:
+        from lite_runtime.backends.ms_backend import join_cluster
+        join_cluster()   # before any graph with collectives is loaded: one without a group crashes the process
+    replicas = layout.replicas_channel()
+    replica = layout.replica_channel()
     try:
-        if args.data_parallel > 1:
-            (_scatter if channel.rank == 0 else _serve)(args, channel, run, make_generator, generation_kwargs)
-        elif channel.rank == 0:
-            _lead(args, channel, run, generation_kwargs)
+        if layout.model_rank > 0:
+            _follow(args, replica, make_generator)
+        elif layout.rank == 0:
+            _lead(args, replicas, replica, run, generation_kwargs)
         else:
-            _follow(args, channel, make_generator)
+            _serve(args, replicas, replica, make_generator)
     finally:
-        channel.close()
+        for channel in (replicas, replica):
+            if channel is not None:
+                channel.close()
 
 
-def _scatter(args, channel: RankChannel, run, make_generator, generation_kwargs) -> None:
-    """Data parallel, rank 0: each request's prompts are split in order over the ranks (one model
-    replica each); rank 0 answers its share, gathers the others' answers and prints all in order."""
-    def infer(prompts, local):
-        shares = split_in_order(list(prompts), channel.world_size)
-        for rank in range(1, channel.world_size):
-            channel.send_json_to(rank, {"prompts": shares[rank], "kwargs": generation_kwargs(args)})
-        results = local(shares[0]) if shares[0] else []
-        for rank in range(1, channel.world_size):
-            results += channel.recv_json_from(rank)["results"]
+def _lead(args, replicas, replica, run, generation_kwargs) -> None:
+    """Rank 0: the normal run. With replicas, each request's prompts are split in order over them;
+    rank 0 answers replica 0's share, gathers the others' answers and prints all in order. Each share
+    and every step's tokens go to the other ranks of rank 0's replica."""
+    if args.do_sample and args.seed is None:
+        args.seed = int(np.random.SeedSequence().entropy % (2 ** 31))   # one seed for every rank
+
+    def announce(prompts):
+        if replica is not None:
+            replica.send_json({"prompts": prompts, "kwargs": generation_kwargs(args)})
+
+    def distribute(prompts, local):
+        shares = split_in_order(list(prompts), replicas.world_size)
+        for r in range(1, replicas.world_size):
+            replicas.send_json_to(r, {"prompts": shares[r], "kwargs": generation_kwargs(args)})
+        results = []
+        if shares[0]:
+            announce(shares[0])
+            results = local(shares[0])
+        for r in range(1, replicas.world_size):
+            results += replicas.recv_json_from(r)["results"]
         return results
 
+    coordinator = TokenAgreement(replica) if replica is not None else None
     try:
-        run(args, distribute=infer)
+        if replicas is None:
+            run(args, before_request=announce, coordinator=coordinator)
+        else:
+            run(args, coordinator=coordinator, distribute=distribute)
     finally:
-        channel.send_json({"stop": True})
+        for channel in (replicas, replica):
+            if channel is not None:
+                channel.send_json({"stop": True})
 
 
-def _serve(args, channel: RankChannel, run, make_generator, generation_kwargs) -> None:
-    """Data parallel, other ranks: answer the share of each request rank 0 sends (each rank is a
-    whole replica: rank 0 of the single-rank export, on its own device)."""
+def _serve(args, replicas, replica, make_generator) -> None:
+    """The first rank of replica r > 0: answer the share of each request rank 0 sends, leading the
+    replica's other ranks through it."""
     generator = make_generator(args, 0)
+    if replica is not None:
+        generator.coordinator = TokenAgreement(replica)
     try:
         while True:
-            message = channel.recv_json()
+            message = replicas.recv_json()
             if message.get("stop"):
+                if replica is not None:
+                    replica.send_json(message)
                 return
             prompts = message["prompts"]
-            results = generator.infer(prompts, **message["kwargs"]) if prompts else []
-            channel.reply_json({"results": results})
+            results = []
+            if prompts:
+                if replica is not None:
+                    replica.send_json(message)
+                results = generator.infer(prompts, **message["kwargs"])
+            replicas.reply_json({"results": results})
     finally:
         generator.close()
 
 
-def _lead(args, channel: RankChannel, run, generation_kwargs) -> None:
-    """Rank 0: the normal run, with every request and step token shared with the other ranks."""
-    if args.do_sample and args.seed is None:
-        args.seed = int(np.random.SeedSequence().entropy % (2 ** 31))   # one seed for every rank
-    def announce(prompts):
-        channel.send_json({"prompts": prompts, "kwargs": generation_kwargs(args)})
-
-    try:
-        run(args, before_request=announce, coordinator=TokenAgreement(channel))
-    finally:
-        channel.send_json({"stop": True})
-
-
 def _follow(args, channel: RankChannel, make_generator) -> None:
-    """Other ranks: run each request rank 0 announces; write results to this rank's log."""
+    """Other ranks of a replica: run each request their replica's first rank announces; write results
+    to this rank's log."""
     generator = make_generator(args, channel.rank)
     generator.coordinator = TokenAgreement(channel)
     try:

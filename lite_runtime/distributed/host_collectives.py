@@ -2,20 +2,24 @@
 through `mpi4py` and the MPICH wheel.
 
 The launcher starts every rank as its own one-process MPI job (`mpiexec -n 1`, which gives each a
-distinct MPI identity) and names a file in `LITE_MPI_PORT_FILE`; rank 0 opens an MPI port and writes
-its name there, the other ranks connect to it, and the joined communicator is ordered by RANK_ID.
+distinct MPI identity) and gives each replica's ranks the address of a rank channel in
+`LITE_MPI_CHANNEL`; the replica's rank 0 opens an MPI port and sends its name over that channel (so
+it reaches ranks on other servers without a shared filesystem), the other ranks connect to it, and
+the joined communicator is ordered by rank.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import sys
-import time
+from typing import Sequence, Tuple
+
 import numpy as np
 
 from lite_runtime.contract.errors import DistributedError, UnsupportedError
+from lite_runtime.distributed.rank_channel import RankChannel, parse_address
 
-PORT_FILE_ENV = "LITE_MPI_PORT_FILE"
+MPI_CHANNEL_ENV = "LITE_MPI_CHANNEL"
 
 
 def mpiexec() -> str:
@@ -28,7 +32,8 @@ def mpiexec() -> str:
 
 
 class HostCollectives:
-    def __init__(self, rank: int, world_size: int, port_file: str, timeout: float = 120.0):
+    def __init__(self, rank: int, world_size: int, address: Tuple[str, int], names: Sequence[int],
+                 timeout: float = 120.0):
         try:
             from mpi4py import MPI
         except ImportError:
@@ -36,13 +41,16 @@ class HostCollectives:
                                    "run `make setup`") from None
         self.rank, self.world_size = rank, world_size
         comm = MPI.COMM_SELF
-        if rank == 0:
-            port = MPI.Open_port()
-            with open(port_file + ".tmp", "w", encoding="utf-8") as f:
-                f.write(port)
-            os.replace(port_file + ".tmp", port_file)
-        else:
-            port = _wait_for(port_file, timeout)
+        channel = RankChannel(rank, world_size, address, timeout, names)
+        try:
+            if rank == 0:
+                port = MPI.Open_port()
+                channel.send_json({"mpi_port": port})
+            else:
+                port = channel.recv_json()["mpi_port"]
+        finally:
+            channel.close()
+        if rank > 0:
             joined = comm.Connect(port)
             comm = joined.Merge(high=True)
         while comm.Get_size() < world_size:      # each newcomer joins everyone who is in already
@@ -72,22 +80,15 @@ class HostCollectives:
             comm.Free()
 
 
-def _wait_for(path: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise DistributedError(f"rank 0 did not publish its MPI port in {path} within {timeout:.0f} s")
-        time.sleep(0.01)
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
 def from_env(rank: int, world_size: int) -> HostCollectives:
-    """The host collectives of a rank started by the launcher; a clear error otherwise."""
-    port_file = os.environ.get(PORT_FILE_ENV)
-    if not port_file:
+    """The host collectives of rank `rank` of an export, in a replica started by the launcher; a clear
+    error otherwise."""
+    address = os.environ.get(MPI_CHANNEL_ENV)
+    if not address:
         raise UnsupportedError(f"this export has {world_size} ranks of step segments (parallel.collectives: host): "
                                "run it with the launcher, `python -m lite_runtime.distributed.launch --rank_table "
                                "FILE -- run_infer_main.py ...`, which starts every rank")
-    return HostCollectives(rank, world_size, port_file)
+    first = int(os.environ.get("RANK_ID", rank)) - rank     # the job rank of the replica's rank 0, for messages
+    return HostCollectives(rank, world_size, parse_address(address, MPI_CHANNEL_ENV),
+                           range(first, first + world_size))
 

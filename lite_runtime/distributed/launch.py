@@ -6,6 +6,17 @@ RANK_SIZE; on CPU (`--backend ms`) also MindSpore's scheduler/worker environment
 rank order; for `mslite` a per-rank GE ini carrying `rank_table_file`. Rank 0 keeps the console
 (stdin and stdout); other ranks log to `--log_dir`. When any rank fails or the run exceeds
 `--timeout`, every rank is stopped and the launcher exits non-zero naming the failing rank.
+
+The program's `--model_dir` and `--data_parallel` tell the launcher the job's form: a table of
+dp·mp devices runs dp replicas of an mp-rank export, consecutive ranks forming a replica (ranks
+r·mp … r·mp+mp−1, as MindSpore's and upstream's layouts do), each replica with its own MindSpore
+cluster (`ms`) or MPI join (Lite segments); see job_layout.py.
+
+Several servers (a rank table merged by tools/merge_hccl.py): run the launcher on each server; it
+starts the ranks of its server (`--server_id`, else the server whose address is this host's). The
+ranks join through the same engines as on one server, listening on the first server's address at
+ports from `--master_port` on, which every server's launcher derives alike; the launchers keep in
+touch, so one server's failure stops them all (servers.py).
 """
 from __future__ import annotations
 
@@ -17,12 +28,15 @@ import tempfile
 import time
 from typing import List, Optional, Sequence
 
-from lite_runtime.contract.errors import ConfigError, ToolchainError
-from lite_runtime.distributed.host_collectives import PORT_FILE_ENV, mpiexec
-from lite_runtime.distributed.process_group import free_port, run_ranks
+from lite_runtime.contract.errors import ConfigError, DistributedError, ToolchainError
+from lite_runtime.distributed.host_collectives import mpiexec
+from lite_runtime.distributed.job_layout import JobLayout
+from lite_runtime.distributed.process_group import run_ranks
+from lite_runtime.distributed.servers import LauncherLink, pick_server, rank_hosts
 from lite_runtime.ascend.rank_table import load_rank_table
 
 log = logging.getLogger("lite_runtime.distributed.launch")
+DEFAULT_MASTER_PORT = 8118      # msrun's
 
 
 def _option(args: Sequence[str], name: str) -> Optional[str]:
@@ -64,12 +78,11 @@ def check_world_size(table_size: int, program_args: Sequence[str], table_path: s
     if dp < 1:
         raise ConfigError(f"--data_parallel {text!r} must be a positive integer")
     if manifest is None:
+        if table_size % dp:
+            raise ConfigError(f"rank table {table_path} has {table_size} ranks, which --data_parallel {dp} does "
+                              "not divide into replicas of equal size")
         return dp
     model_dir = _option(program_args, "--model_dir")
-    if dp > 1 and manifest.world_size > 1:
-        raise ConfigError(f"--data_parallel {dp} with an export of {manifest.world_size} ranks (model_parallel): "
-                          "data parallel runs replicas of a single-rank export here (the CPU collectives of "
-                          "MindSpore have one world group); export with model_parallel 1")
     if dp * manifest.world_size != table_size:
         raise ConfigError(f"rank table {table_path} has {table_size} ranks but the export {model_dir} was "
                           f"written for {manifest.world_size}" + (f" x data_parallel {dp}" if dp > 1 else "") +
@@ -93,13 +106,17 @@ def rank_ini_files(program_args: Sequence[str], table_path: str, log_dir: str, w
 
 
 def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = None, log_dir: Optional[str] = None,
-           timeout: Optional[float] = None) -> float:
-    """Run `program` once per rank; returns the launcher's start-up seconds. `timeout` (seconds, 0: none)
-    defaults to none for a server, 600 s for anything else."""
+           timeout: Optional[float] = None, server_id: Optional[str] = None, master_port: Optional[int] = None) -> float:
+    """Run `program` once per rank of this server; returns the launcher's start-up seconds. `timeout`
+    (seconds, 0: none) defaults to none for a server, 600 s for anything else."""
     if not program:
         raise ConfigError("give the program after --, e.g. -- run_infer_main.py --model_dir out/llama ...")
     table = load_rank_table(rank_table)
     world = len(table.ranks)
+    server, chosen_by = pick_server(table, server_id)
+    several = len(table.servers) > 1
+    if master_port is not None and not 0 < master_port < 65536:
+        raise ConfigError(f"--master_port {master_port} must be a port number, 1..65535")
     head = list(program[:2]) if program[0] == "-m" else list(program[:1])     # a script, or -m module
     args = list(program[len(head):])
     if timeout is None:
@@ -108,34 +125,49 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     data_parallel = check_world_size(world, args, rank_table, manifest)
     backend = backend or _option(args, "--backend") or "mslite"
     # Segment exports reduce on the host through MPI: each rank its own one-process MPI job, joined
-    # by the ranks themselves (host_collectives.py).
+    # by the ranks of its replica themselves (host_collectives.py).
     mpi = backend == "mslite" and manifest is not None and manifest.collectives == "host"
+    model_ranks = world // data_parallel
+    layout = JobLayout(data_parallel, model_ranks, rank_hosts(table), ms_cluster=backend == "ms" and model_ranks > 1,
+                       mpi=mpi, master_port=DEFAULT_MASTER_PORT if several and master_port is None else master_port,
+                       linked=several)
+    ranks = sorted(r.rank_id for r in server.ranks)
+    if several:
+        print(f"launcher: server {server.server_id} ({chosen_by}), ranks {', '.join(map(str, ranks))} of {world}",
+              file=sys.stderr)
     args = _without(_without(args, "--backend"), "--distributed") + ["--backend", backend, "--distributed", "True"]
     log_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
     os.makedirs(log_dir, exist_ok=True)
     inis = rank_ini_files(args, os.path.abspath(rank_table), log_dir, world) if backend == "mslite" else None
-    channel_port = free_port()
-
     wrapper = [mpiexec(), "-n", "1"] if mpi else []
-    port_file = os.path.join(log_dir, "mpi_port")
-    if os.path.exists(port_file):     # an earlier run's: rank 0 writes this run's
-        os.remove(port_file)
 
     def command(rank: int) -> List[str]:
         rank_args = args if inis is None else _without(args, "--config_path") + ["--config_path", inis[rank]]
         return wrapper + [sys.executable] + head + rank_args
 
     def env(rank: int):
-        values = {"DEVICE_ID": str(table.ranks[rank].device_id), "RANK_TABLE_FILE": os.path.abspath(rank_table),
-                  "LITE_CHANNEL_PORT": str(channel_port)}
-        if mpi:
-            values[PORT_FILE_ENV] = port_file
-        return values
+        return dict(layout.env(rank), DEVICE_ID=str(table.ranks[rank].device_id),
+                    RANK_TABLE_FILE=os.path.abspath(rank_table))
 
     started = time.perf_counter()
-    result = run_ranks(world, command, log_dir, env=env, with_ms_cluster=backend == "ms" and data_parallel == 1,
-                       rank0_console=True, timeout=timeout)
-    print(f"launcher: {world} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
+    link = None
+    if several:
+        first = table.ranks[0].server_id
+        servers = [first] + [s.server_id for s in table.servers if s.server_id != first]
+        link = LauncherLink(server.server_id, servers, layout.address("launchers"), timeout)
+    try:
+        result = run_ranks(ranks, command, log_dir, env=env, schedulers=layout.schedulers(ranks), rank0_console=True,
+                           timeout=timeout, watch=link.watch if link else None)
+        if link is not None:
+            link.finish()
+    except DistributedError as e:
+        if link is not None:
+            link.report(str(e))
+        raise
+    finally:
+        if link is not None:
+            link.close()
+    print(f"launcher: {len(ranks)} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
           f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
     return result.start_seconds
 
@@ -150,10 +182,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds before every rank is stopped; 0: no limit (default: none for a server, else 600)")
+    parser.add_argument("--server_id", default=None, help="start the ranks of this server of the rank table "
+                        "(its server_id); default: the server whose address is this host's")
+    parser.add_argument("--master_port", type=int, default=None, help="first of the ports the job listens on, on "
+                        "the first server (the same on every server); default: "
+                        f"{DEFAULT_MASTER_PORT} for a table of several servers, free ports for one")
     opts = parser.parse_args(own)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        launch(opts.rank_table, program, opts.backend, opts.log_dir, opts.timeout)
+        launch(opts.rank_table, program, opts.backend, opts.log_dir, opts.timeout, opts.server_id, opts.master_port)
     except ToolchainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

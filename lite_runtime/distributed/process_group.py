@@ -1,8 +1,8 @@
 """Start one process per rank, watch them, and stop them all when one fails or time runs out.
 
-Used by the run launcher (`python -m lite_runtime.distributed.launch`) and by the exporter's multi-rank
-export. On CPU, MindSpore's distributed engine needs a scheduler process plus one worker per
-rank (`MS_ROLE`, `MS_NODE_ID` fixes the rank order); `with_ms_cluster=True` adds them.
+Used by the run launcher (`python -m lite_runtime.distributed.launch`). On CPU, MindSpore's
+distributed engine needs a scheduler process plus one worker per rank (`MS_ROLE`, `MS_NODE_ID`
+fixes the rank order); `schedulers` starts them (one per cluster: one per replica in data parallel).
 Rank 0 may inherit stdin/stdout (it is the rank that talks to the user); every other rank writes
 to `log_dir/rank_{r}.log`. Each process runs in its own session so it and its children can be
 killed as a group; nothing is found or killed by name.
@@ -76,46 +76,48 @@ def _error_line(path: str) -> str:
     return text[-1].strip() if text else "(no output)"
 
 
-def run_ranks(world_size: int, command: Callable[[int], List[str]], log_dir: str, *,
-              env: Optional[Callable[[int], Dict[str, str]]] = None, with_ms_cluster: bool = False,
+def ms_cluster_env(host: str, port: int, workers: int) -> Dict[str, str]:
+    """The environment shared by a MindSpore cluster's scheduler and workers (each worker adds
+    MS_ROLE=MS_WORKER and MS_NODE_ID, its rank in the cluster)."""
+    return {"MS_SCHED_HOST": host, "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(workers)}
+
+
+def run_ranks(ranks: Sequence[int], command: Callable[[int], List[str]], log_dir: str, *,
+              env: Callable[[int], Dict[str, str]], schedulers: Sequence[Dict[str, str]] = (),
               rank0_console: bool = False, timeout: float = 600.0, poll: float = 0.1,
-              failure_grace: float = 0.0, stop_grace: float = 30.0) -> LaunchResult:
-    """Run `command(rank)` for every rank; raise DistributedError naming the first rank that fails.
+              failure_grace: float = 0.0, watch: Optional[Callable[[], None]] = None,
+              stop_grace: float = 30.0) -> LaunchResult:
+    """Run `command(rank)` with `env(rank)` for every rank of `ranks`, after a MindSpore scheduler
+    for each environment of `schedulers` (ms_cluster_env); raise DistributedError naming the first
+    rank that fails. `watch()` is called while they run and may raise to stop them all.
 
     On failure or timeout every process started here is killed (SIGKILL to its process group)
     before the error is raised, so nothing is left behind (`timeout` 0: no limit). `failure_grace` seconds after the first
     failure the other ranks may still end by themselves, so their logs hold their own errors too.
-    SIGTERM or Ctrl-C to this process is passed on to rank 0, which ends the run and tells the other ranks
-    (a server finishes its requests and exits 0); ranks still running `stop_grace` seconds later are killed.
+    SIGTERM or Ctrl-C to this process is passed on to the first of `ranks` (rank 0 on its server), which
+    ends the run and tells the other ranks (a server finishes its requests and exits 0); ranks still
+    running `stop_grace` seconds later are killed.
     """
     os.makedirs(log_dir, exist_ok=True)
     base = dict(os.environ)
-    cluster: Dict[str, str] = {}
-    if with_ms_cluster:
-        cluster = {"MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(free_port()),
-                   "MS_WORKER_NUM": str(world_size)}
     started = time.perf_counter()
     procs: List[RankProcess] = []
-    scheduler = None
+    started_schedulers: List[subprocess.Popen] = []
     try:
-        if with_ms_cluster:
-            path = os.path.join(log_dir, "scheduler.log")
-            scheduler = _spawn([sys.executable, "-c", SCHEDULER_CODE], dict(base, **cluster, MS_ROLE="MS_SCHED"),
-                               path, console=False)
-        for rank in range(world_size):
-            rank_env = dict(base, **cluster, RANK_ID=str(rank), RANK_SIZE=str(world_size))
-            if with_ms_cluster:
-                rank_env.update(MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank))
-            if env is not None:
-                rank_env.update(env(rank))
+        for i, cluster in enumerate(schedulers):
+            path = os.path.join(log_dir, "scheduler.log" if len(schedulers) == 1 else f"scheduler_{i}.log")
+            started_schedulers.append(_spawn([sys.executable, "-c", SCHEDULER_CODE],
+                                             dict(base, **cluster, MS_ROLE="MS_SCHED"), path, console=False))
+        for rank in ranks:
             path = os.path.join(log_dir, f"rank_{rank}.log")
-            procs.append(RankProcess(rank, _spawn(command(rank), rank_env, path, rank0_console and rank == 0), path))
+            procs.append(RankProcess(rank, _spawn(command(rank), dict(base, **env(rank)), path,
+                                                  rank0_console and rank == 0), path))
         start_seconds = time.perf_counter() - started
         with _signals_passed_on(procs, stop_grace) as stop:
-            _wait(procs, scheduler, timeout, started, poll, failure_grace, stop)
+            _wait(procs, started_schedulers, timeout, started, poll, failure_grace, watch, stop)
         return LaunchResult(start_seconds, time.perf_counter() - started)
     finally:
-        _kill_all([p.proc for p in procs] + ([scheduler] if scheduler else []))
+        _kill_all([p.proc for p in procs] + started_schedulers)
 
 
 def _spawn(argv: Sequence[str], env: Dict[str, str], log_path: str, console: bool) -> subprocess.Popen:
@@ -157,8 +159,9 @@ def _signals_passed_on(procs: List[RankProcess], grace: float):
             signal.signal(sig, old)
 
 
-def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, poll: float,
-          grace: float = 0.0, stop: Optional[_Stop] = None) -> None:
+def _wait(procs: List[RankProcess], schedulers: Sequence[subprocess.Popen], timeout: float, started: float,
+          poll: float, grace: float = 0.0, watch: Optional[Callable[[], None]] = None,
+          stop: Optional[_Stop] = None) -> None:
     pending = list(procs)
     failure: Optional[DistributedError] = None
     failed_at = 0.0
@@ -175,9 +178,12 @@ def _wait(procs: List[RankProcess], scheduler, timeout: float, started: float, p
         if failure is not None:
             if not pending or time.perf_counter() - failed_at >= grace:
                 raise failure
-        elif scheduler is not None and scheduler.poll() not in (None, 0) and pending:
-            raise DistributedError(f"the MindSpore scheduler exited with code {scheduler.returncode} "
+        elif pending and any(s.poll() not in (None, 0) for s in schedulers):
+            code = next(s.returncode for s in schedulers if s.returncode not in (None, 0))
+            raise DistributedError(f"a MindSpore scheduler exited with code {code} "
                                    f"while ranks {', '.join(str(p.rank) for p in pending)} were running")
+        elif pending and watch is not None:
+            watch()
         if stop is not None and stop.since is not None and time.perf_counter() - stop.since > stop.grace:
             raise DistributedError(f"stopped by a signal; ranks {', '.join(str(p.rank) for p in pending)} did not "
                                    f"end within {stop.grace:.0f} s and were killed")

@@ -1,9 +1,10 @@
 """Host-side channel between the ranks of one run: rank 0 sends requests and each step's tokens
 to every rank, or a request to one rank and its answer back (data parallel).
 
-Plain TCP on loopback, independent of MindSpore, so it serves the Lite/Ascend path too. Rank 0
-listens on `LITE_CHANNEL_PORT` (chosen per launch by the launcher); every other rank connects and
-says its rank first.
+Plain TCP, independent of MindSpore, so it serves the Lite/Ascend path too. Rank 0 of a channel
+listens on the address the launcher gives as `host:port` (its server's address; 127.0.0.1 when the
+rank table has one server); every other rank connects and says its rank first. A channel's ranks
+may be a group of the job's ranks (data_parallel.py): `names` are their job ranks, for messages.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import socket
 import struct
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -21,15 +22,28 @@ from lite_runtime.contract.errors import DistributedError
 _HEADER = struct.Struct("<I")
 
 
+CHANNEL_ENV = "LITE_CHANNEL"     # host:port of the job's rank 0
+
+
+def parse_address(text: str, variable: str) -> Tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise DistributedError(f"${variable} {text!r} is not host:port (set by the launcher)")
+    return host, int(port)
+
+
 class RankChannel:
-    def __init__(self, rank: int, world_size: int, port: int, timeout: float = 300.0):
+    def __init__(self, rank: int, world_size: int, address: Tuple[str, int], timeout: float = 300.0,
+                 names: Optional[Sequence[int]] = None):
         self.rank, self.world_size = rank, world_size
+        self.names = list(names) if names is not None else list(range(world_size))
+        host, port = address
         self._peers: List[socket.socket] = []       # rank 0: ranks 1..N-1, in rank order
         self._sock: Optional[socket.socket] = None
         if rank == 0:
             server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            server.bind(("127.0.0.1", port))
+            server.bind((host, port))
             server.listen(world_size)
             server.settimeout(timeout)
             by_rank = {}
@@ -37,29 +51,30 @@ class RankChannel:
                 for _ in range(world_size - 1):
                     conn, _ = server.accept()
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    (peer,) = _HEADER.unpack(_read_from(conn, _HEADER.size, 0))
+                    (peer,) = _HEADER.unpack(_read_from(conn, _HEADER.size, "a connecting rank"))
                     conn.settimeout(None)       # requests may take long; a dead rank closes the socket
                     by_rank[peer] = conn
             except socket.timeout:
-                raise DistributedError(f"rank 0: only {len(by_rank)} of {world_size - 1} ranks connected "
-                                       f"within {timeout:.0f} s") from None
+                missing = [str(self.names[r]) for r in range(1, world_size) if r not in by_rank]
+                raise DistributedError(f"rank {self.names[0]}: rank(s) {', '.join(missing)} did not connect to "
+                                       f"{host}:{port} within {timeout:.0f} s") from None
             finally:
                 server.close()
             self._peers = [by_rank[r] for r in sorted(by_rank)]
         else:
-            self._sock = _connect(port, timeout)
+            self._sock = _connect(host, port, timeout, self.names[0])
             self._sock.sendall(_HEADER.pack(rank))
 
     @classmethod
     def from_env(cls) -> "RankChannel":
         try:
             rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])
-            port = int(os.environ["LITE_CHANNEL_PORT"])
+            address = os.environ[CHANNEL_ENV]
         except (KeyError, ValueError):
             raise DistributedError("--distributed True must run under the launcher "
                                    "(python -m lite_runtime.distributed.launch --rank_table FILE -- run_infer_main.py ...): "
-                                   "RANK_ID, RANK_SIZE and LITE_CHANNEL_PORT are not set") from None
-        return cls(rank, size, port)
+                                   f"RANK_ID, RANK_SIZE and {CHANNEL_ENV} are not set") from None
+        return cls(rank, size, parse_address(address, CHANNEL_ENV))
 
     # rank 0 -> everyone
     def send_json(self, obj) -> None:
@@ -69,11 +84,11 @@ class RankChannel:
         self._send(np.ascontiguousarray(tokens, np.int32).tobytes())
 
     def send_json_to(self, rank: int, obj) -> None:
-        self._send(json.dumps(obj).encode(), [self._peers[rank - 1]])
+        self._send(json.dumps(obj).encode(), [rank])
 
     def recv_json_from(self, rank: int):
         """Rank 0: the next message of `rank` (its answer to a request sent with send_json_to)."""
-        return json.loads(_read_message(self._peers[rank - 1], 0))
+        return json.loads(_read_message(self._peers[rank - 1], self._lost(rank)))
 
     # everyone else
     def recv_json(self):
@@ -84,7 +99,7 @@ class RankChannel:
         try:
             self._sock.sendall(_HEADER.pack(len(payload)) + payload)
         except OSError as e:
-            raise DistributedError(f"rank {self.rank} lost rank 0: {e}") from None
+            raise DistributedError(f"{self._lost(0)}: {e}") from None
 
     def recv_tokens(self) -> np.ndarray:
         return np.frombuffer(self._recv(), np.int32)
@@ -93,43 +108,49 @@ class RankChannel:
         for s in self._peers + ([self._sock] if self._sock else []):
             s.close()
 
+    def _lost(self, peer: int) -> str:
+        return f"rank {self.names[self.rank]} lost rank {self.names[peer]}"
+
     def _send(self, payload: bytes, peers=None) -> None:
         data = _HEADER.pack(len(payload)) + payload
-        for peer in self._peers if peers is None else peers:
+        for peer in range(1, self.world_size) if peers is None else peers:
             try:
-                peer.sendall(data)
+                self._peers[peer - 1].sendall(data)
             except OSError as e:
-                raise DistributedError(f"rank 0 lost a peer rank: {e}") from None
+                raise DistributedError(f"{self._lost(peer)}: {e}") from None
 
     def _recv(self) -> bytes:
-        return _read_message(self._sock, self.rank)
+        return _read_message(self._sock, self._lost(0))
 
 
-def _read_message(sock: socket.socket, rank: int) -> bytes:
-    (size,) = _HEADER.unpack(_read_from(sock, _HEADER.size, rank))
-    return _read_from(sock, size, rank)
+def _read_message(sock: socket.socket, lost: str) -> bytes:
+    (size,) = _HEADER.unpack(_read_from(sock, _HEADER.size, lost))
+    return _read_from(sock, size, lost)
 
 
-def _read_from(sock: socket.socket, n: int, rank: int) -> bytes:
+def _read_from(sock: socket.socket, n: int, lost: str) -> bytes:
     chunks, got = [], 0
     while got < n:
-        chunk = sock.recv(n - got)
+        try:
+            chunk = sock.recv(n - got)
+        except OSError as e:
+            raise DistributedError(f"{lost}: {e}") from None
         if not chunk:
-            raise DistributedError(f"rank {rank}: the other end closed the channel")
+            raise DistributedError(f"{lost}: the channel closed")
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
 
 
-def _connect(port: int, timeout: float) -> socket.socket:
+def _connect(host: str, port: int, timeout: float, leader: int) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            sock = socket.create_connection((host, port), timeout=timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(None)
             return sock
         except OSError:
             if time.monotonic() > deadline:
-                raise DistributedError(f"could not reach rank 0 on port {port} within {timeout:.0f} s") from None
+                raise DistributedError(f"could not reach rank {leader} at {host}:{port} within {timeout:.0f} s") from None
             time.sleep(0.1)
