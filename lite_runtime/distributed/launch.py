@@ -20,7 +20,6 @@ touch, so one server's failure stops them all (servers.py).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -28,7 +27,10 @@ import tempfile
 import time
 from typing import List, Optional, Sequence
 
-from lite_runtime.contract.errors import ConfigError, DistributedError, ToolchainError
+import click
+
+from lite_runtime.cli.cli_common import CONTEXT, entry_point
+from lite_runtime.contract.errors import ConfigError, DistributedError
 from lite_runtime.distributed.host_collectives import mpiexec
 from lite_runtime.distributed.job_layout import JobLayout
 from lite_runtime.distributed.process_group import run_ranks
@@ -172,29 +174,25 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     return result.start_seconds
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    program = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m lite_runtime.distributed.launch", description=__doc__.splitlines()[0])
-    parser.add_argument("--rank_table", required=True)
-    parser.add_argument("--backend", choices=("ms", "mslite"), default=None)
-    parser.add_argument("--log_dir", default=None)
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds before every rank is stopped; 0: no limit (default: none for a server, else 600)")
-    parser.add_argument("--server_id", default=None, help="start the ranks of this server of the rank table "
-                        "(its server_id); default: the server whose address is this host's")
-    parser.add_argument("--master_port", type=int, default=None, help="first of the ports the job listens on, on "
-                        "the first server (the same on every server); default: "
-                        f"{DEFAULT_MASTER_PORT} for a table of several servers, free ports for one")
-    opts = parser.parse_args(own)
+@click.command(context_settings=dict(CONTEXT, allow_interspersed_args=False), help=__doc__.split("\n\n")[0])
+@click.option("--rank_table", required=True, help="the HCCL rank table (hccl_tools.py / merge_hccl.py)")
+@click.option("--backend", type=click.Choice(["ms", "mslite"]), default=None,
+              help="default: the program's --backend, else mslite")
+@click.option("--log_dir", default=None, help="where ranks other than 0 log (default: a new temporary folder)")
+@click.option("--timeout", type=float, default=None,
+              help="seconds before every rank is stopped; 0: no limit (default: none for a server, else 600)")
+@click.option("--server_id", default=None, help="start the ranks of this server of the rank table (its server_id); "
+              "default: the server whose address is this host's")
+@click.option("--master_port", type=int, default=None, help="first of the ports the job listens on, on the first "
+              f"server (the same on every server); default: {DEFAULT_MASTER_PORT} for a table of several servers, "
+              "free ports for one")
+@click.argument("program", nargs=-1, type=click.UNPROCESSED)
+def command(rank_table, backend, log_dir, timeout, server_id, master_port, program):
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    try:
-        launch(opts.rank_table, program, opts.backend, opts.log_dir, opts.timeout, opts.server_id, opts.master_port)
-    except ToolchainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    launch(rank_table, list(program), backend, log_dir, timeout, server_id, master_port)
+
+
+main = entry_point(command, "python -m lite_runtime.distributed.launch")
 
 
 if __name__ == "__main__":
