@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Dict
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn
 
 from lite_runtime.contract.segments import SegmentLayout
@@ -51,9 +50,9 @@ class EmbedSegment(_Segment):
             out = out + (cos, sin)
         out = out + (past,)
         if self.net.prefix:
-            out = out + (self.net.reshape(self.net.cast(context, ms.float32), self.net.dyn.per_row),)
+            out = out + (self.net.prefix_context(context),)
         if self.net.use_top_query:
-            out = out + (self.net._step_positions(input_ids, past_length),)
+            out = out + (self.net.step_positions(input_ids, past_length),)
         if self.net.lora:
             out = out + (select,)
         return out
