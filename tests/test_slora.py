@@ -117,12 +117,18 @@ def run_tp2(slora_model, export, backend, slots, tmp_path):
     return [(got["logits"], got["tokens"]) for got in (np.load(tmp_path / f"rank_{rank}.npz") for rank in range(2))]
 
 
+@pytest.fixture(scope="module")
+def tp1_mixed(slora_model, slora_exports):
+    """(logits, tokens) of the mixed batch a1, base, a2 on one rank (`ms`, io)."""
+    return run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
+
+
 @pytest.mark.parametrize("variant, backend", [("tp2", "ms"), ("lite_tp2", "mslite")])
-def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tmp_path, variant, backend):
+def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tp1_mixed, tmp_path, variant, backend):
     """Adapters split with their base layers (B by output rows under column parallel, A by input
     columns under row parallel): a mixed batch on 2 ranks gives the single-rank logits, with the
     collectives in the rank graphs (`ms`) and as Lite step segments reduced on the host."""
-    want_logits, want_tokens = run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
+    want_logits, want_tokens = tp1_mixed
     for rank, (logits, tokens) in enumerate(run_tp2(slora_model, slora_exports(variant), backend, [1, 0, 2], tmp_path)):
         check_parity(logits, tokens, want_logits, want_tokens, f"SLoRA TP=2 ({variant}) rank {rank}")
 
