@@ -56,7 +56,6 @@ def resolve_model(config: ExportConfig) -> ModelSource:
         model = family.config(sizes, config.source)
     except ConfigError as e:
         raise ConfigError(str(e) if str(e).startswith(config.source) else f"{config.source}: {e}") from None
-    family.check_export(model, config.parallel.collectives, config.source)
     tokenizer = section.tokenizer or _tokenizer_in(section.hf_dir)
     if tokenizer is not None and not os.path.isfile(tokenizer):
         raise ConfigError(f"{config.source}: model.tokenizer {tokenizer} does not exist")

@@ -68,3 +68,15 @@ def test_lite_refuses_a_multi_rank_export_by_its_manifest(ms20_tp2_export):
     ensure_lite_installed()
     result = run_cli(["-c", LOAD_ON_LITE, ms20_tp2_export])
     assert result.returncode == 3 and "2 ranks" in result.stdout, result.stdout + result.stderr[-2000:]
+
+
+def test_segments_run_in_the_contracts_order_whatever_the_manifests_key_order():
+    """A manifest keeps its segments sorted by name (head before layer0, layer10 before layer2): the
+    runtime's order comes from the names, the one the exporter traced them in."""
+    from lite_runtime.contract.families import GraphDims
+    from lite_runtime.contract.segments import SegmentLayout, run_order, segment_specs
+    dims = GraphDims(2, 32, 12, 2, 8, 64, hidden_size=32, rotary=1)
+    for layout in (SegmentLayout(), SegmentLayout(top_query=True), SegmentLayout(deepnorm=True, prefix_attention=True,
+                                                                                  row_inputs=("context_length",))):
+        specs = segment_specs(dims, 2, layout)
+        assert run_order(sorted(specs)) == list(specs)

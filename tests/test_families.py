@@ -15,7 +15,6 @@ import os
 import numpy as np
 import pytest
 
-from exporter.families import FAMILIES as EXPORT_FAMILIES
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 from family_cases import FAMILIES, STEPS, TOLERANCE, check_parity, family_of, reference
@@ -78,12 +77,8 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-# The segment form (Lite TP) cuts blocks only: a family with a top query layer or GLM's per-row inputs
-# refuses it (see test_pangualpha_refuses_the_segment_form, test_glm_refuses_the_segment_form).
-SEGMENTED = [family for family in FAMILIES if not any(EXPORT_FAMILIES[family_of(family)].features.get(f)
-                                                      for f in ("top_query", "prefix_attention"))]
 TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
-    [(family, "lite_tp2") for family in SEGMENTED]   # llama's ms TP=2: test_distributed.py
+    [(family, "lite_tp2") for family in FAMILIES]   # llama's ms TP=2: test_distributed.py
 
 
 @pytest.mark.parametrize("family, variant", TP2_CASES)

@@ -26,6 +26,7 @@ def slora_model(tmp_path_factory):
     result = run_cli([os.path.join(REPO, "tests", "slora_models.py"), str(folder), str(STEPS)])
     assert result.returncode == 0, result.stderr[-3000:]
     (folder / "lora_adapter.json").write_text(json.dumps({"a1": "a1", "a2": "a2"}))
+    (folder / "lora_adapter_a1.json").write_text(json.dumps({"a1": "a1"}))    # attention layers only
     # The same adapters as MindFormers adapter folders (adapter_config.json + adapter_model.ckpt).
     for name, r, alpha in (("a1", 4, 8), ("a2", 8, 4)):
         os.makedirs(folder / "mf" / name)
@@ -62,9 +63,13 @@ def slora_exports(slora_model):
                        "load_checkpoint": str(folder / "mf" / "base.ckpt"), "output_dir": str(out)}
             elif variant == "tp2":
                 cfg = slora_yaml(folder, out, parallel={"model_parallel": 2})
+            elif variant.startswith("lite_tp2"):    # Lite TP: step segments, adapters on the blocks' segments
+                cfg = slora_yaml(folder, out, "dynamic", parallel={"model_parallel": 2, "collectives": "host"})
+                if variant == "lite_tp2_a1":
+                    cfg["model"]["pet_config"]["adapter_path"] = str(folder / "lora_adapter_a1.json")
             else:
                 cfg = slora_yaml(folder, out, "dynamic" if variant != "io" else "io", lite_ms=variant == "lite")
-            python = str(VENV_MS20_PYTHON) if variant == "lite" else sys.executable
+            python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[variant] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[variant]
     return get
@@ -101,19 +106,47 @@ def test_rows_of_one_batch_use_their_own_adapters(slora_model, slora_exports, va
                      f"row {row} ({adapter}) of a mixed batch")
 
 
-def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tmp_path):
-    """Adapters split with their base layers (B by output rows under column parallel, A by input
-    columns under row parallel): a mixed batch on 2 ranks gives the single-rank logits."""
+def run_tp2(slora_model, export, backend, slots, tmp_path):
+    """Greedy runs of the mixed batch on 2 ranks under the launcher: [(logits, tokens)] per rank."""
     table = rank_table(tmp_path / "table2.json", 2)
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms",
+    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
-                      str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), "[1, 0, 2]",
-                      "--model_dir", slora_exports("tp2")])
+                      str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), json.dumps(slots),
+                      "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
-    want_logits, want_tokens = run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
-    for rank in range(2):
-        got = np.load(tmp_path / f"rank_{rank}.npz")
-        check_parity(got["logits"], got["tokens"], want_logits, want_tokens, f"SLoRA TP=2 rank {rank}")
+    return [(got["logits"], got["tokens"]) for got in (np.load(tmp_path / f"rank_{rank}.npz") for rank in range(2))]
+
+
+@pytest.fixture(scope="module")
+def tp1_mixed(slora_model, slora_exports):
+    """(logits, tokens) of the mixed batch a1, base, a2 on one rank (`ms`, io)."""
+    return run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
+
+
+@pytest.mark.parametrize("variant, backend", [("tp2", "ms"), ("lite_tp2", "mslite")])
+def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tp1_mixed, tmp_path, variant, backend):
+    """Adapters split with their base layers (B by output rows under column parallel, A by input
+    columns under row parallel): a mixed batch on 2 ranks gives the single-rank logits, with the
+    collectives in the rank graphs (`ms`) and as Lite step segments reduced on the host."""
+    want_logits, want_tokens = tp1_mixed
+    for rank, (logits, tokens) in enumerate(run_tp2(slora_model, slora_exports(variant), backend, [1, 0, 2], tmp_path)):
+        check_parity(logits, tokens, want_logits, want_tokens, f"SLoRA TP=2 ({variant}) rank {rank}")
+
+
+def test_lite_tp2_adapter_columns_reach_only_the_adapted_segments(slora_model, slora_exports, tmp_path):
+    """An adapter of the attention projections only: its column mask is an input of the attention
+    segments and not of the MLP segments (Lite drops unused inputs), and rows a1, base, a1 of one
+    batch on 2 ranks each give peft's result for their adapter."""
+    from lite_runtime.contract.manifest import load_manifest
+    export = slora_exports("lite_tp2_a1")
+    segments = load_manifest(export).segments
+    takes = {name: "adapter_columns" in [s.name for s in entry.inputs] for name, entry in segments.items()}
+    assert takes == {name: name.endswith(".attn") for name in segments}, takes
+    for rank, (logits, tokens) in enumerate(run_tp2(slora_model, export, "mslite", [1, 0, 1], tmp_path)):
+        for row, adapter in enumerate(("a1", "base", "a1")):
+            ref = np.load(slora_model / f"reference_{adapter}.npz")
+            check_parity(logits[row:row + 1], tokens[row:row + 1], ref["logits"][row:row + 1],
+                         ref["tokens"][row:row + 1], f"rank {rank} row {row} ({adapter}) on Lite TP=2")
 
 
 def test_run_infer_adapter_id(slora_model, slora_exports):

@@ -94,15 +94,6 @@ class Family:
         """Refuse config.json settings this family's network does not compute."""
 
     @classmethod
-    def check_export(cls, model: DecoderConfig, collectives: str, where: str) -> None:
-        """Refuse export forms the network has no graphs for: the segment form (`collectives: host`,
-        models/segments.py) cuts blocks only, so a top query layer cannot go there."""
-        if collectives == "host" and model.top_query:
-            raise ConfigError(f"{where}: parallel.collectives: host is not supported for the {cls.name} family "
-                              "(its top query layer has no segment form); allowed: collectives graph (backend ms) "
-                              "or model_parallel 1")
-
-    @classmethod
     def from_mindformers(cls, model_config: dict, where: str) -> Dict[str, object]:
         """Size keys from a MindFormers `model.model_config` section."""
         for key, allowed in cls.mindformers_required.items():

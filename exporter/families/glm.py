@@ -23,7 +23,7 @@ A ChatGLM-6B folder is `model_type: chatglm` like ChatGLM2/3: this family claims
 """
 from __future__ import annotations
 
-from lite_runtime.contract.errors import ConfigError, UnsupportedError
+from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
 from exporter.weights.plan import WeightPlan, qkv_per_head, rule
@@ -96,11 +96,3 @@ class Glm(Family):
             raise UnsupportedError(f"{where}: hidden_size_per_attention_head {per_head} * num_heads != hidden_size "
                                    "is not supported")
         return super().from_mindformers(model_config, where)
-
-    @classmethod
-    def check_export(cls, model, collectives, where):
-        if collectives == "host":
-            raise ConfigError(f"{where}: parallel.collectives: host is not supported for the glm family (its "
-                              "2-D positions and prefix attention have no segment form); allowed: collectives "
-                              "graph (backend ms) or model_parallel 1")
-        super().check_export(model, collectives, where)

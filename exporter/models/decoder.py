@@ -231,7 +231,7 @@ class CausalLM(nn.Cell):
         x, cos, sin, past, select = self.step_start(input_ids, past_length, adapter_ids, context, mask_position)
         prefix = None
         if self.prefix:
-            prefix = self.reshape(self.cast(context, ms.float32), self.dyn.per_row)
+            prefix = self.prefix_context(context)
         new_kv = ()
         biases = None
         i = 0
@@ -243,7 +243,7 @@ class CausalLM(nn.Cell):
             new_kv = new_kv + (k, v)
             i = i + 1
         if self.use_top_query:
-            x, k, v = self.top_query.step_dynamic(self.final_norm(x), self._step_positions(input_ids, past_length),
+            x, k, v = self.top_query.step_dynamic(self.final_norm(x), self.step_positions(input_ids, past_length),
                                                   cos, sin, kv[2 * i], kv[2 * i + 1], past, self.bias, biases)
             new_kv = new_kv + (k, v)
         return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
@@ -252,7 +252,7 @@ class CausalLM(nn.Cell):
         """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
         cos/sin (B*T, 1, hd), each row's past length (B, 1, 1, 1) as float and the SLoRA columns."""
         d = self.dyn
-        pos = self._step_positions(input_ids, past_length)
+        pos = self.step_positions(input_ids, past_length)
         if self.two_d:
             t = self._steps(input_ids) + self.cast(self.reshape(past_length, d.column), ms.float32)
             cos, sin = self._rotary_2d(t, context, mask_position, d.column, d.flat, d.per_token, d.axis0)
@@ -263,7 +263,11 @@ class CausalLM(nn.Cell):
         past = self.reshape(self.cast(past_length, ms.float32), d.per_row)
         return x, cos, sin, past, self._select(input_ids, adapter_ids, d.column, d.flat_column)
 
-    def _step_positions(self, input_ids, past_length):
+    def prefix_context(self, context):
+        """GLM's context lengths (B,) int32 as prefix attention reads them, (B, 1, 1, 1) float."""
+        return self.reshape(self.cast(context, ms.float32), self.dyn.per_row)
+
+    def step_positions(self, input_ids, past_length):
         """Each token's position (B*T,) int32: its row's past length + its step."""
         d = self.dyn
         return self.reshape(self.cast(self._steps(input_ids) + self.cast(self.reshape(past_length, d.column),

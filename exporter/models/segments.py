@@ -1,7 +1,8 @@
 """One rank's dynamic step cut at its collectives (`parallel.collectives: host`), for runtimes
 without collectives (MindSpore Lite on CPU). The segments and their I/O are the runtime contract's
 (lite_runtime/contract/segments.py); each is a thin view of the same `CausalLM` the whole step uses,
-so the two forms cannot compute different things.
+so the two forms cannot compute different things. Optional inputs come as `*kv` in the contract's
+order (MindSpore records them as kv0, kv1 ...); every input listed is used, as Lite requires.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Dict
 import numpy as np
 from mindspore import Tensor, nn
 
+from lite_runtime.contract.segments import SegmentLayout
 from exporter.models.decoder import CausalLM
 from exporter.models.linear import RowParallelLinear
 
@@ -23,69 +25,110 @@ def keep_row_biases_on_rank0(net: CausalLM, rank: int) -> None:
             cell.bias.set_data(Tensor(np.zeros(cell.bias.shape, np.float32), cell.bias.dtype))
 
 
-class EmbedSegment(nn.Cell):
-    def __init__(self, net: CausalLM):
+class _Segment(nn.Cell):
+    def __init__(self, net: CausalLM, layout: SegmentLayout):
         super().__init__(auto_prefix=False)
         self.net = net
-        self.rotary = net.cfg.positions == "rotary"
+        self.rotary = net.cfg.positions in ("rotary", "rotary_2d")
+        self.i_adapter = len(layout.row_inputs)                 # embed: adapter_ids after the row inputs
+        self.i_context = 2 if self.rotary else 0                # attention: context after cos, sin
+        self.i_columns = self.i_context + int(layout.prefix_attention)   # attention: then the adapter columns
 
-    def construct(self, input_ids, past_length):
-        x, cos, sin, past, _ = self.net.step_start(input_ids, past_length)
+
+class EmbedSegment(_Segment):
+    """kv: the family's row inputs (GLM: context_length, mask_position), then adapter_ids (SLoRA)."""
+
+    def construct(self, input_ids, past_length, *kv):
+        context = mask_position = adapter_ids = None
+        if self.net.two_d:
+            context, mask_position = kv[0], kv[1]
+        if self.net.lora:
+            adapter_ids = kv[self.i_adapter]
+        x, cos, sin, past, select = self.net.step_start(input_ids, past_length, adapter_ids, context, mask_position)
+        out = (x,)
         if self.rotary:
-            return x, cos, sin, past
-        return x, past
+            out = out + (cos, sin)
+        out = out + (past,)
+        if self.net.prefix:
+            out = out + (self.net.prefix_context(context),)
+        if self.net.use_top_query:
+            out = out + (self.net.step_positions(input_ids, past_length),)
+        if self.net.lora:
+            out = out + (select,)
+        return out
 
 
-class AttentionSegment(nn.Cell):
-    """A layer's attention up to (not including) the all-reduce of its output projection. Each
-    segment makes its own score biases (the whole step shares them across layers)."""
+class AttentionSegment(_Segment):
+    """A block's attention up to (not including) the all-reduce of its output projection, with its
+    own score biases (the whole step shares them across layers). kv: [cos, sin], [context],
+    [adapter columns]. DeepNorm also returns its residual, alpha x the normed input."""
 
-    def __init__(self, net: CausalLM, layer: int):
-        super().__init__(auto_prefix=False)
-        self.net, self.layer = net, net.layers[layer]
+    def __init__(self, net: CausalLM, layout: SegmentLayout, layer: int):
+        super().__init__(net, layout)
+        self.layer = net.layers[layer]
+        self.adapted, self.deepnorm = "attn" in layout.adapted, layout.deepnorm
 
-    def _attend(self, hidden, cos, sin, past, key_cache, value_cache):
-        out, k, v, _ = self.layer.attn.step_dynamic(self.layer.attn_norm(hidden), cos, sin, key_cache, value_cache,
-                                                    past, self.net.bias)
+    def construct(self, hidden, past, key_cache, value_cache, *kv):
+        cos = sin = context = select = None
+        if self.rotary:
+            cos, sin = kv[0], kv[1]
+        if self.net.prefix:
+            context = kv[self.i_context]
+        if self.adapted:
+            select = kv[self.i_columns]
+        h = self.layer.attn_norm(hidden)
+        out, k, v, _ = self.layer.attn.step_dynamic(h, cos, sin, key_cache, value_cache, past, self.net.bias,
+                                                    None, select, context=context)
+        if self.deepnorm:
+            return out, h * self.layer.alpha, k, v
         return out, k, v
 
 
-class RotaryAttentionSegment(AttentionSegment):
-    def construct(self, hidden, cos, sin, past, key_cache, value_cache):
-        return self._attend(hidden, cos, sin, past, key_cache, value_cache)
+class MlpSegment(_Segment):
+    """A block's (or the top query layer's) MLP up to the all-reduce; kv: [adapter columns]."""
+
+    def __init__(self, net: CausalLM, layout: SegmentLayout, layer, block: bool = True):
+        super().__init__(net, layout)
+        self.layer = layer
+        self.adapted = block and "mlp" in layout.adapted
+        self.deepnorm = block and layout.deepnorm
+
+    def construct(self, hidden, *kv):
+        m = self.layer.mlp_norm(hidden)
+        part = self.layer.mlp(m, kv[0]) if self.adapted else self.layer.mlp(m)
+        if self.deepnorm:
+            return part, m * self.layer.alpha
+        return part
 
 
-class PlainAttentionSegment(AttentionSegment):
-    """Positions that do not rotate q/k (learned, ALiBi): no cos/sin inputs."""
+class TopQueryAttentionSegment(_Segment):
+    """PanGu-alpha's top query layer's attention on the final norm's output, which is its residual;
+    kv: [cos, sin]."""
 
-    def construct(self, hidden, past, key_cache, value_cache):
-        return self._attend(hidden, None, None, past, key_cache, value_cache)
+    def construct(self, hidden, positions, past, key_cache, value_cache, *kv):
+        cos = sin = None
+        if self.rotary:
+            cos, sin = kv[0], kv[1]
+        layer = self.net.top_query
+        h = self.net.final_norm(hidden)
+        out, k, v, _ = layer.attn.step_dynamic(layer.attn_norm(h), cos, sin, key_cache, value_cache, past,
+                                               self.net.bias, None, query=layer.query_embed(positions))
+        return out, h, k, v
 
 
-class MlpSegment(nn.Cell):
-    def __init__(self, net: CausalLM, layer: int):
-        super().__init__(auto_prefix=False)
-        self.layer = net.layers[layer]
-
-    def construct(self, hidden):
-        return self.layer.mlp(self.layer.mlp_norm(hidden))
-
-
-class HeadSegment(nn.Cell):
-    def __init__(self, net: CausalLM):
-        super().__init__(auto_prefix=False)
-        self.net = net
-
+class HeadSegment(_Segment):
     def construct(self, hidden, input_ids, batch_valid_length, past_length):
         return self.net.step_logits(hidden, input_ids, batch_valid_length, past_length)
 
 
-def segment_cells(net: CausalLM) -> Dict[str, nn.Cell]:
-    """The cells to export, by segment name (contract order)."""
-    cells = {"embed": EmbedSegment(net)}
-    attention = RotaryAttentionSegment if net.cfg.positions == "rotary" else PlainAttentionSegment
-    for l in range(len(net.layers)):
-        cells[f"layer{l}.attn"] = attention(net, l)
-        cells[f"layer{l}.mlp"] = MlpSegment(net, l)
-    cells["head"] = HeadSegment(net)
+def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
+    """The cells to export, by segment name (the contract's order)."""
+    cells = {"embed": EmbedSegment(net, layout)}
+    for l, layer in enumerate(net.layers):
+        cells[f"layer{l}.attn"] = AttentionSegment(net, layout, l)
+        cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
+    if net.use_top_query:
+        cells["top_query.attn"] = TopQueryAttentionSegment(net, layout)
+        cells["top_query.mlp"] = MlpSegment(net, layout, net.top_query, block=False)
+    cells["head"] = HeadSegment(net, layout)
     return cells

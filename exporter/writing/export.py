@@ -20,14 +20,14 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
-from lite_runtime.contract.segments import segment_names, segment_relpath, segment_specs
+from lite_runtime.contract.segments import segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
 from exporter.writing.lite_convert import convert_graphs, converter_python, lite_weights_name
 from exporter.writing.progress import deferred_interrupts, stage
-from exporter.writing.trace import graph_dims, trace_rank, trace_segments
+from exporter.writing.trace import graph_dims, segment_layout, trace_rank, trace_segments
 from exporter.model_source import ModelSource, resolve_model
 from exporter.weights.adapters import adapter_record
 
@@ -99,9 +99,6 @@ def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
     """Every rank's graphs into `tmp`, rank after rank in this process (no distributed job: the
     collectives of rank graphs are built without a communication group, see `exporter.models.linear.world_group`)."""
     if config.parallel.collectives == "host":
-        if source.slora:
-            raise ConfigError(f"{config.source}: SLoRA adapters (pet_type: slora) with parallel.collectives: host "
-                              "are not supported yet; use collectives: graph (backend ms) or model_parallel 1")
         trace_segments(config, source, tmp)
         return
     for rank in range(config.world_size):
@@ -124,8 +121,12 @@ def _graph_files(config: ExportConfig, source: ModelSource):
     """The MindIR files of the export per graph kind, or per segment in the segment form."""
     ranks = range(config.world_size)
     if config.parallel.collectives == "host":
-        return {name: [segment_relpath(name, r) for r in ranks] for name in segment_names(source.config.num_layers)}
+        return {name: [segment_relpath(name, r) for r in ranks] for name in _segment_specs(config, source)}
     return {kind: [graph_relpath(kind, r) for r in ranks] for kind in graph_kinds(config.kv_cache)}
+
+
+def _segment_specs(config: ExportConfig, source: ModelSource):
+    return segment_specs(graph_dims(config, source), config.world_size, segment_layout(source))
 
 
 def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids) -> Manifest:
@@ -135,7 +136,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     hashes, mindir_version = {}, ""
     segmented = config.parallel.collectives == "host"
-    io = segment_specs(dims, config.world_size) if segmented else \
+    io = _segment_specs(config, source) if segmented else \
         {kind: (spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
          for kind in graph_kinds(config.kv_cache)}
     entries, external = {}, {}

@@ -11,7 +11,7 @@ from lite_runtime.contract.errors import WeightError
 from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family, graph_kinds
 from lite_runtime.contract.manifest import graph_relpath
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
-from lite_runtime.contract.segments import segment_relpath, segment_specs
+from lite_runtime.contract.segments import SegmentLayout, segment_relpath, segment_specs
 from exporter.writing.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
@@ -22,7 +22,26 @@ def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
     cfg = source.config
     return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
                      cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size,
-                     source.slora.slots if source.slora else 0, cfg.hidden_size, int(cfg.positions == "rotary"))
+                     source.slora.slots if source.slora else 0, cfg.hidden_size,
+                     int(cfg.positions in ("rotary", "rotary_2d")))
+
+
+def _lora(source: ModelSource) -> dict:
+    """SLoRA's BuildContext fields: every adapter side by side, each padded to the largest rank."""
+    if not source.slora:
+        return {}
+    from exporter.weights.slora import targets
+    return dict(lora_width=source.slora.slots * source.slora.rank, lora_rank=source.slora.rank,
+                lora_targets=targets(source.slora))
+
+
+def segment_layout(source: ModelSource) -> SegmentLayout:
+    """What of this model shapes its step segments' I/O (lite_runtime/contract/segments.py)."""
+    cfg, lora = source.config, _lora(source)
+    adapted = tuple(part for part in ("attn", "mlp")
+                    if any(t.startswith(part + ".") for t in lora.get("lora_targets", ())))
+    return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
+                         cfg.top_query, lora.get("lora_width", 0), adapted)
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
@@ -75,13 +94,8 @@ def _build_rank(config: ExportConfig, source: ModelSource, rank: int, graph_coll
 
     cpu_graph_mode(ms)
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
-    lora = {}
-    if source.slora:
-        from exporter.weights.slora import targets
-        lora = dict(lora_width=source.slora.slots * source.slora.rank, lora_rank=source.slora.rank,
-                    lora_targets=targets(source.slora))
-    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype, **lora,
-                       graph_collectives=graph_collectives)
+    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype,
+                       **_lora(source), graph_collectives=graph_collectives)
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
@@ -133,10 +147,11 @@ def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> No
     rank after rank in this process: no distributed job is needed."""
     from exporter.models.segments import keep_row_biases_on_rank0, segment_cells
 
-    specs = segment_specs(graph_dims(config, source), config.world_size)
+    layout = segment_layout(source)
+    specs = segment_specs(graph_dims(config, source), config.world_size, layout)
     for rank in range(config.world_size):
         net = _build_rank(config, source, rank, graph_collectives=False)
         keep_row_biases_on_rank0(net, rank)
         with stage(f"traced {len(specs)} step segments{_where(config, rank)}"):
-            for name, cell in segment_cells(net).items():
+            for name, cell in segment_cells(net, layout).items():
                 _export(cell, specs[name][0], os.path.join(folder, segment_relpath(name, rank)))

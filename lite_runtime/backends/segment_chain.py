@@ -1,63 +1,99 @@
 """One rank's dynamic step run as segments (lite_runtime/contract/segments.py) with MindSpore Lite
 on CPU, the all-reduces and the vocabulary gather done on the host in between.
 
-The hidden state lives in one host buffer that every layer segment reads in place; each segment's
-partial sum is all-reduced into a scratch buffer and added to it. Inputs are bound once per shape
-(T new tokens, P cache positions) and rebound only when the shapes or the cache arrays change.
+The chain is driven by the manifest's segment specs alone: what it does with each tensor follows
+from its name (the contract's rules), so no family is known here. Every segment input other than
+the caches is one host buffer of its name (the step's own inputs, the hidden state, state made by
+earlier segments), which Lite reads in place; each segment's partial sum is all-reduced into a
+scratch buffer and added to the hidden state. Inputs are bound once per shape (T new tokens, P cache
+positions) and rebound only when the shapes or the cache arrays change.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
 from lite_runtime.backends.lite_native import LiteModel
+from lite_runtime.contract.errors import ArtifactError
+from lite_runtime.contract.families import STEP
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.manifest import Manifest
-from lite_runtime.contract.segments import segment_names, segment_specs
+from lite_runtime.contract.segments import (CACHE_INPUTS, HIDDEN, LOGITS_PART, NEW_CACHE, PARTIAL_SUMS, RESIDUAL,
+                                            call_shape, run_order)
+
+_PART, _RESIDUAL, _NEW, _LOGITS, _STATE = range(5)     # what the host does with a segment's output
+
+
+def _role(name: str) -> int:
+    if name in PARTIAL_SUMS:
+        return _PART
+    if name == RESIDUAL:
+        return _RESIDUAL
+    if name in NEW_CACHE:
+        return _NEW
+    return _LOGITS if name == LOGITS_PART else _STATE
 
 
 class SegmentChain:
     def __init__(self, manifest: Manifest, rank: int, open_model: Callable[[str], LiteModel], collectives):
         self.manifest, self.dims = manifest, manifest.dims
         self.collectives = collectives
-        self.names = segment_names(self.dims.num_layers)
+        self.names = run_order(manifest.segments)
         self.models: Dict[str, LiteModel] = {}
         for name in self.names:
             self.models[name] = model = open_model(name)
             check_graph_inputs(model.inputs, manifest.segments[name].inputs, manifest.segment_path(name, rank))
+        self._roles = {name: [_role(s.name) for s in manifest.segments[name].outputs] for name in self.names}
+        # the cache pairs in segment order: (segment, its input index) per cache array of the step
+        self._cache_inputs: List[Tuple[str, int]] = []
+        for name in self.names:
+            for kind in CACHE_INPUTS:
+                self._cache_inputs += [(name, i) for i, s in enumerate(manifest.segments[name].inputs) if s.name == kind]
+        if len(self._cache_inputs) != 2 * self.dims.num_layers:
+            raise ArtifactError(f"{manifest.file or 'the manifest'}: its segments read {len(self._cache_inputs)} "
+                                f"caches but the model has {self.dims.num_layers} layers (2 each); export again")
+        self._step_names = [s.name for s in manifest.graphs[STEP].inputs[:-len(self._cache_inputs)]]
         self._shape = None
         self._caches: List[np.ndarray] = []
         self.collective_seconds = 0.0      # time in host collectives (waiting for the other ranks included)
 
     def run(self, feeds: List[np.ndarray]) -> List[np.ndarray]:
-        """The step's contract: feeds input_ids (B, T), batch_valid_length, past_length, then the
-        caches; returns logits (B, vocab) and the new keys and values of every layer."""
-        ids, lengths, past_length, *caches = feeds
-        shape = (np.shape(ids)[1], caches[1].shape[2])
+        """The step's contract (families.py): feeds its inputs (input_ids (B, T) first), the caches
+        last; returns logits (B, vocab) and the new keys and values of every layer."""
+        given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
+        shape = (np.shape(given[0])[1], caches[1].shape[2])
         if shape != self._shape:
             self._resize(*shape, caches)
-        for bound, given in zip(self._ids, (ids, lengths, past_length)):
-            np.copyto(bound, given, casting="same_kind")
-        first_cache = len(self._state)
-        for i, (bound, given) in enumerate(zip(self._caches, caches)):
-            if given is not bound:                       # a new request's cache at the same shape
-                self.models[f"layer{i // 2}.attn"].bind_input(first_cache + i % 2, given)
-                self._caches[i] = given
-        for buffer, result in zip(self._state, self.models["embed"].predict()):
-            np.copyto(buffer, result)
-        x, new_kv = self._state[0], []
-        for layer in range(self.dims.num_layers):
-            part, key, value = self.models[f"layer{layer}.attn"].predict()
-            x += self._all_reduce(part)
-            new_kv += [key, value]
-            (part,) = self.models[f"layer{layer}.mlp"].predict()
-            x += self._all_reduce(part)
-        (part,) = self.models["head"].predict()
-        start = time.perf_counter()
-        logits = self.collectives.all_gather_last(part, self._gathered, self._logits)
-        self.collective_seconds += time.perf_counter() - start
+        for name, array in zip(self._step_names, given):
+            if name in self._buffers:
+                np.copyto(self._buffers[name], array, casting="same_kind")
+        for i, ((name, index), array) in enumerate(zip(self._cache_inputs, caches)):
+            if array is not self._caches[i]:                 # a new request's cache at the same shape
+                self.models[name].bind_input(index, array)
+                self._caches[i] = array
+        hidden, new_kv, logits = self._buffers[HIDDEN], [], None
+        for name in self.names:
+            part = residual = None
+            for role, spec, result in zip(self._roles[name], self.manifest.segments[name].outputs,
+                                          self.models[name].predict()):
+                if role == _PART:
+                    part = result
+                elif role == _RESIDUAL:
+                    residual = result
+                elif role == _NEW:
+                    new_kv.append(result)
+                elif role == _LOGITS:
+                    logits = self._gather(result)
+                elif spec.name in self._buffers:
+                    np.copyto(self._buffers[spec.name], result)
+            if part is not None:
+                reduced = self._all_reduce(part)
+                if residual is None:
+                    hidden += reduced
+                else:
+                    np.add(residual, reduced, out=hidden)
         return [logits] + new_kv
 
     def _all_reduce(self, part: np.ndarray) -> np.ndarray:
@@ -66,23 +102,27 @@ class SegmentChain:
         self.collective_seconds += time.perf_counter() - start
         return self._reduced
 
+    def _gather(self, part: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        logits = self.collectives.all_gather_last(part, self._gathered, self._logits)
+        self.collective_seconds += time.perf_counter() - start
+        return logits
+
     def _resize(self, steps: int, positions: int, caches: List[np.ndarray]) -> None:
-        specs = segment_specs(self.dims, self.manifest.world_size, steps, positions)
-        self._ids = [np.zeros(s.shape, s.dtype) for s in specs["head"][0][1:]]       # ids, lengths, past_length
-        self._state = [np.zeros(s.shape, s.dtype) for s in specs["embed"][1]]    # hidden, [cos, sin,] past
-        self._reduced = np.zeros_like(self._state[0])
-        logits_part = specs["head"][1][0].shape
+        shape = lambda spec: call_shape(spec, self.dims.batch_size, steps, positions)
+        segments = [self.manifest.segments[name] for name in self.names]
+        self._buffers = {s.name: np.zeros(shape(s), s.dtype)
+                         for entry in segments for s in entry.inputs if s.name not in CACHE_INPUTS}
+        self._reduced = np.zeros_like(self._buffers[HIDDEN])
+        logits_part = next(shape(s) for entry in segments for s in entry.outputs if s.name == LOGITS_PART)
         self._gathered = np.zeros((self.manifest.world_size,) + logits_part, np.float32)
         self._logits = np.zeros((logits_part[0], self.dims.vocab_size), np.float32)   # reused by every call
         self._caches = list(caches)
-        for name in self.names:
-            inputs, outputs = specs[name]
-            self.models[name].resize([s.shape for s in inputs], [s.shape for s in outputs])
-        self.models["embed"].bind_inputs([self._ids[0], self._ids[2]])
-        for layer in range(self.dims.num_layers):
-            self.models[f"layer{layer}.attn"].bind_inputs(self._state + caches[2 * layer:2 * layer + 2])
-            self.models[f"layer{layer}.mlp"].bind_inputs(self._state[:1])
-        self.models["head"].bind_inputs(self._state[:1] + self._ids)
+        cache_of = {place: array for place, array in zip(self._cache_inputs, caches)}
+        for name, entry in zip(self.names, segments):
+            self.models[name].resize([shape(s) for s in entry.inputs], [shape(s) for s in entry.outputs])
+            self.models[name].bind_inputs([cache_of[(name, i)] if s.name in CACHE_INPUTS else self._buffers[s.name]
+                                           for i, s in enumerate(entry.inputs)])
         self._shape = (steps, positions)
 
     def bare_predict(self) -> float:

@@ -12,12 +12,15 @@ from lite_runtime.contract.families import TensorSpec
 # MindSpore 2.0 records construct argument names in MindIR ("<graph>:input_ids"); later versions
 # record generated names ("<graph>:Parameter_11"), and the exporter passes the per-layer caches (and
 # SLoRA's adapter ids) as `*kv`, recorded as "kv0", "kv1", ... Generated names carry no meaning: the
-# position stands in.
+# position stands in. MindSpore 2.0 prefixes "ф" to the named arguments of some graphs taking `*kv`
+# (the step segments'): the name after it is the argument's.
 _GENERATED = re.compile(r"Parameter_\d+|kv\d+")
+_CLONED = "\u0444"
 
 
 def short_name(graph_name: str) -> str:
-    return graph_name.rsplit(":", 1)[-1]
+    name = graph_name.rsplit(":", 1)[-1]
+    return name[len(_CLONED):] if name.startswith(_CLONED) else name
 
 
 def names_match(graph_name: str, spec_name: str) -> bool:

@@ -2,59 +2,120 @@
 
 MindSpore Lite on CPU has no collectives (Lite 2.0 drops AllReduce with a warning), so an export
 with `parallel.collectives: host` holds, per rank, the step graph in pieces that contain none; the
-runtime runs them in order and does the reductions on the host between them:
+runtime runs them in this order and does the reductions on the host between them
+(N = B*T tokens; [..]: only where the layout has it):
 
-    embed         input_ids (B, T), past_length
-                  -> hidden (N, H), cos, sin (N, 1, hd), past (B, 1, 1, 1) float32     N = B*T
-    layer{l}.attn hidden, cos, sin, past, key_cache (B, kv, hd, P), value_cache (B, kv, P, hd) of layer l
-                  -> attn_part (N, H), key_new (B, kv, hd, T), value_new (B, kv, T, hd)
-    layer{l}.mlp  hidden -> mlp_part (N, H)
-    head          hidden, input_ids, batch_valid_length, past_length -> logits_part (B, vocab / ranks)
+    embed          input_ids (B, T), past_length, [the family's row inputs], [adapter_ids]
+                   -> hidden (N, H), [cos, sin (N, 1, hd)], past (B, 1, 1, 1) float32,
+                      [context (B, 1, 1, 1) float32], [positions (N,) int32], [adapter_columns (N, slots*r)]
+    layer{l}.attn  hidden, past, key_cache (B, kv, hd, P), value_cache (B, kv, P, hd) of layer l,
+                   [cos, sin], [context], [adapter_columns]
+                   -> attn_part (N, H), [residual (N, H)], key_new (B, kv, hd, T), value_new (B, kv, T, hd)
+    layer{l}.mlp   hidden, [adapter_columns] -> mlp_part (N, H), [residual]
+    top_query.attn hidden, positions, past, key_cache, value_cache of the last layer, [cos, sin]
+                   -> attn_part, residual, key_new, value_new
+    top_query.mlp  hidden -> mlp_part
+    head           hidden, input_ids, batch_valid_length, past_length -> logits_part (B, vocab / ranks)
 
-Between them, on the host: hidden += all_reduce(attn_part); hidden += all_reduce(mlp_part); the
-logits are the ranks' parts joined along the vocabulary. A row-parallel layer's bias is held by
-rank 0 only, so the sum adds it once. The step's own contract (families.py) stays what the decode
-loop sees; segments are the backend's business. cos and sin exist only where positions rotate
-(dims.rotary): Lite drops graph inputs a graph does not use, so the contract must not list any.
+What the runtime does with a segment's tensors follows from their names alone, so its chain knows
+no family: inputs named `key_cache` / `value_cache` take the step's caches pair after pair in
+segment order (and `key_new` / `value_new` are the step's new rows in that order); a partial sum
+(`attn_part`, `mlp_part`) is all-reduced and added to `hidden`, or, when the segment also returns a
+`residual`, hidden = residual + the sum; `logits_part` is joined along the vocabulary across ranks;
+any other output is host state read by later segments' inputs of its name, and any other input is
+one of the step's own inputs (families.py) or such state. A row-parallel layer's bias is held by
+rank 0 only, so the sum adds it once.
+
+Where the families differ: positions that rotate q/k pass cos/sin; GLM v1 (prefix attention, 2-D
+positions) gives its row inputs to embed, which passes each row's context length on as `context`,
+and its DeepNorm blocks return the residual (alpha x the normed input) as the network does; PanGu-alpha's
+top query layer is two segments of its own after the blocks (its query reads the tokens'
+`positions`; its residual is the final norm's output); SLoRA exports give `adapter_ids` to embed,
+which makes each token's adapter column mask for the segments whose layers carry adapters. Lite
+drops graph inputs a graph does not use, so no segment lists an input it does not read.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from lite_runtime.contract.families import DYNAMIC, GraphDims, TensorSpec
 
 COLLECTIVE_FORMS = ("graph", "host")   # collectives inside each rank's graphs, or between segments on the host
 SEGMENT_FOLDER = "segments"
+CACHE_INPUTS = ("key_cache", "value_cache")
+NEW_CACHE = ("key_new", "value_new")
+PARTIAL_SUMS = ("attn_part", "mlp_part")
+RESIDUAL = "residual"
+LOGITS_PART = "logits_part"
+HIDDEN = "hidden"
 Specs = Tuple[List[TensorSpec], List[TensorSpec]]
 
 
-def segment_names(num_layers: int) -> List[str]:
-    """The segments of one step, in the order they run."""
-    layers = [f"layer{l}.{part}" for l in range(num_layers) for part in ("attn", "mlp")]
-    return ["embed"] + layers + ["head"]
+@dataclass(frozen=True)
+class SegmentLayout:
+    """What of the network shapes the segments' I/O besides the graph dims (the exporter's choice)."""
+    row_inputs: Tuple[str, ...] = ()   # the family's per-row step inputs (GLM's), read by embed
+    prefix_attention: bool = False     # `context` from embed to the attention segments (GLM)
+    deepnorm: bool = False             # the blocks' segments return their residual (GLM v1)
+    top_query: bool = False            # the last layer is PanGu-alpha's top query layer
+    adapter_columns: int = 0           # SLoRA: slots x rank, the width of the per-token adapter mask
+    adapted: Tuple[str, ...] = ()      # "attn", "mlp": the block parts whose layers carry adapters
 
 
 def segment_relpath(name: str, rank: int) -> str:
     return f"{SEGMENT_FOLDER}/rank_{rank}/{name}.mindir"
 
 
-def segment_specs(dims: GraphDims, world_size: int, steps: int = DYNAMIC, positions: int = DYNAMIC) -> Dict[str, Specs]:
-    """(inputs, outputs) of every segment; `steps` (T) and `positions` (P) are DYNAMIC in the manifest
-    and the call's sizes when the runtime resizes the segments."""
-    b, kv, hd, hidden = dims.batch_size, dims.kv_heads_per_rank, dims.head_dim, dims.hidden_size
-    tokens = DYNAMIC if steps == DYNAMIC else b * steps
-    f32 = "float32"
-    x = TensorSpec("hidden", f32, (tokens, hidden))
-    rotary = [TensorSpec("cos", f32, (tokens, 1, hd)), TensorSpec("sin", f32, (tokens, 1, hd))] if dims.rotary else []
+def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = SegmentLayout()) -> Dict[str, Specs]:
+    """(inputs, outputs) of every segment, in the order they run; T, P and N are DYNAMIC (`call_shape`)."""
+    b, kv, hd, hidden, n = dims.batch_size, dims.kv_heads_per_rank, dims.head_dim, dims.hidden_size, DYNAMIC
+    f32, i32 = "float32", "int32"
+    x = TensorSpec(HIDDEN, f32, (n, hidden))
+    rotary = [TensorSpec("cos", f32, (n, 1, hd)), TensorSpec("sin", f32, (n, 1, hd))] if dims.rotary else []
     past = TensorSpec("past", f32, (b, 1, 1, 1))
-    ids = [TensorSpec("input_ids", "int32", (b, steps)), TensorSpec("batch_valid_length", "int32", (b,)),
-           TensorSpec("past_length", "int32", (b,))]
-    specs = {"embed": ([ids[0], ids[2]], [x] + rotary + [past])}
-    for l in range(dims.num_layers):
-        cache = [TensorSpec("key_cache", f32, (b, kv, hd, positions)),
-                 TensorSpec("value_cache", f32, (b, kv, positions, hd))]
-        new = [TensorSpec("key_new", f32, (b, kv, hd, steps)), TensorSpec("value_new", f32, (b, kv, steps, hd))]
-        specs[f"layer{l}.attn"] = ([x] + rotary + [past] + cache, [TensorSpec("attn_part", f32, (tokens, hidden))] + new)
-        specs[f"layer{l}.mlp"] = ([x], [TensorSpec("mlp_part", f32, (tokens, hidden))])
-    specs["head"] = ([x] + ids, [TensorSpec("logits_part", f32, (b, dims.vocab_size // world_size))])
+    context = [TensorSpec("context", f32, (b, 1, 1, 1))] if layout.prefix_attention else []
+    positions = [TensorSpec("positions", i32, (n,))] if layout.top_query else []
+    columns = [TensorSpec("adapter_columns", f32, (n, layout.adapter_columns))] if layout.adapter_columns else []
+    rows = [TensorSpec(name, i32, (b,)) for name in layout.row_inputs]
+    adapter_ids = [TensorSpec("adapter_ids", i32, (b,))] if layout.adapter_columns else []
+    ids = [TensorSpec("input_ids", i32, (b, DYNAMIC)), TensorSpec("batch_valid_length", i32, (b,)),
+           TensorSpec("past_length", i32, (b,))]
+    cache = [TensorSpec(CACHE_INPUTS[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(CACHE_INPUTS[1], f32, (b, kv, DYNAMIC, hd))]
+    new = [TensorSpec(NEW_CACHE[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(NEW_CACHE[1], f32, (b, kv, DYNAMIC, hd))]
+    residual = [TensorSpec(RESIDUAL, f32, (n, hidden))]
+    part = {name: TensorSpec(name, f32, (n, hidden)) for name in PARTIAL_SUMS}
+    specs = {"embed": ([ids[0], ids[2]] + rows + adapter_ids, [x] + rotary + [past] + context + positions + columns)}
+    own = lambda part_name: columns if part_name in layout.adapted else []
+    blocks = dims.num_layers - int(layout.top_query)
+    for l in range(blocks):
+        kept = residual if layout.deepnorm else []
+        specs[f"layer{l}.attn"] = ([x, past] + cache + rotary + context + own("attn"), [part["attn_part"]] + kept + new)
+        specs[f"layer{l}.mlp"] = ([x] + own("mlp"), [part["mlp_part"]] + kept)
+    if layout.top_query:
+        specs["top_query.attn"] = ([x] + positions + [past] + cache + rotary, [part["attn_part"]] + residual + new)
+        specs["top_query.mlp"] = ([x], [part["mlp_part"]])
+    specs["head"] = ([x] + ids, [TensorSpec(LOGITS_PART, f32, (b, dims.vocab_size // world_size))])
     return specs
+
+
+def run_order(names) -> List[str]:
+    """Segment names in the order they run (a manifest keeps its segments sorted by name): embed, the
+    blocks' attn then mlp by layer, the top query layer's, head."""
+    def key(name: str):
+        if name in ("embed", "head"):
+            return (0 if name == "embed" else 3, 0, 0)
+        block, part = name.split(".")
+        layer = int(block[len("layer"):]) if block.startswith("layer") else 0
+        return (1 if block.startswith("layer") else 2, layer, ("attn", "mlp").index(part))
+    return sorted(names, key=key)
+
+
+def call_shape(spec: TensorSpec, batch: int, steps: int, positions: int) -> Tuple[int, ...]:
+    """A segment tensor's shape in a call of `steps` new tokens per row against `positions` cache
+    rows: DYNAMIC is P in the caches, N = B*T as the first dimension (token-major tensors), T elsewhere."""
+    def size(axis: int) -> int:
+        if spec.name in CACHE_INPUTS:
+            return positions
+        return batch * steps if axis == 0 else steps
+    return tuple(size(axis) if d == DYNAMIC else d for axis, d in enumerate(spec.shape))
