@@ -154,6 +154,17 @@ def test_lite_compatible_export_on_backend_ms_is_refused_before_loading(tiny_ckp
     assert "AbstractBasePtr" not in result.stderr
 
 
+def test_float16_step_graphs_are_refused_on_lite_cpu_before_loading(tiny_ckpt, tokenizer_model, tmp_path):
+    """Lite 2.0 on CPU fails every float16 kv_cache dynamic graph at Predict ("Common error code")."""
+    from lite_process import ensure_lite_installed
+    ensure_lite_installed()
+    out = str(tmp_path / "f16")
+    cfg = tiny_export_config(tiny_ckpt[0], out, kv_cache="dynamic", compute_dtype="float16")
+    export_in_subprocess(write_yaml(str(tmp_path / "f16.yaml"), cfg), python=VENV_MS20_PYTHON)
+    result = infer_cli(out, tokenizer_model, "--predict_data", "hello world", "--backend", "mslite")
+    assert_one_line_error(result, out, "float16 with kv_cache dynamic", "compute_dtype float32", "kv_cache io")
+
+
 def test_unknown_backend(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--backend", "nosuch", "--predict_data", "hello")
     assert_one_line_error(result, "'nosuch'", "allowed: ms, mslite")

@@ -155,6 +155,10 @@ class MSLiteSession(Session):
     def _load_native(self, paths, present, num_threads, lite_format) -> None:
         m = self.manifest
         require_kv_mode(m, "mslite (CPU)", ("io", "dynamic"))
+        if m.compute_dtype == "float16" and m.kv_cache == "dynamic":
+            raise UnsupportedError(f"{m.root} computes in float16 with kv_cache dynamic: MindSpore Lite 2.0 on CPU "
+                                   "fails to run such step graphs (Predict: Common error code); export with "
+                                   "compute_dtype float32, or kv_cache io for float16 on CPU")
         if m.world_size > 1 and m.collectives != "host":
             raise UnsupportedError(f"this export has {m.world_size} ranks with collectives in their graphs; MindSpore "
                                    "Lite on CPU has none. Export with parallel.collectives: host (kv_cache dynamic) "
