@@ -2,6 +2,7 @@
 streamers, `--num_threads`, and hand-edited manifests. Each mistake is one project error naming the
 value and what is allowed.
 """
+import json
 import os
 import re
 
@@ -155,3 +156,20 @@ def test_hand_edited_manifest_other_damage_is_named(export_dir, change, fact):
     edit_manifest(export_dir, change)
     with pytest.raises(ArtifactError, match=re.escape(fact)):
         pipeline(model=export_dir, backend="ms")
+
+
+def test_generation_options_are_checked_once_and_travel_as_they_are():
+    """One GenerationOptions for pipeline keywords, run_infer_main's options and other ranks: checked on
+    construction, changed by keyword (unknown ones refused), the same after a round trip through JSON."""
+    from lite_runtime.api.generation_options import GenerationOptions
+    from lite_runtime.contract.errors import ConfigError, ValidationError
+    options = GenerationOptions(do_sample=True, top_k=3, seed=7, adapter_id=["a", "b"])
+    assert GenerationOptions.from_json(json.loads(json.dumps(options.to_json()))) == options
+    assert options.updated(top_k=5).top_k == 5 and options.top_k == 3
+    assert options.sampling().top_k == 3 and options.sampling().seed == 7
+    with pytest.raises(ConfigError, match="unknown keyword 'top_n'"):
+        options.updated(top_n=2)
+    with pytest.raises(ValidationError, match="top_p"):
+        GenerationOptions(top_p=0)
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        GenerationOptions(max_new_tokens=0)

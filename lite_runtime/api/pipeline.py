@@ -16,17 +16,17 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import family_from_model_name, get_family
 from lite_runtime.api.infer_config import InferConfig
 from lite_runtime.api.infer_task import InferTask
-from lite_runtime.api.text_generator import INFER_DEFAULTS
+from lite_runtime.api.generation_options import GenerationOptions
 
 _CONFIG_KEYS = {f.name for f in dataclasses.fields(InferConfig)}
 # Generation keywords given at construction (as upstream passes add_special_tokens, is_sample_acceleration):
 # the defaults of every call. Not a streamer: one serves one request.
-_CALL_KEYS = set(INFER_DEFAULTS) - {"streamer"}
+_CALL_KEYS = set(GenerationOptions.keywords())
 
 
 def pipeline(task: str = "text_generation", model: Union[str, tuple, InferConfig, None] = None,
              tokenizer=None, backend: str = "mslite", **kwargs):
-    call_defaults = {k: kwargs.pop(k) for k in list(kwargs) if k in _CALL_KEYS}
+    options = GenerationOptions(**{k: kwargs.pop(k) for k in list(kwargs) if k in _CALL_KEYS})
     if isinstance(model, InferConfig):
         if kwargs:
             raise ConfigError(f"pipeline: with an InferConfig, give settings in it, not as keywords "
@@ -47,7 +47,7 @@ def pipeline(task: str = "text_generation", model: Union[str, tuple, InferConfig
                               f"{', '.join(sorted(_CONFIG_KEYS | _CALL_KEYS))}")
         config = InferConfig(**settings)
     generator = InferTask.get_infer_task(task, config, tokenizer=tokenizer)
-    generator.call_defaults = call_defaults
+    generator.options = options
     return generator
 
 

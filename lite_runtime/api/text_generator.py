@@ -14,19 +14,14 @@ from lite_runtime.backends import load_session
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.contract.families import family_from_model_name, get_family
 from lite_runtime.decode.generation import check_prompts, generate_batches, row_budgets
+from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.api.infer_config import InferConfig
 from lite_runtime.decode.inputs import InputOfInfer
-from lite_runtime.decode.sampling import Sampler, SamplingParams
+from lite_runtime.decode.sampling import Sampler
 from lite_runtime.decode.streamers import CONTEXT_TOKENS, continuation_text
 from lite_runtime.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger("lite_runtime")
-# `infer`'s keywords and their defaults (upstream's names; is_sample_acceleration is accepted, sampling is on
-# the host). Those given to `pipeline(...)` become the generator's own defaults (`call_defaults`).
-INFER_DEFAULTS = dict(do_sample=False, top_k=1, top_p=1.0, temperature=1.0, repetition_penalty=1.0, eos_token_id=None,
-                      pad_token_id=None, max_length=256, is_sample_acceleration=False, add_special_tokens=None,
-                      streamer=None, max_new_tokens=None, seed=None, truncate=False, adapter_id=None,
-                      strict_adapter=False)
 
 
 class TextGeneratorInfer:
@@ -67,64 +62,56 @@ class TextGeneratorInfer:
         self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
-        self.call_defaults: dict = {}
+        self.options = GenerationOptions()     # every call's defaults (pipeline(...) keywords change them)
 
     # --- the upstream call forms ----------------------------------------------------------------
-    def infer(self, inputs, **kwargs) -> List[Dict[str, List[str]]]:
-        """`kwargs`: the keywords of INFER_DEFAULTS; unset ones take `call_defaults`, then INFER_DEFAULTS."""
-        unknown = sorted(set(kwargs) - set(INFER_DEFAULTS))
-        if unknown:
-            raise ConfigError(f"unknown keyword {unknown[0]!r}; allowed: {', '.join(INFER_DEFAULTS)}")
+    def infer(self, inputs, streamer=None, options: Optional[GenerationOptions] = None,
+              **keywords) -> List[Dict[str, List[str]]]:
+        """`keywords`: GenerationOptions fields, changing `options` (default: this generator's)."""
+        options = (options or self.options).updated(**keywords)
         if not isinstance(inputs, (str, list, tuple)):
             raise ValidationError(f"inputs must be a prompt (str) or a list of prompts, got {inputs!r}")
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        options = {**INFER_DEFAULTS, **self.call_defaults, **kwargs}
-        del options["is_sample_acceleration"]
-        streamer, adapter_id, strict_adapter = options["streamer"], options["adapter_id"], options["strict_adapter"]
         if self.data_parallel is None:
-            return self._answer(texts, options)
+            return self._answer(texts, options, streamer)
         if streamer is not None:
             raise ConfigError("streamer with data_parallel: each rank answers a share of the prompts; stream "
                               "with data_parallel 1")
-        self.adapter_slots(adapter_id, len(texts), strict_adapter)      # a bad adapter_id fails on every rank
+        adapter_id = options.adapter_id
+        self.adapter_slots(adapter_id, len(texts), options.strict_adapter)  # a bad adapter_id fails on every rank
         per_prompt = isinstance(adapter_id, (list, tuple))
 
         def answer(rows):
             chosen = [adapter_id[i] for i in rows] if per_prompt else adapter_id
-            return self._answer([texts[i] for i in rows], dict(options, adapter_id=chosen))
+            return self._answer([texts[i] for i in rows], options.updated(adapter_id=chosen), None)
         return self.data_parallel.run(list(range(len(texts))), answer)
 
-    def _answer(self, texts: List[str], options: dict) -> List[Dict[str, List[str]]]:
-        prompts, new_ids = self.generate_ids(texts, **options)
+    def _answer(self, texts: List[str], options: GenerationOptions, streamer) -> List[Dict[str, List[str]]]:
+        prompts, new_ids = self.generate_ids(texts, options, streamer)
         return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
                 for text, prompt, ids in zip(texts, prompts, new_ids)]
 
     __call__ = infer
 
-    def generate_ids(self, texts: Sequence[str], *, do_sample=False, top_k=1, top_p=1.0, temperature=1.0,
-                     repetition_penalty=1.0, eos_token_id=None, pad_token_id=None, max_length=256,
-                     max_new_tokens=None, add_special_tokens=None, streamer=None, seed=None,
-                     truncate=False, adapter_id=None, strict_adapter=False) -> Tuple[List[List[int]], List[List[int]]]:
+    def generate_ids(self, texts: Sequence[str], options: GenerationOptions = GenerationOptions(),
+                     streamer=None) -> Tuple[List[List[int]], List[List[int]]]:
         """(prompt token ids, new token ids) per text; EOS is included when produced."""
         if not texts:
             raise ValidationError("inputs is empty: give a prompt or a list of prompts")
         for i, text in enumerate(texts):
             if not isinstance(text, str) or not text.strip():
                 raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
-        sampler = Sampler(SamplingParams(do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
-                                         repetition_penalty=repetition_penalty, seed=seed))
+        sampler = Sampler(options.sampling())
         pick = sampler if self.coordinator is None else self.coordinator.wrap(sampler)
-        for name, value in (("max_length", max_length), ("max_new_tokens", max_new_tokens)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
-        eos = self.eos_ids if eos_token_id is None else _as_list(eos_token_id)
-        pad = self.pad_id if pad_token_id is None else int(pad_token_id)
+        eos = self.eos_ids if options.eos_token_id is None else _as_list(options.eos_token_id)
+        pad = self.pad_id if options.pad_token_id is None else int(options.pad_token_id)
+        max_length, add_special_tokens = options.max_length, options.add_special_tokens
         if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop before the text
             # (v2, v3) or after it (v1: the tokenizer's suffix), none for the others
             add_special_tokens = bool(self.manifest.tokenizer_options.get("prefix_tokens")
                                       or getattr(self.tokenizer, "suffix_ids", None))
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
-        prompts = check_prompts(prompts, self.manifest.seq_length, truncate, log.warning)
+        prompts = check_prompts(prompts, self.manifest.seq_length, options.truncate, log.warning)
         if max_length is not None:
             for i, prompt in enumerate(prompts):
                 if len(prompt) >= max_length:
@@ -132,8 +119,8 @@ class TextGeneratorInfer:
                         f"prompt {i} has {len(prompt)} tokens and max_length is {max_length} (prompt + new tokens): "
                         f"nothing is left to generate; give max_length above {len(prompt)}, or leave it unset "
                         "and limit the answer with max_new_tokens")
-        budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, max_new_tokens, max_length)
-        adapters = self.adapter_slots(adapter_id, len(prompts), strict_adapter)
+        budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, options.max_new_tokens, max_length)
+        adapters = self.adapter_slots(options.adapter_id, len(prompts), options.strict_adapter)
         _check_streamer(streamer, len(prompts))
         forward = None
         timing = RequestTiming()

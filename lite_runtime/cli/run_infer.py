@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import click
 
+from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ConfigError
 
@@ -149,12 +150,9 @@ def make_generator(args, rank: int):
     return InferTask.get_infer_task("text_generation", config)
 
 
-def generation_kwargs(args) -> dict:
-    return dict(do_sample=args.do_sample, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
-                repetition_penalty=args.repetition_penalty, max_length=args.max_length,
-                max_new_tokens=args.max_new_tokens, add_special_tokens=args.add_special_tokens,
-                seed=args.seed, truncate=args.truncate, adapter_id=args.adapter_id,
-                strict_adapter=args.strict_adapter)
+def generation_options(args) -> GenerationOptions:
+    """The command line's GenerationOptions (options of the same names)."""
+    return GenerationOptions(**{k: getattr(args, k) for k in GenerationOptions.keywords() if hasattr(args, k)})
 
 
 def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=None) -> None:
@@ -177,14 +175,14 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
     generator.coordinator = coordinator
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
     _warn_about_fixed_shapes(args, generator.manifest)
-    kwargs = generation_kwargs(args)
+    options = generation_options(args)
 
-    def infer(prompts, **extra):
+    def infer(prompts, streamer=None):
         if before_request is not None:
             before_request(prompts)
         if distribute is not None:
-            return distribute(prompts, lambda share: generator.infer(share, **kwargs, **extra))
-        return generator.infer(prompts, **kwargs, **extra)
+            return distribute(prompts, lambda share: generator.infer(share, options=options))
+        return generator.infer(prompts, streamer, options)
 
     def answer(prompts: List[str]) -> None:
         for run_index in range(args.generated_time):
@@ -283,7 +281,7 @@ def command(**options):
         raise click.UsageError(f"--num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)")
     if args.distributed:
         from lite_runtime.distributed.distributed_run import run_distributed
-        run_distributed(args, run, make_generator, generation_kwargs)
+        run_distributed(args, run, make_generator, generation_options)
     else:
         run(args)
 

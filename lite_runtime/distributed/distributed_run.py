@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 
+from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.contract.errors import DistributedError
 from lite_runtime.distributed.data_parallel import ReplicaLayout, split_in_order
 from lite_runtime.distributed.rank_channel import RankChannel
@@ -44,8 +45,8 @@ class TokenAgreement:
         return pick
 
 
-def run_distributed(args, run, make_generator, generation_kwargs) -> None:
-    """`run`, `make_generator` and `generation_kwargs` are the single-process CLI's (cli/run_infer.py),
+def run_distributed(args, run, make_generator, generation_options) -> None:
+    """`run`, `make_generator` and `generation_options` are the single-process CLI's (cli/run_infer.py),
     passed in so this module does not import the CLI that calls it."""
     layout = ReplicaLayout.from_env(args.data_parallel)
     if args.backend == "ms" and layout.model_ranks > 1:
@@ -57,7 +58,7 @@ def run_distributed(args, run, make_generator, generation_kwargs) -> None:
         if layout.model_rank > 0:
             _follow(args, replica, make_generator)
         elif layout.rank == 0:
-            _lead(args, replicas, replica, run, generation_kwargs)
+            _lead(args, replicas, replica, run, generation_options)
         else:
             _serve(args, replicas, replica, make_generator)
     finally:
@@ -66,21 +67,22 @@ def run_distributed(args, run, make_generator, generation_kwargs) -> None:
                 channel.close()
 
 
-def _lead(args, replicas, replica, run, generation_kwargs) -> None:
+def _lead(args, replicas, replica, run, generation_options) -> None:
     """Rank 0: the normal run. With replicas, each request's prompts are split in order over them;
     rank 0 answers replica 0's share, gathers the others' answers and prints all in order. Each share
     and every step's tokens go to the other ranks of rank 0's replica."""
     if args.do_sample and args.seed is None:
         args.seed = int(np.random.SeedSequence().entropy % (2 ** 31))   # one seed for every rank
+    options = generation_options(args).to_json()      # the request's options, as every rank receives them
 
     def announce(prompts):
         if replica is not None:
-            replica.send_json({"prompts": prompts, "kwargs": generation_kwargs(args)})
+            replica.send_json({"prompts": prompts, "options": options})
 
     def distribute(prompts, local):
         shares = split_in_order(list(prompts), replicas.world_size)
         for r in range(1, replicas.world_size):
-            replicas.send_json_to(r, {"prompts": shares[r], "kwargs": generation_kwargs(args)})
+            replicas.send_json_to(r, {"prompts": shares[r], "options": options})
         results = []
         if shares[0]:
             announce(shares[0])
@@ -119,7 +121,7 @@ def _serve(args, replicas, replica, make_generator) -> None:
             if prompts:
                 if replica is not None:
                     replica.send_json(message)
-                results = generator.infer(prompts, **message["kwargs"])
+                results = generator.infer(prompts, options=GenerationOptions.from_json(message["options"]))
             replicas.reply_json({"results": results})
     finally:
         generator.close()
@@ -135,7 +137,7 @@ def _follow(args, channel: RankChannel, make_generator) -> None:
             message = channel.recv_json()
             if message.get("stop"):
                 return
-            for item in generator.infer(message["prompts"], **message["kwargs"]):
+            for item in generator.infer(message["prompts"], options=GenerationOptions.from_json(message["options"])):
                 sys.stdout.write(item["text_generation_text"][0] + "\n")
             sys.stdout.flush()
     finally:
