@@ -189,12 +189,24 @@ def test_the_first_failed_rank_of_an_export_stops_it(tp_setup, tiny_ckpt, tmp_pa
     assert not out.exists()
 
 
+PIPELINE_WORKER = os.path.join(REPO, "tests", "pipeline_worker.py")
+
+
+def pipeline_alone(export, folder, backend):
+    """tests/pipeline_worker.py's 5 answers from one process (no launcher)."""
+    alone = run_cli([PIPELINE_WORKER, export, str(folder), backend, "1"])
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    expected = json.loads((folder / "rank_0.txt").read_text())
+    assert len(expected) == 5
+    return expected
+
+
 def test_pipeline_in_a_launched_job_agrees_with_single_rank(tp_setup, tmp_path):
     from lite_runtime import pipeline
     from pipeline_worker import PROMPTS
     folder, exports, table = tp_setup
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
-                      str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "pipeline_worker.py"),
+                      str(tmp_path / "logs"), "--", PIPELINE_WORKER,
                       exports["full"], str(tmp_path)])
     assert result.returncode == 0, result.stderr[-2000:]
     single = pipeline("text_generation", model=exports["single"], backend="ms")
@@ -239,11 +251,7 @@ def test_pipeline_with_data_parallel_answers_in_input_order(tp_setup, lite_singl
     order, each the single-process answer (greedy)."""
     _, exports, table = tp_setup
     export = lite_single_export if backend == "mslite" else exports["single"]
-    worker = os.path.join(REPO, "tests", "pipeline_worker.py")
-    alone = run_cli([worker, export, str(tmp_path), backend, "1"])
-    assert alone.returncode == 0, alone.stderr[-2000:]
-    expected = json.loads((tmp_path / "rank_0.txt").read_text())
-    assert len(expected) == 5
+    worker, expected = PIPELINE_WORKER, pipeline_alone(export, tmp_path, backend)
     out = tmp_path / "dp"
     out.mkdir()
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
@@ -343,11 +351,7 @@ def test_pipeline_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend
     --model_dir` among its arguments lay the job out): every rank gets the one-process answers of the
     TP=1 export, in input order."""
     tp2, tp1 = tp_exports(backend)
-    worker = os.path.join(REPO, "tests", "pipeline_worker.py")
-    alone = run_cli([worker, tp1, str(tmp_path), backend, "1"])
-    assert alone.returncode == 0, alone.stderr[-2000:]
-    expected = json.loads((tmp_path / "rank_0.txt").read_text())
-    assert len(expected) == 5
+    worker, expected = PIPELINE_WORKER, pipeline_alone(tp1, tmp_path, backend)
     out = tmp_path / "dp"
     out.mkdir()
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
