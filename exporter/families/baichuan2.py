@@ -21,11 +21,11 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
-from exporter.weights.plan import WeightPlan, qkv_sections, rule, unit_rows
+from exporter.weights.layouts import hf_llama_layout, mindformers_llama_layout
+from exporter.weights.plan import WeightPlan, unit_rows
 from exporter.families.base import register_family
 from exporter.families.llama import Llama
 
-_QKV = ("layers.{L}.attn.q.weight", "layers.{L}.attn.k.weight", "layers.{L}.attn.v.weight")
 POSITIONS = {"rotary": dict(positions="rotary", alibi=False), "alibi": dict(positions="none", alibi=True)}
 
 
@@ -44,35 +44,13 @@ class Baichuan2(Llama):
                "num_attention_heads": "n_heads", "intermediate_size": "intermediate_size",
                "rms_norm_eps": "norm_eps"}
 
-    hf_weights = WeightPlan([
-        rule("model.embed_tokens.weight", "embed.weight"),
-        rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.self_attn.W_pack.weight", *_QKV, split=qkv_sections),
-        rule("model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.attn.o.weight"),
-        rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.mlp.up_proj.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight", split=unit_rows),
-    ], ignore=[r".*rotary_emb\.inv_freq"])
+    hf_weights = WeightPlan(hf_llama_layout(qkv="weight", fused_qkv="self_attn.W_pack", head_split=unit_rows),
+                            ignore=[r".*rotary_emb\.inv_freq"])
 
     # research/baichuan2/convert_weight.py: W_pack cut into wq, wk, wv, then Llama's MindFormers names;
     # NormHead's weight is `lm_head.weight`, stored as trained (normalised by the network on use).
-    mindformers_weights = WeightPlan([
-        rule("model.tok_embeddings.embedding_weight", "embed.weight"),
-        rule("model.layers.{L}.attention_norm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.attention.wq.weight", "layers.{L}.attn.q.weight"),
-        rule("model.layers.{L}.attention.wk.weight", "layers.{L}.attn.k.weight"),
-        rule("model.layers.{L}.attention.wv.weight", "layers.{L}.attn.v.weight"),
-        rule("model.layers.{L}.attention.wo.weight", "layers.{L}.attn.o.weight"),
-        rule("model.layers.{L}.ffn_norm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.feed_forward.w1.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.feed_forward.w3.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.feed_forward.w2.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm_out.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight", split=unit_rows),
-    ])
+    mindformers_weights = WeightPlan(mindformers_llama_layout(qkv="weight", o="weight", mlp="weight",
+                                                              head_split=unit_rows))
 
     @classmethod
     def from_hf(cls, hf, where):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
+from exporter.weights.layouts import mindformers_gpt_block
 from exporter.weights.plan import WeightPlan, qkv_per_head, rule
 from exporter.families.base import Family, refuse_true, register_family
 
@@ -44,19 +45,7 @@ class Bloom(Family):
         rule("transformer.embedding.word_embedding.embedding_table", "embed.weight"),
         rule("transformer.embedding.norm.gamma", "embed_norm.weight"),
         rule("transformer.embedding.norm.beta", "embed_norm.bias"),
-        rule("transformer.blocks.{L}.layernorm1.gamma", "layers.{L}.attn_norm.weight"),
-        rule("transformer.blocks.{L}.layernorm1.beta", "layers.{L}.attn_norm.bias"),
-        rule("transformer.blocks.{L}.attention.dense1.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("transformer.blocks.{L}.attention.dense2.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("transformer.blocks.{L}.attention.dense3.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("transformer.blocks.{L}.attention.projection.weight", "layers.{L}.attn.o.weight", transpose=True),
-        rule("transformer.blocks.{L}.attention.projection.bias", "layers.{L}.attn.o.bias"),
-        rule("transformer.blocks.{L}.layernorm2.gamma", "layers.{L}.mlp_norm.weight"),
-        rule("transformer.blocks.{L}.layernorm2.beta", "layers.{L}.mlp_norm.bias"),
-        rule("transformer.blocks.{L}.output.mapping.weight", "layers.{L}.mlp.up.weight", transpose=True),
-        rule("transformer.blocks.{L}.output.mapping.bias", "layers.{L}.mlp.up.bias"),
-        rule("transformer.blocks.{L}.output.projection.weight", "layers.{L}.mlp.down.weight", transpose=True),
-        rule("transformer.blocks.{L}.output.projection.bias", "layers.{L}.mlp.down.bias"),
+        *mindformers_gpt_block("transformer.blocks.{L}"),
         rule("transformer.ln_f.gamma", "final_norm.weight"),
         rule("transformer.ln_f.beta", "final_norm.bias"),
         rule("head.weight", "head.weight"),

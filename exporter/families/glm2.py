@@ -18,6 +18,7 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
+from exporter.weights.layouts import hf_llama_layout
 from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
 from exporter.families.glm import Glm
@@ -66,19 +67,7 @@ class Glm2(Family):
     mindformers_also_read = ("kv_channels", "multi_query_attention", "multi_query_group_num", "rope_ratio")
 
     hf_weights = WeightPlan(_layers("transformer", {"embedding": "word_embeddings.weight"}) + [
-        # transformers' glm layout
-        rule("model.embed_tokens.weight", "embed.weight"),
-        rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.self_attn.q_proj.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("model.layers.{L}.self_attn.k_proj.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("model.layers.{L}.self_attn.v_proj.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.attn.o.weight"),
-        rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.mlp.gate_up_proj.weight", "layers.{L}.mlp.gate.weight", "layers.{L}.mlp.up.weight",
-             split=halves),
-        rule("model.layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
+        *hf_llama_layout(qkv="{wb}", fused_gate_up="mlp.gate_up_proj"),     # transformers' glm layout
     ], ignore=[r".*rotary_pos_emb\.inv_freq", r".*rotary_emb\.inv_freq"])
 
     # mindformers/models/glm2/convert_weight.py: the ChatGLM names, word_embeddings.weight -> embedding_weight;

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
+from exporter.weights.layouts import mindformers_gpt_block
 from exporter.weights.plan import WeightPlan, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
 
@@ -47,19 +48,7 @@ class GPT2(Family):
     mindformers_weights = WeightPlan([
         rule("backbone.embedding.word_embedding.embedding_table", "embed.weight"),
         rule("backbone.embedding.position_embedding.embedding_table", "pos_embed.weight"),
-        rule("backbone.blocks.{L}.layernorm1.gamma", "layers.{L}.attn_norm.weight"),
-        rule("backbone.blocks.{L}.layernorm1.beta", "layers.{L}.attn_norm.bias"),
-        rule("backbone.blocks.{L}.attention.dense1.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("backbone.blocks.{L}.attention.dense2.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("backbone.blocks.{L}.attention.dense3.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("backbone.blocks.{L}.attention.projection.weight", "layers.{L}.attn.o.weight", transpose=True),
-        rule("backbone.blocks.{L}.attention.projection.bias", "layers.{L}.attn.o.bias"),
-        rule("backbone.blocks.{L}.layernorm2.gamma", "layers.{L}.mlp_norm.weight"),
-        rule("backbone.blocks.{L}.layernorm2.beta", "layers.{L}.mlp_norm.bias"),
-        rule("backbone.blocks.{L}.output.mapping.weight", "layers.{L}.mlp.up.weight", transpose=True),
-        rule("backbone.blocks.{L}.output.mapping.bias", "layers.{L}.mlp.up.bias"),
-        rule("backbone.blocks.{L}.output.projection.weight", "layers.{L}.mlp.down.weight", transpose=True),
-        rule("backbone.blocks.{L}.output.projection.bias", "layers.{L}.mlp.down.bias"),
+        *mindformers_gpt_block("backbone.blocks.{L}"),
         rule("backbone.layernorm.gamma", "final_norm.weight"),
         rule("backbone.layernorm.beta", "final_norm.bias"),
         rule("head.weight", "head.weight"),

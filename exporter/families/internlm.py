@@ -13,7 +13,8 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
-from exporter.weights.plan import WeightPlan, rule
+from exporter.weights.layouts import hf_llama_layout, mindformers_llama_layout
+from exporter.weights.plan import WeightPlan
 from exporter.families.base import register_family
 from exporter.families.llama import Llama, check_head_dim
 
@@ -34,36 +35,10 @@ class InternLM(Llama):
                "tie_word_embeddings": "tie_word_embeddings"}
     mindformers_required = {"has_bias": (True, False)}     # read by from_mindformers
 
-    hf_weights = WeightPlan([
-        rule("model.embed_tokens.weight", "embed.weight"),
-        rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.self_attn.q_proj.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("model.layers.{L}.self_attn.k_proj.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("model.layers.{L}.self_attn.v_proj.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("model.layers.{L}.self_attn.o_proj.{wb}", "layers.{L}.attn.o.{wb}"),
-        rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.mlp.up_proj.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
-    ], ignore=[r".*rotary_emb\.inv_freq"])
+    hf_weights = WeightPlan(hf_llama_layout(qkv="{wb}", o="{wb}"), ignore=[r".*rotary_emb\.inv_freq"])
 
     # research/internlm/convert_weight.py: Llama's renames, the biases keep their suffix.
-    mindformers_weights = WeightPlan([
-        rule("model.tok_embeddings.embedding_weight", "embed.weight"),
-        rule("model.layers.{L}.attention_norm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.attention.wq.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("model.layers.{L}.attention.wk.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("model.layers.{L}.attention.wv.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("model.layers.{L}.attention.wo.{wb}", "layers.{L}.attn.o.{wb}"),
-        rule("model.layers.{L}.ffn_norm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.feed_forward.w1.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.feed_forward.w3.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.feed_forward.w2.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm_out.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
-    ])
+    mindformers_weights = WeightPlan(mindformers_llama_layout(mlp="weight"))
 
     @classmethod
     def from_hf(cls, hf, where):

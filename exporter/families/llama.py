@@ -8,7 +8,8 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
-from exporter.weights.plan import WeightPlan, halves, qkv_sections, rule
+from exporter.weights.layouts import hf_llama_layout, mindformers_llama_layout
+from exporter.weights.plan import WeightPlan
 from exporter.families.base import Family, register_family
 
 
@@ -39,24 +40,7 @@ def check_head_dim(hf: dict, where: str) -> None:
 
 
 # MindFormers' Llama names (also Qwen1.5 / Qwen2 checkpoints, which MindFormers runs as LlamaForCausalLM).
-MINDFORMERS_RULES = [
-    rule("model.tok_embeddings.embedding_weight", "embed.weight"),
-    rule("model.layers.{L}.attention_norm.weight", "layers.{L}.attn_norm.weight"),
-    rule("model.layers.{L}.attention.wq.{wb}", "layers.{L}.attn.q.{wb}"),
-    rule("model.layers.{L}.attention.wk.{wb}", "layers.{L}.attn.k.{wb}"),
-    rule("model.layers.{L}.attention.wv.{wb}", "layers.{L}.attn.v.{wb}"),
-    rule("model.layers.{L}.attention.w_qkv.{wb}",     # qkv_concat: True
-         "layers.{L}.attn.q.{wb}", "layers.{L}.attn.k.{wb}", "layers.{L}.attn.v.{wb}", split=qkv_sections),
-    rule("model.layers.{L}.attention.wo.{wb}", "layers.{L}.attn.o.{wb}"),
-    rule("model.layers.{L}.ffn_norm.weight", "layers.{L}.mlp_norm.weight"),
-    rule("model.layers.{L}.feed_forward.w1.{wb}", "layers.{L}.mlp.gate.{wb}"),
-    rule("model.layers.{L}.feed_forward.w3.{wb}", "layers.{L}.mlp.up.{wb}"),
-    rule("model.layers.{L}.feed_forward.w_gate_hidden.{wb}",
-         "layers.{L}.mlp.gate.{wb}", "layers.{L}.mlp.up.{wb}", split=halves),
-    rule("model.layers.{L}.feed_forward.w2.{wb}", "layers.{L}.mlp.down.{wb}"),
-    rule("model.norm_out.weight", "final_norm.weight"),
-    rule("lm_head.weight", "head.weight"),
-]
+MINDFORMERS_RULES = mindformers_llama_layout()
 
 
 @register_family
@@ -77,20 +61,7 @@ class Llama(Family):
                         "rms_norm_eps": "norm_eps", "theta": "rope_theta", "tie_word_embeddings": "tie_word_embeddings"}
     mindformers_also_read = ("qkv_has_bias",)
 
-    hf_weights = WeightPlan([
-        rule("model.embed_tokens.weight", "embed.weight"),
-        rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.self_attn.q_proj.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("model.layers.{L}.self_attn.k_proj.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("model.layers.{L}.self_attn.v_proj.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("model.layers.{L}.self_attn.o_proj.{wb}", "layers.{L}.attn.o.{wb}"),
-        rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.mlp.gate_proj.{wb}", "layers.{L}.mlp.gate.{wb}"),
-        rule("model.layers.{L}.mlp.up_proj.{wb}", "layers.{L}.mlp.up.{wb}"),
-        rule("model.layers.{L}.mlp.down_proj.{wb}", "layers.{L}.mlp.down.{wb}"),
-        rule("model.norm.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
-    ], ignore=[r".*rotary_emb\.inv_freq"])
+    hf_weights = WeightPlan(hf_llama_layout(qkv="{wb}", o="{wb}", mlp="{wb}"), ignore=[r".*rotary_emb\.inv_freq"])
 
     mindformers_weights = WeightPlan(MINDFORMERS_RULES)
 

@@ -19,22 +19,10 @@ from __future__ import annotations
 
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
+from exporter.weights.layouts import mindformers_gpt_block
 from exporter.weights.plan import WeightPlan, rule
 from exporter.families.base import Family, register_family
 
-_BLOCK = (("layernorm1.gamma", "attn_norm.weight"), ("layernorm1.beta", "attn_norm.bias"),
-          ("attention.dense1.{wb}", "attn.q.{wb}"), ("attention.dense2.{wb}", "attn.k.{wb}"),
-          ("attention.dense3.{wb}", "attn.v.{wb}"), ("attention.projection.bias", "attn.o.bias"),
-          ("layernorm2.gamma", "mlp_norm.weight"), ("layernorm2.beta", "mlp_norm.bias"),
-          ("output.mapping.bias", "mlp.up.bias"), ("output.projection.bias", "mlp.down.bias"))
-# MindFormers' Linear with transpose_b=False: projection and mapping weights stored (in, out).
-_BLOCK_IN_OUT = (("attention.projection.weight", "attn.o.weight"), ("output.mapping.weight", "mlp.up.weight"),
-                 ("output.projection.weight", "mlp.down.weight"))
-
-
-def _block_rules(source: str, target: str):
-    return [rule(f"{source}.{a}", f"{target}.{b}") for a, b in _BLOCK] + \
-        [rule(f"{source}.{a}", f"{target}.{b}", transpose=True) for a, b in _BLOCK_IN_OUT]
 
 
 @register_family
@@ -58,8 +46,8 @@ class PanguAlpha(Family):
         rule("position_embedding_table", "pos_embed.weight"),
         rule("backbone.top_query_embedding.embedding_table", "top_query.query_embed.weight"),
         rule("query_embedding_table", "top_query.query_embed.weight"),
-        *_block_rules("backbone.blocks.{L}", "layers.{L}"),
-        *_block_rules("backbone.top_query_layer", "top_query"),
+        *mindformers_gpt_block("backbone.blocks.{L}", "layers.{L}"),
+        *mindformers_gpt_block("backbone.top_query_layer", "top_query"),
         rule("backbone.layernorm.gamma", "final_norm.weight"),
         rule("backbone.layernorm.beta", "final_norm.bias"),
     ])

@@ -20,6 +20,7 @@ from __future__ import annotations
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES
 
+from exporter.weights.layouts import hf_llama_layout
 from exporter.weights.plan import WeightPlan, qkv_sections, rule
 from exporter.families.base import Family, refuse_true, register_family
 from exporter.families.llama import MINDFORMERS_RULES as LLAMA_MINDFORMERS_RULES, check_head_dim, read_rope
@@ -49,19 +50,7 @@ class Qwen(Family):
         rule("transformer.h.{L}.mlp.w1.weight", "layers.{L}.mlp.up.weight"),
         rule("transformer.h.{L}.mlp.c_proj.weight", "layers.{L}.mlp.down.weight"),
         rule("transformer.ln_f.weight", "final_norm.weight"),
-        # Qwen1.5 / Qwen2
-        rule("model.embed_tokens.weight", "embed.weight"),
-        rule("model.layers.{L}.input_layernorm.weight", "layers.{L}.attn_norm.weight"),
-        rule("model.layers.{L}.self_attn.q_proj.{wb}", "layers.{L}.attn.q.{wb}"),
-        rule("model.layers.{L}.self_attn.k_proj.{wb}", "layers.{L}.attn.k.{wb}"),
-        rule("model.layers.{L}.self_attn.v_proj.{wb}", "layers.{L}.attn.v.{wb}"),
-        rule("model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.attn.o.weight"),
-        rule("model.layers.{L}.post_attention_layernorm.weight", "layers.{L}.mlp_norm.weight"),
-        rule("model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.mlp.gate.weight"),
-        rule("model.layers.{L}.mlp.up_proj.weight", "layers.{L}.mlp.up.weight"),
-        rule("model.layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down.weight"),
-        rule("model.norm.weight", "final_norm.weight"),
-        rule("lm_head.weight", "head.weight"),
+        *hf_llama_layout(qkv="{wb}"),    # Qwen1.5 / Qwen2
     ], ignore=[r".*rotary_emb\.inv_freq"])
 
     # research/qwen/convert_weight.py: c_attn cut in three (wq, wk, wv), HF w2 -> w3, c_proj -> w2.
