@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import mmap
 import os
 import re
 import time
@@ -25,8 +26,10 @@ import numpy as np
 
 from lite_runtime.backends.lite_install import shim_candidates
 from lite_runtime.contract.errors import ArtifactError, ToolchainError, UnsupportedError
+from lite_runtime.backends import lite_weights
 from lite_runtime.contract.families import TensorSpec
 
+RELEASE_ENV = "LITE_RELEASE_WEIGHTS"     # "0": keep Lite's original MatMul weights (lite_weights.py)
 _MAX_RANK = 8
 
 # mindspore::DataType values (include/api/data_type.h) -> numpy dtype names
@@ -86,6 +89,8 @@ def load_shim() -> ctypes.CDLL:
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.lite_last_error.restype = ctypes.c_char_p
     lib.lite_model_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int, ctypes.POINTER(vp)]
+    lib.lite_model_create_from_buffer.argtypes = [ctypes.c_char_p, vp, c_size, ctypes.c_char_p, c_int,
+                                                  ctypes.POINTER(vp)]
     lib.lite_model_free.argtypes = [vp]
     lib.lite_model_free.restype = None
     lib.lite_num_tensors.argtypes = [vp, c_int]
@@ -97,7 +102,7 @@ def load_shim() -> ctypes.CDLL:
     lib.lite_resize.argtypes = [vp, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(c_int)]
     lib.lite_result.argtypes = [vp, c_int, ctypes.POINTER(vp), ctypes.POINTER(c_size)]
     lib.lite_profile.argtypes = [vp, c_int, c_int, ctypes.c_char_p, c_size]
-    for name in ("lite_model_create", "lite_num_tensors", "lite_tensor_info", "lite_bind_input",
+    for name in ("lite_model_create", "lite_model_create_from_buffer", "lite_num_tensors", "lite_tensor_info", "lite_bind_input",
                  "lite_bind_output", "lite_predict", "lite_resize", "lite_result", "lite_profile"):
         getattr(lib, name).restype = c_int
     _lib = lib
@@ -139,17 +144,28 @@ class LiteModel:
     copy what you keep past the next call.
     """
 
-    def __init__(self, path: str, config_path: Optional[str] = None, num_threads: int = 2):
+    def __init__(self, path: str, config_path: Optional[str] = None, num_threads: int = 2,
+                 release_weights: Optional[bool] = None):
+        """`release_weights` (default: on unless LITE_RELEASE_WEIGHTS=0): for a `.ms` model with its weights
+        inside, give back Lite's unused original of each MatMul weight after Build (lite_weights.py)."""
         self.path = path
         self._lib = load_shim()
         self._handle = ctypes.c_void_p()
+        self._released = lite_weights.Released([])
+        self.release_note = "not a .ms model with its weights inside"
         start = time.perf_counter()
         config = os.path.abspath(config_path).encode() if config_path else None
         model = os.path.abspath(path)      # before the working directory changes
+        if release_weights is None:
+            release_weights = os.environ.get(RELEASE_ENV, "1") != "0"
         # Lite 2.0 opens the weights file of a large `.ms` model (`<name>.msw`) by its name relative
         # to the working directory, not to the model's folder: Build from inside that folder.
         with _working_directory(os.path.dirname(model)):
-            failed = self._lib.lite_model_create(model.encode(), config, int(num_threads), ctypes.byref(self._handle))
+            if release_weights and model.endswith(".ms") and not os.path.exists(model + "w"):
+                failed = self._build_releasing(model, config, num_threads)
+            else:
+                failed = self._lib.lite_model_create(model.encode(), config, int(num_threads),
+                                                     ctypes.byref(self._handle))
         if failed:
             text = _last_error(self._lib)
             raise ArtifactError(explain_lite_error(text, path)
@@ -161,6 +177,27 @@ class LiteModel:
         self._take_shapes()
         # Outputs of dynamic dimensions: Lite learns their shapes while running (see `_results`).
         self.dynamic = any(d < 0 for s in self.outputs for d in s.shape)
+
+    def _build_releasing(self, model: str, config: Optional[bytes], num_threads: int) -> int:
+        """Build from the file mapped read-only (Lite copies it), then release the originals."""
+        with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+            view = ctypes.c_char.from_buffer(mapped)     # the mapping's address; nothing writes to it
+            try:
+                before = lite_weights.anonymous_regions()
+                failed = self._lib.lite_model_create_from_buffer(model.encode(), ctypes.addressof(view), len(mapped),
+                                                                 config, int(num_threads), ctypes.byref(self._handle))
+                if not failed:
+                    ranges = lite_weights.matmul_weight_ranges(mapped)
+                    self._released, self.release_note = lite_weights.release_packed_originals(
+                        ctypes.addressof(view), len(mapped), ranges, before)
+            finally:
+                del view
+        return failed
+
+    @property
+    def released_bytes(self) -> int:
+        """Bytes of Lite's original MatMul weights given back after Build (0: none, see release_note)."""
+        return self._released.nbytes
 
     def _take_shapes(self) -> None:
         """Read the tensors' shapes (at load and after a resize) and bind fresh output buffers."""
@@ -273,6 +310,7 @@ class LiteModel:
 
     def close(self) -> None:
         if self._handle:
+            self._released.restore()        # before Lite frees (and may reuse) its model copy
             self._lib.lite_model_free(self._handle)
             self._handle = None     # not ctypes.c_void_p(): at interpreter exit the module's globals may be gone
         self._bound_inputs = [None] * len(self.inputs)
