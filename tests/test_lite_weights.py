@@ -11,7 +11,7 @@ import pytest
 
 from family_cases import STEPS
 from lite_process import ensure_lite_installed
-from tiny_models import REPO, run_cli
+from tiny_models import run_cli
 
 RUN = """
 import sys

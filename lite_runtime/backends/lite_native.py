@@ -152,6 +152,7 @@ class LiteModel:
         self._lib = load_shim()
         self._handle = ctypes.c_void_p()
         self._released = lite_weights.Released([])
+        self._source = None
         self.release_note = "not a .ms model with its weights inside"
         start = time.perf_counter()
         config = os.path.abspath(config_path).encode() if config_path else None
@@ -179,19 +180,27 @@ class LiteModel:
         self.dynamic = any(d < 0 for s in self.outputs for d in s.shape)
 
     def _build_releasing(self, model: str, config: Optional[bytes], num_threads: int) -> int:
-        """Build from the file mapped read-only (Lite copies it), then release the originals."""
-        with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
-            view = ctypes.c_char.from_buffer(mapped)     # the mapping's address; nothing writes to it
-            try:
-                before = lite_weights.anonymous_regions()
-                failed = self._lib.lite_model_create_from_buffer(model.encode(), ctypes.addressof(view), len(mapped),
-                                                                 config, int(num_threads), ctypes.byref(self._handle))
-                if not failed:
-                    ranges = lite_weights.matmul_weight_ranges(mapped)
-                    self._released, self.release_note = lite_weights.release_packed_originals(
-                        ctypes.addressof(view), len(mapped), ranges, before)
-            finally:
-                del view
+        """Build from the file mapped copy-on-write and never written (Lite copies it; the mapping's
+        pages are dropped as Lite reads them), then release Lite's originals of the MatMul weights."""
+        with open(model, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        view = ctypes.c_char.from_buffer(mapped)
+        address, size = ctypes.addressof(view), len(mapped)
+        try:
+            before = lite_weights.anonymous_regions()
+            with lite_weights.DropWhileBuilding(address, size):
+                failed = self._lib.lite_model_create_from_buffer(model.encode(), address, size, config,
+                                                                 int(num_threads), ctypes.byref(self._handle))
+            if not failed:
+                ranges = lite_weights.matmul_weight_ranges(mapped)
+                self._released, self.release_note = lite_weights.release_packed_originals(address, size, ranges,
+                                                                                          before)
+        finally:
+            del view
+        if failed or self._released.copies:
+            mapped.close()
+        else:       # no copy of the file found: Lite may read the mapping, keep it while the model lives
+            self._source = mapped
         return failed
 
     @property
@@ -312,6 +321,9 @@ class LiteModel:
         if self._handle:
             self._released.restore()        # before Lite frees (and may reuse) its model copy
             self._lib.lite_model_free(self._handle)
+            if getattr(self, "_source", None) is not None:
+                self._source.close()
+                self._source = None
             self._handle = None     # not ctypes.c_void_p(): at interpreter exit the module's globals may be gone
         self._bound_inputs = [None] * len(self.inputs)
 

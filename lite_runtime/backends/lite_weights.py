@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import struct
+import threading
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -136,17 +137,58 @@ def _copies(regions: Dict[int, int], source: int, size: int) -> List[int]:
             hit = _libc.memmem(at, end - at, source, probe)
             if not hit or hit + size > end:
                 break
-            if _libc.memcmp(hit, source, size) == 0:
+            if _same(hit, source, size):
                 found.append(hit)
             at = hit + 1
     return found
 
 
-class Released:
-    """Pages of Lite's model copy given back; `restore()` makes them accessible again."""
+def _same(copy: int, source: int, size: int, chunk: int = 64 << 20) -> bool:
+    """memcmp in chunks, each chunk of `source` (a clean file mapping) dropped once compared."""
+    for offset in range(0, size, chunk):
+        n = min(chunk, size - offset)
+        equal = _libc.memcmp(copy + offset, source + offset, n) == 0
+        drop_file_pages(source + offset, n)
+        if not equal:
+            return False
+    return True
 
-    def __init__(self, spans: List[Tuple[int, int]]):
-        self.spans = spans
+
+def drop_file_pages(address: int, size: int) -> None:
+    """Unmap the resident pages of a clean private file mapping (read again from the file if used)."""
+    start = address // PAGE * PAGE
+    _libc.madvise(start, address + size - start, _MADV_DONTNEED)
+
+
+class DropWhileBuilding:
+    """While Lite builds from a clean read-only file mapping (it copies the file first), keep that
+    mapping's pages out of the process every `period` seconds: the file is not held in memory twice."""
+
+    def __init__(self, address: int, size: int, period: float = 0.02):
+        self.address, self.size, self.period = address, size, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lite-build-drop", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            drop_file_pages(self.address, self.size)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        drop_file_pages(self.address, self.size)
+
+
+class Released:
+    """Pages of Lite's model copy given back; `restore()` makes them accessible again. `copies`: how
+    many copies of the model file Build left in memory it mapped (Lite 2.0: 1; None: not looked for)."""
+
+    def __init__(self, spans: List[Tuple[int, int]], copies=None):
+        self.spans, self.copies = spans, copies
         self.nbytes = sum(length for _, length in spans)
         self._mprotect = _libc.mprotect      # kept: restore() may run while the interpreter exits
 
@@ -162,23 +204,23 @@ def release_packed_originals(source: int, size: int, ranges: List[Tuple[int, int
     at `source` (the file as passed to Build), looked for in the mappings that are new or resized
     since `before` (anonymous_regions() taken before Build). Returns what was released and, when
     nothing was, why."""
-    if not ranges:
-        return Released([]), "no MatMul weights inside the model file"
     changed = {a: s for a, s in anonymous_regions().items() if before.get(a) != s}
     copies = _copies(changed, source, size)
     if len(copies) != 1:
-        return Released([]), f"{len(copies)} copies of the model found in the memory Build mapped (expected 1)"
+        return Released([], len(copies)), f"{len(copies)} copies of the model in the memory Build mapped (expected 1)"
+    if not ranges:
+        return Released([], 1), "no MatMul weights inside the model file"
     base, spans = copies[0], []
     for offset, length in ranges:
         first = -(-(base + offset) // PAGE) * PAGE
         last = (base + offset + length) // PAGE * PAGE
         if last > first:
             spans.append((first, last - first))
-    released = Released([])
+    released = Released([], 1)
     for start, length in spans:
         if _libc.madvise(start, length, _MADV_DONTNEED) or _libc.mprotect(start, length, _PROT_NONE):
             released.restore()
-            return Released([]), f"madvise/mprotect failed: errno {ctypes.get_errno()}"
+            return Released([], 1), f"madvise/mprotect failed: errno {ctypes.get_errno()}"
         released.spans.append((start, length))
         released.nbytes += length
     return released, ""
