@@ -182,8 +182,11 @@ class LiteModel:
     def _build_releasing(self, model: str, config: Optional[bytes], num_threads: int) -> int:
         """Build from the file mapped copy-on-write and never written (Lite copies it; the mapping's
         pages are dropped as Lite reads them), then release Lite's originals of the MatMul weights."""
-        with open(model, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        try:
+            with open(model, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError):       # unreadable or empty: Lite's own load says why
+            return self._lib.lite_model_create(model.encode(), config, int(num_threads), ctypes.byref(self._handle))
         view = ctypes.c_char.from_buffer(mapped)
         address, size = ctypes.addressof(view), len(mapped)
         try:
