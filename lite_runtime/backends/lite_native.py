@@ -18,6 +18,7 @@ import math
 import mmap
 import os
 import re
+import struct
 import time
 from collections import Counter
 from typing import List, Optional, Sequence
@@ -195,9 +196,12 @@ class LiteModel:
                 failed = self._lib.lite_model_create_from_buffer(model.encode(), address, size, config,
                                                                  int(num_threads), ctypes.byref(self._handle))
             if not failed:
-                ranges = lite_weights.matmul_weight_ranges(mapped)
-                self._released, self.release_note = lite_weights.release_packed_originals(address, size, ranges,
-                                                                                          before)
+                try:
+                    ranges = lite_weights.matmul_weight_ranges(mapped)
+                    self._released, self.release_note = lite_weights.release_packed_originals(address, size, ranges,
+                                                                                              before)
+                except (OSError, struct.error, IndexError) as e:    # no /proc, or not a flatbuffer we read
+                    self.release_note = f"not released: {e}"
         finally:
             del view
         if failed or self._released.copies:
