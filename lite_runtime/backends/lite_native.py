@@ -90,8 +90,10 @@ def load_shim() -> ctypes.CDLL:
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.lite_last_error.restype = ctypes.c_char_p
     lib.lite_model_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int, ctypes.POINTER(vp)]
-    lib.lite_model_create_from_buffer.argtypes = [ctypes.c_char_p, vp, c_size, ctypes.c_char_p, c_int,
-                                                  ctypes.POINTER(vp)]
+    if hasattr(lib, "lite_model_create_from_buffer"):   # a shim built before it lacks it: no release then
+        lib.lite_model_create_from_buffer.argtypes = [ctypes.c_char_p, vp, c_size, ctypes.c_char_p, c_int,
+                                                      ctypes.POINTER(vp)]
+        lib.lite_model_create_from_buffer.restype = c_int
     lib.lite_model_free.argtypes = [vp]
     lib.lite_model_free.restype = None
     lib.lite_num_tensors.argtypes = [vp, c_int]
@@ -103,7 +105,7 @@ def load_shim() -> ctypes.CDLL:
     lib.lite_resize.argtypes = [vp, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(c_int)]
     lib.lite_result.argtypes = [vp, c_int, ctypes.POINTER(vp), ctypes.POINTER(c_size)]
     lib.lite_profile.argtypes = [vp, c_int, c_int, ctypes.c_char_p, c_size]
-    for name in ("lite_model_create", "lite_model_create_from_buffer", "lite_num_tensors", "lite_tensor_info", "lite_bind_input",
+    for name in ("lite_model_create", "lite_num_tensors", "lite_tensor_info", "lite_bind_input",
                  "lite_bind_output", "lite_predict", "lite_resize", "lite_result", "lite_profile"):
         getattr(lib, name).restype = c_int
     _lib = lib
@@ -163,7 +165,10 @@ class LiteModel:
         # Lite 2.0 opens the weights file of a large `.ms` model (`<name>.msw`) by its name relative
         # to the working directory, not to the model's folder: Build from inside that folder.
         with _working_directory(os.path.dirname(model)):
-            if release_weights and model.endswith(".ms") and not os.path.exists(model + "w"):
+            can_release = hasattr(self._lib, "lite_model_create_from_buffer")
+            if not can_release:
+                self.release_note = f"the shim {shim_path()} predates the release: run `lite-setup` again"
+            if can_release and release_weights and model.endswith(".ms") and not os.path.exists(model + "w"):
                 failed = self._build_releasing(model, config, num_threads)
             else:
                 failed = self._lib.lite_model_create(model.encode(), config, int(num_threads),
