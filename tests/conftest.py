@@ -106,7 +106,7 @@ def hf_family(tmp_path_factory):
 def family_export(hf_family, tmp_path_factory):
     """(family, variant) -> export folder. Variants: io, in_graph, dynamic (MindSpore 2.10), lite,
     lite_dynamic (MindSpore 2.0), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks), lite_tp2
-    (MindSpore 2.0, 2 ranks as step segments)."""
+    (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms)."""
     made = {}
 
     def get(family, variant):
@@ -118,7 +118,7 @@ def family_export(hf_family, tmp_path_factory):
                 cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
             else:
                 kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
-                            "lite_tp2": "dynamic"}.get(variant, "io")
+                            "lite_tp2": "dynamic", "lite_segments": "dynamic"}.get(variant, "io")
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                        "kv_cache": kv_cache, "output_dir": out}
                 if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
@@ -128,6 +128,8 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["parallel"] = {"model_parallel": 2}
                 if variant == "lite_tp2":     # each rank's step as segments, reduced on the host
                     cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
+                if variant == "lite_segments":   # one rank's step as segments, each its own .ms
+                    cfg["parallel"], cfg["lite_ms"] = {"collectives": "host"}, True
                 if variant == "lite_dynamic":
                     cfg["lite_ms"] = True
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable

@@ -62,7 +62,9 @@ class ParallelSection:
     model_parallel: int = 1
     data_parallel: int = 1
     pipeline_stage: int = 1
-    collectives: str = "graph"   # graph: in each rank's graphs (MindSpore, Ascend); host: segments (Lite on CPU)
+    # graph: in each rank's graphs (MindSpore, Ascend); host: each rank's step as segments, one per
+    # attention or MLP block (Lite on CPU; on one rank too: each .ms far below Lite's 2 GB limit)
+    collectives: str = "graph"
 
 
 @dataclass
@@ -153,12 +155,11 @@ class ExportConfig:
                               f"{', '.join(COLLECTIVE_FORMS)}")
         if form == "host":
             needs = [f"{key} {value}" for key, value, allowed in (
-                ("parallel.model_parallel", self.parallel.model_parallel, self.parallel.model_parallel > 1),
                 ("kv_cache", self.kv_cache, self.kv_cache == "dynamic"),
                 ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
             if needs:
-                raise ConfigError(f"{where}: parallel.collectives: host cuts a multi-rank dynamic step into segments "
-                                  "and needs model_parallel > 1, kv_cache dynamic and compute_dtype float32; this "
+                raise ConfigError(f"{where}: parallel.collectives: host cuts each rank's dynamic step into segments "
+                                  "and needs kv_cache dynamic and compute_dtype float32; this "
                                   f"config has {', '.join(needs)}")
 
     @property

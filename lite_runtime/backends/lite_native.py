@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import mmap
 import os
 import re
+import struct
 import time
 from collections import Counter
 from typing import List, Optional, Sequence
@@ -25,8 +27,10 @@ import numpy as np
 
 from lite_runtime.backends.lite_install import shim_candidates
 from lite_runtime.contract.errors import ArtifactError, ToolchainError, UnsupportedError
+from lite_runtime.backends import lite_weights
 from lite_runtime.contract.families import TensorSpec
 
+RELEASE_ENV = "LITE_RELEASE_WEIGHTS"     # "0": keep Lite's original MatMul weights (lite_weights.py)
 _MAX_RANK = 8
 
 # mindspore::DataType values (include/api/data_type.h) -> numpy dtype names
@@ -86,6 +90,10 @@ def load_shim() -> ctypes.CDLL:
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.lite_last_error.restype = ctypes.c_char_p
     lib.lite_model_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int, ctypes.POINTER(vp)]
+    if hasattr(lib, "lite_model_create_from_buffer"):   # a shim built before it lacks it: no release then
+        lib.lite_model_create_from_buffer.argtypes = [ctypes.c_char_p, vp, c_size, ctypes.c_char_p, c_int,
+                                                      ctypes.POINTER(vp)]
+        lib.lite_model_create_from_buffer.restype = c_int
     lib.lite_model_free.argtypes = [vp]
     lib.lite_model_free.restype = None
     lib.lite_num_tensors.argtypes = [vp, c_int]
@@ -139,17 +147,32 @@ class LiteModel:
     copy what you keep past the next call.
     """
 
-    def __init__(self, path: str, config_path: Optional[str] = None, num_threads: int = 2):
+    def __init__(self, path: str, config_path: Optional[str] = None, num_threads: int = 2,
+                 release_weights: Optional[bool] = None):
+        """`release_weights` (default: on unless LITE_RELEASE_WEIGHTS=0): for a `.ms` model with its weights
+        inside, give back Lite's unused original of each MatMul weight after Build (lite_weights.py)."""
         self.path = path
         self._lib = load_shim()
         self._handle = ctypes.c_void_p()
+        self._released = lite_weights.Released([])
+        self._source = None
+        self.release_note = "not a .ms model with its weights inside"
         start = time.perf_counter()
         config = os.path.abspath(config_path).encode() if config_path else None
         model = os.path.abspath(path)      # before the working directory changes
+        if release_weights is None:
+            release_weights = os.environ.get(RELEASE_ENV, "1") != "0"
         # Lite 2.0 opens the weights file of a large `.ms` model (`<name>.msw`) by its name relative
         # to the working directory, not to the model's folder: Build from inside that folder.
         with _working_directory(os.path.dirname(model)):
-            failed = self._lib.lite_model_create(model.encode(), config, int(num_threads), ctypes.byref(self._handle))
+            can_release = hasattr(self._lib, "lite_model_create_from_buffer")
+            if not can_release:
+                self.release_note = f"the shim {shim_path()} predates the release: run `lite-setup` again"
+            if can_release and release_weights and model.endswith(".ms") and not os.path.exists(model + "w"):
+                failed = self._build_releasing(model, config, num_threads)
+            else:
+                failed = self._lib.lite_model_create(model.encode(), config, int(num_threads),
+                                                     ctypes.byref(self._handle))
         if failed:
             text = _last_error(self._lib)
             raise ArtifactError(explain_lite_error(text, path)
@@ -161,6 +184,41 @@ class LiteModel:
         self._take_shapes()
         # Outputs of dynamic dimensions: Lite learns their shapes while running (see `_results`).
         self.dynamic = any(d < 0 for s in self.outputs for d in s.shape)
+
+    def _build_releasing(self, model: str, config: Optional[bytes], num_threads: int) -> int:
+        """Build from the file mapped copy-on-write and never written (Lite copies it; the mapping's
+        pages are dropped as Lite reads them), then release Lite's originals of the MatMul weights."""
+        try:
+            with open(model, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError):       # unreadable or empty: Lite's own load says why
+            return self._lib.lite_model_create(model.encode(), config, int(num_threads), ctypes.byref(self._handle))
+        view = ctypes.c_char.from_buffer(mapped)
+        address, size = ctypes.addressof(view), len(mapped)
+        try:
+            before = lite_weights.anonymous_regions()
+            with lite_weights.DropWhileBuilding(address, size):
+                failed = self._lib.lite_model_create_from_buffer(model.encode(), address, size, config,
+                                                                 int(num_threads), ctypes.byref(self._handle))
+            if not failed:
+                try:
+                    ranges = lite_weights.matmul_weight_ranges(mapped)
+                    self._released, self.release_note = lite_weights.release_packed_originals(address, size, ranges,
+                                                                                              before)
+                except (OSError, struct.error, IndexError) as e:    # no /proc, or not a flatbuffer we read
+                    self.release_note = f"not released: {e}"
+        finally:
+            del view
+        if failed or self._released.copies:
+            mapped.close()
+        else:       # no copy of the file found: Lite may read the mapping, keep it while the model lives
+            self._source = mapped
+        return failed
+
+    @property
+    def released_bytes(self) -> int:
+        """Bytes of Lite's original MatMul weights given back after Build (0: none, see release_note)."""
+        return self._released.nbytes
 
     def _take_shapes(self) -> None:
         """Read the tensors' shapes (at load and after a resize) and bind fresh output buffers."""
@@ -273,7 +331,11 @@ class LiteModel:
 
     def close(self) -> None:
         if self._handle:
+            self._released.restore()        # before Lite frees (and may reuse) its model copy
             self._lib.lite_model_free(self._handle)
+            if getattr(self, "_source", None) is not None:
+                self._source.close()
+                self._source = None
             self._handle = None     # not ctypes.c_void_p(): at interpreter exit the module's globals may be gone
         self._bound_inputs = [None] * len(self.inputs)
 

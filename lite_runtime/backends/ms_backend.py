@@ -32,8 +32,9 @@ class MSSession(Session):
     def __init__(self, manifest: Manifest, rank: int = 0, *, num_threads: int = 2, **_ignored):
         super().__init__(manifest, rank)
         if manifest.collectives == "host":
+            where = " under the launcher" if manifest.world_size > 1 else ""
             raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
-                                   "host); run it with backend 'mslite' under the launcher, or export with "
+                                   f"host); run it with backend 'mslite'{where}, or export with "
                                    "collectives: graph for backend 'ms'")
         try:
             import mindspore as ms

@@ -272,8 +272,8 @@ class MSLiteSession(Session):
 
     @property
     def lite_models(self) -> Dict[str, LiteModel]:
-        """The native LiteModel per graph kind ({} on the official path)."""
-        return dict(self._models)
+        """The native LiteModel per graph kind, or per segment of a segment export ({} on the official path)."""
+        return dict(self._chain.models) if self._chain is not None else dict(self._models)
 
     def close(self) -> None:
         for model in self._models.values():

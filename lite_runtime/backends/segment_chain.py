@@ -98,9 +98,9 @@ class SegmentChain:
 
     def _all_reduce(self, part: np.ndarray) -> np.ndarray:
         start = time.perf_counter()
-        self.collectives.all_reduce(part, self._reduced)
+        reduced = self.collectives.all_reduce(part, self._reduced)
         self.collective_seconds += time.perf_counter() - start
-        return self._reduced
+        return reduced
 
     def _gather(self, part: np.ndarray) -> np.ndarray:
         start = time.perf_counter()

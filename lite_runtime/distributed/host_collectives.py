@@ -80,9 +80,24 @@ class HostCollectives:
             comm.Free()
 
 
-def from_env(rank: int, world_size: int) -> HostCollectives:
-    """The host collectives of rank `rank` of an export, in a replica started by the launcher; a clear
-    error otherwise."""
+class OneRank:
+    """The collectives of a one-rank segment export: every rank's sum and gather is this rank's own part."""
+
+    def all_reduce(self, part: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return part
+
+    def all_gather_last(self, part: np.ndarray, gathered: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return part
+
+    def close(self) -> None:
+        pass
+
+
+def from_env(rank: int, world_size: int):
+    """The host collectives of rank `rank` of an export, in a replica started by the launcher (none
+    for a one-rank export); a clear error otherwise."""
+    if world_size == 1:
+        return OneRank()
     address = os.environ.get(MPI_CHANNEL_ENV)
     if not address:
         raise UnsupportedError(f"this export has {world_size} ranks of step segments (parallel.collectives: host): "

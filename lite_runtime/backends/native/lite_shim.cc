@@ -162,35 +162,54 @@ extern "C" {
 
 const char *lite_last_error() { return g_last_error.c_str(); }
 
+namespace {
+
+// Builds `handle->model` for the CPU from a file (data == nullptr) or from `size` bytes at `data`.
+int CreateModel(const char *model_path, const void *data, size_t size, const char *config_path, int num_threads,
+                void **out) {
+  *out = nullptr;
+  auto context = std::make_shared<mindspore::Context>();
+  context->SetThreadNum(num_threads);
+  auto cpu = std::make_shared<mindspore::CPUDeviceInfo>();
+  cpu->SetEnableFP16(false);
+  context->MutableDeviceInfo().push_back(cpu);
+
+  auto handle = std::make_unique<LiteHandle>();
+  StderrCapture capture;
+  if (config_path != nullptr && config_path[0] != '\0') {
+    auto status = handle->model.LoadConfig(config_path);
+    if (status != mindspore::kSuccess) return FailStatus("LoadConfig", status, capture.Finish(false));
+  }
+  std::string path(model_path);
+  bool lite_format = path.size() > 3 && path.compare(path.size() - 3, 3, ".ms") == 0;
+  auto type = lite_format ? mindspore::ModelType::kMindIR_Lite : mindspore::ModelType::kMindIR;
+  auto status = data == nullptr ? handle->model.Build(model_path, type, context)
+                                : handle->model.Build(data, size, type, context);
+  if (status != mindspore::kSuccess) return FailStatus("Build", status, capture.Finish(false));
+  capture.Finish(true);
+
+  Refresh(handle.get());
+  for (auto &t : handle->inputs) handle->input_names.push_back(t.Name());
+  for (auto &t : handle->outputs) handle->output_names.push_back(t.Name());
+  *out = handle.release();
+  return 0;
+}
+
+}  // namespace
+
 // Loads a model for the CPU: Lite's own format when the path ends in ".ms" (converted offline),
 // else MindIR (converted by Lite at load time). config_path may be NULL or "" (no ini).
 int lite_model_create(const char *model_path, const char *config_path, int num_threads, void **out) {
-  return Guarded("lite_model_create", [&]() -> int {
-    *out = nullptr;
-    auto context = std::make_shared<mindspore::Context>();
-    context->SetThreadNum(num_threads);
-    auto cpu = std::make_shared<mindspore::CPUDeviceInfo>();
-    cpu->SetEnableFP16(false);
-    context->MutableDeviceInfo().push_back(cpu);
+  return Guarded("lite_model_create",
+                 [&]() -> int { return CreateModel(model_path, nullptr, 0, config_path, num_threads, out); });
+}
 
-    auto handle = std::make_unique<LiteHandle>();
-    StderrCapture capture;
-    if (config_path != nullptr && config_path[0] != '\0') {
-      auto status = handle->model.LoadConfig(config_path);
-      if (status != mindspore::kSuccess) return FailStatus("LoadConfig", status, capture.Finish(false));
-    }
-    std::string path(model_path);
-    bool lite_format = path.size() > 3 && path.compare(path.size() - 3, 3, ".ms") == 0;
-    auto type = lite_format ? mindspore::ModelType::kMindIR_Lite : mindspore::ModelType::kMindIR;
-    auto status = handle->model.Build(model_path, type, context);
-    if (status != mindspore::kSuccess) return FailStatus("Build", status, capture.Finish(false));
-    capture.Finish(true);
-
-    Refresh(handle.get());
-    for (auto &t : handle->inputs) handle->input_names.push_back(t.Name());
-    for (auto &t : handle->outputs) handle->output_names.push_back(t.Name());
-    *out = handle.release();
-    return 0;
+// The same from `size` bytes at `data` holding the file `model_path` names (its name decides the format).
+int lite_model_create_from_buffer(const char *model_path, const void *data, size_t size, const char *config_path,
+                                  int num_threads, void **out) {
+  return Guarded("lite_model_create_from_buffer", [&]() -> int {
+    if (data == nullptr || size == 0) return Fail("lite_model_create_from_buffer: empty buffer for " + std::string(model_path));
+    return CreateModel(model_path, data, size, config_path, num_threads, out);
   });
 }
 

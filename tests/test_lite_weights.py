@@ -1,0 +1,82 @@
+"""Lite 2.0 keeps two copies of every MatMul weight of a `.ms` model after Build (its copy of the model
+file and the kernel's packed weight); the runtime gives the first back (lite_runtime/backends/
+lite_weights.py). Real exports (MindSpore 2.0, Lite's converter), real Lite, each run in a process of
+its own: the step graph and one rank's step as segments (`parallel.collectives: host` on one rank),
+with and without the release, give the same greedy tokens and logits."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from family_cases import STEPS
+from lite_process import ensure_lite_installed
+from tiny_models import run_cli
+
+RUN = """
+import sys
+sys.path.insert(0, "tests")
+import numpy as np
+from greedy_runner import greedy_run
+from lite_runtime.backends import load_session
+from lite_runtime.contract.manifest import load_manifest
+export, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+session = load_session("mslite", load_manifest(export), lite_format="ms")
+models = session.lite_models
+logits, tokens = greedy_run(session, steps)
+np.savez(out, logits=logits, tokens=tokens, names=sorted(models),
+         released=[models[name].released_bytes for name in sorted(models)])
+session.close()
+"""
+
+# Reads one byte of the first page given back: Lite never reads it again, and nobody else may.
+TOUCH = """
+import ctypes, sys
+from lite_runtime.backends.lite_native import LiteModel
+model = LiteModel(sys.argv[1])
+start, _ = model._released.spans[0]
+print("released", model.released_bytes, flush=True)
+ctypes.string_at(start, 1)
+print("read a released page", flush=True)
+"""
+
+
+def run(export, out, release: bool, monkeypatch):
+    monkeypatch.setenv("LITE_RELEASE_WEIGHTS", "1" if release else "0")
+    result = run_cli(["-c", RUN, export, str(out), str(STEPS)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return np.load(out)
+
+
+@pytest.mark.parametrize("variant", ["lite_dynamic", "lite_segments"])
+def test_release_keeps_tokens_and_logits(family_export, variant, tmp_path, monkeypatch):
+    ensure_lite_installed()
+    export = family_export("llama", variant)
+    kept = run(export, tmp_path / "kept.npz", False, monkeypatch)
+    released = run(export, tmp_path / "released.npz", True, monkeypatch)
+    np.testing.assert_array_equal(released["tokens"], kept["tokens"])
+    np.testing.assert_array_equal(released["logits"], kept["logits"])      # the same packed weights
+    assert not kept["released"].any()
+    names, sizes = list(released["names"]), dict(zip(released["names"], released["released"]))
+    with_matmuls = [n for n in names if n != "embed"]     # the embedding segment has only a Gather
+    assert with_matmuls and all(sizes[n] > 0 for n in with_matmuls), sizes
+    if variant == "lite_segments":
+        assert sizes["embed"] == 0
+
+
+def test_one_rank_segments_equal_the_step_graph(family_export, tmp_path, monkeypatch):
+    ensure_lite_installed()
+    step = run(family_export("llama", "lite_dynamic"), tmp_path / "step.npz", True, monkeypatch)
+    segments = run(family_export("llama", "lite_segments"), tmp_path / "segments.npz", True, monkeypatch)
+    assert len(segments["names"]) == 2 + 2 * 2      # embed, 2 layers x (attn, mlp), head
+    np.testing.assert_array_equal(segments["tokens"], step["tokens"])
+    assert np.abs(segments["logits"] - step["logits"]).max() <= 1e-5
+
+
+def test_released_pages_cannot_be_read(family_export):
+    """Given back and made inaccessible: a read Lite was not expected to make fails loudly."""
+    ensure_lite_installed()
+    path = os.path.join(family_export("llama", "lite_segments"), "segments", "rank_0", "layer0.mlp.ms")
+    result = run_cli(["-c", TOUCH, path])
+    assert "released" in result.stdout and "read a released page" not in result.stdout, result.stdout
+    assert result.returncode == -signal.SIGSEGV, (result.returncode, result.stderr[-2000:])
