@@ -11,7 +11,7 @@ VENV_PEERS := .venv-peers
 STAMP := build/stamps
 PROMPT ?= An increasing sequence: one,
 
-.PHONY: setup demo test export export-lite bench peers bench-scale bench-serve soak clean
+.PHONY: setup demo test export export-lite bench peers bench-scale bench-serve bench-serve-peers soak clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
 
@@ -66,6 +66,11 @@ bench: setup
 bench-serve: setup
 	$(VENV_LITE)/bin/python -m exporter --config tools/demo_model/demo.yaml --output_dir build/bench_serve/demo
 	$(VENV)/bin/python tools/bench_serve.py --model_dir build/bench_serve/demo $(ARGS)
+
+# The same workload also through OpenVINO GenAI's ContinuousBatchingPipeline, on a random Llama every side
+# builds from one Hugging Face folder (ARGS: --shape small|1b, --requests ...; see tools/bench_serve.py).
+bench-serve-peers: setup $(STAMP)/venv-peers
+	$(VENV)/bin/python tools/bench_serve.py --peers $(ARGS)
 
 # Side by side with ONNX Runtime GenAI and OpenVINO GenAI (their own venv, not needed by anything else).
 $(STAMP)/venv-peers: tools/peers-requirements.txt

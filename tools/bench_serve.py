@@ -1,15 +1,32 @@
 """Serving benchmark: the same workload through the server (continuous batching) and through the static
-batches of pipeline(), side by side, with the texts checked equal.
+batches of pipeline(), side by side, with the texts checked equal; with --peers also through OpenVINO
+GenAI's ContinuousBatchingPipeline, on a model every runtime builds from one Hugging Face folder.
 
     python tools/bench_serve.py --model_dir output/demo [--backend mslite] [--requests 64] [--clients 16]
-                                [--rate 8] [--seed 0]          (make bench-serve ARGS="...")
+                                [--rate 8] [--seed 0] [--threads 2]      (make bench-serve ARGS="...")
+    python tools/bench_serve.py --peers [--shape small] ...               (make bench-serve-peers ARGS="...")
 
 Requests arrive as a Poisson process (`--rate` per second; 0: all at once) with prompt and output
 lengths drawn per request; greedy. The server is driven by `--clients` concurrent streaming clients
 (the official `openai` client); pipeline() takes, whenever it is idle, up to the graph's batch of the
 requests that have arrived and runs them to the end. Printed: throughput (generated tokens per second
 of the whole run), time to first token and inter-token latency p50 / p99 from each request's arrival,
-and same-run ratios. Each side runs in a process of its own, one after the other.
+the most requests between their first and last token at once, and same-run ratios. Each side runs in
+a process of its own, one after the other, each started when the machine is idle (or after a minute).
+
+--peers makes the random Hugging Face Llama of --shape (small: the peers benchmark model of
+tools/compare_peers.py; the others those of tools/bench_scale.py) in the peers venv, exports it for
+Lite (MindSpore 2.0, kv_cache dynamic, 8 cache rows, .ms) and builds OpenVINO GenAI's f32 IR from the
+same folder (tools/peer_runtimes.py). Prompts are words of its word-level tokenizer whose text
+tokenizes back to exactly the ids drawn (checked); OpenVINO GenAI gets those ids. Its pipeline runs in
+the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse off: the only one where
+max_num_seqs binds; a step then runs whole new prompts or one token of each running request), a KV
+cache of f32 sized for 8 full rows, no prefix caching, the same threads, each request added at its
+arrival and its tokens stamped as the step that made them returns (in process: no HTTP). So that like is compared with like, our engine also runs alone, in
+process, fed the same way (lite_runtime.serve.engine without the server). Every side honours the
+model's EOS (the server has no ignore_eos), so a request that meets EOS ends there on each side
+alike; the run counts them. Greedy token ids are compared across the sides (pipeline()'s static rows
+run to their batch's longest request: the server's tokens must be their prefix).
 """
 from __future__ import annotations
 
@@ -26,32 +43,46 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from bench_scale import SHAPES  # noqa: E402
+from compare_peers import BENCH_MODELS, BENCH_SEQ_LENGTH, PEER_TOOL, PEERS_PYTHON, prepare, wait_until_idle  # noqa: E402
 from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.errors import ToolchainError  # noqa: E402
+from lite_runtime.contract.manifest import load_manifest  # noqa: E402
+
+PEER_SHAPES = {"small": BENCH_MODELS["llama"], **{k: v for k, v in SHAPES.items() if k != "tiny"}}
+CACHE_ROWS = 8      # the --peers export's batch, and OpenVINO GenAI's max_num_seqs
 
 
-def workload(model_dir: str, requests: int, rate: float, seed: int) -> list:
-    """[{arrival s, prompt text, max_tokens}], prompts made of the tokenizer's own pieces."""
-    from lite_runtime.contract.manifest import load_manifest
-    manifest = load_manifest(model_dir)
-    tokenizer = manifest.load_tokenizer()
+def workload(tokenizer, room: int, requests: int, rate: float, seed: int) -> list:
+    """[{arrival s, prompt text, its ids, max_tokens}], prompts made of the tokenizer's own pieces;
+    `room`: the export's seq_length."""
     rng = np.random.default_rng(seed)
     special = set(tokenizer.all_special_ids)
     pieces = [i for i in range(tokenizer.vocab_size) if i not in special]
-    room = manifest.seq_length
     arrivals = np.cumsum(rng.exponential(1.0 / rate, requests)) if rate > 0 else np.zeros(requests)
     jobs = []
     for arrival in arrivals:
         prompt_len = int(rng.integers(4, max(5, room // 4)))
         ids = [int(i) for i in rng.choice(pieces, prompt_len)]
-        jobs.append({"arrival": float(arrival), "prompt": tokenizer.decode(ids),
+        jobs.append({"arrival": float(arrival), "prompt": tokenizer.decode(ids), "ids": ids,
                      "max_tokens": int(rng.integers(8, max(9, room // 2)))})
     return jobs
 
 
-def serve_side(model_dir: str, backend: str, jobs: list, clients: int) -> list:
+def check_round_trip(tokenizer, jobs: list) -> None:
+    """The peers get the prompts as ids, our sides as text: the text must tokenize to those ids."""
+    for i, job in enumerate(jobs):
+        again = tokenizer.encode(job["prompt"], add_special_tokens=True)
+        if again != job["ids"]:
+            raise ToolchainError(f"prompt {i} {job['prompt'][:60]!r} tokenizes to {again[:8]}..., not to the "
+                             f"ids drawn {job['ids'][:8]}...: the sides would get different prompts")
+
+
+def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int) -> list:
     from openai import OpenAI
     from lite_runtime.serve.process import served
-    with served(model_dir, backend, "bench", cwd=REPO, output=None) as server:
+    with served(model_dir, backend, "bench", ["--num_threads", str(threads)], cwd=REPO, output=None) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         client.completions.create(model="bench", prompt=jobs[0]["prompt"], max_tokens=2, temperature=0)   # warm
         start = time.perf_counter()
@@ -75,8 +106,8 @@ def serve_side(model_dir: str, backend: str, jobs: list, clients: int) -> list:
 STATIC = """
 import json, sys, time
 from lite_runtime import pipeline
-model_dir, backend, jobs = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
-pipe = pipeline("text_generation", model=model_dir, backend=backend)
+model_dir, backend, jobs, threads = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), int(sys.argv[4])
+pipe = pipeline("text_generation", model=model_dir, backend=backend, num_threads=threads)
 pipe(jobs[0]["prompt"], max_new_tokens=2, add_special_tokens=True)          # warm
 batch = pipe.manifest.batch_size if hasattr(pipe, "manifest") else 1
 results, pending, start = [None] * len(jobs), list(range(len(jobs))), time.perf_counter()
@@ -99,15 +130,78 @@ print(json.dumps(results))
 """
 
 
-def static_side(model_dir: str, backend: str, jobs: list, work: str) -> list:
+ENGINE = """
+import json, sys, threading, time
+from lite_runtime.backends import load_session
+from lite_runtime.contract.manifest import load_manifest
+from lite_runtime.serve.engine import Engine, EngineRequest
+model_dir, backend, jobs, threads = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), int(sys.argv[4])
+manifest = load_manifest(model_dir)
+engine = Engine(load_session(backend, manifest, 0, num_threads=threads), max_waiting=len(jobs))
+stop_ids = frozenset(int(i) for i in manifest.eos_token_id)
+
+def submit(job, max_tokens, row, start):
+    done = threading.Event()
+    engine.submit(EngineRequest(job["ids"], max_tokens, stop_ids=stop_ids, on_finish=lambda reason: done.set(),
+                                on_token=lambda t, lp: (row["ids"].append(t), row["stamps"].append(time.perf_counter() - start))))
+    return done
+submit(jobs[0], 2, {"ids": [], "stamps": []}, 0.0).wait()          # warm
+rows, done, start = [{"arrived": j["arrival"], "ids": [], "stamps": []} for j in jobs], [], time.perf_counter()
+for job, row in zip(jobs, rows):
+    time.sleep(max(0.0, start + job["arrival"] - time.perf_counter()))
+    done.append(submit(job, job["max_tokens"], row, start))
+for event in done:
+    event.wait()
+engine.stop()
+print(json.dumps(rows))
+"""
+
+
+def child_side(script: str, what: str, model_dir: str, backend: str, jobs: list, work: str, threads: int) -> list:
+    """`script` (pipeline() or the engine alone) in a process of its own; its last line is the rows."""
     path = os.path.join(work, "jobs.json")
     with open(path, "w") as f:
         json.dump(jobs, f)
-    result = subprocess.run([sys.executable, "-c", STATIC, model_dir, backend, path], cwd=REPO, text=True,
-                            capture_output=True, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
+    result = subprocess.run([sys.executable, "-c", script, model_dir, backend, path, str(threads)], cwd=REPO,
+                            text=True, capture_output=True, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
     if result.returncode:
-        raise SystemExit(f"error: the static pipeline run failed: {result.stderr.strip().splitlines()[-1]}")
+        raise ToolchainError(f"the {what} run failed: {result.stderr.strip().splitlines()[-1]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def build_peers(args) -> tuple:
+    """(our export, OpenVINO GenAI's folder) of the --shape Llama, made once under --work_dir."""
+    if not os.path.isfile(PEERS_PYTHON):
+        raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
+    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], ["mslite", "openvino"],
+                      args.threads, False, log, shape=PEER_SHAPES[args.shape])
+    return folders[("mslite", CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
+
+
+def openvino_side(ov_dir: str, jobs: list, args) -> list:
+    shape = PEER_SHAPES[args.shape]
+    row_bytes = 4 * 2 * shape["num_layers"] * shape["n_kv_heads"] * shape["hidden_size"] // shape["n_heads"]
+    cache_gb = max(1, -(-row_bytes * CACHE_ROWS * BENCH_SEQ_LENGTH // 2 ** 30))
+    job = dict(runtime="openvino_cb", model_dir=ov_dir, threads=args.threads, max_num_seqs=CACHE_ROWS,
+               cache_gb=cache_gb, jobs=[{k: j[k] for k in ("arrival", "ids", "max_tokens")} for j in jobs])
+    job_file, out_file = os.path.join(args.work_dir, "ov_job.json"), os.path.join(args.work_dir, "ov_out.json")
+    with open(job_file, "w") as f:
+        json.dump(job, f)
+    result = subprocess.run([PEERS_PYTHON, PEER_TOOL, "measure", job_file, out_file], cwd=REPO, text=True,
+                            capture_output=True)
+    if result.returncode:
+        raise ToolchainError(f"the OpenVINO GenAI run failed: {result.stderr.strip().splitlines()[-1]}")
+    with open(out_file) as f:
+        out = json.load(f)
+    print(f"OpenVINO GenAI scheduler: {' '.join(out['scheduler'].split())}", file=sys.stderr)
+    return [{"arrived": j["arrival"], "stamps": s, "ids": t} for j, s, t in zip(jobs, out["stamps"], out["tokens"])]
+
+
+def with_ends(rows: list) -> list:
+    for r in rows:
+        r["first"], r["end"] = (r["stamps"][0], r["stamps"][-1]) if r["stamps"] else (r["arrived"], r["arrived"])
+    return rows
 
 
 def summary(name: str, rows: list, tokens: list) -> dict:
@@ -115,41 +209,91 @@ def summary(name: str, rows: list, tokens: list) -> dict:
     itl = [b - a for r in rows for a, b in zip(r["stamps"], r["stamps"][1:])] if "stamps" in rows[0] else \
         [(r["end"] - r["first"]) / max(1, n - 1) for r, n in zip(rows, tokens)]
     makespan = max(r["end"] for r in rows)
-    return {"name": name, "tok_s": sum(tokens) / makespan, "ttft50": np.percentile(ttft, 50),
+    # requests between their first and last token at once (static batches: their rows)
+    busy = max(sum(r["first"] <= t <= r["end"] for r in rows) for t in {r["first"] for r in rows})
+    return {"name": name, "tok_s": sum(tokens) / makespan, "busy": busy, "ttft50": np.percentile(ttft, 50),
             "ttft99": np.percentile(ttft, 99), "itl50": np.percentile(itl, 50), "itl99": np.percentile(itl, 99)}
 
 
 @click.command(context_settings=CONTEXT, help=__doc__.split("\n")[0])
-@click.option("--model_dir", required=True, help="an export with kv_cache: dynamic")
+@click.option("--model_dir", default=None, help="an export with kv_cache: dynamic (not with --peers)")
+@click.option("--peers", is_flag=True, help="build a model from one HF folder for us and OpenVINO GenAI, and run "
+              "the workload through its ContinuousBatchingPipeline too")
+@click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,
+              help="the --peers model")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)
 @click.option("--rate", type=float, default=8.0, show_default=True, help="arrivals per second (0: all at once)")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(1, None), default=2, show_default=True, help="CPU threads of every side")
 @click.option("--work_dir", default=os.path.join(REPO, "build", "bench_serve"), show_default=True)
 def command(**options):
     args = SimpleNamespace(**options)
+    if args.peers == bool(args.model_dir):
+        raise click.UsageError("give --model_dir (an export) or --peers (builds its own), one of them")
+    if args.peers and args.backend != "mslite":
+        raise click.UsageError("--peers runs our side on --backend mslite (the export is a Lite .ms)")
     os.makedirs(args.work_dir, exist_ok=True)
-    jobs = workload(args.model_dir, args.requests, args.rate, args.seed)
-    served_rows = serve_side(args.model_dir, args.backend, jobs, args.clients)
-    for r in served_rows:
-        r["first"], r["end"] = (r["stamps"][0], r["stamps"][-1]) if r["stamps"] else (r["arrived"], r["arrived"])
-    static_rows = static_side(args.model_dir, args.backend, jobs, args.work_dir)
-    # A static batch runs to its longest request's max_tokens: each server text is a prefix of its row's
-    same = sum(b["text"].startswith(a["text"]) for a, b in zip(served_rows, static_rows))
-    tokens = [r["tokens"] for r in served_rows]       # both sides are credited with the requested tokens
+    model_dir, ov_dir = build_peers(args) if args.peers else (args.model_dir, None)
+    manifest = load_manifest(model_dir)
+    tokenizer = manifest.load_tokenizer()
+    jobs = workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed)
+    if args.peers:
+        check_round_trip(tokenizer, jobs)
+
+    def idle():
+        busy = wait_until_idle(0.15, 60.0)
+        print(f"CPUs {busy:.0%} busy before the next side", file=sys.stderr, flush=True)
+    idle()
+    served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads))
+    idle()
+    static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
+    ov_rows = None
+    if ov_dir:
+        idle()
+        engine_rows = with_ends(child_side(ENGINE, "engine", model_dir, args.backend, jobs, args.work_dir,
+                                           args.threads))
+        idle()
+        ov_rows = with_ends(openvino_side(ov_dir, jobs, args))
+    tokens = [r["tokens"] for r in served_rows]       # both our sides are credited with the server's tokens
     rows = [summary("server (continuous batching)", served_rows, tokens),
             summary("pipeline() (static batches)", static_rows, tokens)]
-    print(f"{args.requests} requests, {args.clients} clients, {args.rate} req/s, backend {args.backend}, "
-          f"greedy texts agree: {same}/{len(jobs)}")
-    print(f"{'':32} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
+    print(f"{args.requests} requests, {args.clients} clients, {args.rate} req/s, {manifest.batch_size} cache rows, "
+          f"backend {args.backend}, {args.threads} threads" + (f", model {args.shape}" if args.peers else ""))
+    if ov_rows is None:
+        # A static batch runs to its longest request's max_tokens: each server text is a prefix of its row's
+        same = sum(b["text"].startswith(a["text"]) for a, b in zip(served_rows, static_rows))
+        agree = [f"greedy texts agree: {same}/{len(jobs)}"]
+    else:
+        ours = [tokenizer.encode(r["text"], add_special_tokens=False) for r in served_rows]
+        static = [tokenizer.encode(r["text"], add_special_tokens=False) for r in static_rows]
+        with_static = sum(b[:len(a)] == a for a, b in zip(ours, static))
+        with_engine = sum(a == r["ids"] for a, r in zip(ours, engine_rows))
+        with_ov = sum(a == r["ids"] for a, r in zip(ours, ov_rows))
+        same = min(with_static, with_engine, with_ov)
+        at_eos = [sum(len(t) < j["max_tokens"] for t, j in zip(side, jobs)) for side in (ours, [r["ids"] for r in ov_rows])]
+        agree = [f"greedy token ids agree: server = pipeline() {with_static}/{len(jobs)}, server = engine alone "
+                 f"{with_engine}/{len(jobs)}, server = OpenVINO GenAI {with_ov}/{len(jobs)}; requests ended by EOS "
+                 f"before max_tokens: server {at_eos[0]}, OpenVINO {at_eos[1]}"]
+        rows.append(summary("engine alone (in process, no HTTP)", engine_rows, [len(r["ids"]) for r in engine_rows]))
+        rows.append(summary("OpenVINO GenAI (ContinuousBatching)", ov_rows, [len(r["ids"]) for r in ov_rows]))
+    print(*agree)
+    print(f"{'':36} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}  most at once")
     for r in rows:
-        print(f"{r['name']:32} {r['tok_s']:8.1f} {r['ttft50'] * 1e3:7.0f}ms {r['ttft99'] * 1e3:7.0f}ms "
-              f"{r['itl50'] * 1e3:6.1f}ms {r['itl99'] * 1e3:6.1f}ms")
-    s, p = rows
-    print(f"ratios server / pipeline: throughput {s['tok_s'] / p['tok_s']:.2f}x, TTFT p50 "
-          f"{s['ttft50'] / p['ttft50']:.2f}x")
+        print(f"{r['name']:36} {r['tok_s']:8.1f} {r['ttft50'] * 1e3:7.0f}ms {r['ttft99'] * 1e3:7.0f}ms "
+              f"{r['itl50'] * 1e3:6.1f}ms {r['itl99'] * 1e3:6.1f}ms  {r['busy']:>12}")
+    for peer in rows[1:]:
+        print(ratios(rows[0], peer))
+    if ov_rows is not None:
+        print(ratios(rows[2], rows[3]))
     return 0 if same == len(jobs) else 1
+
+
+def ratios(mine: dict, peer: dict) -> str:
+    return (f"ratios {mine['name'].split(' (')[0]} / {peer['name'].split(' (')[0]}: throughput {mine['tok_s'] / peer['tok_s']:.2f}x, "
+            f"TTFT p50 {mine['ttft50'] / peer['ttft50']:.2f}x, p99 {mine['ttft99'] / peer['ttft99']:.2f}x, "
+            f"ITL p50 {mine['itl50'] / peer['itl50']:.2f}x, p99 {mine['itl99'] / peer['itl99']:.2f}x")
 
 
 main = entry_point(command, "python tools/bench_serve.py")

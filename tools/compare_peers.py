@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from types import SimpleNamespace
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import click
 import numpy as np
@@ -49,9 +49,11 @@ def _run(cmd: List[str], what: str, timeout: int = 1800) -> None:
         raise ToolchainError(f"{what} failed ({' '.join(cmd[:4])} ...):\n{result.stderr[-3000:]}")
 
 
-def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int, rebuild: bool, log) -> Dict[tuple, str]:
-    """Build (or reuse) the HF folder and each runtime's model; returns {(runtime, batch): model dir}."""
-    sizes = dict(BENCH_MODELS["llama"], seq_length=BENCH_SEQ_LENGTH)
+def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int, rebuild: bool, log,
+            shape: Optional[dict] = None) -> Dict[tuple, str]:
+    """Build (or reuse) the HF folder of the Llama of `shape` (default: the benchmark model) and each
+    runtime's model; returns {(runtime, batch): model dir}."""
+    sizes = dict(shape or BENCH_MODELS["llama"], seq_length=BENCH_SEQ_LENGTH)
     hf = os.path.join(work_dir, "hf")
     stamp = os.path.join(work_dir, "recipe.json")
     recipe = dict(sizes=sizes, threads=threads, weights="normal(0, 0.02) seed 0, layer matrices x4",

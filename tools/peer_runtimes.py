@@ -4,10 +4,13 @@
     python tools/peer_runtimes.py ort     HF_DIR OUT_DIR THREADS  # ONNX Runtime GenAI's model builder
     python tools/peer_runtimes.py openvino HF_DIR OUT_DIR         # stateful OpenVINO IR for OpenVINO GenAI
     python tools/peer_runtimes.py measure JOB_JSON OUT_JSON       # one timed request: ort, openvino or transformers
+                                                                  # or a served workload: openvino_cb
 
 A measured job times one warm greedy request (EOS ignored) like the project's benchmark: time to
 first token (prompt to first new token), the median of the per-step decode times, peak RSS of the
 process, and returns the generated ids so the parent can check every runtime gave the same tokens.
+`openvino_cb` (tools/bench_serve.py --peers) runs a timed workload of requests through OpenVINO
+GenAI's ContinuousBatchingPipeline and returns each request's token ids and their times.
 """
 from __future__ import annotations
 
@@ -320,7 +323,61 @@ def measure_transformers(job):
     return _result(load_s, times[0], times[1:], tokens)
 
 
-MEASURE = {"ort": measure_ort, "openvino": measure_openvino, "transformers": measure_transformers}
+def measure_openvino_cb(job):
+    """The workload `job["jobs"]` ([{arrival s, ids, max_tokens}]) through ContinuousBatchingPipeline,
+    driven as a server's loop drives it: each request is added at its arrival (at the first step
+    boundary after it), one `step()` at a time while any is unfinished, each new token stamped when
+    the step that made it returns. Greedy, the model's EOS honoured (as the project's server does)."""
+    import openvino as ov
+    import openvino_genai as genai
+
+    scheduler = genai.SchedulerConfig()
+    # max_num_seqs binds only in the vLLM-like mode: with dynamic_split_fuse (the default) every
+    # request that arrives decodes at once, up to max_num_batched_tokens of them (measured: 64).
+    scheduler.dynamic_split_fuse = False
+    scheduler.max_num_seqs = job["max_num_seqs"]
+    scheduler.cache_size = job["cache_gb"]
+    scheduler.enable_prefix_caching = False
+    properties = dict(INFERENCE_NUM_THREADS=job["threads"], INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
+    start = time.perf_counter()
+    pipe = genai.ContinuousBatchingPipeline(job["model_dir"], scheduler, "CPU", properties)
+    load_s = time.perf_counter() - start
+    eos = pipe.get_config().eos_token_id
+
+    def config(max_tokens):
+        return genai.GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos)
+
+    def tensor(ids):
+        return ov.Tensor(np.asarray([ids], dtype=np.int64))
+
+    work = job["jobs"]
+    pipe.generate([tensor(work[0]["ids"])], [config(2)])          # warm
+    tokens, stamps = [[] for _ in work], [[] for _ in work]
+    handles, pending = {}, sorted(range(len(work)), key=lambda i: work[i]["arrival"])
+    start = time.perf_counter()
+    while pending or pipe.has_non_finished_requests():
+        now = time.perf_counter() - start
+        while pending and work[pending[0]]["arrival"] <= now:
+            i = pending.pop(0)
+            handles[i] = pipe.add_request(i, tensor(work[i]["ids"]), config(work[i]["max_tokens"]))
+        if not pipe.has_non_finished_requests():
+            time.sleep(max(0.0, work[pending[0]]["arrival"] - now))
+            continue
+        pipe.step()
+        now = time.perf_counter() - start
+        for i, handle in list(handles.items()):
+            while handle.can_read():
+                for output in handle.read().values():
+                    tokens[i] += [int(t) for t in output.generated_ids]
+                    stamps[i] += [now] * len(output.generated_ids)
+            if handle.get_status() != genai.GenerationStatus.RUNNING and not handle.can_read():
+                del handles[i]
+    return dict(load_s=load_s, tokens=tokens, stamps=stamps, eos=int(eos), scheduler=scheduler.to_string(),
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+
+
+MEASURE = {"ort": measure_ort, "openvino": measure_openvino, "transformers": measure_transformers,
+           "openvino_cb": measure_openvino_cb}
 
 
 def main(argv):
