@@ -88,14 +88,19 @@ class RankChannel:
 
     def recv_json_from(self, rank: int):
         """Rank 0: the next message of `rank` (its answer to a request sent with send_json_to)."""
-        return json.loads(_read_message(self._peers[rank - 1], self._lost(rank)))
+        return json.loads(self.recv_bytes_from(rank))
+
+    def recv_bytes_from(self, rank: int) -> bytes:
+        return _read_message(self._peers[rank - 1], self._lost(rank))
 
     # everyone else
     def recv_json(self):
         return json.loads(self._recv().decode())
 
     def reply_json(self, obj) -> None:
-        payload = json.dumps(obj).encode()
+        self.reply_bytes(json.dumps(obj).encode())
+
+    def reply_bytes(self, payload: bytes) -> None:
         try:
             self._sock.sendall(_HEADER.pack(len(payload)) + payload)
         except OSError as e:

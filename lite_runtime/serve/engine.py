@@ -82,10 +82,11 @@ class Engine:
         # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
         # prompt, once. Its prompt attends both ways, so it is fed whole, never in chunks.
         self.row_inputs = InputOfInfer.get_inputs(m.family, m).row_inputs if get_family(m.family).row_inputs else None
+        self.pad_id = m.pad_token_id
+        self.idle_row_values = self._row_values([self.pad_id])    # what an idle row feeds
         self.session = session
         self.batch = m.batch_size
         self.seq_length = m.seq_length
-        self.pad_id = m.pad_token_id
         self.adapters = m.dims.adapter_slots > 0
         self.max_waiting = max_waiting
         self.prefill_chunk = prefill_chunk    # most prompt tokens a row feeds in one step
@@ -214,7 +215,7 @@ class Engine:
             tokens[i, :len(feed)] = feed
         extra = []
         if self.row_inputs:
-            idle = self._row_values([self.pad_id])
+            idle = self.idle_row_values
             extra += [np.array([row.row_values[k] if row else idle[k] for row in self.rows], np.int32)
                       for k in range(len(idle))]
         if self.adapters:

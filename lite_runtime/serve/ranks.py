@@ -4,7 +4,7 @@ Tensor parallel (one replica of a multi-rank export): every step of rank 0's ses
 other ranks first, and each runs the same step on its part of the model; the collectives inside the
 step (MPI between Lite segments) join the parts. Data parallel (replicas of a single-rank export, one
 per rank): rank 0 runs one engine per replica; a replica on another rank is a RemoteSession whose steps
-run there and whose logits come back. Only rank 0 samples: a step's inputs (tokens, counts, past
+run there and whose logits come back as raw float32. Only rank 0 samples: a step's inputs (tokens, counts, past
 lengths, adapter slots) fix what every rank computes, so the ranks need no agreement of their own.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class RemoteSession:
 
     def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
         self.channel.send_json_to(self.rank, _step_message(tokens, counts, past, *extra))
-        return np.asarray(self.channel.recv_json_from(self.rank)["logits"], np.float32)
+        return np.frombuffer(self.channel.recv_bytes_from(self.rank), np.float32).reshape(len(tokens), -1)
 
     def close(self) -> None:
         self.channel.send_json_to(self.rank, {"stop": True})
@@ -66,8 +66,8 @@ def follow(session, channel: RankChannel, reply: bool) -> int:
             return steps
         steps += 1
         logits = session.step(*(np.asarray(a, np.int32) for a in message["step"]))
-        if reply:
-            channel.reply_json({"logits": logits.tolist()})
+        if reply:        # raw float32: JSON of 8 x 32000 logits took 217 ms a step
+            channel.reply_bytes(np.ascontiguousarray(logits, np.float32).tobytes())
 
 
 class Replicas:
