@@ -35,7 +35,7 @@ MF_IGNORED_MODEL_KEYS = {
 MF_REQUIRED_VALUES = {"quant_config": (None,), "extend_method": ("None", None)}
 MF_DEFAULT_OUTPUT_DIR = "./output"   # upstream's default, taken from the working directory
 # This exporter's own top-level keys a run yaml may carry too (upstream has no such choices).
-MF_OWN_TOP_KEYS = ("kv_cache", "lite_ms")
+MF_OWN_TOP_KEYS = ("target", "kv_cache", "lite_ms")
 MF_TOP_USED = {"model", "processor", "parallel_config", "load_checkpoint", "output_dir", "infer",
                "src_strategy_path_or_dir", "auto_trans_ckpt", *MF_OWN_TOP_KEYS}
 

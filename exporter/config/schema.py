@@ -20,7 +20,8 @@ from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
 COMPUTE_DTYPES = ("float32", "float16")
-NOT_YAML_KEYS = ("source", "output_dir_default")   # ExportConfig fields a yaml cannot set
+TARGETS = ("cpu", "ascend")
+NOT_YAML_KEYS = ("source", "output_dir_default", "segments_by_size")   # ExportConfig fields a yaml cannot set
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -63,8 +64,9 @@ class ParallelSection:
     data_parallel: int = 1
     pipeline_stage: int = 1
     # graph: in each rank's graphs (MindSpore, Ascend); host: each rank's step as segments, one per
-    # attention or MLP block (Lite on CPU; on one rank too: each .ms far below Lite's 2 GB limit)
-    collectives: str = "graph"
+    # attention or MLP block (Lite on CPU; on one rank too: each .ms far below Lite's 2 GB limit).
+    # None: chosen by the export's target (ExportConfig._choose_form)
+    collectives: Optional[str] = None
 
 
 @dataclass
@@ -91,16 +93,19 @@ class ExportConfig:
     seq_length: Optional[int] = None
     batch_size: int = 1
     use_past: bool = True
-    kv_cache: str = "io"
+    target: Optional[str] = None                 # cpu | ascend: where it will run; chooses the three keys below
+    kv_cache: Optional[str] = None               # io | in_graph | dynamic; None: by target
     compute_dtype: str = "float32"
-    lite_ms: bool = False                        # also write Lite's own .ms model of each graph
+    lite_ms: Optional[bool] = None               # also write Lite's own .ms model of each graph; None: by target
     parallel: ParallelSection = field(default_factory=ParallelSection)
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
     output_dir_default: bool = False             # output_dir is MindFormers' default (the run yaml sets none); not a yaml key
+    segments_by_size: bool = False               # target cpu chose one rank's graph: segments if it is too large for one .ms
 
     def __post_init__(self):
         where = self.source
+        self._choose_form()
         if self.kv_cache not in KV_MODES:
             raise ConfigError(f"{where}: kv_cache {self.kv_cache!r} is not allowed; allowed: {', '.join(KV_MODES)}")
         if self.compute_dtype not in COMPUTE_DTYPES:
@@ -147,6 +152,30 @@ class ExportConfig:
         if self.model.hf_dir is None and self.model.family is None:
             raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
                               "and the model sizes")
+
+    def _choose_form(self) -> None:
+        """The keys not given, from `target`: on Ascend (and without a target, as upstream) the two
+        graphs of kv_cache io, which the official API and GE run; on Lite CPU one dynamic step graph
+        (one weight copy, prompts at their own length), converted to .ms, as segments when there are
+        several ranks or one rank's weights exceed a .ms (decided in export, once the sizes are known).
+        A yaml asking for upstream's two graph copies (infer: paths) keeps the two graphs."""
+        if self.target is not None and self.target not in TARGETS:
+            raise ConfigError(f"{self.source}: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")
+        cpu = self.target == "cpu"
+        two_graphs = bool(self.infer.prefill_model_path or self.infer.increment_model_path)
+        if self.kv_cache is None:
+            self.kv_cache = "dynamic" if cpu and self.compute_dtype == "float32" and not two_graphs else "io"
+        if cpu and self.parallel.model_parallel > 1 and self.kv_cache != "dynamic":
+            raise ConfigError(f"{self.source}: target cpu with parallel.model_parallel {self.parallel.model_parallel} "
+                              "needs kv_cache dynamic and compute_dtype float32 (MindSpore Lite on CPU runs "
+                              "several ranks only as step segments); this config has kv_cache "
+                              f"{self.kv_cache} and compute_dtype {self.compute_dtype}")
+        if self.parallel.collectives is None:
+            step_on_cpu = cpu and self.kv_cache == "dynamic"
+            self.parallel.collectives = "host" if step_on_cpu and self.parallel.model_parallel > 1 else "graph"
+            self.segments_by_size = step_on_cpu and self.parallel.model_parallel == 1
+        if self.lite_ms is None and not cpu:   # for cpu: decided in export (the converter reads MindSpore 2.0's MindIR)
+            self.lite_ms = False
 
     def _check_collectives(self) -> None:
         form, where = self.parallel.collectives, self.source

@@ -20,11 +20,13 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
+from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.contract.segments import segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
+from exporter.writing.forms import describe_form, mindspore_version, settle_form
 from exporter.writing.lite_convert import convert_graphs, converter_python, lite_weights_name
 from exporter.writing.progress import deferred_interrupts, stage
 from exporter.writing.trace import graph_dims, segment_layout, trace_rank, trace_segments
@@ -44,6 +46,7 @@ def export(config: ExportConfig) -> str:
         source.config.check_world_size(config.world_size)
     except ConfigError as e:
         raise ConfigError(f"{config.source}: {e}") from None
+    settle_form(config, source.config)
     _check_output_dir(config)
     _check_infer_copies(config)
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
@@ -75,24 +78,9 @@ def export(config: ExportConfig) -> str:
         log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
                     "--tokenizer_path (tokenizer_path= in Python)", where)
     log.info("exported %s to %s (%d rank(s), %s; %.1f s%s)", source.family.name, config.output_dir, config.world_size,
-             _form(config, manifest), time.perf_counter() - start,
+             describe_form(config, manifest), time.perf_counter() - start,
              f"; {_default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
-
-
-def _form(config: ExportConfig, manifest: Manifest) -> str:
-    """Which graphs the export holds, for its last line."""
-    if config.parallel.collectives == "host":
-        form = "kv_cache dynamic as step segments per rank"
-    else:
-        form = {"io": "kv_cache io: prefill + increment graphs, each with its own copy of the weights",
-                "in_graph": "kv_cache in_graph: prefill + increment graphs holding the cache",
-                "dynamic": "kv_cache dynamic: one step graph"}[config.kv_cache]
-    if manifest.lite_files:
-        form += ", converted to Lite's .ms"
-    if manifest.external_data:
-        form += ", weights as external data"
-    return form
 
 
 def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
@@ -109,11 +97,11 @@ def _lite_converter(config: ExportConfig):
     """The converter's Python when the yaml asks for .ms models (checked before any tracing)."""
     if not config.lite_ms:
         return None
-    import mindspore as ms
-    if tuple(int(p) for p in ms.__version__.split(".")[:2]) >= (2, 7):
+    if mindspore_version() >= FIRST_UNREADABLE_MINDSPORE:
+        import mindspore as ms
         raise ConfigError(f"{config.source}: lite_ms: true converts MindIR for MindSpore Lite 2.0, which reads only "
-                          f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with the "
-                          "Lite-compatible environment (`make export-lite CONFIG=...`)")
+                          f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with "
+                          "the Lite-compatible environment (`make export-lite CONFIG=...`)")
     return converter_python(config.source)
 
 

@@ -22,6 +22,7 @@ from lite_runtime.contract.families import GRAPH_KINDS, STEP, TensorSpec, graph_
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
 from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
+from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.backends.base import Session, require_kv_mode
 from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
 
@@ -29,7 +30,6 @@ log = logging.getLogger("lite_runtime.mslite")
 
 LITE_VERSION = "2.0.0"                # the wheel lite-setup installs (lite_install.py)
 LITE_MAX_MIND_IR_VERSION = 1          # Lite 2.0 reads mind_ir_version 1 (MindSpore 2.0); 2.10 writes 3
-FIRST_UNREADABLE_MINDSPORE = (2, 7)   # measured: MindIR of MindSpore >= 2.7 is refused by Lite 2.0
 TARGETS = ("cpu", "ascend")   # and "auto"
 LITE_FORMATS = ("auto", "ms", "mindir")
 _ge_notice_logged = False

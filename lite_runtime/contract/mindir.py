@@ -9,6 +9,8 @@ from typing import List, NamedTuple
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import TensorSpec
 
+# Measured: MindSpore Lite 2.0 (its runtime and its converter) refuses MindIR written by MindSpore >= 2.7.
+FIRST_UNREADABLE_MINDSPORE = (2, 7)
 SPLIT_GRAPH_SUFFIX = "_graph"   # MindSpore's `<name>_graph.mindir` beside `<name>_variables/` for large nets
 _DTYPES = {"FLOAT": "float32", "FLOAT16": "float16", "INT32": "int32", "INT64": "int64", "BOOL": "bool",
            "DOUBLE": "float64", "INT8": "int8", "UINT8": "uint8"}

@@ -1,0 +1,65 @@
+"""The form of an export: what its `target` leaves open until the model is known, and the words of
+the export's last line.
+
+`ExportConfig` chooses what it can from the yaml alone (`_choose_form`); two choices of `target: cpu`
+wait for the model and the exporting MindSpore: whether the graphs are converted to Lite's `.ms`,
+and whether one rank's step is written as segments because it would not fit one `.ms`.
+"""
+from __future__ import annotations
+
+import logging
+
+from exporter.config.schema import ExportConfig
+from exporter.models.config import DecoderConfig
+from lite_runtime.contract.manifest import Manifest
+from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
+
+log = logging.getLogger("exporter")
+
+# Lite 2.0 writes a model's weights into its .ms flatbuffer only up to 2 GB; a larger one comes out as
+# .ms + .msw, which Lite loads at 2.0x the weights, where segments with the weight release load at 1.15x.
+LITE_MS_LIMIT = 2 * 1024 ** 3
+
+
+def weight_bytes(cfg: DecoderConfig, dtype_bytes: int = 4) -> int:
+    """The decoder's weights counted from its sizes (biases and norms left out: under 0.1 %)."""
+    attn = cfg.hidden_size * cfg.head_dim * 2 * (cfg.n_heads + cfg.n_kv_heads)
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * cfg.intermediate_size
+    tables = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    position_tables = int(cfg.positions == "learned") + int(cfg.top_query)
+    tables += (cfg.max_position_embeddings or 0) * cfg.hidden_size * position_tables
+    return dtype_bytes * (cfg.num_layers * (attn + mlp) + tables)
+
+
+def mindspore_version() -> tuple:
+    import mindspore as ms
+    return tuple(int(p) for p in ms.__version__.split(".")[:2])
+
+
+def settle_form(config: ExportConfig, cfg: DecoderConfig) -> None:
+    """The choices of `target: cpu` that need the model's sizes and the exporting MindSpore."""
+    if config.lite_ms is None:
+        config.lite_ms = mindspore_version() < FIRST_UNREADABLE_MINDSPORE
+        if not config.lite_ms:
+            log.warning("%s: target cpu: this MindSpore's MindIR is not readable by MindSpore Lite 2.0, so the export "
+                        "runs on backend ms only; for Lite on CPU export with the MindSpore 2.0 environment "
+                        "(make export-lite)", config.source)
+    if config.segments_by_size and config.compute_dtype == "float32" and weight_bytes(cfg) > LITE_MS_LIMIT:
+        config.parallel.collectives = "host"
+
+
+def describe_form(config: ExportConfig, manifest: Manifest) -> str:
+    """Which graphs the export holds and why, for its last line."""
+    if config.parallel.collectives == "host":
+        form = "kv_cache dynamic as step segments per rank"
+    else:
+        form = {"io": "kv_cache io: prefill + increment graphs, each with its own copy of the weights",
+                "in_graph": "kv_cache in_graph: prefill + increment graphs holding the cache",
+                "dynamic": "kv_cache dynamic: one step graph"}[config.kv_cache]
+    if manifest.lite_files:
+        form += ", converted to Lite's .ms"
+    if manifest.external_data:
+        form += ", weights as external data"
+    if config.target:
+        form += f", for target {config.target}"
+    return form

@@ -1,0 +1,109 @@
+"""`target: cpu | ascend` chooses the export's form when the yaml does not: Ascend (and no target, as
+upstream) gets the two graphs of kv_cache io; Lite on CPU one dynamic step graph converted to `.ms`,
+written as segments when there are several ranks or one rank's weights exceed what one `.ms` holds
+(the export process lowers that limit here, `exporter.writing.forms.LITE_MS_LIMIT`, to take the real
+path on the tiny Llama). Keys the yaml gives win, and a yaml asking for upstream's two graph copies
+keeps them. Checked on real exports (MindSpore 2.0) run on real Lite against transformers."""
+import json
+import os
+
+import pytest
+
+from exporter.config.schema import config_from_dict
+from exporter.models.config import DecoderConfig
+from exporter.writing.forms import LITE_MS_LIMIT, weight_bytes
+from family_cases import BATCH, SEQ, check_parity, reference
+from test_families import lite_run
+from tiny_models import VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
+
+LOWERED_LIMIT_EXPORT = """
+import runpy, sys
+import exporter.writing.forms as forms
+forms.LITE_MS_LIMIT = 0      # bytes: every one-rank step of target cpu is written as segments
+sys.argv = ["exporter"] + sys.argv[1:]
+runpy.run_module("exporter", run_name="__main__")
+"""
+
+
+def form(**keys):
+    config = config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"}, **keys})
+    return config.kv_cache, config.parallel.collectives, config.lite_ms, config.segments_by_size
+
+
+def test_without_a_target_or_for_ascend_the_export_has_upstreams_two_graphs():
+    assert form() == ("io", "graph", False, False)
+    assert form(target="ascend") == ("io", "graph", False, False)
+    assert form(target="ascend", parallel={"model_parallel": 2}) == ("io", "graph", False, False)
+
+
+def test_for_cpu_the_export_is_one_step_graph_and_several_ranks_are_segments():
+    # lite_ms None: converted when the exporting MindSpore writes MindIR that Lite 2.0 reads (decided in export)
+    assert form(target="cpu") == ("dynamic", "graph", None, True)
+    assert form(target="cpu", parallel={"model_parallel": 2}) == ("dynamic", "host", None, False)
+
+
+def test_keys_the_yaml_gives_win_over_the_target():
+    assert form(target="cpu", kv_cache="io", lite_ms=False) == ("io", "graph", False, False)
+    assert form(target="cpu", parallel={"collectives": "graph"}) == ("dynamic", "graph", None, False)
+    assert form(target="cpu", compute_dtype="float16") == ("io", "graph", None, False)   # Lite CPU: float16 io only
+    copies = {"prefill_model_path": "a_prefill_graph.mindir", "increment_model_path": "a_inc_graph.mindir"}
+    assert form(target="cpu", infer=copies)[0] == "io"
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"target": "gpu"}, "target 'gpu' is not allowed; allowed: cpu, ascend"),
+    ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
+     "target cpu with parallel.model_parallel 2 needs kv_cache dynamic and compute_dtype float32"),
+])
+def test_a_target_that_cannot_be_met_is_refused_in_one_line(tmp_path, keys, words):
+    yaml = write_yaml(str(tmp_path / "x.yaml"), {"output_dir": str(tmp_path / "out"), "seq_length": 32,
+                                                 "model": {"hf_dir": str(tmp_path)}, **keys})
+    result = run_cli(["-m", "exporter", "--config", yaml])
+    assert result.returncode != 0
+    (line,) = error_lines(result.stderr)
+    assert yaml in line and words in line, line
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_weight_count_is_the_published_one_of_tinyllama():
+    """TinyLlama-1.1B has 1,100,048,384 parameters; the count leaves out its 45 norm vectors of 2048."""
+    cfg = DecoderConfig(vocab_size=32000, hidden_size=2048, num_layers=22, n_heads=32, n_kv_heads=4,
+                        intermediate_size=5632)
+    assert weight_bytes(cfg) // 4 == 1_100_048_384 - 45 * 2048
+    assert weight_bytes(cfg) > LITE_MS_LIMIT      # so target cpu writes it as segments
+
+
+@pytest.fixture(scope="module")
+def cpu_exports(hf_family, tmp_path_factory):
+    """limit -> (export folder, its last line): the llama case with only `target: cpu` chosen."""
+    made = {}
+
+    def get(limit):
+        if limit not in made:
+            out = tmp_path_factory.mktemp("target") / f"cpu_{limit}"
+            cfg = {"model": {"hf_dir": str(hf_family("llama") / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
+                   "target": "cpu", "output_dir": str(out)}
+            yaml = write_yaml(str(out) + ".yaml", cfg)
+            script = ["-c", LOWERED_LIMIT_EXPORT] if limit == "lowered" else ["-m", "exporter"]
+            result = run_cli(script + ["--config", yaml], python=str(VENV_MS20_PYTHON))
+            assert result.returncode == 0, result.stderr[-3000:]
+            made[limit] = str(out), error_lines(result.stderr)[-1]
+        return made[limit]
+    return get
+
+
+@pytest.mark.parametrize("limit, form_words, graphs", [
+    ("lite's", "kv_cache dynamic: one step graph, converted to Lite's .ms, for target cpu", ["step"]),
+    ("lowered", "kv_cache dynamic as step segments per rank, converted to Lite's .ms, for target cpu",
+     ["embed", "head", "layer0.attn", "layer0.mlp", "layer1.attn", "layer1.mlp"]),
+])
+def test_a_cpu_export_runs_on_lite_as_transformers_does(hf_family, cpu_exports, limit, form_words, graphs):
+    export, last_line = cpu_exports(limit)
+    assert form_words in last_line, last_line
+    manifest = json.load(open(os.path.join(export, "manifest.json")))
+    assert manifest["kv_cache"] == "dynamic"
+    assert sorted(manifest["lite_files"]) == graphs
+    folder = hf_family("llama")
+    prompts, ref_logits, ref_tokens = reference(folder)
+    logits, tokens = lite_run(folder, export, f"target_cpu_{limit}")
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"llama Lite, target cpu ({limit} limit)")
