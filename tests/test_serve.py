@@ -112,10 +112,33 @@ def test_top_logprobs_are_the_models_most_likely_tokens(server, demo_exports):
     assert got.token_logprobs[0] == pytest.approx(expected[best[0]], abs=1e-4)
 
 
+def test_n_choices_are_each_their_own_generation(server, pipeline_texts):
+    """Greedy: n copies of pipeline()'s text. Sampled with a seed: choice i is the n = 1 answer with
+    seed + i, streamed or not; usage counts every choice's tokens."""
+    url, *_ = server
+    c = client(url)
+    greedy = c.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=10, temperature=0, n=3)
+    assert [ch.index for ch in greedy.choices] == [0, 1, 2]
+    assert [ch.text for ch in greedy.choices] == [pipeline_texts[0]] * 3 and greedy.usage.completion_tokens == 30
+    sampled = dict(model="demo", prompt="Words:", max_tokens=8, temperature=2.0)
+    alone = [c.completions.create(seed=11 + i, **sampled).choices[0].text for i in range(3)]
+    assert len(set(alone)) > 1, alone           # the seeds give different texts: the check below can fail
+    whole = c.completions.create(seed=11, n=3, **sampled)
+    assert [ch.text for ch in sorted(whole.choices, key=lambda ch: ch.index)] == alone
+    streamed = {}
+    for chunk in c.completions.create(seed=11, n=3, stream=True, **sampled):
+        for ch in chunk.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + ch.text
+    assert [streamed[i] for i in range(3)] == alone
+    chat = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Counting:"}],
+                                     max_tokens=4, temperature=0, n=2)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"temperature": 3}, 400, "temperature"),
     ({"top_p": 0}, 400, "top_p"),
-    ({"n": 2}, 400, "n"),
+    ({"n": 17}, 400, "n"),
     ({"logprobs": 6}, 400, "logprobs"),
     ({"presence_penalty": -2.5}, 400, "presence_penalty"),
     ({"model": "other"}, 404, "model"),

@@ -102,27 +102,57 @@ def create_app(served: ServedModel) -> FastAPI:
                               f"{served.context - 1} (its context is {served.context} tokens)", "messages" if chat
                               else "prompt", "context_length_exceeded")
         run = _Run(served, body, prompt_ids, slot, chat)
+        submitted = []
         try:
-            served.engine.submit(run.engine_request)
-        except QueueFull as e:
-            return JSONResponse(error_body(str(e), None, "server_busy"), status_code=429)
-        except ToolchainError as e:
+            for choice in run.choices:
+                served.engine.submit(choice.engine_request)
+                submitted.append(choice.engine_request)
+        except (QueueFull, ToolchainError) as e:
+            for request in submitted:
+                served.engine.cancel(request)
+            if isinstance(e, QueueFull):
+                return JSONResponse(error_body(str(e), None, "server_busy"), status_code=429)
             raise _BadRequest(str(e), "prompt") from None
-        served.metrics.prompt_tokens.inc(len(prompt_ids))
+        served.metrics.prompt_tokens.inc(len(prompt_ids) * len(run.choices))
         if body.stream:
             return StreamingResponse(run.events(request), media_type="text/event-stream")
         try:
             await run.done()
         except asyncio.CancelledError:
-            served.engine.cancel(run.engine_request)
+            run.cancel()
             raise
         return run.whole()
 
     return app
 
 
+class _Choice:
+    """One of a request's `n` generations: its engine request, text and tokens."""
+
+    def __init__(self, run: "_Run", index: int, sampling, prompt_ids: List[int], slot: int):
+        served, body = run.served, run.body
+        self.index = index
+        self.text = RequestText(served.tokenizer, prompt_ids, body.stop_strings())
+        self.tokens: List[int] = []
+        self.logprobs: List[Optional[TokenLogprobs]] = []
+        self.pieces: List[str] = []
+        self.finish_reason: Optional[str] = None   # the engine's: stop (an EOS id), length, cancelled, error: ...
+        self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
+        self.last = None
+        max_tokens = body.max_tokens or served.context - len(prompt_ids)
+        top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
+        put = run.loop.call_soon_threadsafe
+        self.engine_request = EngineRequest(
+            prompt_ids, max_tokens, sampling, served.stop_ids, slot, body.presence_penalty, body.frequency_penalty,
+            body.min_p, top, on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
+            on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
+
+    def reason(self) -> str:
+        return "stop" if self.stopped_by_text else self.finish_reason
+
+
 class _Run:
-    """One request in flight: the engine's callbacks feed an asyncio queue read by the route."""
+    """One request in flight: its choices' engine callbacks feed one asyncio queue read by the route."""
 
     def __init__(self, served: ServedModel, body: SamplingFields, prompt_ids: List[int], slot: int, chat: bool):
         self.served, self.body, self.chat = served, body, chat
@@ -130,57 +160,48 @@ class _Run:
         self.created = int(time.time())
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.text = RequestText(served.tokenizer, prompt_ids, body.stop_strings())
         self.prompt_ids = prompt_ids
-        self.tokens: List[int] = []
-        self.logprobs: List[Optional[TokenLogprobs]] = []
-        self.pieces: List[str] = []
-        self.finish_reason: Optional[str] = None   # the engine's: stop (an EOS id), length, cancelled, error: ...
-        self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
         self.start = time.perf_counter()
-        self.last = None
-        max_tokens = body.max_tokens or served.context - len(prompt_ids)
-        self.engine_request = EngineRequest(
-            prompt_ids, max_tokens, body.sampling(), served.stop_ids, slot, body.presence_penalty,
-            body.frequency_penalty, body.min_p, ((body.top_logprobs or 0) if body.logprobs else None) if chat else body.logprobs,
-            on_token=lambda t, lp: self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", t, lp)),
-            on_finish=lambda reason: self.loop.call_soon_threadsafe(self.queue.put_nowait, ("end", reason, None)))
+        self.choices = [_Choice(self, i, sampling, prompt_ids, slot) for i, sampling in enumerate(body.samplings())]
+
+    def cancel(self) -> None:
+        for choice in self.choices:
+            self.served.engine.cancel(choice.engine_request)
 
     async def _items(self):
-        """(text piece, token, logprob) per token; ends with the finish reason set."""
-        metrics = self.served.metrics
-        while True:
-            kind, value, logprob = await self.queue.get()
-            now = time.perf_counter()
+        """(choice, text piece, token, logprob) per token, until every choice has its finish reason."""
+        metrics, running = self.served.metrics, len(self.choices)
+        while running:
+            index, kind, value, logprob = await self.queue.get()
+            choice, now = self.choices[index], time.perf_counter()
             if kind == "end":
-                self.finish_reason = value
-                tail = self.text.finish()
+                running -= 1
+                choice.finish_reason = value
+                tail = choice.text.finish()
                 if tail:
-                    yield tail, None, None
-                metrics.finished(self.start, now, value, len(self.tokens))
-                return
-            metrics.token(self.start, self.last, now)
-            self.last = now
-            if self.text.stopped:
+                    yield choice, tail, None, None
+                metrics.finished(self.start, now, value, len(choice.tokens))
                 continue
-            piece, stopped = self.text.add(value)
-            self.tokens.append(value)
-            self.logprobs.append(logprob)
+            metrics.token(self.start, choice.last, now)
+            choice.last = now
+            if choice.text.stopped:
+                continue
+            piece, stopped = choice.text.add(value)
+            choice.tokens.append(value)
+            choice.logprobs.append(logprob)
             if stopped:
-                self.served.engine.cancel(self.engine_request)
-                self.stopped_by_text = True
-            yield piece, value, logprob
+                self.served.engine.cancel(choice.engine_request)
+                choice.stopped_by_text = True
+            yield choice, piece, value, logprob
 
     async def done(self) -> None:
-        async for piece, token, logprob in self._items():
-            self.pieces.append(piece)
-
-    def _reason(self) -> str:
-        return "stop" if self.stopped_by_text else self.finish_reason
+        async for choice, piece, token, logprob in self._items():
+            choice.pieces.append(piece)
 
     def usage(self) -> dict:
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.tokens),
-                "total_tokens": len(self.prompt_ids) + len(self.tokens)}
+        completion = sum(len(c.tokens) for c in self.choices)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(self.prompt_ids) + completion}
 
     def _logprobs(self, tokens: List[int], logprobs: List[Optional[TokenLogprobs]]):
         piece = self.served.tokenizer.id_to_piece
@@ -196,43 +217,41 @@ class _Run:
                 "top_logprobs": [{piece(i): v for i, v in lp.top} for lp in logprobs] if self.body.logprobs else None,
                 "text_offset": None}
 
-    def whole(self) -> dict:
-        text = "".join(self.pieces)
+    def _whole_choice(self, choice: _Choice) -> dict:
+        text, logprobs = "".join(choice.pieces), self._logprobs(choice.tokens, choice.logprobs)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": self._logprobs(self.tokens, self.logprobs), "finish_reason": self._reason()}
-            kind = "chat.completion"
-        else:
-            if getattr(self.body, "echo", False):
-                text = self.served.tokenizer.decode(self.prompt_ids) + text
-            choice = {"index": 0, "text": text, "logprobs": self._logprobs(self.tokens, self.logprobs),
-                      "finish_reason": self._reason()}
-            kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.body.model,
-                "choices": [choice], "usage": self.usage()}
+            return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": choice.reason()}
+        if getattr(self.body, "echo", False):
+            text = self.served.tokenizer.decode(self.prompt_ids) + text
+        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.reason()}
+
+    def whole(self) -> dict:
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.body.model,
+                "choices": [self._whole_choice(c) for c in self.choices], "usage": self.usage()}
 
     async def events(self, request):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         try:
-            if self.chat:
-                yield self._event(kind, {"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None})
             ready = []      # events of tokens already queued go out in one write (a slow client catches up)
-            async for piece, token, logprob in self._items():
+            if self.chat:
+                ready = [self._event(kind, {"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}) for c in self.choices]
+            async for choice, piece, token, logprob in self._items():
                 lp = self._logprobs([token], [logprob]) if token is not None else None
-                if self.chat:
-                    choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp, "finish_reason": None}
-                else:
-                    choice = {"index": 0, "text": piece, "logprobs": lp, "finish_reason": None}
-                ready.append(self._event(kind, choice))
+                text = {"delta": {"content": piece}} if self.chat else {"text": piece}
+                ready.append(self._event(kind, {"index": choice.index, **text, "logprobs": lp, "finish_reason": None}))
                 if self.queue.empty():
                     yield "".join(ready)
                     ready = []
-            end = {"index": 0, "finish_reason": self._reason(), "logprobs": None}
-            end.update({"delta": {}} if self.chat else {"text": ""})
-            yield "".join(ready) + self._event(kind, end, usage=self.usage()) + "data: [DONE]\n\n"
-        except asyncio.CancelledError:      # the client went away: free its row at the next step
-            self.served.engine.cancel(self.engine_request)
+            for choice in self.choices:
+                end = {"index": choice.index, "finish_reason": choice.reason(), "logprobs": None}
+                end.update({"delta": {}} if self.chat else {"text": ""})
+                ready.append(self._event(kind, end, usage=self.usage() if choice is self.choices[-1] else None))
+            yield "".join(ready) + "data: [DONE]\n\n"
+        except asyncio.CancelledError:      # the client went away: free its rows at the next step
+            self.cancel()
             raise
 
     def _event(self, kind: str, choice: dict, usage: Optional[dict] = None) -> str:

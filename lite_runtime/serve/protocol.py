@@ -2,11 +2,14 @@
 requests. A body that breaks a rule is answered 400 with OpenAI's error object naming the field."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lite_runtime.decode.sampling import SamplingParams
+
+MAX_CHOICES = 16
 
 
 class SamplingFields(BaseModel):
@@ -24,7 +27,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    n: int = Field(1, ge=1, le=1)                         # one choice per request
+    n: int = Field(1, ge=1, le=MAX_CHOICES)               # choices: each its own cache row
     stream: bool = False
 
     def sampling(self) -> SamplingParams:
@@ -32,6 +35,11 @@ class SamplingFields(BaseModel):
         return SamplingParams(do_sample=not greedy, top_k=max(self.top_k, 0), top_p=self.top_p,
                               temperature=1.0 if greedy else self.temperature,
                               repetition_penalty=self.repetition_penalty, seed=self.seed)
+
+    def samplings(self) -> List[SamplingParams]:
+        """One per choice: with a seed, choice i samples with seed + i (reproducible, and not n copies)."""
+        one = self.sampling()
+        return [one if one.seed is None else dataclasses.replace(one, seed=one.seed + i) for i in range(self.n)]
 
     def stop_strings(self) -> List[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
