@@ -372,24 +372,28 @@ def demo_tp2(demo_exports, tmp_path_factory):
                   parallel={"model_parallel": 2, "collectives": "host"})
     result = run_cli(["-m", "exporter", "--config", write_yaml(str(folder / "tp2.yaml"), config)], python=VENV_MS20_PYTHON)
     assert result.returncode == 0, result.stderr[-2000:]
-    table = folder / "table.json"
-    ranks = tuple(RankEntry(r, "127.0.0.1", r, f"192.98.92.{100 + r}") for r in range(2))
-    table.write_text(json.dumps(table_json([ServerEntry("127.0.0.1", ranks)])))
-    return str(folder / "tp2"), str(table), folder
+    tables = {}
+    for size in (2, 4):
+        tables[size] = folder / f"table{size}.json"
+        ranks = tuple(RankEntry(r, "127.0.0.1", r, f"192.98.92.{100 + r}") for r in range(size))
+        tables[size].write_text(json.dumps(table_json([ServerEntry("127.0.0.1", ranks)])))
+    return str(folder / "tp2"), {n: str(t) for n, t in tables.items()}, folder
 
 
-@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "dp2", "dp2xmp2"])
 def test_a_launched_run_serves_from_rank_0(demo_exports, demo_tp2, pipeline_texts, layout):
-    """Two Lite ranks under the launcher, rank 0 serving: a two-rank segment export (tensor parallel) or
-    two replicas of the single-rank export (data parallel). Several requests at once, streamed or not,
-    get the single-rank pipeline's greedy text; rank 1 ran steps; SIGTERM to the launcher stops every
-    rank and exits 0."""
+    """Lite ranks under the launcher, rank 0 serving: a two-rank segment export (tensor parallel), two
+    replicas of the single-rank export (data parallel), or two replicas of the two-rank export on four
+    ranks. Several requests at once, streamed or not, get the single-rank pipeline's greedy text; the
+    other ranks ran steps; SIGTERM to the launcher stops every rank and exits 0."""
     from concurrent.futures import ThreadPoolExecutor
     from lite_process import ensure_lite_installed
     from lite_runtime.serve.process import served as serve_process
     ensure_lite_installed()
-    tp2, table, folder = demo_tp2
-    export, extra = (tp2, []) if layout == "tp2" else (demo_exports["mslite"], ["--data_parallel", "2"])
+    tp2, tables, folder = demo_tp2
+    export, extra, table = {"tp2": (tp2, [], tables[2]),
+                            "dp2": (demo_exports["mslite"], ["--data_parallel", "2"], tables[2]),
+                            "dp2xmp2": (tp2, ["--data_parallel", "2"], tables[4])}[layout]
     logs = folder / f"logs_{layout}"
     with serve_process(export, "mslite", "demo", cwd=REPO, extra=extra,
                        launcher=["--rank_table", table, "--log_dir", str(logs)]) as server:
@@ -404,8 +408,9 @@ def test_a_launched_run_serves_from_rank_0(demo_exports, demo_tp2, pipeline_text
             texts = list(pool.map(complete, range(12)))
         family = psutil.Process(server.pid).children(recursive=True)
     assert texts == [pipeline_texts[i % 3] for i in range(12)]
-    steps = re.search(r"rank 1 ran (\d+) steps", (logs / "rank_1.log").read_text())
-    assert steps and int(steps.group(1)) > 0
+    for rank in range(1, 4 if layout == "dp2xmp2" else 2):
+        steps = re.search(rf"rank {rank} ran (\d+) steps", (logs / f"rank_{rank}.log").read_text())
+        assert steps and int(steps.group(1)) > 0, rank
     time.sleep(0.5)
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
 

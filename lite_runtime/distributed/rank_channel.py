@@ -83,8 +83,9 @@ class RankChannel:
     def send_tokens(self, tokens: np.ndarray) -> None:
         self._send(np.ascontiguousarray(tokens, np.int32).tobytes())
 
-    def send_json_to(self, rank: int, obj) -> None:
-        self._send(json.dumps(obj).encode(), [rank])
+    def send_json_to(self, ranks, obj) -> None:
+        """To one rank, or to each of a sequence of ranks."""
+        self._send(json.dumps(obj).encode(), [ranks] if isinstance(ranks, int) else ranks)
 
     def recv_json_from(self, rank: int):
         """Rank 0: the next message of `rank` (its answer to a request sent with send_json_to)."""

@@ -29,7 +29,8 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--distributed", type=BOOL, default=False,
               help="Set by the launcher: this process is one rank of a launched run; rank 0 serves.")
 @click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
-              help="Under the launcher: replicas of a single-rank export, one per rank, behind rank 0's endpoint.")
+              help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
+                   "behind rank 0's endpoint.")
 def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, shutdown_timeout,
             distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,

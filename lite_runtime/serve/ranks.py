@@ -1,16 +1,18 @@
 """Serving from a launched run: rank 0 serves, the other ranks run the steps it sends them.
 
-Tensor parallel (one replica of a multi-rank export): every step of rank 0's session is sent to the
-other ranks first, and each runs the same step on its part of the model; the collectives inside the
-step (MPI between Lite segments) join the parts. Data parallel (replicas of a single-rank export, one
-per rank): rank 0 runs one engine per replica; a replica on another rank is a RemoteSession whose steps
-run there and whose logits come back as raw float32. Only rank 0 samples: a step's inputs (tokens, counts, past
-lengths, adapter slots) fix what every rank computes, so the ranks need no agreement of their own.
+A job of dp·mp ranks runs dp replicas of an mp-rank export, consecutive ranks forming a replica (as
+the launcher lays them out). Rank 0 runs one engine per replica. Each step of a replica is sent to the
+replica's ranks (rank 0's own replica: to its other ranks, before rank 0 runs its part), and each
+runs the same step on its part of the model; the collectives inside the step (MPI between Lite
+segments, a MindSpore cluster per replica on `ms`) join the parts. The first rank of any other
+replica answers with the step's logits, as raw float32. Only rank 0 samples: a step's inputs (tokens,
+counts, past lengths, adapter slots) fix what every rank computes, so the ranks need no agreement of
+their own.
 """
 from __future__ import annotations
 
 import logging
-from typing import List
+from typing import List, Sequence
 
 import numpy as np
 
@@ -22,38 +24,39 @@ def _step_message(tokens, counts, past, *extra) -> dict:
 
 
 class MirroredSession:
-    """Rank 0's session of a tensor-parallel export: each `step` is announced to the other ranks."""
+    """Rank 0's session of a tensor-parallel export: each `step` is sent to the replica's other ranks."""
 
-    def __init__(self, session, channel: RankChannel):
-        self.session, self.channel = session, channel
+    def __init__(self, session, channel: RankChannel, ranks: Sequence[int]):
+        self.session, self.channel, self.ranks = session, channel, list(ranks)
 
     def __getattr__(self, name):            # manifest, runtime, rank, ... of the wrapped session
         return getattr(self.session, name)
 
     def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        self.channel.send_json(_step_message(tokens, counts, past, *extra))
+        self.channel.send_json_to(self.ranks, _step_message(tokens, counts, past, *extra))
         return self.session.step(tokens, counts, past, *extra)
 
     def close(self) -> None:
         try:
-            self.channel.send_json({"stop": True})
+            self.channel.send_json_to(self.ranks, {"stop": True})
         finally:
             self.session.close()
 
 
 class RemoteSession:
-    """The session of the replica on rank `rank` (data parallel), as rank 0's engine sees it."""
+    """The session of the replica on `ranks` (data parallel), as rank 0's engine sees it: its first rank
+    answers each step with the logits."""
 
-    def __init__(self, manifest, channel: RankChannel, rank: int):
-        self.manifest, self.channel, self.rank = manifest, channel, rank
-        self.runtime = f"rank {rank}"
+    def __init__(self, manifest, channel: RankChannel, ranks: Sequence[int]):
+        self.manifest, self.channel, self.ranks = manifest, channel, list(ranks)
+        self.runtime = f"ranks {self.ranks[0]}-{self.ranks[-1]}" if len(self.ranks) > 1 else f"rank {self.ranks[0]}"
 
     def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        self.channel.send_json_to(self.rank, _step_message(tokens, counts, past, *extra))
-        return np.frombuffer(self.channel.recv_bytes_from(self.rank), np.float32).reshape(len(tokens), -1)
+        self.channel.send_json_to(self.ranks, _step_message(tokens, counts, past, *extra))
+        return np.frombuffer(self.channel.recv_bytes_from(self.ranks[0]), np.float32).reshape(len(tokens), -1)
 
     def close(self) -> None:
-        self.channel.send_json_to(self.rank, {"stop": True})
+        self.channel.send_json_to(self.ranks, {"stop": True})
 
 
 def follow(session, channel: RankChannel, reply: bool) -> int:
@@ -100,19 +103,21 @@ class Replicas:
 
 
 def join(model_dir: str, manifest, data_parallel: int) -> RankChannel:
-    """This rank's channel in a launched run of `manifest`'s export: its ranks (tensor parallel), or
-    `data_parallel` replicas of a single-rank export, one per rank."""
-    from lite_runtime.contract.errors import UnsupportedError
-    if data_parallel > 1 and manifest.world_size > 1:
-        raise UnsupportedError(f"--data_parallel {data_parallel} with {model_dir}, an export of {manifest.world_size} "
-                               "ranks: data-parallel serving runs replicas of a single-rank export")
-    return RankChannel.from_env()
+    """This rank's channel in a launched run of `data_parallel` replicas of `manifest`'s export."""
+    from lite_runtime.contract.errors import ConfigError
+    channel = RankChannel.from_env()
+    if channel.world_size != data_parallel * manifest.world_size:
+        channel.close()
+        raise ConfigError(f"--data_parallel {data_parallel} with {model_dir}, an export of {manifest.world_size} "
+                          f"rank(s), needs {data_parallel * manifest.world_size} ranks; this run has "
+                          f"{channel.world_size}")
+    return channel
 
 
 def serve_as_follower(session, channel: RankChannel) -> None:
-    """A rank other than 0: run rank 0's steps until it stops."""
+    """A rank other than 0: run rank 0's steps until it stops; the first rank of a replica answers."""
     try:
-        steps = follow(session, channel, reply=session.manifest.world_size == 1)
+        steps = follow(session, channel, reply=channel.rank % session.manifest.world_size == 0)
         logging.getLogger("lite_runtime.serve").info("rank %d ran %d steps for rank 0", channel.rank, steps)
     finally:
         session.close()
@@ -120,8 +125,11 @@ def serve_as_follower(session, channel: RankChannel) -> None:
 
 
 def rank0_engine(session, channel: RankChannel, make_engine):
-    """Rank 0's engine: over the mirrored session (tensor parallel), or one per replica (data parallel)."""
-    if session.manifest.world_size > 1:
-        return make_engine(MirroredSession(session, channel))
-    return Replicas([make_engine(session)] + [make_engine(RemoteSession(session.manifest, channel, rank))
-                                              for rank in range(1, channel.world_size)])
+    """Rank 0's engine: over its own replica (mirrored to the replica's other ranks), and with data
+    parallel one more per other replica, behind one `Replicas`."""
+    mp = session.manifest.world_size
+    own = make_engine(MirroredSession(session, channel, range(1, mp)) if mp > 1 else session)
+    if channel.world_size == mp:
+        return own
+    return Replicas([own] + [make_engine(RemoteSession(session.manifest, channel, range(first, first + mp)))
+                             for first in range(mp, channel.world_size, mp)])
