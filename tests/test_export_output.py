@@ -164,3 +164,31 @@ def test_replace_dir_fills_a_folder_whose_rename_is_busy_simulated_ebusy(tmp_pat
     monkeypatch.setattr(os, "rename", rename)
     _replace_dir(tmp, target)
     _assert_replaced_in_place(tmp, target, inode)
+
+
+STOPPED_WHILE_COPYING = """
+import os, runpy, signal, sys
+import exporter.writing.export as export
+link_or_copy = export._link_or_copy
+def copy_then_stop(src, dest):      # a service manager's SIGTERM arriving during the first infer: copy
+    link_or_copy(src, dest)
+    os.kill(os.getpid(), signal.SIGTERM)
+export._link_or_copy = copy_then_stop
+sys.argv = ["exporter"] + sys.argv[1:]
+runpy.run_module("exporter", run_name="__main__")
+"""
+
+
+def test_sigterm_while_writing_the_infer_copies_removes_them_and_keeps_the_export(tiny_ckpt, tmp_path):
+    out, copies = str(tmp_path / "out"), tmp_path / "copies"
+    infer = {"prefill_model_path": str(copies / "tiny_prefill_graph.mindir"),
+             "increment_model_path": str(copies / "tiny_inc_graph.mindir")}
+    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out, infer=infer))
+    result = run_cli(["-c", STOPPED_WHILE_COPYING, "--config", path], timeout=180)
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result.stderr)
+    assert line == (f"error: interrupted (SIGTERM): the export in {out} is complete; the infer: copies begun "
+                    "were removed"), line
+    assert os.listdir(copies) == []
+    from lite_runtime.contract.manifest import load_manifest
+    load_manifest(out).verify_files()

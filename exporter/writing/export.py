@@ -20,7 +20,7 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
-from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
+from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE, SPLIT_GRAPH_SUFFIX
 from lite_runtime.contract.segments import segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            graph_relpath)
@@ -28,7 +28,7 @@ from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
 from exporter.writing.forms import describe_form, mindspore_version, settle_form
 from exporter.writing.lite_convert import convert_graphs, converter_python, lite_weights_name
-from exporter.writing.progress import deferred_interrupts, stage
+from exporter.writing.progress import check_interrupt, deferred_interrupts, stage
 from exporter.writing.trace import graph_dims, segment_layout, trace_rank, trace_segments
 from exporter.model_source import ModelSource, resolve_model
 from exporter.weights.adapters import adapter_record
@@ -72,7 +72,7 @@ def export(config: ExportConfig) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             _remove_empty(created)
             raise
-    _write_infer_copies(config, manifest)
+        _write_infer_copies(config, manifest)
     if not source.tokenizer:
         where = f"model.hf_dir {config.model.hf_dir} has none and " if config.model.hf_dir else ""
         log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
@@ -341,24 +341,43 @@ def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
     the rest), so the runtime runs the copies by their paths alone. One such file per copy, named
     after it: copies of several exports may share a folder."""
     copies, hashes = {}, {}
-    for kind, dest in (("prefill", config.infer.prefill_model_path), ("increment", config.infer.increment_model_path)):
-        name = graph_relpath(kind, 0)
-        src = os.path.join(config.output_dir, name)
-        if dest and os.path.realpath(dest) != os.path.realpath(src):   # not the export's own graph
-            os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-            if manifest.external_data.get(name):
-                hashes[name] = _copy_split_graph(src, dest, name, copies)
-            else:
-                _link_or_copy(src, dest)
-            copies[name] = dest
-    for name in (graph_relpath(kind, 0) for kind in ("prefill", "increment")):
-        if name not in copies:
-            continue
-        folder = os.path.dirname(os.path.abspath(copies[name]))
-        pointer = copy_manifest(manifest, config.output_dir, copies, folder, hashes)
-        manifest_name = os.path.basename(copy_manifest_path(copies[name]))
-        pointer.save(folder, manifest_name + ".tmp")
-        os.replace(os.path.join(folder, manifest_name + ".tmp"), os.path.join(folder, manifest_name))
+    outcome = f"the export in {config.output_dir} is complete; the infer: copies begun were removed"
+    try:
+        for kind, dest in (("prefill", config.infer.prefill_model_path),
+                           ("increment", config.infer.increment_model_path)):
+            name = graph_relpath(kind, 0)
+            src = os.path.join(config.output_dir, name)
+            if dest and os.path.realpath(dest) != os.path.realpath(src):   # not the export's own graph
+                check_interrupt(outcome)
+                os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+                copies[name] = dest
+                if manifest.external_data.get(name):
+                    hashes[name] = _copy_split_graph(src, dest, name, copies)
+                else:
+                    _link_or_copy(src, dest)
+        for name in (graph_relpath(kind, 0) for kind in ("prefill", "increment")):
+            if name not in copies:
+                continue
+            check_interrupt(outcome)
+            folder = os.path.dirname(os.path.abspath(copies[name]))
+            pointer = copy_manifest(manifest, config.output_dir, copies, folder, hashes)
+            manifest_name = os.path.basename(copy_manifest_path(copies[name]))
+            pointer.save(folder, manifest_name + ".tmp")
+            os.replace(os.path.join(folder, manifest_name + ".tmp"), os.path.join(folder, manifest_name))
+        check_interrupt(outcome)
+    except BaseException:
+        _remove_copies(copies)
+        raise
+
+
+def _remove_copies(copies: dict) -> None:
+    """The copies `_write_infer_copies` began (graphs, data files, their `.tmp` and `.manifest.json`)."""
+    for path in copies.values():
+        for leftover in (path, path + ".tmp", copy_manifest_path(path), copy_manifest_path(path) + ".tmp"):
+            if os.path.lexists(leftover):
+                os.remove(leftover)
+        if path.endswith(".mindir"):
+            shutil.rmtree(path[:-len(".mindir")].removesuffix(SPLIT_GRAPH_SUFFIX) + "_variables", ignore_errors=True)
 
 
 def _copy_split_graph(src: str, dest: str, name: str, copies: dict) -> str:

@@ -35,10 +35,10 @@ def stage(what: str):
     check_interrupt()
 
 
-def check_interrupt() -> None:
+def check_interrupt(outcome: str = "the export stopped and removed what it had written") -> None:
     if _interrupted.is_set():
         name = _SIGNAL_NAMES.get(_received[-1], "a signal") if _received else "a signal"
-        raise Interrupted(f"interrupted ({name}): the export stopped and removed what it had written")
+        raise Interrupted(f"interrupted ({name}): {outcome}")
 
 
 @contextlib.contextmanager
