@@ -50,20 +50,28 @@ def _dead_pid():
 
 
 def test_next_export_removes_temporary_folders_of_killed_exports(tiny_ckpt, tmp_path):
-    """A `.export-<pid>-*` folder whose process is gone is removed by the next export beside it; one
-    of a live process (here: the test's own) is left alone."""
+    """A `.export-<pid>-*` folder nobody holds is a killed export's: the next export beside it removes
+    it. One held by a running export is left alone, even when its PID is not a live process here
+    (an export in another container, another PID namespace, writing to the same volume): here the test
+    process holds a folder named with a dead PID, as such an export would."""
+    import fcntl
     out = str(tmp_path / "out")
     dead = tmp_path / f".export-{_dead_pid()}-abcd1234"
-    live = tmp_path / f".export-{os.getpid()}-abcd1234"
-    for folder in (dead, live):
+    elsewhere = tmp_path / f".export-{_dead_pid()}-efgh5678"
+    for folder in (dead, elsewhere):
         (folder / "mindir_full_checkpoint").mkdir(parents=True)
         (folder / "mindir_full_checkpoint" / "rank_0_graph.mindir").write_bytes(b"half written")
-    path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
-    result = run_cli(["-m", "exporter", "--config", path], timeout=180)
+    held = os.open(elsewhere, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        path = write_yaml(str(tmp_path / "export.yaml"), tiny_export_config(tiny_ckpt[0], out))
+        result = run_cli(["-m", "exporter", "--config", path], timeout=180)
+    finally:
+        os.close(held)
     assert result.returncode == 0, result.stderr
     assert not dead.exists()
-    assert (live / "mindir_full_checkpoint" / "rank_0_graph.mindir").exists()
-    assert sorted(os.listdir(tmp_path)) == sorted(["export.yaml", "out", live.name])
+    assert (elsewhere / "mindir_full_checkpoint" / "rank_0_graph.mindir").exists()
+    assert sorted(os.listdir(tmp_path)) == sorted(["export.yaml", "out", elsewhere.name])
 
 
 def test_export_modes_follow_the_umask(tiny_ckpt, tmp_path):

@@ -2,19 +2,20 @@
 
 The export is assembled in a temporary folder beside `output_dir` and renamed into place at the
 end, so a failed export never leaves a half-written folder that looks valid. The temporary folder's
-name holds the exporter's PID (`.export-<pid>-xxxx`): one left by a killed export is removed by the
-next export beside it once that process is gone.
+name holds the exporter's PID (`.export-<pid>-xxxx`), and the exporter holds a lock on it while it
+writes: one left by a killed export, which nobody holds, is removed by the next export beside it.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
 import shutil
 import tempfile
 import time
-from typing import List
+from typing import Dict, List
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family, graph_kinds
@@ -37,6 +38,7 @@ log = logging.getLogger("exporter")
 GE_CONFIG_NAME = "config.ini"
 TEMP_PREFIX = ".export-"
 _TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
+_held: Dict[str, int] = {}     # the temporary folders this process holds (_hold), and their descriptors
 
 
 def export(config: ExportConfig) -> str:
@@ -72,6 +74,8 @@ def export(config: ExportConfig) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             _remove_empty(created)
             raise
+        finally:
+            _release(tmp)
         _write_infer_copies(config, manifest)
     if not source.tokenizer:
         where = f"model.hf_dir {config.model.hf_dir} has none and " if config.model.hf_dir else ""
@@ -239,7 +243,9 @@ def _make_temp_dir(config: ExportConfig, parent: str, created: List[str]) -> str
             os.rmdir(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=folder))
             folder = parent
         _remove_stale_temp_dirs(parent)
-        return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+        folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+        _hold(folder)
+        return folder
     except OSError as e:
         _remove_empty(created)
         while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
@@ -261,24 +267,40 @@ def _follow_umask(folder: str) -> None:
             os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
+def _hold(folder: str) -> None:
+    """Lock `folder` for as long as this process lives: the kernel drops the lock when the process ends,
+    however it ends, so a folder nobody holds is a killed export's, even one of another container
+    (another PID namespace, where its PID means nothing) writing to the same volume."""
+    fd = os.open(folder, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held[folder] = fd
+
+
+def _release(folder: str) -> None:
+    fd = _held.pop(folder, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def _remove_stale_temp_dirs(parent: str) -> None:
-    """Remove the temporary folders in `parent` of exports whose process is gone (killed)."""
+    """Remove the temporary folders in `parent` of exports that were killed: those nobody holds."""
     for name in os.listdir(parent):
         match = _TEMP_PID.match(name)
-        if match and not _process_alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-            log.info("removed %s, left by an export (pid %s) that was killed", os.path.join(parent, name),
-                     match.group(1))
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # another user's live process
-        return True
-    return True
+        if not match:
+            continue
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:      # a running export's
+            continue
+        finally:
+            os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s, left by an export (pid %s) that was killed", path, match.group(1))
 
 
 def _missing_folders(path: str) -> List[str]:
