@@ -15,6 +15,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from lite_runtime.contract.families import STEP
 from exporter.models.attention import Attention, BuildContext, ScoreBias, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
@@ -287,52 +288,41 @@ class CausalLM(nn.Cell):
         return self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0
 
 
-class PrefillGraph(nn.Cell):
-    """The exported prefill graph (inputs and outputs: the runtime contract)."""
+class Graph(nn.Cell):
+    """One exported graph (prefill, increment or the dynamic step) with the contract's inputs
+    (lite_runtime/contract/families.py), bound by their names in `names`, the contract's order.
+    MindSpore 2.0 records construct's argument names as the graph's input names: the leading ones are
+    named here, the rest come as `*kv` (recorded kv0, kv1 ...)."""
 
-    def __init__(self, net: CausalLM):
+    def __init__(self, net: CausalLM, kind: str, names):
         super().__init__(auto_prefix=False)
-        self.net = net
+        self.net, self.kind = net, kind
+        rest = list(names[3 if kind == STEP else 2:])
+        first_cache = [i for i, n in enumerate(rest) if n.startswith("key_cache_")]
+        self.i_cache = first_cache[0] if first_cache else len(rest)
+        self.i_context, self.i_mask, self.i_adapter = (rest.index(n) if n in rest else -1 for n in
+                                                       ("context_length", "mask_position", "adapter_ids"))
 
     def construct(self, input_ids, batch_valid_length, *kv):
-        if self.net.two_d:    # GLM: kv is (context_length, mask_position[, adapter_ids])
-            if self.net.lora:
-                return self.net.prefill(input_ids, batch_valid_length, kv[2], kv[0], kv[1])
-            return self.net.prefill(input_ids, batch_valid_length, None, kv[0], kv[1])
-        if self.net.lora:     # SLoRA: kv is (adapter_ids,); `*kv` for the recorded input names (graph_check)
-            return self.net.prefill(input_ids, batch_valid_length, kv[0])
-        return self.net.prefill(input_ids, batch_valid_length)
+        return self.bind(input_ids, batch_valid_length, None, kv)
+
+    def bind(self, input_ids, batch_valid_length, past_length, kv):
+        context = mask_position = adapter_ids = None
+        if self.i_context >= 0:
+            context, mask_position = kv[self.i_context], kv[self.i_mask]
+        if self.i_adapter >= 0:
+            adapter_ids = kv[self.i_adapter]
+        if self.kind == STEP:
+            return self.net.step(input_ids, batch_valid_length, past_length, kv[self.i_cache:], adapter_ids,
+                                 context, mask_position)
+        if self.kind == "prefill":
+            return self.net.prefill(input_ids, batch_valid_length, adapter_ids, context, mask_position)
+        return self.net.increment(input_ids, batch_valid_length, kv[self.i_cache:], adapter_ids, context,
+                                  mask_position)
 
 
-class StepGraph(nn.Cell):
-    """The one exported graph of the dynamic kv mode."""
-
-    def __init__(self, net: CausalLM):
-        super().__init__(auto_prefix=False)
-        self.net = net
+class StepGraph(Graph):
+    """The dynamic step's graph: past_length is its third named input."""
 
     def construct(self, input_ids, batch_valid_length, past_length, *kv):
-        if self.net.two_d:    # GLM: context_length, mask_position[, adapter_ids], then the caches
-            if self.net.lora:
-                return self.net.step(input_ids, batch_valid_length, past_length, kv[3:], kv[2], kv[0], kv[1])
-            return self.net.step(input_ids, batch_valid_length, past_length, kv[2:], None, kv[0], kv[1])
-        if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
-            return self.net.step(input_ids, batch_valid_length, past_length, kv[1:], kv[0])
-        return self.net.step(input_ids, batch_valid_length, past_length, kv)
-
-
-class IncrementGraph(nn.Cell):
-    """The exported increment graph; `kv` are the per-layer key/value caches in io mode."""
-
-    def __init__(self, net: CausalLM):
-        super().__init__(auto_prefix=False)
-        self.net = net
-
-    def construct(self, input_ids, batch_valid_length, *kv):
-        if self.net.two_d:    # GLM: context_length, mask_position[, adapter_ids], then the caches
-            if self.net.lora:
-                return self.net.increment(input_ids, batch_valid_length, kv[3:], kv[2], kv[0], kv[1])
-            return self.net.increment(input_ids, batch_valid_length, kv[2:], None, kv[0], kv[1])
-        if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
-            return self.net.increment(input_ids, batch_valid_length, kv[1:], kv[0])
-        return self.net.increment(input_ids, batch_valid_length, kv)
+        return self.bind(input_ids, batch_valid_length, past_length, kv)
