@@ -198,28 +198,9 @@ class CausalLM(nn.Cell):
             cos = self.cast(self.reshape(self.gather(self.cos_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
             sin = self.cast(self.reshape(self.gather(self.sin_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
         x = self._embed(input_ids, pos)
-        in_graph = self.kv_mode == "in_graph"
-        cache_bias, new_bias = self.bias.step(pos, self.batch, in_graph)
-        onehot = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
+        row = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
         select = self._select(input_ids, adapter_ids, (self.batch, 1), (-1, 1))
-        new_kv = ()
-        i = 0
-        for layer in self.layers:
-            h = layer.attn_norm(x)
-            if in_graph:
-                attn, k, v = layer.attn.step_in_graph(h, cos, sin, onehot, cache_bias, select)
-            else:
-                attn, k, v = layer.attn.step_io(h, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias, select)
-            x = layer.finish(x, attn, select, h)
-            new_kv = new_kv + (k, v)
-            i = i + 1
-        if self.use_top_query:
-            h = self.final_norm(x)
-            if in_graph:
-                x, k, v = self.top_query.step_in_graph(h, pos, cos, sin, onehot, cache_bias)
-            else:
-                x, k, v = self.top_query.step_io(h, pos, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias)
-            new_kv = new_kv + (k, v)
+        x, new_kv = self._step_layers(x, cos, sin, kv, None, self.bias.step(pos), select, None, pos, row)
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
@@ -233,21 +214,37 @@ class CausalLM(nn.Cell):
         prefix = None
         if self.prefix:
             prefix = self.prefix_context(context)
+        x, new_kv = self._step_layers(x, cos, sin, kv, past, None, select, prefix,
+                                      self.step_positions(input_ids, past_length))
+        return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
+
+    def _step_layers(self, x, cos, sin, kv, past, biases, select, prefix, positions, row=None):
+        """The layers of a decode step (io, in_graph: `biases` from ScoreBias.step, `row` the one-hot
+        of the new rows) or of the dynamic step (`biases` None: the first layer makes them); `kv` the
+        past K/V per layer (none in_graph), `positions` the tokens' (the top query layer's input).
+        Returns the last hidden states and the new K/V rows of every layer."""
         new_kv = ()
-        biases = None
         i = 0
         for layer in self.layers:
             h = layer.attn_norm(x)
-            attn, k, v, biases = layer.attn.step_dynamic(h, cos, sin, kv[2 * i], kv[2 * i + 1],
-                                                         past, self.bias, biases, select, context=prefix)
+            k_past, v_past = self._past(kv, i)
+            attn, k, v, biases = layer.attn.step(h, cos, sin, k_past, v_past, past, self.bias, biases, select,
+                                                 context=prefix, row=row)
             x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
         if self.use_top_query:
-            x, k, v = self.top_query.step_dynamic(self.final_norm(x), self.step_positions(input_ids, past_length),
-                                                  cos, sin, kv[2 * i], kv[2 * i + 1], past, self.bias, biases)
+            k_past, v_past = self._past(kv, i)
+            x, k, v = self.top_query.step(self.final_norm(x), positions, cos, sin, k_past, v_past, past, self.bias,
+                                          biases, row)
             new_kv = new_kv + (k, v)
-        return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
+        return x, new_kv
+
+    def _past(self, kv, i):
+        """Layer i's past keys and values: none in_graph (the Parameter caches)."""
+        if self.kv_mode == "in_graph":
+            return None, None
+        return kv[2 * i], kv[2 * i + 1]
 
     def step_start(self, input_ids, past_length, adapter_ids=None, context=None, mask_position=None):
         """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
