@@ -241,6 +241,10 @@ class Attention(nn.Cell):
         io / in_graph: the T = 1 case in the static graphs' layout: x (B, 1, H), caches (B, kv, S, hd)
         (in_graph: None, the Parameter caches, into which the new row goes at `row` (B, 1, S, 1)
         one-hot; what the cache held there is masked), new rows (B, kv, 1, hd)."""
+        # What io keeps apart from the dynamic step is its layout, not its attention: its graphs are
+        # static, with hidden states (B, T, H) from the embedding through every residual and tuple
+        # reshapes, and the contract's io caches hold keys untransposed; the dynamic step's are (B*T, H)
+        # with shape-tensor reshapes (Lite 2.0's rule for dynamic dimensions) and transposed keys.
         dynamic = self.dynamic
         if dynamic:
             q, k, v = self._project_dynamic(x, cos, sin, select, query)
