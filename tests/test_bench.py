@@ -140,3 +140,24 @@ def test_scale_bench_counts_refuses_and_compares_tokens(tmp_path):
     grow = "import time\nx = bytearray(300 * 2 ** 20)\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(60)\n"
     r = timed_process([sys.executable, "-c", grow], str(tmp_path / "log"), 30, rss_limit_mb=200)
     assert r["error"].startswith("killed at") and r["wall_s"] < 20 and r["peak_rss_mb"] > 200
+
+
+def test_bench_checkpoint_holds_every_weight_at_the_models_full_shape(tmp_path):
+    """make bench's random checkpoint: the network is built with one-element weight placeholders, so
+    the writer must take each weight's full shape (it once wrote (1, 1) tensors no export could load)."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    from bench_decode import BENCH_MODELS, WRITE_CKPT
+
+    model = dict(BENCH_MODELS["llama"], vocab_size=64, hidden_size=32, num_layers=1, n_heads=4, n_kv_heads=2,
+                 intermediate_size=48)
+    ckpt = tmp_path / "bench.ckpt"
+    check = ("import json, sys, mindspore as ms; "
+             "print(json.dumps({k: v.shape for k, v in ms.load_checkpoint(sys.argv[1]).items()}))")
+    assert run_cli(["-c", WRITE_CKPT, str(ckpt), json.dumps(model)]).returncode == 0
+    result = run_cli(["-c", check, str(ckpt)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    shapes = {k: tuple(v) for k, v in json.loads(result.stdout.strip().splitlines()[-1]).items()}
+    assert shapes["model.tok_embeddings.embedding_weight"] == (64, 32)
+    assert shapes["model.layers.0.attention.wk.weight"] == (16, 32)          # 2 kv heads of head_dim 8
+    assert shapes["model.layers.0.feed_forward.w1.weight"] == (48, 32)
+    assert all(len(s) == 1 or min(s) > 1 for s in shapes.values()), shapes

@@ -1,14 +1,15 @@
-"""The attention core, written once for every family: prefill, the `io` decode step (host-owned
-cache in, new rows out), the `in_graph` decode step (cache as Parameters) and the `dynamic` step
-(T new tokens per row against P past rows, T and P chosen per call), with grouped query heads
-(GQA/MQA: no repeated K/V) and an additive score bias shared by all layers.
+"""The attention core, written once for every family and kv mode: one softmax over the scores of
+a call's new keys and (a decode step) the past ones (`Attention._attend`), with grouped query heads
+(GQA/MQA: no repeated K/V) and one additive score bias description shared by all layers
+(`ScoreBias`: causal masking, ALiBi, prefix attention, the cache rows each row may see). Prefill
+has no past; the `io` decode step (host-owned cache in, new rows out) is the T = 1 case of the
+`dynamic` step (T new tokens per row against P past rows, T and P chosen per call) in the static
+graphs' layout; `in_graph` is the io step reading, then writing, Parameter caches. Positions that
+rotate q/k come in as cos/sin.
 
 The dynamic step follows what MindSpore Lite 2.0 accepts in graphs with dynamic dimensions:
 reshapes name at most one unknown dimension (-1), nothing slices or asks for a shape at run time,
 and index ranges come from `CumSum` over a tensor of ones of the right shape.
-
-The score bias (`ScoreBias`) carries what differs between families at the score level: causal
-masking, ALiBi, and the cache rows each row may see. Positions that rotate q/k come in as cos/sin.
 """
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ class BuildContext(NamedTuple):
 
 
 class ScoreBias(nn.Cell):
-    """Additive float32 score biases in the grouped layout: row `g * T + t` of KV head `kv` is query
-    head `kv * group + g` at step t. ALiBi slopes are those of this rank's heads."""
+    """The additive float32 score bias of every kv mode, in the grouped layout (row `g * T + t` of KV
+    head `kv` is query head `kv * group + g` at step t): NEG where a query may not see a key, plus
+    ALiBi's slope x the key's position (the query's own share is the same for all its keys, and
+    softmax drops it). ALiBi slopes are those of this rank's heads."""
 
     def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
         super().__init__()
@@ -56,6 +59,8 @@ class ScoreBias(nn.Cell):
                               f"{cfg.n_kv_heads} < n_heads {cfg.n_heads}); use kv_cache io")
         self.key_pos = Tensor(np.arange(seq, dtype=np.float32).reshape(1, 1, 1, seq))
         self.query_pos = Tensor(np.tile(np.arange(seq, dtype=np.float32), self.group).reshape(self.group * seq, 1))
+        self.first = Tensor(np.zeros((1, 1, 1, 1), np.float32))     # the one new key's index in a decode step
+        self.slopes_step = self.slopes_prefill = None
         if self.alibi:
             slopes = alibi_slopes(cfg.n_heads)[ctx.rank * n_local:(ctx.rank + 1) * n_local]
             slopes = slopes.reshape(self.n_kv, self.group, 1)
@@ -64,68 +69,59 @@ class ScoreBias(nn.Cell):
         self.cast = ops.Cast()
         self.greater = ops.Greater()
         self.greater_equal = ops.GreaterEqual()
-        self.less = ops.Less()
         self.reshape = ops.Reshape()
         self.ones_like = ops.OnesLike()
         self.cumsum = ops.CumSum()
         self.floor_mod = ops.FloorMod()
         self.sum = ops.ReduceSum(keep_dims=True)
 
-    def prefill(self, context=None):
-        """(1, 1 | kv, group*S, S): each query sees keys up to its own position. `context` (B,) int32
-        (prefix attention, GLM): keys before the row's context length are seen by every query too,
-        (B, 1, group*S, S)."""
-        key = self.reshape(self.key_pos, (1, -1))
-        later = self.cast(self.greater(key, self.query_pos), ms.float32)
-        if context is not None:     # as dynamic_new: masked only if also outside the prompt's context
-            context = self.reshape(self.cast(context, ms.float32), (-1, 1, 1, 1))
-            later = later * self.cast(self.greater_equal(self.key_pos, context), ms.float32)
-        bias = later * NEG
+    def _bias(self, key, hidden, slopes, context=None):
+        """`key`: the keys' positions, `hidden` 1 where the query may not see the key; `context`
+        (B, 1, 1, 1) float (prefix attention, GLM): keys before it are seen by every query."""
+        if context is not None:
+            hidden = hidden * self.cast(self.greater_equal(key, context), ms.float32)
+        bias = hidden * NEG
         if self.alibi:
-            bias = bias + self.slopes_prefill * self.key_pos
+            bias = bias + slopes * key
         return bias
 
-    def step(self, pos, batch: int, include_current: bool):
-        """(cache bias (B, 1 | kv, group, S), bias of the new key (1 | B, kv, group, 1)) for decode
-        tokens at `pos` (B, 1) int32; the cache rows visible are those before pos (io mode, where
-        the new key is scored apart) or up to pos (in_graph, where it is already in the cache)."""
-        limit = self.cast(pos, ms.float32) + (1.0 if include_current else 0.0)
-        visible = self.cast(self.less(self.reshape(self.key_pos, (1, -1)), limit), ms.float32)
-        bias = self.reshape((1.0 - visible) * NEG, (batch, 1, 1, -1))
-        new_bias = 0.0
-        if self.alibi:
-            bias = bias + self.slopes_step * self.key_pos
-            new_bias = self.slopes_step * self.reshape(self.cast(pos, ms.float32), (batch, 1, 1, 1))
-        return bias, new_bias
+    def prefill(self, context=None):
+        """(1 | B, 1 | kv, group*S, S): each query sees keys up to its own position. `context` (B,)
+        int32: prefix attention's context lengths."""
+        if context is not None:
+            context = self.reshape(self.cast(context, ms.float32), (-1, 1, 1, 1))
+        return self._bias(self.key_pos, self.cast(self.greater(self.key_pos, self.query_pos), ms.float32),
+                          self.slopes_prefill, context)
+
+    def past_keys(self, key, past):
+        """Bias of cached keys at positions `key`: those at or beyond `past` (B, 1, 1, 1) float are
+        not the row's (later positions, a dummy row, or room left in a bucket)."""
+        return self._bias(key, self.cast(self.greater_equal(key, past), ms.float32), self.slopes_step)
+
+    def new_keys(self, key, query, past, context=None):
+        """Bias of the call's new keys: causal among its tokens (`key`, `query`: their indices in the
+        call), at positions `past` (B, 1, 1, 1) float on. Padding tokens past a row's valid count
+        only precede padding queries."""
+        return self._bias(key + past, self.cast(self.greater(key, query), ms.float32), self.slopes_step, context)
+
+    def step(self, pos):
+        """(cache bias (B, 1 | kv, group, S), bias of the new key) for one decode token per row at
+        `pos` (B, 1) int32, the T = 1 case of `dynamic`: the cache rows before pos are the row's."""
+        pos = self.reshape(self.cast(pos, ms.float32), (-1, 1, 1, 1))
+        return self.past_keys(self.key_pos, pos), self.new_keys(self.first, self.first, pos)
 
     def _index(self, scores, axis):
         """0, 1, 2, ... along `axis` of `scores`, as float32 of its shape."""
         return self.cumsum(self.ones_like(scores), axis) - 1.0
 
-    def dynamic_past(self, s_past, past):
-        """Bias of the past keys (B, kv, g*T, P): those at or beyond `past` (B, 1, 1, 1) rows are
-        not the row's (a dummy row, or room left in a bucket)."""
-        key = self._index(s_past, -1)
-        bias = self.cast(self.greater_equal(key, past), ms.float32) * NEG
-        if self.alibi:
-            bias = bias + self.slopes_step * key
-        return bias
-
-    def dynamic_new(self, s_new, past, context=None):
-        """Bias of the new keys (B, kv, g*T, T): causal among the call's tokens (row g*T + t is
-        token t); padding tokens past a row's valid count only precede padding queries. `context`
-        (B, 1, 1, 1) float (prefix attention): new keys at positions before it are seen by all."""
-        key = self._index(s_new, -1)
+    def dynamic(self, s_past, s_new, past, context=None):
+        """Biases of the past keys (B, kv, g*T, P) and of the new ones (B, kv, g*T, T) for T new
+        tokens per row (row g*T + t is token t) after `past` (B, 1, 1, 1) float positions."""
         query = self._index(s_new, -2)
         if self.group > 1:
             query = self.floor_mod(query, self.sum(self.ones_like(s_new), -1))
-        later = self.cast(self.greater(key, query), ms.float32)
-        if context is not None:
-            later = later * self.cast(self.greater_equal(key + past, context), ms.float32)
-        bias = later * NEG
-        if self.alibi:
-            bias = bias + self.slopes_step * (key + past)
-        return bias
+        return (self.past_keys(self._index(s_past, -1), past),
+                self.new_keys(self._index(s_new, -1), query, past, context))
 
 
 def shape_tensor(*dims) -> Tensor:
@@ -166,8 +162,8 @@ class Attention(nn.Cell):
         self.use_rotary = cfg.positions in ("rotary", "rotary_2d")
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype,
                              blocks=2 if cfg.positions == "rotary_2d" else 1)
-        self.in_graph = ctx.kv_mode == "in_graph"
-        if ctx.kv_mode == "dynamic":
+        self.in_graph, self.dynamic = ctx.kv_mode == "in_graph", ctx.kv_mode == "dynamic"
+        if self.dynamic:
             self.dyn = DynamicShapes(ctx.batch, self.n_heads, self.n_kv, self.hd)
         if self.in_graph:
             shape = (ctx.batch, self.n_kv, ctx.seq, self.hd)
@@ -205,6 +201,20 @@ class Attention(nn.Cell):
         o = self.reshape(self.transpose(o, (0, 2, 1, 3)), (batch, steps, self.n_heads * self.hd))
         return self.o(o, select)
 
+    def _score(self, q, k, keys_transposed: bool):
+        """q (B, kv, g*T, hd) against keys (B, kv, N, hd), or (B, kv, hd, N) transposed: (B, kv, g*T, N)."""
+        return (self.bmm(q, k) if keys_transposed else self.bmm_t(q, k)) * self.scale
+
+    def _attend(self, s_new, v_new, s_past=None, v_past=None):
+        """The attention of every kv mode: one softmax over the scores of the call's keys and (a decode
+        step) the past ones, applied to their values. Past and new keys stay two terms: joining
+        them would copy the cache on every call."""
+        if s_past is None:
+            return self.bmm(self.softmax(s_new), v_new)
+        m = self.maximum(self.max(s_past, -1), self.max(s_new, -1))
+        e_past, e_new = self.exp(s_past - m), self.exp(s_new - m)
+        return (self.bmm(e_past, v_past) + self.bmm(e_new, v_new)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
+
     def prefill(self, x, cos, sin, bias, select=None, query=None):
         """x (B, S, H). Returns the output and the prompt's K/V rows (B, kv, S, hd). `select`: each
         token's SLoRA adapter columns (see Linear), None without adapters (as in every method here).
@@ -212,53 +222,59 @@ class Attention(nn.Cell):
         embedding of each token's position), of x's shape; None: x (as in every method here)."""
         batch, steps, _ = x.shape
         q, k, v = self._project(x, cos, sin, batch, steps, select, query)
-        scores = self.bmm_t(q, k) * self.scale + bias
-        out = self._merge(self.bmm(self.softmax(scores), v), batch, steps, select)
+        out = self._merge(self._attend(self._score(q, k, False) + bias, v), batch, steps, select)
         if self.in_graph:
             out = self.depend(out, self.assign(self.key_cache, k))
             out = self.depend(out, self.assign(self.value_cache, v))
         return out, k, v
 
-    def step_io(self, x, cos, sin, k_cache, v_cache, cache_bias, new_bias, select=None, query=None):
-        """One token per row against host-owned caches (B, kv, S, hd). The new key is not in the
-        cache yet, so its score joins the softmax as a separate term (no cache copy)."""
-        batch = x.shape[0]
-        q, k, v = self._project(x, cos, sin, batch, 1, select, query)
-        s_cache = self.bmm_t(q, k_cache) * self.scale + cache_bias           # (B, kv, g, S)
-        s_new = self.sum(q * k, -1) * self.scale + new_bias                   # (B, kv, g, 1)
-        m = self.maximum(self.max(s_cache, -1), s_new)
-        e_cache = self.exp(s_cache - m)
-        e_new = self.exp(s_new - m)
-        o = (self.bmm(e_cache, v_cache) + e_new * v) / (self.sum(e_cache, -1) + e_new)
-        return self._merge(o, batch, 1, select), k, v
+    def step(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None, query=None,
+             context=None, row=None):
+        """New tokens against past keys and values. Returns the output, the new keys and values and
+        the score biases of past and new keys (ScoreBias.step / .dynamic), which every layer shares:
+        the first layer of a dynamic step makes them (`biases` None, from `past` (B, 1, 1, 1) float
+        and prefix attention's `context`, ScoreBias.new_keys), the others reuse them.
 
-    def step_dynamic(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None, query=None,
-                     context=None):
-        """x (B*T, H): T new tokens per row, against host-owned past keys (B, kv, hd, P, transposed)
-        and values (B, kv, P, hd) whose first `past` (B, 1, 1, 1) positions are the row's; cos/sin
-        (B*T, 1, hd). Returns the output (B*T, H), the new keys (B, kv, hd, T) and values (B, kv, T, hd)
-        and the score biases of past and new keys, which every layer shares: the first layer makes
-        them (`biases` None), the others reuse them. Past and new keys are two softmax terms: joining
-        them would copy the cache on every call. `context` (B, 1, 1, 1) float: prefix attention's
-        context lengths (ScoreBias.dynamic_new)."""
+        dynamic: x (B*T, H), T new tokens per row; past keys (B, kv, hd, P) transposed and values
+        (B, kv, P, hd) whose first `past` positions are the row's; cos/sin (B*T, 1, hd); output
+        (B*T, H), new keys (B, kv, hd, T) and values (B, kv, T, hd).
+        io / in_graph: the T = 1 case in the static graphs' layout: x (B, 1, H), caches (B, kv, S, hd)
+        (in_graph: None, the Parameter caches, into which the new row goes at `row` (B, 1, S, 1)
+        one-hot; what the cache held there is masked), new rows (B, kv, 1, hd)."""
+        # What io keeps apart from the dynamic step is its layout, not its attention: its graphs are
+        # static, with hidden states (B, T, H) from the embedding through every residual and tuple
+        # reshapes, and the contract's io caches hold keys untransposed; the dynamic step's are (B*T, H)
+        # with shape-tensor reshapes (Lite 2.0's rule for dynamic dimensions) and transposed keys.
+        dynamic = self.dynamic
+        if dynamic:
+            q, k, v = self._project_dynamic(x, cos, sin, select, query)
+        else:
+            q, k, v = self._project(x, cos, sin, x.shape[0], 1, select, query)
+        if self.in_graph:
+            k_past, v_past = self.key_cache, self.value_cache
+        s_past, s_new = self._score(q, k_past, dynamic), self._score(q, k, dynamic)
+        if biases is None:
+            biases = bias.dynamic(s_past, s_new, past, context)
+        o = self._attend(s_new + biases[1], v, s_past + biases[0], v_past)
+        if dynamic:
+            o = self.transpose(self.cast(self.reshape(o, self.dyn.heads_out), self.dtype), (0, 2, 1, 3))
+            return self.o(self.reshape(o, self.dyn.merged), select), k, v, biases
+        out = self._merge(o, x.shape[0], 1, select)
+        if self.in_graph:
+            keep = 1.0 - row
+            out = self.depend(out, self.assign(self.key_cache, self.key_cache * keep + k * row))
+            out = self.depend(out, self.assign(self.value_cache, self.value_cache * keep + v * row))
+        return out, k, v, biases
+
+    def _project_dynamic(self, x, cos, sin, select, query):
+        """The dynamic step's q (B, kv, g*T, hd), keys (B, kv, hd, T) and values (B, kv, T, hd),
+        float32, from x (B*T, H): static shapes become shape tensors with one unknown dimension."""
         d = self.dyn
         q = self._heads_dynamic(self.q(x if query is None else query, select), d.tokens_q, d.heads_q, cos, sin)
         k = self._heads_dynamic(self.k(x, select), d.tokens_kv, d.heads_kv, cos, sin)
         v = self.transpose(self.reshape(self.v(x, select), d.heads_kv), (0, 2, 1, 3))
         q = self.cast(self.reshape(q, d.grouped), ms.float32)
-        k, v = self.transpose(self.cast(k, ms.float32), (0, 1, 3, 2)), self.cast(v, ms.float32)
-        s_past = self.bmm(q, k_past) * self.scale
-        s_new = self.bmm(q, k) * self.scale
-        if biases is None:
-            biases = (bias.dynamic_past(s_past, past), bias.dynamic_new(s_new, past, context))
-        s_past = s_past + biases[0]
-        s_new = s_new + biases[1]
-        m = self.maximum(self.max(s_past, -1), self.max(s_new, -1))
-        e_past = self.exp(s_past - m)
-        e_new = self.exp(s_new - m)
-        o = (self.bmm(e_past, v_past) + self.bmm(e_new, v)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
-        o = self.transpose(self.cast(self.reshape(o, d.heads_out), self.dtype), (0, 2, 1, 3))
-        return self.o(self.reshape(o, d.merged), select), k, v, biases
+        return q, self.transpose(self.cast(k, ms.float32), (0, 1, 3, 2)), self.cast(v, ms.float32)
 
     def _heads_dynamic(self, x, tokens_shape, heads_shape, cos, sin):
         """(B*T, n*hd) -> rotated (B, n, T, hd)."""
@@ -267,16 +283,3 @@ class Attention(nn.Cell):
             partner = self.reshape(self.rotary.matmul(self.reshape(x, self.dyn.rows), self.rotary.p), tokens_shape)
             x = x * cos + partner * sin
         return self.transpose(self.reshape(x, heads_shape), (0, 2, 1, 3))
-
-    def step_in_graph(self, x, cos, sin, row_onehot, cache_bias, select=None, query=None):
-        """One token per row; the row at pos is written into the Parameter caches first."""
-        batch = x.shape[0]
-        q, k, v = self._project(x, cos, sin, batch, 1, select, query)
-        keep = 1.0 - row_onehot                                               # (B, 1, S, 1)
-        k_all = self.key_cache * keep + k * row_onehot
-        v_all = self.value_cache * keep + v * row_onehot
-        k_all = self.depend(k_all, self.assign(self.key_cache, k_all))
-        v_all = self.depend(v_all, self.assign(self.value_cache, v_all))
-        scores = self.bmm_t(q, k_all) * self.scale + cache_bias
-        o = self.bmm(self.softmax(scores), v_all)
-        return self._merge(o, batch, 1, select), k, v

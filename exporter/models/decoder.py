@@ -15,6 +15,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from lite_runtime.contract.families import STEP
 from exporter.models.attention import Attention, BuildContext, ScoreBias, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
@@ -197,28 +198,9 @@ class CausalLM(nn.Cell):
             cos = self.cast(self.reshape(self.gather(self.cos_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
             sin = self.cast(self.reshape(self.gather(self.sin_table, pos, 0), (self.batch, 1, 1, -1)), self.dtype)
         x = self._embed(input_ids, pos)
-        in_graph = self.kv_mode == "in_graph"
-        cache_bias, new_bias = self.bias.step(pos, self.batch, in_graph)
-        onehot = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
+        row = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
         select = self._select(input_ids, adapter_ids, (self.batch, 1), (-1, 1))
-        new_kv = ()
-        i = 0
-        for layer in self.layers:
-            h = layer.attn_norm(x)
-            if in_graph:
-                attn, k, v = layer.attn.step_in_graph(h, cos, sin, onehot, cache_bias, select)
-            else:
-                attn, k, v = layer.attn.step_io(h, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias, select)
-            x = layer.finish(x, attn, select, h)
-            new_kv = new_kv + (k, v)
-            i = i + 1
-        if self.use_top_query:
-            h = self.final_norm(x)
-            if in_graph:
-                x, k, v = self.top_query.step_in_graph(h, pos, cos, sin, onehot, cache_bias)
-            else:
-                x, k, v = self.top_query.step_io(h, pos, cos, sin, kv[2 * i], kv[2 * i + 1], cache_bias, new_bias)
-            new_kv = new_kv + (k, v)
+        x, new_kv = self._step_layers(x, cos, sin, kv, None, self.bias.step(pos), select, None, pos, row)
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
@@ -232,21 +214,37 @@ class CausalLM(nn.Cell):
         prefix = None
         if self.prefix:
             prefix = self.prefix_context(context)
+        x, new_kv = self._step_layers(x, cos, sin, kv, past, None, select, prefix,
+                                      self.step_positions(input_ids, past_length))
+        return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
+
+    def _step_layers(self, x, cos, sin, kv, past, biases, select, prefix, positions, row=None):
+        """The layers of a decode step (io, in_graph: `biases` from ScoreBias.step, `row` the one-hot
+        of the new rows) or of the dynamic step (`biases` None: the first layer makes them); `kv` the
+        past K/V per layer (none in_graph), `positions` the tokens' (the top query layer's input).
+        Returns the last hidden states and the new K/V rows of every layer."""
         new_kv = ()
-        biases = None
         i = 0
         for layer in self.layers:
             h = layer.attn_norm(x)
-            attn, k, v, biases = layer.attn.step_dynamic(h, cos, sin, kv[2 * i], kv[2 * i + 1],
-                                                         past, self.bias, biases, select, context=prefix)
+            k_past, v_past = self._past(kv, i)
+            attn, k, v, biases = layer.attn.step(h, cos, sin, k_past, v_past, past, self.bias, biases, select,
+                                                 context=prefix, row=row)
             x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
         if self.use_top_query:
-            x, k, v = self.top_query.step_dynamic(self.final_norm(x), self.step_positions(input_ids, past_length),
-                                                  cos, sin, kv[2 * i], kv[2 * i + 1], past, self.bias, biases)
+            k_past, v_past = self._past(kv, i)
+            x, k, v = self.top_query.step(self.final_norm(x), positions, cos, sin, k_past, v_past, past, self.bias,
+                                          biases, row)
             new_kv = new_kv + (k, v)
-        return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
+        return x, new_kv
+
+    def _past(self, kv, i):
+        """Layer i's past keys and values: none in_graph (the Parameter caches)."""
+        if self.kv_mode == "in_graph":
+            return None, None
+        return kv[2 * i], kv[2 * i + 1]
 
     def step_start(self, input_ids, past_length, adapter_ids=None, context=None, mask_position=None):
         """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
@@ -287,52 +285,41 @@ class CausalLM(nn.Cell):
         return self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0
 
 
-class PrefillGraph(nn.Cell):
-    """The exported prefill graph (inputs and outputs: the runtime contract)."""
+class Graph(nn.Cell):
+    """One exported graph (prefill, increment or the dynamic step) with the contract's inputs
+    (lite_runtime/contract/families.py), bound by their names in `names`, the contract's order.
+    MindSpore 2.0 records construct's argument names as the graph's input names: the leading ones are
+    named here, the rest come as `*kv` (recorded kv0, kv1 ...)."""
 
-    def __init__(self, net: CausalLM):
+    def __init__(self, net: CausalLM, kind: str, names):
         super().__init__(auto_prefix=False)
-        self.net = net
+        self.net, self.kind = net, kind
+        rest = list(names[3 if kind == STEP else 2:])
+        first_cache = [i for i, n in enumerate(rest) if n.startswith("key_cache_")]
+        self.i_cache = first_cache[0] if first_cache else len(rest)
+        self.i_context, self.i_mask, self.i_adapter = (rest.index(n) if n in rest else -1 for n in
+                                                       ("context_length", "mask_position", "adapter_ids"))
 
     def construct(self, input_ids, batch_valid_length, *kv):
-        if self.net.two_d:    # GLM: kv is (context_length, mask_position[, adapter_ids])
-            if self.net.lora:
-                return self.net.prefill(input_ids, batch_valid_length, kv[2], kv[0], kv[1])
-            return self.net.prefill(input_ids, batch_valid_length, None, kv[0], kv[1])
-        if self.net.lora:     # SLoRA: kv is (adapter_ids,); `*kv` for the recorded input names (graph_check)
-            return self.net.prefill(input_ids, batch_valid_length, kv[0])
-        return self.net.prefill(input_ids, batch_valid_length)
+        return self.bind(input_ids, batch_valid_length, None, kv)
+
+    def bind(self, input_ids, batch_valid_length, past_length, kv):
+        context = mask_position = adapter_ids = None
+        if self.i_context >= 0:
+            context, mask_position = kv[self.i_context], kv[self.i_mask]
+        if self.i_adapter >= 0:
+            adapter_ids = kv[self.i_adapter]
+        if self.kind == STEP:
+            return self.net.step(input_ids, batch_valid_length, past_length, kv[self.i_cache:], adapter_ids,
+                                 context, mask_position)
+        if self.kind == "prefill":
+            return self.net.prefill(input_ids, batch_valid_length, adapter_ids, context, mask_position)
+        return self.net.increment(input_ids, batch_valid_length, kv[self.i_cache:], adapter_ids, context,
+                                  mask_position)
 
 
-class StepGraph(nn.Cell):
-    """The one exported graph of the dynamic kv mode."""
-
-    def __init__(self, net: CausalLM):
-        super().__init__(auto_prefix=False)
-        self.net = net
+class StepGraph(Graph):
+    """The dynamic step's graph: past_length is its third named input."""
 
     def construct(self, input_ids, batch_valid_length, past_length, *kv):
-        if self.net.two_d:    # GLM: context_length, mask_position[, adapter_ids], then the caches
-            if self.net.lora:
-                return self.net.step(input_ids, batch_valid_length, past_length, kv[3:], kv[2], kv[0], kv[1])
-            return self.net.step(input_ids, batch_valid_length, past_length, kv[2:], None, kv[0], kv[1])
-        if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
-            return self.net.step(input_ids, batch_valid_length, past_length, kv[1:], kv[0])
-        return self.net.step(input_ids, batch_valid_length, past_length, kv)
-
-
-class IncrementGraph(nn.Cell):
-    """The exported increment graph; `kv` are the per-layer key/value caches in io mode."""
-
-    def __init__(self, net: CausalLM):
-        super().__init__(auto_prefix=False)
-        self.net = net
-
-    def construct(self, input_ids, batch_valid_length, *kv):
-        if self.net.two_d:    # GLM: context_length, mask_position[, adapter_ids], then the caches
-            if self.net.lora:
-                return self.net.increment(input_ids, batch_valid_length, kv[3:], kv[2], kv[0], kv[1])
-            return self.net.increment(input_ids, batch_valid_length, kv[2:], None, kv[0], kv[1])
-        if self.net.lora:     # SLoRA: adapter_ids (B,) come before the caches
-            return self.net.increment(input_ids, batch_valid_length, kv[1:], kv[0])
-        return self.net.increment(input_ids, batch_valid_length, kv)
+        return self.bind(input_ids, batch_valid_length, past_length, kv)

@@ -77,7 +77,7 @@ class AttentionSegment(_Segment):
         if self.adapted:
             select = kv[self.i_columns]
         h = self.layer.attn_norm(hidden)
-        out, k, v, _ = self.layer.attn.step_dynamic(h, cos, sin, key_cache, value_cache, past, self.net.bias,
+        out, k, v, _ = self.layer.attn.step(h, cos, sin, key_cache, value_cache, past, self.net.bias,
                                                     None, select, context=context)
         if self.deepnorm:
             return out, h * self.layer.alpha, k, v
@@ -111,7 +111,7 @@ class TopQueryAttentionSegment(_Segment):
             cos, sin = kv[0], kv[1]
         layer = self.net.top_query
         h = self.net.final_norm(hidden)
-        out, k, v, _ = layer.attn.step_dynamic(layer.attn_norm(h), cos, sin, key_cache, value_cache, past,
+        out, k, v, _ = layer.attn.step(layer.attn_norm(h), cos, sin, key_cache, value_cache, past,
                                                self.net.bias, None, query=layer.query_embed(positions))
         return out, h, k, v
 

@@ -42,17 +42,7 @@ class TopQueryLayer(nn.Cell):
         attn, k, v = self.attn.prefill(self.attn_norm(x), cos, sin, bias, query=self.query_embed(positions))
         return self._finish(x, attn), k, v
 
-    def step_io(self, x, positions, cos, sin, k_cache, v_cache, cache_bias, new_bias):
-        attn, k, v = self.attn.step_io(self.attn_norm(x), cos, sin, k_cache, v_cache, cache_bias, new_bias,
-                                       query=self.query_embed(positions))
-        return self._finish(x, attn), k, v
-
-    def step_in_graph(self, x, positions, cos, sin, row_onehot, cache_bias):
-        attn, k, v = self.attn.step_in_graph(self.attn_norm(x), cos, sin, row_onehot, cache_bias,
-                                             query=self.query_embed(positions))
-        return self._finish(x, attn), k, v
-
-    def step_dynamic(self, x, positions, cos, sin, k_past, v_past, past, bias, biases):
-        attn, k, v, _ = self.attn.step_dynamic(self.attn_norm(x), cos, sin, k_past, v_past, past, bias, biases,
-                                               query=self.query_embed(positions))
+    def step(self, x, positions, cos, sin, k_past, v_past, past, bias, biases, row=None):
+        attn, k, v, _ = self.attn.step(self.attn_norm(x), cos, sin, k_past, v_past, past, bias, biases,
+                                       query=self.query_embed(positions), row=row)
         return self._finish(x, attn), k, v
