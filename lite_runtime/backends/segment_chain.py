@@ -65,8 +65,8 @@ class SegmentChain(LiteRunner):
         return dict(self._models)
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
-        """The step's contract (families.py; `kind` is always the step): feeds its inputs (input_ids (B, T) first), the caches
-        last; returns logits (B, vocab) and the new keys and values of every layer."""
+        """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (B, T)
+        first), the caches last; returns logits (B, vocab) and the new keys and values of every layer."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
         shape = (np.shape(given[0])[1], caches[1].shape[2])
         if shape != self._shape:
