@@ -78,7 +78,8 @@ for name, p in net.parameters_and_names():
     if name.endswith(("key_cache", "value_cache")):
         continue
     source, transposed = family.mindformers_weights.source_of(name)   # saved under MindFormers names
-    shape = tuple(reversed(p.shape)) if transposed else tuple(p.shape)
+    shape = getattr(p, "full_shape", tuple(p.shape))    # weights are one-element placeholders until loaded
+    shape = tuple(reversed(shape)) if transposed else shape
     if "norm" in name and name.endswith("weight"):
         data = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
     else:
