@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Type
+from typing import Dict, List, Optional, Type
 
 from lite_runtime.contract.errors import ConfigError
 from exporter.config.schema import ExportConfig
@@ -33,6 +33,7 @@ class ModelSource:
     pet_config: Optional[dict] = None    # MindFormers LoRA settings (the checkpoint holds the LoRA tensors)
     strategy: Optional[str] = None       # MindSpore strategy file(s) describing how rank_{i} shards were cut
     slora: Optional[object] = None       # weights.slora.SLoraSet: adapters served side by side
+    token_ids: Dict[str, int] = field(default_factory=dict)   # the runtime's row-input tokens (GLM v1's mask ids)
 
 
 def resolve_model(config: ExportConfig) -> ModelSource:
@@ -81,7 +82,8 @@ def resolve_model(config: ExportConfig) -> ModelSource:
         from exporter.weights.slora import read_slora
         pet, slora = None, read_slora(section.pet_config, family, f"{config.source}: model.pet_config")
     return ModelSource(family, model, special.get("bos_token_id"), eos_ids, 0 if pad is None else int(pad),
-                       tokenizer, checkpoint, side, section.adapter, pet, config.src_strategy_path_or_dir, slora)
+                       tokenizer, checkpoint, side, section.adapter, pet, config.src_strategy_path_or_dir, slora,
+                       family.spec.token_ids(sizes))
 
 
 def _read_hf_config(hf_dir: str) -> dict:

@@ -28,13 +28,14 @@ def greedy_run(session, steps):
     for i, p in enumerate(prompts):
         ids[i, :len(p)] = p
     lengths = np.array([len(p) for p in prompts], np.int32)
-    logits = session.prefill(*feeds.prefill_inputs(ids, lengths)).copy()
+    row_inputs = feeds.row_inputs(ids, lengths)
+    logits = session.prefill(*feeds.prefill_inputs(ids, lengths, row_inputs)).copy()
     all_logits, tokens = [logits], []
     for _ in range(steps):
         nxt = logits.argmax(-1).astype(np.int32)
         tokens.append(nxt)
         lengths = lengths + 1
-        logits = session.decode(*feeds.decode_inputs(nxt.reshape(-1, 1), lengths)).copy()
+        logits = session.decode(*feeds.decode_inputs(nxt.reshape(-1, 1), lengths, row_inputs)).copy()
         all_logits.append(logits)
     return np.stack(all_logits), np.stack(tokens, 1)
 

@@ -24,12 +24,13 @@ def greedy_prompts(session, prompts, steps):
         for i, p in enumerate(rows):
             ids[i, :len(p)] = p
         lengths = np.array([len(p) for p in rows], np.int32)
-        logits = session.prefill(*feeds.prefill_inputs(ids, lengths)).copy()
+        row_inputs = feeds.row_inputs(ids, lengths)
+        logits = session.prefill(*feeds.prefill_inputs(ids, lengths, row_inputs)).copy()
         step_logits = [logits]
         for _ in range(steps):
             nxt = logits.argmax(-1).astype(np.int32)
             lengths = lengths + 1
-            logits = session.decode(*feeds.decode_inputs(nxt.reshape(-1, 1), lengths)).copy()
+            logits = session.decode(*feeds.decode_inputs(nxt.reshape(-1, 1), lengths, row_inputs)).copy()
             step_logits.append(logits)
         stacked = np.stack(step_logits, 1)[:len(chunk)]       # (rows, steps+1, V)
         logits_out.append(stacked)

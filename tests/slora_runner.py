@@ -12,13 +12,14 @@ def run(session, prompts, steps, slots):
     from lite_runtime.decode.generation import generate_steps, prepare_batch
     from lite_runtime.decode.inputs import InputOfInfer
     m = session.manifest
-    state = prepare_batch(prompts, m.batch_size, m.seq_length, [steps + 1] * len(prompts), [], 0, slots)
+    inputs = InputOfInfer.get_inputs(m.family, m)
+    state = prepare_batch(prompts, m.batch_size, m.seq_length, [steps + 1] * len(prompts), [], 0, slots, inputs)
     logits, tokens = [], []
 
     def pick(step_logits, ids, lengths):
         logits.append(step_logits[:len(prompts)].copy())
         return step_logits.argmax(-1).astype(np.int32)
-    for step in generate_steps(session, InputOfInfer.get_inputs(m.family), state, pick):
+    for step in generate_steps(session, inputs, state, pick):
         tokens.append(step.tokens[:len(prompts)].copy())
     return np.stack(logits, 1), np.stack(tokens, 1)
 

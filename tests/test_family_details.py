@@ -366,7 +366,8 @@ def test_glm_config_routing_and_settings(tmp_path):
     cfg = glm.config(glm.from_hf(v1, "config.json"), "e")
     assert (cfg.positions, cfg.rotary_dim, cfg.prefix_attention, cfg.deepnorm, cfg.deepnorm_alpha, cfg.mlp) == \
         ("rotary_2d", 8, True, True, 2.0, "gelu_tanh")
-    assert (cfg.mask_token_id, cfg.gmask_token_id, cfg.intermediate_size, cfg.row_inputs) == (300, 301, 96, 2)
+    assert (cfg.intermediate_size, cfg.row_inputs) == (96, 2)
+    assert glm.spec.token_ids(glm.from_hf(v1, "config.json")) == {"mask_token_id": 300, "gmask_token_id": 301}
     for bad, match in [({"quantization_bit": 4}, "quantization_bit 4"), ({"pre_seq_len": 8}, "pre_seq_len 8")]:
         with pytest.raises(UnsupportedError, match=match):
             glm.from_hf(dict(v1, **bad), "config.json")
@@ -376,7 +377,9 @@ def test_glm_config_routing_and_settings(tmp_path):
           "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "activation_func": "GELU", "mask_token_id": 130000,
           "gmask_token_id": 130001, "hidden_size_per_attention_head": None}
     cfg = mf.config(mf.from_mindformers(mc, "run.yaml"), "run.yaml")
-    assert (cfg.head_dim, cfg.intermediate_size, cfg.mask_token_id, cfg.gmask_token_id) == (128, 16384, 130000, 130001)
+    assert (cfg.head_dim, cfg.intermediate_size) == (128, 16384)
+    assert mf.spec.token_ids(mf.from_mindformers(dict(mc, mask_token_id=7), "run.yaml")) == \
+        {"mask_token_id": 7, "gmask_token_id": 130001}
     for bad, match in [({"position_encoding_2d": False}, "position_encoding_2d False"),
                        ({"activation_func": "GEGLU"}, "activation_func 'GEGLU'"),
                        ({"layernorm_order": "sandwich"}, "layernorm_order 'sandwich'"),
@@ -386,7 +389,8 @@ def test_glm_config_routing_and_settings(tmp_path):
     from exporter.model_source import _tokenizer_in
     (tmp_path / "ice_text.model").write_bytes(b"")          # a ChatGLM-6B folder's tokenizer is found
     assert _tokenizer_in(str(tmp_path)) == str(tmp_path / "ice_text.model")
-    with pytest.raises(ConfigError, match="mask_token_id / gmask_token_id come with 2-D positions"):
+    with pytest.raises(ConfigError, match="e: model.mask_token_id is not read for a llama model; families that "
+                                          "read it: glm"):
         family_by_hf_type("llama", "c").config({"vocab_size": 8, "hidden_size": 8, "num_layers": 1, "n_heads": 2,
                                                 "mask_token_id": 5}, "e")
 

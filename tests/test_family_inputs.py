@@ -28,10 +28,12 @@ def test_row_inputs_follow_the_lengths_in_every_graph_kind():
 
 def test_glm_feed_builder_positions_from_the_prompts():
     """context_length = index of <sop>; mask_position = index of [gMASK], else [MASK]; rows without
-    them: all context, mask_position = context_length; decode feeds repeat the prefill's rows."""
+    them: all context, mask_position = context_length. The builder keeps no state: decode feeds take
+    the row inputs computed once from the prompts, and refuse to go without them."""
     manifest = SimpleNamespace(model_config={"mask_token_id": MASK, "gmask_token_id": GMASK}, bos_token_id=SOP)
     builder = GlmInputsOfInfer(manifest)
-    with pytest.raises(ValidationError, match="before a prefill"):
+    with pytest.raises(ValidationError, match="take 2 row inputs after the lengths .context_length, mask_position., "
+                                              "got 0"):
         builder.decode_inputs(np.zeros((4, 1), np.int32), np.ones(4, np.int32))
     prompts = [[5, 6, 7, GMASK, SOP], [5, MASK, 7, SOP], [9, MASK, GMASK, 8, SOP, 3], [5, 6]]
     ids = np.zeros((4, 12), np.int32)
@@ -44,9 +46,24 @@ def test_glm_feed_builder_positions_from_the_prompts():
     np.testing.assert_array_equal(feeds[2], [4, 3, 4, 2])          # context_length
     np.testing.assert_array_equal(feeds[3], [3, 1, 2, 2])          # mask_position
     assert all(f.dtype == np.int32 for f in feeds[2:])
-    step = builder.decode_inputs(np.zeros((4, 1), np.int32), lengths + 1)
-    np.testing.assert_array_equal(step[2], feeds[2])
-    np.testing.assert_array_equal(step[3], feeds[3])
+    rows = builder.row_inputs(ids, lengths)
+    assert all((a == b).all() for a, b in zip(rows, feeds[2:]))
+    assert builder.prefill_inputs(ids, lengths, rows)[2:] == rows
+    step = builder.decode_inputs(np.zeros((4, 1), np.int32), lengths + 1, rows)
+    assert step[2] is rows[0] and step[3] is rows[1]
+
+
+def test_prepare_batch_computes_the_row_inputs_once():
+    """The decode loop's batch state holds the rows' own inputs, made from the prompts (inert padding
+    rows included) when the batch is prepared; families without row inputs get none."""
+    from lite_runtime.decode.generation import prepare_batch
+    from lite_runtime.decode.inputs import CommonInputsOfInfer
+    builder = GlmInputsOfInfer(SimpleNamespace(model_config={"mask_token_id": MASK, "gmask_token_id": GMASK},
+                                               bos_token_id=SOP))
+    state = prepare_batch([[5, GMASK, SOP], [7, 8, MASK, 9, SOP]], 3, 8, [2, 2], [], 0, inputs=builder)
+    np.testing.assert_array_equal(state.row_inputs[0], [2, 4, 1])      # context_length; the padding row: its length
+    np.testing.assert_array_equal(state.row_inputs[1], [1, 2, 1])      # mask_position
+    assert prepare_batch([[5, 6]], 2, 8, [2], [], 0, inputs=CommonInputsOfInfer()).row_inputs == []
 
 
 def test_glm_feed_builder_defaults_are_chatglm_6b_ids():

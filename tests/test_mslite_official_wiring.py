@@ -147,9 +147,9 @@ def test_ascend_in_graph_uses_ge_context_and_one_shared_weight_group(stand_in, t
     assert [b[4] for b in builds] == [prefill_ini, increment_ini]
     assert all(b[2] is mod.ModelType.MINDIR and b[3] is builds[0][3] for b in builds)
     assert all(b[5] == {"config_dict": {"ascend_context": {"plugin_custom_ops": "All"}}} for b in builds)
-    assert [id(m) for m in grouped] == [id(session._official.models[k]) for k in ("prefill", "increment")]
+    assert [id(m) for m in grouped] == [id(session._runner.models[k]) for k in ("prefill", "increment")]
     assert fake.calls.index(fake.named("add_model")[0]) < fake.calls.index(builds[0])
-    assert session.cache is None                      # in_graph: the cache lives in the shared graphs
+    assert session.cache.arrays == []                 # in_graph: the cache lives in the shared graphs
 
     logits = session.prefill(np.ones((B, S), np.int32), np.array([3], np.int32))
     assert logits.shape == (B, VOCAB)

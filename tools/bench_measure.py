@@ -38,14 +38,15 @@ def bench_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> Lis
     return rng.integers(3, vocab, size=(batch, prompt_len)).tolist()
 
 
-def request_state(m, prompts, new_tokens: int):
+def request_state(m, inputs, prompts, new_tokens: int):
     """The decode state of one request of `new_tokens` per row, EOS ignored; the rows of an SLoRA
     export take its adapters in turn."""
     from lite_runtime.decode.generation import prepare_batch
 
     slots = m.dims.adapter_slots
     return prepare_batch(prompts, m.batch_size, m.seq_length, [new_tokens] * len(prompts), [],
-                         int(m.pad_token_id), [1 + i % (slots - 1) for i in range(len(prompts))] if slots else None)
+                         int(m.pad_token_id), [1 + i % (slots - 1) for i in range(len(prompts))] if slots else None,
+                         inputs)
 
 
 def step_by_step(session, inputs, prompts, new_tokens: int) -> Callable[[], float]:
@@ -54,7 +55,7 @@ def step_by_step(session, inputs, prompts, new_tokens: int) -> Callable[[], floa
     from lite_runtime.decode.generation import generate_steps
     from lite_runtime.decode.sampling import Sampler, SamplingParams
 
-    steps = generate_steps(session, inputs, request_state(session.manifest, prompts, new_tokens),
+    steps = generate_steps(session, inputs, request_state(session.manifest, inputs, prompts, new_tokens),
                            Sampler(SamplingParams()))
     next(steps)
 
@@ -79,7 +80,7 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
     from lite_runtime.decode.sampling import Sampler, SamplingParams
     from lite_runtime.decode.streamers import RowDetokenizer
 
-    state = request_state(session.manifest, prompts, new_tokens)
+    state = request_state(session.manifest, inputs, prompts, new_tokens)
     pick = TimedPick(Sampler(SamplingParams()))
     detoks = [RowDetokenizer(tokenizer) for _ in prompts] if tokenizer is not None else []
     wall, graph, sample, detok, extra, tokens = [], [], [], [], [], []

@@ -10,15 +10,18 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple, Type
 
 from lite_runtime.contract.errors import ConfigError, UnsupportedError
-from lite_runtime.contract.families import FamilySpec, known_families
+from lite_runtime.contract.families import FAMILIES as RUNTIME_FAMILIES, FamilySpec, known_families
 
 from exporter.models.config import DecoderConfig
 from exporter.weights.plan import WeightPlan
 
-# Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names).
+# Special token ids a family's runtime row inputs are found by (GLM v1's [MASK] / [gMASK]): declared
+# in the runtime's FamilySpec.row_input_tokens, written to the manifest's model_config, not network sizes.
+TOKEN_KEYS = tuple(dict.fromkeys(name for spec in RUNTIME_FAMILIES.values() for name, _ in spec.row_input_tokens))
+# Yaml `model:` keys that size a model, shared by every family (the DecoderConfig field names), and the
+# TOKEN_KEYS, which other families than their own refuse.
 SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "n_heads", "n_kv_heads", "intermediate_size",
-             "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings",
-             "mask_token_id", "gmask_token_id")   # the last two: GLM v1's, refused by the other families
+             "norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings") + TOKEN_KEYS
 # Yaml `model:` keys that choose between the shapes of one family (`Family.variants`), e.g. Baichuan2's
 # `positions: alibi` (13B), InternLM's `bias: false` (20B) or Llama's `mlp_bias: true`; other families refuse them.
 VARIANT_KEYS = ("positions", "bias", "mlp_bias")
@@ -47,7 +50,12 @@ class Family:
     @classmethod
     def config(cls, sizes: Dict[str, object], where: str) -> DecoderConfig:
         """A DecoderConfig from size keys (yaml `model:` section or a translated config file)."""
-        values = {k: v for k, v in sizes.items() if v is not None}
+        values = {k: v for k, v in sizes.items() if v is not None and k not in TOKEN_KEYS}
+        foreign = [k for k in TOKEN_KEYS if sizes.get(k) is not None and k not in dict(cls.spec.row_input_tokens)]
+        if foreign:
+            readers = ", ".join(f.name for f in FAMILIES.values() if foreign[0] in dict(f.spec.row_input_tokens))
+            raise ConfigError(f"{where}: model.{foreign[0]} is not read for a {cls.name} model; families that "
+                              f"read it: {readers}")
         missing = [k for k in ("vocab_size", "hidden_size", "num_layers", "n_heads") if k not in values]
         if missing:
             raise ConfigError(f"{where}: missing required key model.{missing[0]} for a {cls.name} model "

@@ -14,7 +14,8 @@ here. Upstream scales q by 1/(sqrt(head_dim)·(layer_id+1)) and the scores back 
 (query_key_layer_scaling_coeff): in float32 that is the plain 1/sqrt(head_dim), which is what is built.
 Positions and the prefix attention (keys before <sop> seen by every query) come from two per-row graph
 inputs, context_length and mask_position, made by the runtime's feed builder from each prompt
-(lite_runtime/decode/inputs.py GlmInputsOfInfer) with the [MASK] / [gMASK] ids recorded here.
+(lite_runtime/decode/inputs.py GlmInputsOfInfer) at the [MASK] / [gMASK] ids the runtime's spec declares
+(FamilySpec.row_input_tokens, upstream's ids by default); the config's own ids go to the manifest.
 
 Weights: MindFormers' names (convert_weight.py: the Hugging Face names with word_embeddings.weight ->
 embedding_table and the layernorms' weight/bias -> gamma/beta) and the Hugging Face ChatGLM-6B folder's.
@@ -54,7 +55,7 @@ class Glm(Family):
     mindformers_types = ("GLMChatModel", "GLMForPreTraining", "GLMConfig")
     features = dict(norm="layer", norm_eps=1e-5, positions="rotary_2d", rotary_fp16_tables=True, mlp="gelu_tanh",
                     qkv_bias=True, o_bias=True, mlp_bias=True, tie_word_embeddings=False, prefix_attention=True,
-                    deepnorm=True, mask_token_id=130000, gmask_token_id=130001)
+                    deepnorm=True)
     mindformers_keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_layers",
                         "num_heads": "n_heads", "inner_hidden_size": "intermediate_size",
                         "layernorm_epsilon": "norm_eps", "mask_token_id": "mask_token_id",

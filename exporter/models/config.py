@@ -50,8 +50,6 @@ class DecoderConfig:
                                                # are seen by every query (the prompt is bidirectional)
     deepnorm: bool = False                     # GLM v1: x = n·alpha + attn(n), n = attn_norm(x); then
                                                # m = mlp_norm(x), out = m·alpha + mlp(m); alpha = sqrt(2·num_layers)
-    mask_token_id: Optional[int] = None        # GLM v1: [MASK] and [gMASK], whose index in a prompt is the
-    gmask_token_id: Optional[int] = None       # position of generated tokens (read by the runtime's feed builder)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -71,10 +69,8 @@ class DecoderConfig:
                               f"{self.rotary_fraction}) must be a positive even number")
         if self.positions == "rotary_2d" and self.head_dim % 4:
             raise ConfigError(f"2-D rotary needs a head_dim divisible by 4 (two rotated halves), got {self.head_dim}")
-        if (self.prefix_attention or self.mask_token_id is not None or self.gmask_token_id is not None) and \
-                self.positions != "rotary_2d":
-            raise ConfigError("prefix attention and mask_token_id / gmask_token_id come with 2-D positions "
-                              "(positions rotary_2d, the glm family) only")
+        if self.prefix_attention and self.positions != "rotary_2d":
+            raise ConfigError("prefix attention comes with 2-D positions (positions rotary_2d, the glm family) only")
         if self.positions == "learned" and not self.max_position_embeddings:
             raise ConfigError("model.max_position_embeddings is required for learned absolute positions")
         if self.top_query and not self.max_position_embeddings:

@@ -161,7 +161,8 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
     if config.infer.ge_config_path:
         ge_config = GE_CONFIG_NAME
         shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
-    manifest = Manifest(family=source.family.name, model_config=source.config.to_json(), graph_dims=dims.to_json(),
+    model_config = dict(source.config.to_json(), **source.token_ids)     # the runtime's feed builder reads the ids
+    manifest = Manifest(family=source.family.name, model_config=model_config, graph_dims=dims.to_json(),
                         kv_cache=config.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
                         bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,

@@ -1,12 +1,14 @@
 """The backend protocol: the decode loop talks to every backend through `Session`.
 
-A backend implements `_run(kind, feeds)` for one graph call; the `io` kv-mode cache
-bookkeeping (host-owned buffers, writing new rows in) lives here once for all backends.
+A backend implements `_run(kind, feeds)` for one graph call. What is fed and where the new K/V rows
+go depends on the export's kv mode only, so it lives in one cache class per mode, for all backends:
+each builds the feeds of a prefill, a decode step and a continuous-batching step, runs them through
+the backend and writes the outputs back.
 """
 from __future__ import annotations
 
 import time
-from typing import List
+from typing import Callable, List, Sequence
 
 import numpy as np
 
@@ -14,19 +16,62 @@ from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import STEP
 from lite_runtime.contract.manifest import Manifest
 
+Run = Callable[[str, List[np.ndarray]], List[np.ndarray]]    # (graph kind, feeds) -> outputs
 
-class HostKVCache:
-    """Per-layer key/value buffers owned by the host (`io` kv mode).
+
+class KVCache:
+    """What one kv mode feeds and keeps: `prefill`, `decode` and `step` build the graph call's feeds,
+    run it (`run(kind, feeds)`), write the new K/V rows back and return the logits (B, vocab)."""
+
+    arrays: List[np.ndarray] = []      # the host's cache arrays, fed after the other inputs
+
+    def __init__(self, manifest: Manifest):
+        self.kv_mode = manifest.kv_cache
+
+    def prefill(self, run: Run, input_ids: np.ndarray, valid_length: np.ndarray, extra: Sequence[np.ndarray]):
+        raise NotImplementedError
+
+    def decode(self, run: Run, input_ids: np.ndarray, valid_length: np.ndarray, extra: Sequence[np.ndarray]):
+        raise NotImplementedError
+
+    def step(self, run: Run, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, extra: Sequence[np.ndarray]):
+        raise UnsupportedError("continuous batching needs an export with kv_cache: dynamic; this one has "
+                               f"kv_cache {self.kv_mode!r}: export again with kv_cache: dynamic")
+
+
+class InGraphCache(KVCache):
+    """`in_graph` kv mode: the cache is the graphs' own state; nothing of it crosses a call."""
+
+    def prefill(self, run, input_ids, valid_length, extra):
+        return run("prefill", [input_ids, valid_length, *extra])[0]
+
+    def decode(self, run, input_ids, valid_length, extra):
+        return run("increment", [input_ids, valid_length, *extra])[0]
+
+
+class HostKVCache(KVCache):
+    """Per-layer key/value buffers owned by the host (`io` kv mode), fed to every increment.
 
     Arrays are allocated once per session and stay at the same addresses, so a backend may bind
     them to graph inputs without copying.
     """
 
     def __init__(self, manifest: Manifest):
+        super().__init__(manifest)
         d = manifest.dims
         shape = (d.batch_size, d.kv_heads_per_rank, d.seq_length, d.head_dim)
         self.arrays: List[np.ndarray] = [np.zeros(shape, np.float32) for _ in range(2 * d.num_layers)]
         self._rows = np.arange(d.batch_size)
+
+    def prefill(self, run, input_ids, valid_length, extra):
+        outputs = run("prefill", [input_ids, valid_length, *extra])
+        self.write_prefill(outputs[1:])
+        return outputs[0]
+
+    def decode(self, run, input_ids, valid_length, extra):
+        outputs = run("increment", [input_ids, valid_length, *extra, *self.arrays])
+        self.write_step(outputs[1:], valid_length - 1)
+        return outputs[0]
 
     def write_prefill(self, new_rows: List[np.ndarray]) -> None:
         for cache, new in zip(self.arrays, new_rows):
@@ -39,8 +84,7 @@ class HostKVCache:
             cache[rows, :, positions, :] = new[:, :, 0, :]
 
 
-
-class BucketedKVCache:
+class BucketedKVCache(KVCache):
     """Per-layer key/value buffers of the `dynamic` kv mode, sized to a bucket of positions.
 
     The graph reads all `capacity` positions (those past each row's length are masked), so the
@@ -52,6 +96,7 @@ class BucketedKVCache:
     """
 
     def __init__(self, manifest: Manifest):
+        super().__init__(manifest)
         d = manifest.dims
         self.bucket = min(64, max(16, d.seq_length // 4))
         self._b, self._kv, self._hd = d.batch_size, d.kv_heads_per_rank, d.head_dim
@@ -86,6 +131,29 @@ class BucketedKVCache:
             else:
                 new[..., :old.shape[3]] = old
         self.arrays = grown
+
+    def prefill(self, run, input_ids, valid_length, extra):
+        """At the prompt's own length: the longest row, not seq_length."""
+        steps = int(valid_length.max())
+        self.reset()
+        feeds = [np.ascontiguousarray(input_ids[:, :steps]), valid_length, np.zeros_like(valid_length), *extra]
+        outputs = run(STEP, feeds + self.arrays)
+        self.write_prefill(outputs[1:])
+        return outputs[0]
+
+    def decode(self, run, input_ids, valid_length, extra):
+        past = valid_length - 1
+        self.ensure(int(past.max()) + 1)      # room for this step's row
+        outputs = run(STEP, [input_ids, valid_length, past, *extra, *self.arrays])
+        self.write_step(outputs[1:], past)
+        return outputs[0]
+
+    def step(self, run, tokens, counts, past, extra):
+        lengths = (past + np.maximum(counts, 1)).astype(np.int32)   # an idle row reads one padding token
+        self.ensure(int(lengths.max()))
+        outputs = run(STEP, [tokens, lengths, past.astype(np.int32), *extra, *self.arrays])
+        self.write_rows(outputs[1:], past, counts)
+        return outputs[0]
 
     def write_prefill(self, new_rows: List[np.ndarray]) -> None:
         steps = new_rows[1].shape[2]
@@ -133,50 +201,21 @@ class Session:
         self.manifest = manifest
         self.rank = rank
         self.graph_seconds = 0.0
-        self.dynamic = manifest.kv_cache == "dynamic"
-        self.cache = {"io": HostKVCache, "dynamic": BucketedKVCache}.get(manifest.kv_cache, lambda m: None)(manifest)
+        self.cache = KV_CACHES[manifest.kv_cache](manifest)
 
     # --- the protocol ---------------------------------------------------------------------------
     def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        if self.dynamic:   # the prompt's own length: the longest row, not seq_length
-            steps = int(valid_length.max())
-            past = np.zeros_like(valid_length)
-            self.cache.reset()
-            feeds = [np.ascontiguousarray(input_ids[:, :steps]), valid_length, past, *extra, *self.cache.arrays]
-            outputs = self._timed_run(STEP, feeds)
-        else:
-            outputs = self._timed_run("prefill", [input_ids, valid_length, *extra])
-        if self.cache is not None:
-            self.cache.write_prefill(outputs[1:])
-        return outputs[0]
+        return self.cache.prefill(self._timed_run, input_ids, valid_length, extra)
 
     def decode(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        feeds = [input_ids, valid_length, *extra]
-        if self.dynamic:
-            past = valid_length - 1
-            self.cache.ensure(int(past.max()) + 1)      # room for this step's row
-            feeds = [input_ids, valid_length, past, *extra]
-        if self.cache is not None:
-            feeds += self.cache.arrays
-        outputs = self._timed_run(STEP if self.dynamic else "increment", feeds)
-        if self.cache is not None:
-            self.cache.write_step(outputs[1:], valid_length - 1)
-        return outputs[0]
+        return self.cache.decode(self._timed_run, input_ids, valid_length, extra)
 
     def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
         """One call of the dynamic step graph in which each row moves on by its own number of tokens
         (continuous batching: a prompt joining rows that decode). Row r feeds `tokens[r, :counts[r]]`
         after the `past[r]` tokens in its cache and gets the logits of its last one; rows with
         counts 0 are idle (their cache is left as it is, their logits are meaningless)."""
-        if not self.dynamic:
-            raise UnsupportedError("continuous batching needs an export with kv_cache: dynamic; this one has "
-                                   f"kv_cache {self.manifest.kv_cache!r}: export again with kv_cache: dynamic")
-        lengths = (past + np.maximum(counts, 1)).astype(np.int32)   # an idle row reads one padding token
-        self.cache.ensure(int(lengths.max()))
-        feeds = [tokens, lengths, past.astype(np.int32), *extra, *self.cache.arrays]
-        outputs = self._timed_run(STEP, feeds)
-        self.cache.write_rows(outputs[1:], past, counts)
-        return outputs[0]
+        return self.cache.step(self._timed_run, tokens, counts, past, extra)
 
     def close(self) -> None:
         """Release the graphs. Sessions are also context managers."""
@@ -196,6 +235,9 @@ class Session:
         outputs = self._run(kind, feeds)
         self.graph_seconds += time.perf_counter() - start
         return outputs
+
+
+KV_CACHES = {"io": HostKVCache, "dynamic": BucketedKVCache, "in_graph": InGraphCache}
 
 
 def require_kv_mode(manifest: Manifest, backend: str, allowed: tuple) -> None:

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 from lite_runtime.backends.lite_native import LiteModel
+from lite_runtime.backends.lite_runners import LiteRunner
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import STEP
 from lite_runtime.contract.graph_check import check_graph_inputs
@@ -36,14 +37,14 @@ def _role(name: str) -> int:
     return _LOGITS if name == LOGITS_PART else _STATE
 
 
-class SegmentChain:
+class SegmentChain(LiteRunner):
     def __init__(self, manifest: Manifest, rank: int, open_model: Callable[[str], LiteModel], collectives):
         self.manifest, self.dims = manifest, manifest.dims
         self.collectives = collectives
         self.names = run_order(manifest.segments)
-        self.models: Dict[str, LiteModel] = {}
+        self._models: Dict[str, LiteModel] = {}
         for name in self.names:
-            self.models[name] = model = open_model(name)
+            self._models[name] = model = open_model(name)
             check_graph_inputs(model.inputs, manifest.segments[name].inputs, manifest.segment_path(name, rank))
         self._roles = {name: [_role(s.name) for s in manifest.segments[name].outputs] for name in self.names}
         # the cache pairs in segment order: (segment, its input index) per cache array of the step
@@ -59,9 +60,13 @@ class SegmentChain:
         self._caches: List[np.ndarray] = []
         self.collective_seconds = 0.0      # time in host collectives (waiting for the other ranks included)
 
-    def run(self, feeds: List[np.ndarray]) -> List[np.ndarray]:
-        """The step's contract (families.py): feeds its inputs (input_ids (B, T) first), the caches
-        last; returns logits (B, vocab) and the new keys and values of every layer."""
+    @property
+    def lite_models(self) -> Dict[str, LiteModel]:
+        return dict(self._models)
+
+    def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
+        """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (B, T)
+        first), the caches last; returns logits (B, vocab) and the new keys and values of every layer."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
         shape = (np.shape(given[0])[1], caches[1].shape[2])
         if shape != self._shape:
@@ -71,13 +76,13 @@ class SegmentChain:
                 np.copyto(self._buffers[name], array, casting="same_kind")
         for i, ((name, index), array) in enumerate(zip(self._cache_inputs, caches)):
             if array is not self._caches[i]:                 # a new request's cache at the same shape
-                self.models[name].bind_input(index, array)
+                self._models[name].bind_input(index, array)
                 self._caches[i] = array
         hidden, new_kv, logits = self._buffers[HIDDEN], [], None
         for name in self.names:
             part = residual = None
             for role, spec, result in zip(self._roles[name], self.manifest.segments[name].outputs,
-                                          self.models[name].predict()):
+                                          self._models[name].predict()):
                 if role == _PART:
                     part = result
                 elif role == _RESIDUAL:
@@ -120,8 +125,8 @@ class SegmentChain:
         self._caches = list(caches)
         cache_of = {place: array for place, array in zip(self._cache_inputs, caches)}
         for name, entry in zip(self.names, segments):
-            self.models[name].resize([shape(s) for s in entry.inputs], [shape(s) for s in entry.outputs])
-            self.models[name].bind_inputs([cache_of[(name, i)] if s.name in CACHE_INPUTS else self._buffers[s.name]
+            self._models[name].resize([shape(s) for s in entry.inputs], [shape(s) for s in entry.outputs])
+            self._models[name].bind_inputs([cache_of[(name, i)] if s.name in CACHE_INPUTS else self._buffers[s.name]
                                            for i, s in enumerate(entry.inputs)])
         self._shape = (steps, positions)
 
@@ -130,11 +135,11 @@ class SegmentChain:
         (what Lite's compute costs; the results are discarded, the cache is unchanged)."""
         start = time.perf_counter()
         for name in self.names:
-            self.models[name].run()
+            self._models[name].run()
         return time.perf_counter() - start
 
     def close(self) -> None:
-        for model in self.models.values():
+        for model in self._models.values():
             model.close()
-        self.models = {}
+        self._models = {}
         self.collectives.close()

@@ -37,7 +37,7 @@ The one order: input_ids, batch_valid_length, [past_length], row inputs, [adapte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from lite_runtime.contract.errors import UnsupportedError
 
@@ -96,6 +96,16 @@ class FamilySpec:
     token_input: str = "input_ids"
     length_input: str = "batch_valid_length"
     row_inputs: Tuple[str, ...] = ()       # the family's own (B,) int32 inputs, after the lengths (its feed builder's)
+    # The special tokens whose places in a prompt give the row inputs: (name, upstream's id). The
+    # export's own ids are in its manifest's model_config under these names (`token_ids`).
+    row_input_tokens: Tuple[Tuple[str, int], ...] = ()
+
+    def token_ids(self, config: Optional[Mapping[str, object]]) -> Dict[str, int]:
+        """The ids of `row_input_tokens` in `config` (a manifest's model_config, or the exporter's
+        model keys), upstream's where it has none."""
+        config = config or {}
+        return {name: int(config[name]) if config.get(name) is not None else default
+                for name, default in self.row_input_tokens}
 
     def inputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
@@ -147,8 +157,10 @@ def _check_kind(kind: str, kv_mode: str) -> None:
         raise ValueError(f"graph kind {kind!r} is not one of {graph_kinds(kv_mode)} (kv_cache {kv_mode})")
 
 
-# GLM v1 (ChatGLM-6B; glm_6b, chatglm_6b): 2-D rotary positions and prefix attention from two per-row inputs.
-GLM = FamilySpec("glm", aliases=("chatglm",), row_inputs=("context_length", "mask_position"))
+# GLM v1 (ChatGLM-6B; glm_6b, chatglm_6b): 2-D rotary positions and prefix attention from two per-row inputs,
+# found at [MASK] / [gMASK] (GLMConfig's ids by default) and <sop> (the export's bos_token_id).
+GLM = FamilySpec("glm", aliases=("chatglm",), row_inputs=("context_length", "mask_position"),
+                 row_input_tokens=(("mask_token_id", 130000), ("gmask_token_id", 130001)))
 
 # The families the runtime serves, with the names users write for them (upstream: the part of
 # model_name before the first '_'). Names of one architecture are one family with aliases.

@@ -6,7 +6,7 @@ a long one in successive batches, so callers never see the graph batch size.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -26,6 +26,7 @@ class DecodeState:
     eos_ids: np.ndarray      # (E,) int32
     pad_id: int
     adapter_ids: Optional[np.ndarray] = None   # (B,) int32: SLoRA exports' per-row adapter slot (0: base)
+    row_inputs: List[np.ndarray] = field(default_factory=list)   # the family's own (B,) int32 inputs (GLM's)
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,10 @@ class Step:
 
 def prepare_batch(prompts: Sequence[Sequence[int]], batch_size: int, seq_length: int,
                   max_new: Sequence[int], eos_ids: Sequence[int], pad_id: int,
-                  adapters: Optional[Sequence[int]] = None) -> DecodeState:
+                  adapters: Optional[Sequence[int]] = None, inputs: Optional[BaseInputsOfInfer] = None) -> DecodeState:
     """Right-pad `prompts` into a (batch_size, seq_length) buffer; missing rows are inert (and use
-    adapter slot 0 when `adapters`, each prompt's SLoRA slot, are given)."""
+    adapter slot 0 when `adapters`, each prompt's SLoRA slot, are given). `inputs`, the family's feed
+    builder, computes the rows' own graph inputs here, once (needed where the family has them)."""
     if len(prompts) > batch_size:
         raise ValueError(f"{len(prompts)} prompts for a batch of {batch_size}")
     ids = np.full((batch_size, seq_length), pad_id, np.int32)
@@ -53,7 +55,8 @@ def prepare_batch(prompts: Sequence[Sequence[int]], batch_size: int, seq_length:
     if adapters is not None:
         slots = np.zeros(batch_size, np.int32)
         slots[:len(prompts)] = adapters
-    return DecodeState(ids, lengths, budget, budget <= 0, np.asarray(list(eos_ids), np.int32), pad_id, slots)
+    rows = [] if inputs is None else inputs.row_inputs(ids, lengths)
+    return DecodeState(ids, lengths, budget, budget <= 0, np.asarray(list(eos_ids), np.int32), pad_id, slots, rows)
 
 
 def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeState,
@@ -65,7 +68,7 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
     """
     rows = np.arange(len(state.lengths))
     extra = [] if state.adapter_ids is None else [state.adapter_ids]      # graph inputs after the family's
-    logits = session.prefill(*inputs.prefill_inputs(state.ids, state.lengths), *extra)
+    logits = session.prefill(*inputs.prefill_inputs(state.ids, state.lengths, state.row_inputs), *extra)
     step_ids = np.empty((len(rows), 1), np.int32)
     while not state.done.all():
         tokens = pick(logits, state.ids, state.lengths)
@@ -80,7 +83,7 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
             return
         state.lengths += ~state.done
         step_ids[:, 0] = np.where(state.done, state.pad_id, tokens)
-        logits = session.decode(*inputs.decode_inputs(step_ids, state.lengths), *extra)
+        logits = session.decode(*inputs.decode_inputs(step_ids, state.lengths, state.row_inputs), *extra)
 
 
 def row_budgets(prompt_lengths: Sequence[int], seq_length: int, max_new_tokens: Optional[int],
@@ -137,7 +140,7 @@ def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[
     for start in range(0, len(prompts), m.batch_size):
         chunk = prompts[start:start + m.batch_size]
         state = prepare_batch(chunk, m.batch_size, m.seq_length, budgets[start:start + len(chunk)],
-                              eos_ids, pad_id, None if adapters is None else adapters[start:start + len(chunk)])
+                              eos_ids, pad_id, None if adapters is None else adapters[start:start + len(chunk)], inputs)
         for step in generate_steps(session, inputs, state, pick):
             for row in np.flatnonzero(step.active[:len(chunk)]):
                 results[start + row].append(int(step.tokens[row]))

@@ -4,11 +4,11 @@ Upstream users know `InputOfInfer.get_inputs(model_name, ...)` and its `MAPPING`
 decoder family shares the decode loop, so the classes differ only in their spec, and the mapping
 is generated from `families.FAMILIES` (no family can be missing or mapped twice). A family whose
 graphs take per-row inputs of their own (`FamilySpec.row_inputs`) has its own builder here, made
-with the export's manifest (the special ids it reads are recorded there).
+with the export's manifest (the special ids it reads are recorded there, named by the family's spec).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Type
+from typing import Dict, List, Optional, Sequence, Type
 
 import numpy as np
 
@@ -17,25 +17,46 @@ from lite_runtime.contract.families import FAMILIES, GLM, FamilySpec, family_fro
 
 
 class BaseInputsOfInfer:
-    """Builds the non-cache feeds of both graphs, in the family's graph input order. `manifest`:
-    the export's, for builders that read its special ids (None: the family's upstream defaults)."""
+    """Builds the non-cache feeds of both graphs, in the family's graph input order, keeping no state:
+    a family's per-row inputs come from the rows' prompts (`row_inputs`, computed once per batch by
+    `generation.prepare_batch`) and are handed back for every decode step. `manifest`: the export's,
+    for builders that read its special ids (None: the family's upstream defaults)."""
 
     spec: FamilySpec = None
 
     def __init__(self, manifest=None):
         self.manifest = manifest
 
-    def prefill_inputs(self, input_ids: np.ndarray, valid_length: np.ndarray) -> List[np.ndarray]:
-        raise NotImplementedError
+    def row_inputs(self, input_ids: np.ndarray, valid_length: np.ndarray) -> List[np.ndarray]:
+        """The family's per-row graph inputs (`spec.row_inputs`, each (B,) int32) of the rows' prompts."""
+        return []
 
-    def decode_inputs(self, step_ids: np.ndarray, valid_length: np.ndarray) -> List[np.ndarray]:
-        raise NotImplementedError
+    def prefill_inputs(self, input_ids: np.ndarray, valid_length: np.ndarray,
+                       row_inputs: Optional[Sequence[np.ndarray]] = None) -> List[np.ndarray]:
+        """`row_inputs`: those of `row_inputs()`, if already computed."""
+        if row_inputs is None:
+            row_inputs = self.row_inputs(input_ids, valid_length)
+        return self._feeds(input_ids, valid_length, row_inputs)
 
-    def get_inputs(self, input_ids: np.ndarray, valid_length: np.ndarray, is_first_iteration: bool):
+    def decode_inputs(self, step_ids: np.ndarray, valid_length: np.ndarray,
+                      row_inputs: Sequence[np.ndarray] = ()) -> List[np.ndarray]:
+        """`row_inputs`: the prefill's (they do not change while the rows decode)."""
+        return self._feeds(step_ids, valid_length, row_inputs)
+
+    def get_inputs(self, input_ids: np.ndarray, valid_length: np.ndarray, is_first_iteration: bool,
+                   row_inputs: Optional[Sequence[np.ndarray]] = None):
         """Upstream-style entry: prefill feeds on the first iteration, decode feeds after."""
         if is_first_iteration:
-            return self.prefill_inputs(input_ids, valid_length)
-        return self.decode_inputs(input_ids, valid_length)
+            return self.prefill_inputs(input_ids, valid_length, row_inputs)
+        return self.decode_inputs(input_ids, valid_length, () if row_inputs is None else row_inputs)
+
+    def _feeds(self, ids: np.ndarray, valid_length: np.ndarray, row_inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+        names, family = (self.spec.row_inputs, self.spec.name) if self.spec is not None else ((), "model's")
+        if len(row_inputs) != len(names):
+            raise ValidationError(f"the {family} graphs take {len(names)} row inputs after the lengths "
+                                  f"({', '.join(names) or 'none'}), got {len(row_inputs)}: pass the prefill's "
+                                  "row_inputs() (prepare_batch computes them from the prompts)")
+        return [ids, valid_length, *row_inputs]
 
 
 class CommonInputsOfInfer(BaseInputsOfInfer):
@@ -44,21 +65,15 @@ class CommonInputsOfInfer(BaseInputsOfInfer):
     The arrays are passed through without copying; the decode loop owns them.
     """
 
-    def prefill_inputs(self, input_ids, valid_length):
-        return [input_ids, valid_length]
-
-    def decode_inputs(self, step_ids, valid_length):
-        return [step_ids, valid_length]
-
 
 class LlamaInputsOfInfer(CommonInputsOfInfer):
     spec = FAMILIES["llama"]
 
 
 class GlmInputsOfInfer(CommonInputsOfInfer):
-    """GLM v1 (ChatGLM-6B): each row's `context_length` and `mask_position`, found in its prompt at
-    prefill and fed unchanged on every decode step (the graph derives each token's 2-D position from
-    them and its own index, so nothing advances on the host and no mask array is built).
+    """GLM v1 (ChatGLM-6B): each row's `context_length` and `mask_position`, found in its prompt once
+    and fed unchanged on every decode step (the graph derives each token's 2-D position from them
+    and its own index, so nothing advances on the host and no mask array is built).
 
     As MindFormers' GLMForPreTraining (get_position_ids_np / get_masks_np): context_length is the
     index of <sop> (the bos id) in the row; mask_position the index of [gMASK], else of [MASK].
@@ -70,17 +85,14 @@ class GlmInputsOfInfer(CommonInputsOfInfer):
     """
 
     spec = GLM
-    # GLMConfig's defaults (ChatGLM-6B's ice_text.model ids)
-    SOP, MASK, GMASK = 130004, 130000, 130001
+    SOP = 130004     # GLMConfig's bos_token_id (ChatGLM-6B's ice_text.model); the export's bos_token_id wins
 
     def __init__(self, manifest=None):
         super().__init__(manifest)
-        config = getattr(manifest, "model_config", None) or {}
         bos = getattr(manifest, "bos_token_id", None)
         self.sop = self.SOP if bos is None else int(bos)
-        self.mask = int(config.get("mask_token_id") if config.get("mask_token_id") is not None else self.MASK)
-        self.gmask = int(config.get("gmask_token_id") if config.get("gmask_token_id") is not None else self.GMASK)
-        self._rows: Optional[List[np.ndarray]] = None
+        ids = GLM.token_ids(getattr(manifest, "model_config", None))
+        self.mask, self.gmask = ids["mask_token_id"], ids["gmask_token_id"]
 
     def row_inputs(self, input_ids: np.ndarray, valid_length: np.ndarray) -> List[np.ndarray]:
         """[context_length (B,), mask_position (B,)] int32 of the rows' prompts."""
@@ -94,16 +106,6 @@ class GlmInputsOfInfer(CommonInputsOfInfer):
             found = gmask if len(gmask) else mask
             mask_position[row] = found[0] if len(found) else context[row]
         return [context, mask_position]
-
-    def prefill_inputs(self, input_ids, valid_length):
-        self._rows = self.row_inputs(input_ids, valid_length)
-        return [input_ids, valid_length] + self._rows
-
-    def decode_inputs(self, step_ids, valid_length):
-        if self._rows is None:
-            raise ValidationError("GLM decode inputs asked for before a prefill: the rows' context_length and "
-                                  "mask_position come from their prompts")
-        return [step_ids, valid_length] + self._rows
 
 
 _BUILDERS: Dict[str, Type[BaseInputsOfInfer]] = {"llama": LlamaInputsOfInfer, "glm": GlmInputsOfInfer}

@@ -80,8 +80,9 @@ class Engine:
                                    f"lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
                                    "kv_cache: dynamic")
         # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
-        # prompt, once. Its prompt attends both ways, so it is fed whole, never in chunks.
-        self.row_inputs = InputOfInfer.get_inputs(m.family, m).row_inputs if get_family(m.family).row_inputs else None
+        # prompt, once, by its feed builder. Its prompt attends both ways, so it is fed whole, never in chunks.
+        self.inputs = InputOfInfer.get_inputs(m.family, m)
+        self.whole_prompts = bool(get_family(m.family).row_inputs)
         self.pad_id = m.pad_token_id
         self.idle_row_values = self._row_values([self.pad_id])    # what an idle row feeds
         self.session = session
@@ -185,9 +186,8 @@ class Engine:
                 self.metrics.queue_time.observe(request.admitted - request.arrived)
 
     def _row_values(self, prompt: List[int]) -> List[int]:
-        if self.row_inputs is None:
-            return []
-        return [int(v[0]) for v in self.row_inputs(np.array([prompt], np.int32), np.array([len(prompt)], np.int32))]
+        rows = self.inputs.row_inputs(np.array([prompt], np.int32), np.array([len(prompt)], np.int32))
+        return [int(v[0]) for v in rows]
 
     def _step(self) -> None:
         for i, row in enumerate(self.rows):
@@ -204,20 +204,18 @@ class Engine:
         # prefill), which also bounds how long the rows that decode wait.
         room = int(self.seq_length - past[live].max())
         width = min(max(len(self.rows[i].pending) for i in live), room,
-                    room if self.row_inputs else self.prefill_chunk)
+                    room if self.whole_prompts else self.prefill_chunk)
         counts = np.zeros(self.batch, np.int32)
         tokens = np.full((self.batch, width), self.pad_id, np.int32)
         for i in live:
-            if self.row_inputs and len(self.rows[i].pending) > width:    # a whole prompt waits for room
+            if self.whole_prompts and len(self.rows[i].pending) > width:    # a whole prompt waits for room
                 continue
             feed = self.rows[i].pending[:width]
             counts[i] = len(feed)
             tokens[i, :len(feed)] = feed
-        extra = []
-        if self.row_inputs:
-            idle = self.idle_row_values
-            extra += [np.array([row.row_values[k] if row else idle[k] for row in self.rows], np.int32)
-                      for k in range(len(idle))]
+        idle = self.idle_row_values
+        extra = [np.array([row.row_values[k] if row else idle[k] for row in self.rows], np.int32)
+                 for k in range(len(idle))]
         if self.adapters:
             extra.append(np.array([row.request.adapter_slot if row else 0 for row in self.rows], np.int32))
         logits = self.session.step(tokens, counts, past, *extra)
