@@ -244,9 +244,9 @@ def _make_temp_dir(config: ExportConfig, parent: str, created: List[str]) -> str
             os.rmdir(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=folder))
             folder = parent
         _remove_stale_temp_dirs(parent)
-        folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
-        _hold(folder)
-        return folder
+        tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=parent)
+        _hold(tmp)
+        return tmp
     except OSError as e:
         _remove_empty(created)
         while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
@@ -273,8 +273,22 @@ def _hold(folder: str) -> None:
     however it ends, so a folder nobody holds is a killed export's, even one of another container
     (another PID namespace, where its PID means nothing) writing to the same volume."""
     fd = os.open(folder, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:      # a file system without locks: the next export goes by the PID alone
+        os.close(fd)
+        return
     _held[folder] = fd
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
 
 
 def _release(folder: str) -> None:
@@ -298,6 +312,9 @@ def _remove_stale_temp_dirs(parent: str) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:      # a running export's
             continue
+        except OSError:              # no locks on this file system
+            if _process_alive(int(match.group(1))):
+                continue
         finally:
             os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
@@ -407,7 +424,7 @@ def _copy_split_graph(src: str, dest: str, name: str, copies: dict) -> str:
     """Copy a graph whose weights are external data: its data files go to `<dest stem>_variables/`
     (the prefill and increment copies may share a folder, and each export graph's data folder is
     `rank_0_variables`), and the copy's graph records their new location. Returns its sha256."""
-    from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX, write_relocated
+    from lite_runtime.contract.mindir import write_relocated
     stem = os.path.basename(dest)[: -len(".mindir")] if dest.endswith(".mindir") else os.path.basename(dest)
     if stem.endswith(SPLIT_GRAPH_SUFFIX):
         stem = stem[: -len(SPLIT_GRAPH_SUFFIX)]
