@@ -37,15 +37,14 @@ def test_without_a_target_or_for_ascend_the_export_has_upstreams_two_graphs():
 
 
 def test_for_cpu_the_export_is_one_step_graph_and_several_ranks_are_segments():
-    # lite_ms None: converted when the exporting MindSpore writes MindIR that Lite 2.0 reads (decided in export)
-    assert form(target="cpu") == ("dynamic", "graph", None, True)
-    assert form(target="cpu", parallel={"model_parallel": 2}) == ("dynamic", "host", None, False)
+    assert form(target="cpu") == ("dynamic", "graph", True, True)
+    assert form(target="cpu", parallel={"model_parallel": 2}) == ("dynamic", "host", True, False)
 
 
 def test_keys_the_yaml_gives_win_over_the_target():
     assert form(target="cpu", kv_cache="io", lite_ms=False) == ("io", "graph", False, False)
-    assert form(target="cpu", parallel={"collectives": "graph"}) == ("dynamic", "graph", None, False)
-    assert form(target="cpu", compute_dtype="float16") == ("io", "graph", None, False)   # Lite CPU: float16 io only
+    assert form(target="cpu", parallel={"collectives": "graph"}) == ("dynamic", "graph", True, False)
+    assert form(target="cpu", compute_dtype="float16") == ("io", "graph", True, False)   # Lite CPU: float16 io only
     copies = {"prefill_model_path": "a_prefill_graph.mindir", "increment_model_path": "a_inc_graph.mindir"}
     assert form(target="cpu", infer=copies)[0] == "io"
 
@@ -63,6 +62,18 @@ def test_a_target_that_cannot_be_met_is_refused_in_one_line(tmp_path, keys, word
     (line,) = error_lines(result.stderr)
     assert yaml in line and words in line, line
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_for_cpu_the_exporting_mindspore_must_write_mindir_that_lite_reads(hf_family, tmp_path):
+    """MindSpore 2.10 (this process's venv) writes MindIR Lite 2.0 cannot read: refused before tracing."""
+    out = tmp_path / "out"
+    yaml = write_yaml(str(tmp_path / "x.yaml"), {"output_dir": str(out), "seq_length": SEQ, "target": "cpu",
+                                                 "model": {"hf_dir": str(hf_family("llama") / "hf")}})
+    result = run_cli(["-m", "exporter", "--config", yaml])
+    assert result.returncode != 0
+    (line,) = error_lines(result.stderr)
+    assert "target cpu writes the form of MindSpore Lite 2.0 on CPU" in line and "make export-lite" in line, line
+    assert not out.exists()
 
 
 def test_the_weight_count_is_the_published_one_of_tinyllama():

@@ -174,8 +174,8 @@ class ExportConfig:
             step_on_cpu = cpu and self.kv_cache == "dynamic"
             self.parallel.collectives = "host" if step_on_cpu and self.parallel.model_parallel > 1 else "graph"
             self.segments_by_size = step_on_cpu and self.parallel.model_parallel == 1
-        if self.lite_ms is None and not cpu:   # for cpu: decided in export (the converter reads MindSpore 2.0's MindIR)
-            self.lite_ms = False
+        if self.lite_ms is None:
+            self.lite_ms = cpu
 
     def _check_collectives(self) -> None:
         form, where = self.parallel.collectives, self.source

@@ -1,20 +1,17 @@
 """The form of an export: what its `target` leaves open until the model is known, and the words of
 the export's last line.
 
-`ExportConfig` chooses what it can from the yaml alone (`_choose_form`); two choices of `target: cpu`
-wait for the model and the exporting MindSpore: whether the graphs are converted to Lite's `.ms`,
-and whether one rank's step is written as segments because it would not fit one `.ms`.
+`ExportConfig` chooses what it can from the yaml alone (`_choose_form`); `target: cpu` waits for the
+model to decide whether one rank's step is written as segments because it would not fit one `.ms`,
+and for the exporting MindSpore, which must be one whose MindIR Lite 2.0 reads.
 """
 from __future__ import annotations
 
-import logging
-
 from exporter.config.schema import ExportConfig
 from exporter.models.config import DecoderConfig
+from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
-
-log = logging.getLogger("exporter")
 
 # Lite 2.0 writes a model's weights into its .ms flatbuffer only up to 2 GB; a larger one comes out as
 # .ms + .msw, which Lite loads at 2.0x the weights, where segments with the weight release load at 1.15x.
@@ -37,13 +34,12 @@ def mindspore_version() -> tuple:
 
 
 def settle_form(config: ExportConfig, cfg: DecoderConfig) -> None:
-    """The choices of `target: cpu` that need the model's sizes and the exporting MindSpore."""
-    if config.lite_ms is None:
-        config.lite_ms = mindspore_version() < FIRST_UNREADABLE_MINDSPORE
-        if not config.lite_ms:
-            log.warning("%s: target cpu: this MindSpore's MindIR is not readable by MindSpore Lite 2.0, so the export "
-                        "runs on backend ms only; for Lite on CPU export with the MindSpore 2.0 environment "
-                        "(make export-lite)", config.source)
+    """What `target: cpu` needs of the exporting MindSpore, and its choice that needs the model's sizes."""
+    if config.target == "cpu" and mindspore_version() >= FIRST_UNREADABLE_MINDSPORE:
+        import mindspore as ms
+        raise ConfigError(f"{config.source}: target cpu writes the form of MindSpore Lite 2.0 on CPU, which reads only "
+                          f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with the MindSpore 2.0 "
+                          "environment (make export-lite), or give no target for backend ms")
     if config.segments_by_size and config.compute_dtype == "float32" and weight_bytes(cfg) > LITE_MS_LIMIT:
         config.parallel.collectives = "host"
 
