@@ -2,7 +2,7 @@
 upstream) gets the two graphs of kv_cache io; Lite on CPU one dynamic step graph converted to `.ms`,
 written as segments when there are several ranks or one rank's weights exceed what one `.ms` holds
 (the export process lowers that limit here, `exporter.writing.forms.LITE_MS_LIMIT`, to take the real
-path on the tiny Llama). Keys the yaml gives win, and a yaml asking for upstream's two graph copies
+path on the tiny Llama, and the size of a segment, `SEGMENT_BYTES`, to one layer per segment). Keys the yaml gives win, and a yaml asking for upstream's two graph copies
 keeps them. Checked on real exports (MindSpore 2.0) run on real Lite against transformers."""
 import json
 import os
@@ -20,6 +20,7 @@ LOWERED_LIMIT_EXPORT = """
 import runpy, sys
 import exporter.writing.forms as forms
 forms.LITE_MS_LIMIT = 0      # bytes: every one-rank step of target cpu is written as segments
+forms.SEGMENT_BYTES = 1      # of one layer each
 sys.argv = ["exporter"] + sys.argv[1:]
 runpy.run_module("exporter", run_name="__main__")
 """
@@ -106,7 +107,7 @@ def cpu_exports(hf_family, tmp_path_factory):
 @pytest.mark.parametrize("limit, form_words, graphs", [
     ("lite's", "kv_cache dynamic: one step graph, converted to Lite's .ms, for target cpu", ["step"]),
     ("lowered", "kv_cache dynamic as step segments per rank, converted to Lite's .ms, for target cpu",
-     ["embed", "head", "layer0.attn", "layer0.mlp", "layer1.attn", "layer1.mlp"]),
+     ["embed", "head", "layer0.blocks", "layer1.blocks"]),
 ])
 def test_a_cpu_export_runs_on_lite_as_transformers_does(hf_family, cpu_exports, limit, form_words, graphs):
     export, last_line = cpu_exports(limit)

@@ -68,7 +68,7 @@ def test_one_rank_segments_equal_the_step_graph(family_export, tmp_path, monkeyp
     ensure_lite_installed()
     step = run(family_export("llama", "lite_dynamic"), tmp_path / "step.npz", True, monkeypatch)
     segments = run(family_export("llama", "lite_segments"), tmp_path / "segments.npz", True, monkeypatch)
-    assert len(segments["names"]) == 2 + 2 * 2      # embed, 2 layers x (attn, mlp), head
+    assert list(segments["names"]) == ["embed", "head", "layer0.blocks"]     # the two layers in one segment
     np.testing.assert_array_equal(segments["tokens"], step["tokens"])
     assert np.abs(segments["logits"] - step["logits"]).max() <= 1e-5
 
@@ -76,7 +76,7 @@ def test_one_rank_segments_equal_the_step_graph(family_export, tmp_path, monkeyp
 def test_released_pages_cannot_be_read(family_export):
     """Given back and made inaccessible: a read Lite was not expected to make fails loudly."""
     ensure_lite_installed()
-    path = os.path.join(family_export("llama", "lite_segments"), "segments", "rank_0", "layer0.mlp.ms")
+    path = os.path.join(family_export("llama", "lite_segments"), "segments", "rank_0", "layer0.blocks.ms")
     result = run_cli(["-c", TOUCH, path])
     assert "released" in result.stdout and "read a released page" not in result.stdout, result.stdout
     assert result.returncode == -signal.SIGSEGV, (result.returncode, result.stderr[-2000:])

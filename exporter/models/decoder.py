@@ -223,9 +223,20 @@ class CausalLM(nn.Cell):
         of the new rows) or of the dynamic step (`biases` None: the first layer makes them); `kv` the
         past K/V per layer (none in_graph), `positions` the tokens' (the top query layer's input).
         Returns the last hidden states and the new K/V rows of every layer."""
+        x, new_kv, biases = self.step_blocks(self.layers, x, cos, sin, kv, past, biases, select, prefix, row)
+        if self.use_top_query:
+            k_past, v_past = self._past(kv, len(self.layers))
+            x, k, v = self.top_query.step(self.final_norm(x), positions, cos, sin, k_past, v_past, past, self.bias,
+                                          biases, row)
+            new_kv = new_kv + (k, v)
+        return x, new_kv
+
+    def step_blocks(self, layers, x, cos, sin, kv, past, biases, select, prefix, row=None):
+        """Blocks `layers` of a step (see _step_layers); kv: their past K/V pairs. Returns the hidden
+        states, the blocks' new K/V rows and the score biases."""
         new_kv = ()
         i = 0
-        for layer in self.layers:
+        for layer in layers:
             h = layer.attn_norm(x)
             k_past, v_past = self._past(kv, i)
             attn, k, v, biases = layer.attn.step(h, cos, sin, k_past, v_past, past, self.bias, biases, select,
@@ -233,12 +244,7 @@ class CausalLM(nn.Cell):
             x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
-        if self.use_top_query:
-            k_past, v_past = self._past(kv, i)
-            x, k, v = self.top_query.step(self.final_norm(x), positions, cos, sin, k_past, v_past, past, self.bias,
-                                          biases, row)
-            new_kv = new_kv + (k, v)
-        return x, new_kv
+        return x, new_kv, biases
 
     def _past(self, kv, i):
         """Layer i's past keys and values: none in_graph (the Parameter caches)."""

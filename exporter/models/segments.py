@@ -84,6 +84,29 @@ class AttentionSegment(_Segment):
         return out, k, v
 
 
+class BlocksSegment(_Segment):
+    """Whole blocks from layer `first` (one rank: no partial sums), returning the hidden state. kv:
+    the blocks' past K/V pairs, then [cos, sin], [context], [adapter columns]."""
+
+    def __init__(self, net: CausalLM, layout: SegmentLayout, first: int, count: int):
+        super().__init__(net, layout)
+        self.blocks = tuple(net.layers[l] for l in range(first, first + count))   # a CellList would rename their parameters
+        self.caches = 2 * count
+        self.adapted = bool(layout.adapted)
+
+    def construct(self, hidden, past, *kv):
+        rest = kv[self.caches:]
+        cos = sin = context = select = None
+        if self.rotary:
+            cos, sin = rest[0], rest[1]
+        if self.net.prefix:
+            context = rest[self.i_context]
+        if self.adapted:
+            select = rest[self.i_columns]
+        x, new_kv, _ = self.net.step_blocks(self.blocks, hidden, cos, sin, kv, past, None, select, context)
+        return (x,) + new_kv
+
+
 class MlpSegment(_Segment):
     """A block's (or the top query layer's) MLP up to the all-reduce; kv: [adapter columns]."""
 
@@ -124,9 +147,13 @@ class HeadSegment(_Segment):
 def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
     """The cells to export, by segment name (the contract's order)."""
     cells = {"embed": EmbedSegment(net, layout)}
+    group = layout.blocks_per_segment
     for l, layer in enumerate(net.layers):
-        cells[f"layer{l}.attn"] = AttentionSegment(net, layout, l)
-        cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
+        if group and l % group == 0:
+            cells[f"layer{l}.blocks"] = BlocksSegment(net, layout, l, min(group, len(net.layers) - l))
+        elif not group:
+            cells[f"layer{l}.attn"] = AttentionSegment(net, layout, l)
+            cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
     if net.use_top_query:
         cells["top_query.attn"] = TopQueryAttentionSegment(net, layout)
         cells["top_query.mlp"] = MlpSegment(net, layout, net.top_query, block=False)

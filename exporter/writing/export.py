@@ -118,7 +118,7 @@ def _graph_files(config: ExportConfig, source: ModelSource):
 
 
 def _segment_specs(config: ExportConfig, source: ModelSource):
-    return segment_specs(graph_dims(config, source), config.world_size, segment_layout(source))
+    return segment_specs(graph_dims(config, source), config.world_size, segment_layout(config, source))
 
 
 def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids) -> Manifest:

@@ -12,6 +12,7 @@ from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family,
 from lite_runtime.contract.manifest import graph_relpath
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
 from lite_runtime.contract.segments import SegmentLayout, segment_relpath, segment_specs
+from exporter.writing import forms
 from exporter.writing.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
@@ -35,13 +36,14 @@ def _lora(source: ModelSource) -> dict:
                 lora_targets=targets(source.slora))
 
 
-def segment_layout(source: ModelSource) -> SegmentLayout:
+def segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
     """What of this model shapes its step segments' I/O (lite_runtime/contract/segments.py)."""
     cfg, lora = source.config, _lora(source)
     adapted = tuple(part for part in ("attn", "mlp")
                     if any(t.startswith(part + ".") for t in lora.get("lora_targets", ())))
     return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
-                         cfg.top_query, lora.get("lora_width", 0), adapted)
+                         cfg.top_query, lora.get("lora_width", 0), adapted,
+                         forms.blocks_per_segment(cfg, config.world_size))
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
@@ -147,7 +149,7 @@ def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> No
     rank after rank in this process: no distributed job is needed."""
     from exporter.models.segments import keep_row_biases_on_rank0, segment_cells
 
-    layout = segment_layout(source)
+    layout = segment_layout(config, source)
     specs = segment_specs(graph_dims(config, source), config.world_size, layout)
     for rank in range(config.world_size):
         net = _build_rank(config, source, rank, graph_collectives=False)

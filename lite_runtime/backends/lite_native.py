@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import struct
+import threading
 import time
 from collections import Counter
 from typing import List, Optional, Sequence
@@ -121,14 +122,19 @@ def _release_freed_memory() -> None:
         pass
 
 
+_CWD_LOCK = threading.Lock()        # the working directory is the process's: one Build at a time changes it
+_RELEASE_LOCK = threading.Lock()    # a release scans memory another one may be making inaccessible
+
+
 @contextlib.contextmanager
 def _working_directory(folder: str):
-    previous = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
+    with _CWD_LOCK:
+        previous = os.getcwd()
+        os.chdir(folder)
+        try:
+            yield
+        finally:
+            os.chdir(previous)
 
 
 def _last_error(lib) -> str:
@@ -163,12 +169,15 @@ class LiteModel:
         if release_weights is None:
             release_weights = os.environ.get(RELEASE_ENV, "1") != "0"
         # Lite 2.0 opens the weights file of a large `.ms` model (`<name>.msw`) by its name relative
-        # to the working directory, not to the model's folder: Build from inside that folder.
-        with _working_directory(os.path.dirname(model)):
+        # to the working directory, not to the model's folder: Build from inside that folder (a MindIR
+        # too, for its external data). A `.ms` holding its weights builds anywhere, alongside others.
+        weights_beside = os.path.exists(model + "w")
+        in_folder = weights_beside or not model.endswith(".ms")
+        with _working_directory(os.path.dirname(model)) if in_folder else contextlib.nullcontext():
             can_release = hasattr(self._lib, "lite_model_create_from_buffer")
             if not can_release:
                 self.release_note = f"the shim {shim_path()} predates the release: run `lite-setup` again"
-            if can_release and release_weights and model.endswith(".ms") and not os.path.exists(model + "w"):
+            if can_release and release_weights and model.endswith(".ms") and not weights_beside:
                 failed = self._build_releasing(model, config, num_threads)
             else:
                 failed = self._lib.lite_model_create(model.encode(), config, int(num_threads),
@@ -203,8 +212,9 @@ class LiteModel:
             if not failed:
                 try:
                     ranges = lite_weights.matmul_weight_ranges(mapped)
-                    self._released, self.release_note = lite_weights.release_packed_originals(address, size, ranges,
-                                                                                              before)
+                    with _RELEASE_LOCK:
+                        self._released, self.release_note = lite_weights.release_packed_originals(
+                            address, size, ranges, before)
                 except (OSError, struct.error, IndexError) as e:    # no /proc, or not a flatbuffer we read
                     self.release_note = f"not released: {e}"
         finally:

@@ -17,9 +17,16 @@ runtime runs them in this order and does the reductions on the host between them
     top_query.mlp  hidden -> mlp_part
     head           hidden, input_ids, batch_valid_length, past_length -> logits_part (B, vocab / ranks)
 
+One rank has nothing to reduce, so its blocks go in groups of whole layers instead (fewer, larger
+models: a 1.1B model's step is 10 Lite calls instead of 46, each with its own per-call and load cost):
+
+    layer{l}.blocks hidden, past, key_cache, value_cache of each layer from l on (pair after pair),
+                   [cos, sin], [context], [adapter_columns]
+                   -> hidden (N, H), key_new, value_new of each of its layers
+
 What the runtime does with a segment's tensors follows from their names alone, so its chain knows
-no family: inputs named `key_cache` / `value_cache` take the step's caches pair after pair in
-segment order (and `key_new` / `value_new` are the step's new rows in that order); a partial sum
+no family: inputs named `key_cache` / `value_cache` take the step's caches in the order of the
+segments and of their inputs (and `key_new` / `value_new` are the step's new rows in that order); a partial sum
 (`attn_part`, `mlp_part`) is all-reduced and added to `hidden`, or, when the segment also returns a
 `residual`, hidden = residual + the sum; `logits_part` is joined along the vocabulary across ranks;
 any other output is host state read by later segments' inputs of its name, and any other input is
@@ -61,6 +68,7 @@ class SegmentLayout:
     top_query: bool = False            # the last layer is PanGu-alpha's top query layer
     adapter_columns: int = 0           # SLoRA: slots x rank, the width of the per-token adapter mask
     adapted: Tuple[str, ...] = ()      # "attn", "mlp": the block parts whose layers carry adapters
+    blocks_per_segment: int = 0        # one rank: whole layers per `blocks` segment (0: attn and mlp apart)
 
 
 def segment_relpath(name: str, rank: int) -> str:
@@ -88,10 +96,20 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     specs = {"embed": ([ids[0], ids[2]] + rows + adapter_ids, [x] + rotary + [past] + context + positions + columns)}
     own = lambda part_name: columns if part_name in layout.adapted else []
     blocks = dims.num_layers - int(layout.top_query)
-    for l in range(blocks):
+    group = layout.blocks_per_segment
+    if group and world_size != 1:
+        raise ValueError(f"blocks_per_segment is for one rank, not {world_size}")
+    for first in range(0, blocks, group or 1):
+        if group:
+            layers = min(group, blocks - first)
+            adapters = columns if layout.adapted else []
+            specs[f"layer{first}.blocks"] = ([x, past] + cache * layers + rotary + context + adapters,
+                                             [x] + new * layers)
+            continue
         kept = residual if layout.deepnorm else []
-        specs[f"layer{l}.attn"] = ([x, past] + cache + rotary + context + own("attn"), [part["attn_part"]] + kept + new)
-        specs[f"layer{l}.mlp"] = ([x] + own("mlp"), [part["mlp_part"]] + kept)
+        specs[f"layer{first}.attn"] = ([x, past] + cache + rotary + context + own("attn"),
+                                       [part["attn_part"]] + kept + new)
+        specs[f"layer{first}.mlp"] = ([x] + own("mlp"), [part["mlp_part"]] + kept)
     if layout.top_query:
         specs["top_query.attn"] = ([x] + positions + [past] + cache + rotary, [part["attn_part"]] + residual + new)
         specs["top_query.mlp"] = ([x], [part["mlp_part"]])
@@ -101,13 +119,13 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
 
 def run_order(names) -> List[str]:
     """Segment names in the order they run (a manifest keeps its segments sorted by name): embed, the
-    blocks' attn then mlp by layer, the top query layer's, head."""
+    blocks' attn then mlp (or their groups) by layer, the top query layer's, head."""
     def key(name: str):
         if name in ("embed", "head"):
             return (0 if name == "embed" else 3, 0, 0)
         block, part = name.split(".")
         layer = int(block[len("layer"):]) if block.startswith("layer") else 0
-        return (1 if block.startswith("layer") else 2, layer, ("attn", "mlp").index(part))
+        return (1 if block.startswith("layer") else 2, layer, ("attn", "mlp", "blocks").index(part))
     return sorted(names, key=key)
 
 
