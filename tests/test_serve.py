@@ -144,6 +144,7 @@ def test_n_choices_are_each_their_own_generation(server, pipeline_texts):
     ({"model": "other"}, 404, "model"),
     ({"prompt": "one, " * 200}, 400, "prompt"),
     ({"prompt": [1, 5, 10 ** 6]}, 400, "prompt"),
+    ({"min_tokens": 3}, 400, "min_tokens"),
 ])
 def test_a_bad_request_gets_an_openai_error_naming_the_field(server, body, status, param):
     url, *_ = server
@@ -163,13 +164,18 @@ def test_metrics_parse_and_count_the_requests(server):
     def finished():
         text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        return sum(s.value for s in families["lite_requests"].samples if s.name == "lite_requests_total"), families
+        counts = {s.labels["finish_reason"]: s.value for s in families["lite_requests"].samples
+                  if s.name == "lite_requests_total"}
+        return counts, families
     before, _ = finished()
     c = client(url)
     for _ in range(3):
         c.completions.create(model="demo", prompt=PROMPTS[1], max_tokens=3, temperature=0)
+    c.completions.create(model="demo", prompt=PROMPTS[1], max_tokens=3, temperature=0, n=2)     # one request
+    c.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=9, temperature=0, stop=" four")
     after, families = finished()
-    assert after - before == 3
+    added = {reason: after[reason] - before.get(reason, 0) for reason in after}
+    assert {reason: n for reason, n in added.items() if n} == {"length": 4, "stop": 1}, added
     ttft = [s for s in families["lite_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert ttft[0].value >= 3
     assert {"lite_inter_token_latency_seconds", "lite_e2e_request_latency_seconds", "lite_requests_running",
@@ -220,6 +226,48 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     # the requests that waited were admitted while the longest first request still ran
     assert all(r.admitted < ended[0][1] for r in requests[4:])
     assert engine.steps < sum(budgets)
+
+
+def test_ignore_eos_and_min_tokens_keep_generating_past_the_models_eos(server):
+    """The demo model ends "The alphabet: x, y," with " z, y, z." and its EOS."""
+    url, *_ = server
+    c = client(url)
+    asked = dict(model="demo", prompt="The alphabet: x, y,", max_tokens=12, temperature=0)
+    ended = c.completions.create(**asked)
+    assert ended.choices[0].text == " z, y, z." and ended.choices[0].finish_reason == "stop"
+    short = ended.usage.completion_tokens          # the EOS included
+    past = c.completions.create(extra_body={"ignore_eos": True}, **asked)      # vLLM's fields: extra_body
+    assert past.choices[0].text.startswith(" z, y, z.") and past.choices[0].finish_reason == "length"
+    assert past.usage.completion_tokens == 12
+    held = c.completions.create(extra_body={"min_tokens": short + 2}, **asked)
+    assert held.usage.completion_tokens >= short + 2
+
+
+def test_min_tokens_holds_a_stop_id_back(demo_exports):
+    """A request whose greedy token at position i (its first of that id) is made a stop id ends
+    there; with min_tokens i + 3 that id cannot come before then (vLLM's min_tokens)."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.engine import Engine, EngineRequest
+    m = load_manifest(demo_exports["ms"])
+    prompt = m.load_tokenizer().encode(PROMPTS[0], add_special_tokens=True)
+    engine = Engine(load_session("ms", m))
+
+    def run(**options):
+        tokens, ended = [], []
+        engine.submit(EngineRequest(prompt, 8, on_token=lambda t, lp: tokens.append(t), on_finish=ended.append,
+                                    **options))
+        deadline = time.time() + 60
+        while not ended and time.time() < deadline:
+            time.sleep(0.01)
+        return tokens, ended[0]
+    free, _ = run()
+    i = next(k for k in range(2, 6) if free[k] not in free[:k])      # a token new at position i
+    stop = frozenset({free[i]})
+    assert run(stop_ids=stop) == (free[:i + 1], "stop")
+    held, reason = run(stop_ids=stop, min_tokens=i + 3)
+    engine.stop()
+    assert held[:i] == free[:i] and free[i] not in held[:i + 3] and (len(held) == 8 or reason == "stop"), (free, held)
 
 
 def test_a_client_that_goes_away_frees_its_row(server):

@@ -96,6 +96,9 @@ def create_app(served: ServedModel) -> FastAPI:
 
     async def _answer(served: ServedModel, body: SamplingFields, prompt_ids: List[int], request: Request, chat: bool):
         slot = served.slot(body.model)
+        if body.max_tokens is not None and body.min_tokens > body.max_tokens:
+            raise _BadRequest(f"min_tokens {body.min_tokens} exceeds max_tokens {body.max_tokens}; allowed: 0 to "
+                              "max_tokens", "min_tokens")
         room = served.context - len(prompt_ids)
         if room < 1:
             raise _BadRequest(f"the prompt has {len(prompt_ids)} tokens but this model takes at most "
@@ -113,7 +116,7 @@ def create_app(served: ServedModel) -> FastAPI:
             if isinstance(e, QueueFull):
                 return JSONResponse(error_body(str(e), None, "server_busy"), status_code=429)
             raise _BadRequest(str(e), "prompt") from None
-        served.metrics.prompt_tokens.inc(len(prompt_ids) * len(run.choices))
+        served.metrics.prompt_tokens.inc(len(prompt_ids))
         if body.stream:
             return StreamingResponse(run.events(request), media_type="text/event-stream")
         try:
@@ -143,8 +146,9 @@ class _Choice:
         top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
         put = run.loop.call_soon_threadsafe
         self.engine_request = EngineRequest(
-            prompt_ids, max_tokens, sampling, served.stop_ids, slot, body.presence_penalty, body.frequency_penalty,
-            body.min_p, top, on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
+            prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot,
+            body.presence_penalty, body.frequency_penalty, body.min_p, top, body.min_tokens,
+            on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
             on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
 
     def reason(self) -> str:
@@ -180,7 +184,8 @@ class _Run:
                 tail = choice.text.finish()
                 if tail:
                     yield choice, tail, None, None
-                metrics.finished(self.start, now, value, len(choice.tokens))
+                if not running:     # a request is counted once, when its last choice ends
+                    metrics.finished(self.start, now, self.choices[0].reason())
                 continue
             metrics.token(self.start, choice.last, now)
             choice.last = now

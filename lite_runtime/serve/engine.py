@@ -51,6 +51,7 @@ class EngineRequest:
     frequency_penalty: float = 0.0
     min_p: float = 0.0
     logprobs: Optional[int] = None   # k: report TokenLogprobs with the k most likely tokens (a softmax per step)
+    min_tokens: int = 0              # stop_ids cannot be chosen before this many tokens
     on_token: Callable[[int, Optional[TokenLogprobs]], None] = lambda token, logprobs: None
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
@@ -243,6 +244,9 @@ class Engine:
         """The row's next token, and its TokenLogprobs when the request asks for them."""
         request = row.request
         scores = logits
+        if row.generated < request.min_tokens and request.stop_ids:
+            scores = scores.copy()
+            scores[0, list(request.stop_ids)] = -np.inf
         if request.presence_penalty or request.frequency_penalty:
             generated = np.asarray(row.tokens[len(request.prompt):], np.int64)
             if generated.size:

@@ -29,6 +29,8 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     n: int = Field(1, ge=1, le=MAX_CHOICES)               # choices: each its own cache row
     stream: bool = False
+    ignore_eos: bool = False                              # vLLM's: the model's EOS does not end the text
+    min_tokens: int = Field(0, ge=0)                      # vLLM's: no EOS before this many new tokens
 
     def sampling(self) -> SamplingParams:
         greedy = self.temperature == 0.0
