@@ -8,7 +8,7 @@ in memory) is cached under --work_dir and run from that folder by
   - mslite_io:     the static io export (prefill + increment MindIR) on Lite;
   - mslite_io_ms:  the static io export converted to .ms (lite_ms) on Lite (not by default);
   - mslite_segments: the dynamic step as one rank's segments (`parallel.collectives: host`), one .ms
-                   per block (each far below Lite's 2 GB limit) on Lite (not by default);
+                   per group of whole layers (each far below Lite's 2 GB limit) on Lite (not by default);
   - ms:            a MindSpore 2.10 export (kv_cache dynamic) on backend ms (not by default);
   - ort, openvino: ONNX Runtime GenAI (its model builder, fp32) and OpenVINO GenAI (stateful f32 IR),
                    built from the same folder (tools/peer_runtimes.py);
