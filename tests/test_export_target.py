@@ -2,8 +2,9 @@
 upstream) gets the two graphs of kv_cache io; Lite on CPU one dynamic step graph converted to `.ms`,
 written as segments when there are several ranks or one rank's weights exceed what one `.ms` holds
 (the export process lowers that limit here, `exporter.writing.forms.LITE_MS_LIMIT`, to take the real
-path on the tiny Llama, and the size of a segment, `SEGMENT_BYTES`, to one layer per segment). Keys the yaml gives win, and a yaml asking for upstream's two graph copies
-keeps them. Checked on real exports (MindSpore 2.0) run on real Lite against transformers."""
+path on the tiny Llama, and the size of a segment, `SEGMENT_BYTES`, to one layer per segment). Keys
+the yaml gives win, and a yaml asking for upstream's two graph copies keeps them. Checked on real
+exports (MindSpore 2.0) run on real Lite against transformers."""
 import json
 import os
 

@@ -24,8 +24,8 @@ max_num_seqs binds; a step then runs whole new prompts or one token of each runn
 cache of f32 sized for 8 full rows, no prefix caching, the same threads, each request added at its
 arrival and its tokens stamped as the step that made them returns (in process: no HTTP). So that like is compared with like, our engine also runs alone, in
 process, fed the same way (lite_runtime.serve.engine without the server). Every side honours the
-model's EOS (the server has no ignore_eos), so a request that meets EOS ends there on each side
-alike; the run counts them. Greedy token ids are compared across the sides (pipeline()'s static rows
+model's EOS (the server's ignore_eos is not used), so a request that meets EOS ends there on each
+side alike; the run counts them. Greedy token ids are compared across the sides (pipeline()'s static rows
 run to their batch's longest request: the server's tokens must be their prefix).
 """
 from __future__ import annotations

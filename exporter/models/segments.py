@@ -34,6 +34,18 @@ class _Segment(nn.Cell):
         self.i_context = 2 if self.rotary else 0                # attention: context after cos, sin
         self.i_columns = self.i_context + int(layout.prefix_attention)   # attention: then the adapter columns
 
+    def attention_inputs(self, kv, adapted: bool):
+        """cos, sin, context and the adapter columns from an attention's optional inputs `kv` (None
+        where the layout has none)."""
+        cos = sin = context = select = None
+        if self.rotary:
+            cos, sin = kv[0], kv[1]
+        if self.net.prefix:
+            context = kv[self.i_context]
+        if adapted:
+            select = kv[self.i_columns]
+        return cos, sin, context, select
+
 
 class EmbedSegment(_Segment):
     """kv: the family's row inputs (GLM: context_length, mask_position), then adapter_ids (SLoRA)."""
@@ -69,13 +81,7 @@ class AttentionSegment(_Segment):
         self.adapted, self.deepnorm = "attn" in layout.adapted, layout.deepnorm
 
     def construct(self, hidden, past, key_cache, value_cache, *kv):
-        cos = sin = context = select = None
-        if self.rotary:
-            cos, sin = kv[0], kv[1]
-        if self.net.prefix:
-            context = kv[self.i_context]
-        if self.adapted:
-            select = kv[self.i_columns]
+        cos, sin, context, select = self.attention_inputs(kv, self.adapted)
         h = self.layer.attn_norm(hidden)
         out, k, v, _ = self.layer.attn.step(h, cos, sin, key_cache, value_cache, past, self.net.bias,
                                                     None, select, context=context)
@@ -90,19 +96,13 @@ class BlocksSegment(_Segment):
 
     def __init__(self, net: CausalLM, layout: SegmentLayout, first: int, count: int):
         super().__init__(net, layout)
-        self.blocks = tuple(net.layers[l] for l in range(first, first + count))   # a CellList would rename their parameters
+        # a tuple: an nn.CellList renames the parameters of the cells put in it (the network's own)
+        self.blocks = tuple(net.layers[l] for l in range(first, first + count))
         self.caches = 2 * count
         self.adapted = bool(layout.adapted)
 
     def construct(self, hidden, past, *kv):
-        rest = kv[self.caches:]
-        cos = sin = context = select = None
-        if self.rotary:
-            cos, sin = rest[0], rest[1]
-        if self.net.prefix:
-            context = rest[self.i_context]
-        if self.adapted:
-            select = rest[self.i_columns]
+        cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
         x, new_kv, _ = self.net.step_blocks(self.blocks, hidden, cos, sin, kv, past, None, select, context)
         return (x,) + new_kv
 

@@ -26,8 +26,8 @@ models: a 1.1B model's step is 10 Lite calls instead of 46, each with its own pe
 
 What the runtime does with a segment's tensors follows from their names alone, so its chain knows
 no family: inputs named `key_cache` / `value_cache` take the step's caches in the order of the
-segments and of their inputs (and `key_new` / `value_new` are the step's new rows in that order); a partial sum
-(`attn_part`, `mlp_part`) is all-reduced and added to `hidden`, or, when the segment also returns a
+segments and of their inputs (and `key_new` / `value_new` are the step's new rows in that order); a
+partial sum (`attn_part`, `mlp_part`) is all-reduced and added to `hidden`, or, when the segment also returns a
 `residual`, hidden = residual + the sum; `logits_part` is joined along the vocabulary across ranks;
 any other output is host state read by later segments' inputs of its name, and any other input is
 one of the step's own inputs (families.py) or such state. A row-parallel layer's bias is held by
