@@ -104,9 +104,9 @@ def hf_family(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def family_export(hf_family, tmp_path_factory):
-    """(family, variant) -> export folder. Variants: io, in_graph, dynamic (MindSpore 2.10), lite,
-    lite_dynamic (MindSpore 2.0), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks), lite_tp2
-    (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms)."""
+    """(family, variant) -> export folder. Variants: io, in_graph, dynamic, packed (MindSpore 2.10), lite,
+    lite_dynamic, lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
+    lite_tp2 (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms)."""
     made = {}
 
     def get(family, variant):
@@ -118,7 +118,8 @@ def family_export(hf_family, tmp_path_factory):
                 cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
             else:
                 kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
-                            "lite_tp2": "dynamic", "lite_segments": "dynamic"}.get(variant, "io")
+                            "lite_tp2": "dynamic", "lite_segments": "dynamic", "packed": "packed",
+                            "lite_packed": "packed"}.get(variant, "io")
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                        "kv_cache": kv_cache, "output_dir": out}
                 if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
@@ -130,7 +131,7 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
                 if variant == "lite_segments":   # one rank's step as segments, each its own .ms
                     cfg["parallel"], cfg["lite_ms"] = {"collectives": "host"}, True
-                if variant == "lite_dynamic":
+                if variant in ("lite_dynamic", "lite_packed"):
                     cfg["lite_ms"] = True
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
@@ -140,7 +141,8 @@ def family_export(hf_family, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_exports(tmp_path_factory):
-    """The demo yaml (kv_cache dynamic) for ms and mslite, and in the two-graph io layout for ms."""
+    """The demo yaml (kv_cache packed) for ms and mslite, and for ms in the dynamic step's layout and the
+    two-graph io layout."""
     folder = tmp_path_factory.mktemp("demo")
     with open(DEMO_YAML) as f:
         io_config = yaml.safe_load(f)
@@ -148,9 +150,10 @@ def demo_exports(tmp_path_factory):
     io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
     io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
     io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
+    dynamic_yaml = write_yaml(str(folder / "demo_dynamic.yaml"), dict(io_config, kv_cache="dynamic"))
     out = {}
     for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
-                                 ("ms_io", None, io_yaml)):
+                                 ("ms_io", None, io_yaml), ("ms_dynamic", None, dynamic_yaml)):
         args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
         result = run_cli(args, python=python) if python else run_cli(args)
         assert result.returncode == 0, result.stderr[-2000:]

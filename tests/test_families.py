@@ -24,7 +24,7 @@ from test_distributed import rank_table
 from tiny_models import REPO, run_cli
 
 
-@pytest.mark.parametrize("kv_mode", ["io", "in_graph", "dynamic"])
+@pytest.mark.parametrize("kv_mode", ["io", "in_graph", "dynamic", "packed"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mode):
     prompts, ref_logits, ref_tokens = reference(hf_family(family))
@@ -43,12 +43,12 @@ def lite_run(folder, export, name, *options):
     return got["logits"], got["tokens"]
 
 
-@pytest.mark.parametrize("variant", ["lite", "lite_dynamic", "lite_segments"])
+@pytest.mark.parametrize("variant", ["lite", "lite_dynamic", "lite_packed", "lite_segments"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lite_matches_transformers(hf_family, family_export, family, variant):
-    """The Lite layouts: static MindIR pair; the dynamic graph converted to .ms (`lite_ms`), whose
-    cache grows through buckets of 16 rows (seq_length 48); one rank's step as segments of whole
-    layers, each a .ms (what target cpu writes for a model too large for one .ms)."""
+    """The Lite layouts: static MindIR pair; the dynamic and the packed step graph converted to .ms
+    (`lite_ms`), whose cache grows through buckets of 16 rows (seq_length 48); one rank's step as
+    segments of whole layers, each a .ms (what target cpu writes for a model too large for one .ms)."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
     logits, tokens = lite_run(folder, family_export(family, variant), f"{variant}_run")

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import psutil
 import pytest
 
@@ -182,17 +183,20 @@ def test_metrics_parse_and_count_the_requests(server):
             "lite_requests_waiting", "lite_prompt_tokens", "lite_generation_tokens"} <= set(families)
 
 
-def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports):
+@pytest.mark.parametrize("export", ["ms", "ms_dynamic"])
+def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports, export):
     """Seven requests on the 4 cache rows with budgets of 2 to 12, three of them submitted while the
     first runs (at its 3rd and 6th token): each gets the tokens it gets alone; rows freed by short
-    requests are taken while the first continues; fewer steps than tokens (requests share steps)."""
+    requests are taken while the first continues; fewer steps than tokens (requests share steps).
+    The packed step (the demo's kv_cache) computes each token once: its calls' tokens add up to the
+    prompts and the fed-back tokens; the dynamic step's rectangles compute more."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.generation import generate_batches
     from lite_runtime.decode.inputs import InputOfInfer
     from lite_runtime.decode.sampling import Sampler, SamplingParams
     from lite_runtime.serve.engine import Engine, EngineRequest
-    m = load_manifest(demo_exports["ms"])
+    m = load_manifest(demo_exports[export])
     tokenizer = m.load_tokenizer()
     texts = PROMPTS + ["Counting down: ten, nine,", "The capital of France is", "one,", "a, b, c, d, e, f,"]
     prompts = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
@@ -201,6 +205,9 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     inputs = InputOfInfer.get_inputs(m.family, m)
     alone = [generate_batches(session, inputs, [p], [n], [], m.pad_token_id, Sampler(SamplingParams()))[0]
              for p, n in zip(prompts, budgets)]
+    computed = []
+    run = session._run      # the real graph call, counted: tokens computed per call
+    session._run = lambda kind, feeds: computed.append(np.size(feeds[0])) or run(kind, feeds)
     engine = Engine(session, prefill_chunk=8)
     got = [[] for _ in prompts]
     ended = {}
@@ -226,6 +233,34 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     # the requests that waited were admitted while the longest first request still ran
     assert all(r.admitted < ended[0][1] for r in requests[4:])
     assert engine.steps < sum(budgets)
+    fed = sum(len(p) + n - 1 for p, n in zip(prompts, budgets))     # the last token is not fed back
+    assert (sum(computed) == fed) == (m.kv_cache == "packed"), (m.kv_cache, sum(computed), fed)
+
+
+def test_a_packed_prefill_in_windows_gives_the_logits_of_one_call(demo_exports):
+    """A packed prefill with more tokens than the cache's max_tokens goes in windows of positions,
+    each reading the previous windows' keys from the cache: the logits of its prompts (30, 7, 19 and
+    1 tokens) and of three decode steps after it are those of the prefill in one call."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    m = load_manifest(demo_exports["ms"])
+    lengths = np.array([30, 7, 19, 1], np.int32)
+    ids = np.random.default_rng(0).integers(3, m.dims.vocab_size, (4, 30)).astype(np.int32)
+
+    def run(max_tokens):
+        session = load_session("ms", m)
+        session.cache.max_tokens = max_tokens
+        calls = []
+        run = session._run      # the real graph call, counted
+        session._run = lambda kind, feeds: calls.append(len(feeds[0])) or run(kind, feeds)
+        logits = [session.prefill(ids, lengths).copy()]
+        for step in range(1, 4):
+            logits.append(session.decode(logits[-1].argmax(-1).astype(np.int32)[:, None], lengths + step).copy())
+        return np.stack(logits), calls
+    whole, whole_calls = run(512)
+    windows, window_calls = run(8)            # 2 positions of each of the 4 rows per call
+    assert whole_calls[0] == lengths.sum() and window_calls[:15] == [7, 6, 6, 5, 4, 4, 4, 4, 4, 3, 2, 2, 2, 2, 2]
+    assert np.abs(windows - whole).max() <= 1e-5
 
 
 def test_ignore_eos_and_min_tokens_keep_generating_past_the_models_eos(server):
@@ -417,7 +452,7 @@ def demo_tp2(demo_exports, tmp_path_factory):
         config = yaml.safe_load(f)
     config["model"]["tokenizer"] = os.path.join(demo_dir, config["model"]["tokenizer"])
     config.update(load_checkpoint=os.path.join(demo_dir, config["load_checkpoint"]), output_dir=str(folder / "tp2"),
-                  parallel={"model_parallel": 2, "collectives": "host"})
+                  parallel={"model_parallel": 2, "collectives": "host"}, kv_cache="dynamic")
     result = run_cli(["-m", "exporter", "--config", write_yaml(str(folder / "tp2.yaml"), config)], python=VENV_MS20_PYTHON)
     assert result.returncode == 0, result.stderr[-2000:]
     tables = {}

@@ -16,7 +16,7 @@ a process of its own, one after the other, each started when the machine is idle
 
 --peers makes the random Hugging Face Llama of --shape (small: the peers benchmark model of
 tools/compare_peers.py; the others those of tools/bench_scale.py) in the peers venv, exports it for
-Lite (MindSpore 2.0, kv_cache dynamic, 8 cache rows, .ms) and builds OpenVINO GenAI's f32 IR from the
+Lite (MindSpore 2.0, kv_cache packed, 8 cache rows, .ms) and builds OpenVINO GenAI's f32 IR from the
 same folder (tools/peer_runtimes.py). Prompts are words of its word-level tokenizer whose text
 tokenizes back to exactly the ids drawn (checked); OpenVINO GenAI gets those ids. Its pipeline runs in
 the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse off: the only one where
@@ -174,9 +174,9 @@ def build_peers(args) -> tuple:
     if not os.path.isfile(PEERS_PYTHON):
         raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], ["mslite", "openvino"],
+    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], ["mslite_packed", "openvino"],
                       args.threads, False, log, shape=PEER_SHAPES[args.shape])
-    return folders[("mslite", CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
+    return folders[("mslite_packed", CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
 
 
 def openvino_side(ov_dir: str, jobs: list, args) -> list:
@@ -218,7 +218,7 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 
 
 @click.command(context_settings=CONTEXT, help=__doc__.split("\n")[0])
-@click.option("--model_dir", default=None, help="an export with kv_cache: dynamic (not with --peers)")
+@click.option("--model_dir", default=None, help="an export with kv_cache: packed or dynamic (not with --peers)")
 @click.option("--peers", is_flag=True, help="build a model from one HF folder for us and OpenVINO GenAI, and run "
               "the workload through its ContinuousBatchingPipeline too")
 @click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,

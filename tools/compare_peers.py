@@ -3,6 +3,7 @@
 One random Llama (the benchmark sizes: hidden 256, 4 layers, 4 heads, ffn 1024, vocab 32000, fp32,
 untied) is made as a Hugging Face folder and run by every runtime from that folder:
   - mslite: this project's export (MindSpore 2.0, one dynamic step graph, Lite's .ms) on real Lite 2.0;
+  - mslite_packed: the packed step graph (kv_cache packed, .ms), the form serving uses (not by default);
   - ort: ONNX Runtime GenAI (its model builder, fp32, CPU);
   - openvino: OpenVINO GenAI (a stateful f32 IR, f32 KV cache);
   - transformers: Hugging Face `generate` on torch (the tokens reference).
@@ -36,7 +37,7 @@ from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
-OURS = ("mslite", "mslite_io")   # the project: dynamic step graph (.ms); the older static io pair
+OURS = ("mslite", "mslite_packed", "mslite_io")   # the project's forms (see above) and the static io pair
 PEERS = ("ort", "openvino", "transformers")
 REFERENCE = "transformers"
 METRICS = (("step", "step med ms"), ("ttft", "TTFT ms"), ("rss", "peak RSS MB"))
@@ -82,7 +83,7 @@ def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int
                 extra = [str(threads)] if runtime == "ort" else []
                 _run([PEERS_PYTHON, PEER_TOOL, runtime, hf, folder] + extra, f"building the {runtime} model")
             else:
-                _export_ours(hf, folder, batch, "io" if runtime == "mslite_io" else "dynamic")
+                _export_ours(hf, folder, batch, {"mslite_io": "io", "mslite_packed": "packed"}.get(runtime, "dynamic"))
     return out
 
 
@@ -90,7 +91,7 @@ def _export_ours(hf: str, folder: str, batch: int, kv_cache: str) -> None:
     import yaml
 
     config = {"model": {"hf_dir": hf}, "seq_length": BENCH_SEQ_LENGTH, "batch_size": batch, "kv_cache": kv_cache,
-              "output_dir": folder, "lite_ms": kv_cache == "dynamic"}
+              "output_dir": folder, "lite_ms": kv_cache != "io"}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
     try:

@@ -239,7 +239,8 @@ model:
 load_checkpoint: demo_llama.ckpt
 seq_length: {seq_length}
 batch_size: 4
-kv_cache: io
+kv_cache: packed         # one graph over a list of tokens of any rows: prompts at their own length, each
+                         # token computed once (continuous batching), the cache in buckets
 compute_dtype: float32
 output_dir: output/demo
 """

@@ -15,7 +15,7 @@ from typing import Optional, Union
 import yaml
 
 from lite_runtime.contract.errors import ConfigError
-from lite_runtime.contract.families import KV_MODES
+from lite_runtime.contract.families import KV_MODES, STEP_MODES
 from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
@@ -131,18 +131,23 @@ class ExportConfig:
                 raise ConfigError(f"{where}: parallel.{key} {getattr(self.parallel, key)} is not supported "
                                   "for inference export; allowed: 1 (use model_parallel to split a model)")
         self._check_collectives()
-        if self.kv_cache == "dynamic":
-            if self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
-                raise ConfigError(f"{where}: kv_cache dynamic with parallel.model_parallel "
-                                  f"{self.parallel.model_parallel} needs parallel.collectives: host (segments for "
-                                  "MindSpore Lite on CPU); or use kv_cache io")
+        if self.kv_cache == "dynamic" and self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
+            raise ConfigError(f"{where}: kv_cache dynamic with parallel.model_parallel "
+                              f"{self.parallel.model_parallel} needs parallel.collectives: host (segments for "
+                              "MindSpore Lite on CPU); or use kv_cache io")
+        if self.kv_cache == "packed" and self.parallel.model_parallel > 1:
+            raise ConfigError(f"{where}: kv_cache packed runs on one rank in this version, and this config has "
+                              f"parallel.model_parallel {self.parallel.model_parallel}; use kv_cache dynamic "
+                              "(segments on MindSpore Lite) or io for several ranks")
+        if self.kv_cache in STEP_MODES:
             for key in ("prefill_model_path", "increment_model_path"):
                 if getattr(self.infer, key):
                     raise ConfigError(f"{where}: infer.{key} needs the two graphs of kv_cache io or in_graph; "
-                                      "kv_cache dynamic writes one graph (mindir_step/rank_0_graph.mindir)")
+                                      f"kv_cache {self.kv_cache} writes one graph (mindir_step/rank_0_graph.mindir)")
         if self.lite_ms and (self.kv_cache == "in_graph" or self.parallel.collectives == "graph"
                              and self.parallel.model_parallel > 1):
-            raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io or dynamic "
+            raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io, dynamic "
+                              "or packed "
                               f"on one rank or as segments (parallel.collectives: host); this config has kv_cache "
                               f"{self.kv_cache} and model_parallel {self.parallel.model_parallel}")
         strategy = self.src_strategy_path_or_dir
@@ -155,23 +160,27 @@ class ExportConfig:
 
     def _choose_form(self) -> None:
         """The keys not given, from `target`: on Ascend (and without a target, as upstream) the two
-        graphs of kv_cache io, which the official API and GE run; on Lite CPU one dynamic step graph
-        (one weight copy, prompts at their own length), converted to .ms, as segments when there are
-        several ranks or one rank's weights exceed a .ms (decided in export, once the sizes are known).
+        graphs of kv_cache io, which the official API and GE run; on Lite CPU one step graph (one weight
+        copy, prompts at their own length), converted to .ms: packed on one rank, dynamic as segments
+        when there are several ranks or one rank's weights exceed a .ms (decided in export, once the
+        sizes are known).
         A yaml asking for upstream's two graph copies (infer: paths) keeps the two graphs."""
         if self.target is not None and self.target not in TARGETS:
             raise ConfigError(f"{self.source}: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")
         cpu = self.target == "cpu"
         two_graphs = bool(self.infer.prefill_model_path or self.infer.increment_model_path)
-        if self.kv_cache is None:
-            self.kv_cache = "dynamic" if cpu and self.compute_dtype == "float32" and not two_graphs else "io"
+        chosen = self.kv_cache is None
+        if chosen:
+            one_rank = self.parallel.model_parallel == 1
+            self.kv_cache = ("packed" if one_rank else "dynamic") if cpu and self.compute_dtype == "float32" \
+                and not two_graphs else "io"
         if cpu and self.parallel.model_parallel > 1 and self.kv_cache != "dynamic":
             raise ConfigError(f"{self.source}: target cpu with parallel.model_parallel {self.parallel.model_parallel} "
                               "needs kv_cache dynamic and compute_dtype float32 (MindSpore Lite on CPU runs "
                               "several ranks only as step segments); this config has kv_cache "
                               f"{self.kv_cache} and compute_dtype {self.compute_dtype}")
         if self.parallel.collectives is None:
-            step_on_cpu = cpu and self.kv_cache == "dynamic"
+            step_on_cpu = cpu and (self.kv_cache == "dynamic" or chosen and self.kv_cache == "packed")
             self.parallel.collectives = "host" if step_on_cpu and self.parallel.model_parallel > 1 else "graph"
             self.segments_by_size = step_on_cpu and self.parallel.model_parallel == 1
         if self.lite_ms is None:

@@ -20,6 +20,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.families import STEP_MODES
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear, zeros_param
 from exporter.models.positions import Rotary, alibi_slopes
@@ -33,7 +34,7 @@ class BuildContext(NamedTuple):
     """What one rank's graph is built for."""
     world_size: int
     rank: int
-    kv_mode: str          # io | in_graph | dynamic
+    kv_mode: str          # io | in_graph | dynamic | packed
     batch: int
     seq: int
     dtype: object         # compute dtype (ms.float32 / ms.float16)
@@ -41,6 +42,11 @@ class BuildContext(NamedTuple):
     lora_rank: int = 0    # SLoRA: the largest adapter rank (smaller ones padded with zeros)
     lora_targets: frozenset = frozenset()   # adapted layers of every block: "attn.q", "mlp.down" ...
     graph_collectives: bool = True   # False: the segment form, whose partial sums are reduced on the host
+
+    @property
+    def flat(self) -> bool:
+        """Hidden states are (tokens, hidden): the step graphs' layout."""
+        return self.kv_mode in STEP_MODES
 
 
 class ScoreBias(nn.Cell):
@@ -138,6 +144,7 @@ class DynamicShapes(nn.Cell):
         self.tokens_q, self.tokens_kv = shape_tensor(-1, n_heads, hd), shape_tensor(-1, n_kv, hd)
         self.heads_q, self.heads_kv = shape_tensor(batch, -1, n_heads, hd), shape_tensor(batch, -1, n_kv, hd)
         self.grouped = shape_tensor(batch, n_kv, -1, hd)
+        self.tokens_grouped = shape_tensor(-1, n_kv, n_heads // n_kv, hd)
         self.heads_out = shape_tensor(batch, n_heads, -1, hd)
         self.merged = shape_tensor(-1, n_heads * hd)
 
@@ -152,7 +159,7 @@ class Attention(nn.Cell):
         self.hd = cfg.head_dim
         self.scale = 1.0 / float(np.sqrt(cfg.head_dim))
         self.dtype = ctx.dtype
-        flat = ctx.kv_mode == "dynamic"
+        flat = ctx.flat
         lora = {n: ctx.lora_width if f"attn.{n}" in ctx.lora_targets else 0 for n in "qkvo"}
         self.q = ColumnParallelLinear(hidden, cfg.n_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["q"])
         self.k = ColumnParallelLinear(hidden, cfg.n_kv_heads * self.hd, ws, ctx.dtype, cfg.qkv_bias, flat, lora["k"])
@@ -163,7 +170,7 @@ class Attention(nn.Cell):
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype,
                              blocks=2 if cfg.positions == "rotary_2d" else 1)
         self.in_graph, self.dynamic = ctx.kv_mode == "in_graph", ctx.kv_mode == "dynamic"
-        if self.dynamic:
+        if flat:
             self.dyn = DynamicShapes(ctx.batch, self.n_heads, self.n_kv, self.hd)
         if self.in_graph:
             shape = (ctx.batch, self.n_kv, ctx.seq, self.hd)
@@ -278,8 +285,25 @@ class Attention(nn.Cell):
 
     def _heads_dynamic(self, x, tokens_shape, heads_shape, cos, sin):
         """(B*T, n*hd) -> rotated (B, n, T, hd)."""
+        return self.transpose(self.reshape(self._rotate(x, tokens_shape, cos, sin), heads_shape), (0, 2, 1, 3))
+
+    def _rotate(self, x, tokens_shape, cos, sin):
+        """(N, n*hd) -> (N, n, hd), rotated by cos/sin (N, 1, hd)."""
+        x = self.reshape(x, tokens_shape)
         if self.use_rotary:
-            x = self.reshape(x, tokens_shape)                                             # (B*T, n, hd)
             partner = self.reshape(self.rotary.matmul(self.reshape(x, self.dyn.rows), self.rotary.p), tokens_shape)
             x = x * cos + partner * sin
-        return self.transpose(self.reshape(x, heads_shape), (0, 2, 1, 3))
+        return x
+
+    def project_tokens(self, x, cos, sin, select=None, query=None):
+        """The packed step's q (N, kv, g, hd), keys and values (N, kv, hd), float32, from x (N, H)."""
+        d = self.dyn
+        q = self._rotate(self.q(x if query is None else query, select), d.tokens_q, cos, sin)
+        k = self._rotate(self.k(x, select), d.tokens_kv, cos, sin)
+        v = self.reshape(self.v(x, select), d.tokens_kv)
+        return (self.cast(self.reshape(q, d.tokens_grouped), ms.float32), self.cast(k, ms.float32),
+                self.cast(v, ms.float32))
+
+    def output(self, o, select=None):
+        """The output projection of attention values (N, heads*hd) float32."""
+        return self.o(self.cast(o, self.dtype), select)

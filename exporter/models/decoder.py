@@ -15,12 +15,13 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from lite_runtime.contract.families import STEP
+from lite_runtime.contract.families import PACKED_INPUTS, STEP
 from exporter.models.attention import Attention, BuildContext, ScoreBias, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
 from exporter.models.mlp import make_mlp
 from exporter.models.norms import make_norm
+from exporter.models.packed import ROWS, PackedAttend, PackedBias
 from exporter.models.positions import rotary_2d_tables, rotary_tables
 from exporter.models.top_query import TopQueryLayer
 
@@ -33,7 +34,7 @@ class DecoderLayer(nn.Cell):
         self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
         lora = {n: ctx.lora_width for n in ("gate", "up", "down") if f"mlp.{n}" in ctx.lora_targets}
         self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
-                            ctx.kv_mode == "dynamic", lora, ctx.graph_collectives)
+                            ctx.flat, lora, ctx.graph_collectives)
         self.deepnorm, self.alpha = cfg.deepnorm, cfg.deepnorm_alpha
 
     def finish(self, x, attn_out, select=None, normed=None):
@@ -57,6 +58,7 @@ class StepShapes(nn.Cell):
         self.pick, self.rows, self.hidden = shape_tensor(batch, 1, -1), shape_tensor(batch, -1, hidden), \
             shape_tensor(batch, hidden)
         self.flat_column = shape_tensor(-1, 1)
+        self.token_column = shape_tensor(-1, 1, 1, 1)
         self.axis0 = Tensor(np.array([0], np.int32))
 
 
@@ -67,9 +69,13 @@ class CausalLM(nn.Cell):
         cfg.check_seq_length(ctx.seq)
         self.cfg = cfg
         self.batch, self.seq, self.kv_mode, self.dtype = ctx.batch, ctx.seq, ctx.kv_mode, ctx.dtype
-        if ctx.kv_mode == "dynamic":
+        dynamic = ctx.flat
+        if dynamic:
             self.dyn = StepShapes(ctx.batch, cfg.hidden_size, cfg.head_dim)
-        dynamic = ctx.kv_mode == "dynamic"
+        if ctx.kv_mode == "packed":
+            self.packed_bias = PackedBias(cfg, ctx)
+            self.attend = PackedAttend(cfg.n_kv_heads // ctx.world_size, cfg.group, cfg.head_dim,
+                                       1.0 / float(np.sqrt(cfg.head_dim)))
         self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype, dynamic)
         self.learned_positions = cfg.positions == "learned"
         if self.learned_positions:
@@ -261,11 +267,17 @@ class CausalLM(nn.Cell):
             t = self._steps(input_ids) + self.cast(self.reshape(past_length, d.column), ms.float32)
             cos, sin = self._rotary_2d(t, context, mask_position, d.column, d.flat, d.per_token, d.axis0)
         else:
-            cos = self.cast(self.reshape(self.gather(self.cos_table, pos, d.axis0), d.per_token), self.dtype)
-            sin = self.cast(self.reshape(self.gather(self.sin_table, pos, d.axis0), d.per_token), self.dtype)
+            cos, sin = self._rotary_at(pos)
         x = self._embed(self.reshape(input_ids, d.flat), pos)
         past = self.reshape(self.cast(past_length, ms.float32), d.per_row)
         return x, cos, sin, past, self._select(input_ids, adapter_ids, d.column, d.flat_column)
+
+    def _rotary_at(self, positions):
+        """cos, sin (N, 1, hd) of tokens at `positions` (N,) int32."""
+        d = self.dyn
+        cos = self.cast(self.reshape(self.gather(self.cos_table, positions, d.axis0), d.per_token), self.dtype)
+        sin = self.cast(self.reshape(self.gather(self.sin_table, positions, d.axis0), d.per_token), self.dtype)
+        return cos, sin
 
     def prefix_context(self, context):
         """GLM's context lengths (B,) int32 as prefix attention reads them, (B, 1, 1, 1) float."""
@@ -286,13 +298,59 @@ class CausalLM(nn.Cell):
         hidden = self.bmm(pick, self.reshape(x, d.rows))
         return self._logits(self.reshape(hidden, d.hidden))
 
+    def packed_step(self, input_ids, token_rows, token_positions, past_length, last_token, kv, adapter_ids=None,
+                    context=None, mask_position=None):
+        """N tokens of any rows (the packed kv mode, lite_runtime/contract/families.py): input_ids,
+        token_rows, token_positions (N,); past_length, last_token and the family's row inputs (B,);
+        the caches as in `step`. Returns each row's logits at its `last_token` and every token's new
+        K and V (N, kv, hd) per layer."""
+        d, rows = self.dyn, token_rows
+        position = self.cast(token_positions, ms.float32)
+        if self.two_d:
+            cos, sin = self._rotary_2d(position, self.gather(context, rows, d.axis0),
+                                       self.gather(mask_position, rows, d.axis0), d.flat, d.flat, d.per_token, d.axis0)
+        else:
+            cos, sin = self._rotary_at(token_positions)
+        x = self._embed(input_ids, token_positions)
+        select = None
+        if self.lora:
+            adapter = self.cast(self.reshape(self.gather(adapter_ids, rows, d.axis0), d.flat_column), ms.float32)
+            select = self.cast(self.equal(adapter, self.lora_slot_of_column), self.dtype)
+        past = self.reshape(self.cast(self.gather(past_length, rows, d.axis0), ms.float32), d.token_column)
+        prefix = self.cast(self.gather(context, rows, d.axis0), ms.float32) if self.prefix else None
+        tokens = (rows, self.cast(rows, ms.float32), position, past, prefix)     # packed.py: ROWS .. CONTEXT
+        new_kv, biases, i = (), None, 0
+        for layer in self.layers:
+            h = layer.attn_norm(x)
+            attn, k, v, biases = self._packed_attention(layer.attn, h, cos, sin, kv, i, tokens, biases, select)
+            x = layer.finish(x, attn, select, h)
+            new_kv = new_kv + (k, v)
+            i = i + 1
+        if self.use_top_query:
+            top = self.top_query
+            x = self.final_norm(x)
+            attn, k, v, _ = self._packed_attention(top.attn, top.attn_norm(x), cos, sin, kv, i, tokens, biases, None,
+                                                   top.query_embed(token_positions))
+            x = top.finish(x, attn)
+            new_kv = new_kv + (k, v)
+        return (self._logits(self.gather(x, last_token, d.axis0)),) + new_kv
+
+    def _packed_attention(self, attn, h, cos, sin, kv, i, tokens, biases, select, query=None):
+        """Layer i's attention in a packed call; the first layer makes the score biases."""
+        q, k, v = attn.project_tokens(h, cos, sin, select, query)
+        s_past, s_new = self.attend.scores(q, k, kv[2 * i], tokens[ROWS])
+        if biases is None:
+            biases = self.packed_bias(s_past, tokens)
+        o = self.attend(s_past + biases[0], s_new + biases[1], v, kv[2 * i + 1], tokens[ROWS])
+        return attn.output(o, select), k, v, biases
+
     def _steps(self, input_ids):
         """0 .. T-1 along each row of input_ids (B, T), float32."""
         return self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0
 
 
 class Graph(nn.Cell):
-    """One exported graph (prefill, increment or the dynamic step) with the contract's inputs
+    """One exported graph (prefill, increment or a step kv mode's step) with the contract's inputs
     (lite_runtime/contract/families.py), bound by their names in `names`, the contract's order.
     MindSpore 2.0 records construct's argument names as the graph's input names: the leading ones are
     named here, the rest come as `*kv` (recorded kv0, kv1 ...)."""
@@ -300,7 +358,8 @@ class Graph(nn.Cell):
     def __init__(self, net: CausalLM, kind: str, names):
         super().__init__(auto_prefix=False)
         self.net, self.kind = net, kind
-        rest = list(names[3 if kind == STEP else 2:])
+        leading = 1 + len(PACKED_INPUTS) if net.kv_mode == "packed" else 3 if kind == STEP else 2
+        rest = list(names[leading:])
         first_cache = [i for i, n in enumerate(rest) if n.startswith("key_cache_")]
         self.i_cache = first_cache[0] if first_cache else len(rest)
         self.i_context, self.i_mask, self.i_adapter = (rest.index(n) if n in rest else -1 for n in
@@ -309,12 +368,18 @@ class Graph(nn.Cell):
     def construct(self, input_ids, batch_valid_length, *kv):
         return self.bind(input_ids, batch_valid_length, None, kv)
 
-    def bind(self, input_ids, batch_valid_length, past_length, kv):
+    def row_args(self, kv):
+        """The adapter ids and GLM's context_length and mask_position among the inputs after the
+        leading ones (None where the export has none)."""
         context = mask_position = adapter_ids = None
         if self.i_context >= 0:
             context, mask_position = kv[self.i_context], kv[self.i_mask]
         if self.i_adapter >= 0:
             adapter_ids = kv[self.i_adapter]
+        return adapter_ids, context, mask_position
+
+    def bind(self, input_ids, batch_valid_length, past_length, kv):
+        adapter_ids, context, mask_position = self.row_args(kv)
         if self.kind == STEP:
             return self.net.step(input_ids, batch_valid_length, past_length, kv[self.i_cache:], adapter_ids,
                                  context, mask_position)
@@ -329,3 +394,12 @@ class StepGraph(Graph):
 
     def construct(self, input_ids, batch_valid_length, past_length, *kv):
         return self.bind(input_ids, batch_valid_length, past_length, kv)
+
+
+class PackedGraph(Graph):
+    """The packed step's graph: PACKED_INPUTS follow input_ids."""
+
+    def construct(self, input_ids, token_rows, token_positions, past_length, last_token, *kv):
+        adapter_ids, context, mask_position = self.row_args(kv)
+        return self.net.packed_step(input_ids, token_rows, token_positions, past_length, last_token,
+                                    kv[self.i_cache:], adapter_ids, context, mask_position)

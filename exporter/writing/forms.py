@@ -56,7 +56,7 @@ def settle_form(config: ExportConfig, cfg: DecoderConfig) -> None:
                           f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with the MindSpore 2.0 "
                           "environment (make export-lite), or give no target for backend ms")
     if config.segments_by_size and config.compute_dtype == "float32" and weight_bytes(cfg) > LITE_MS_LIMIT:
-        config.parallel.collectives = "host"
+        config.parallel.collectives, config.kv_cache = "host", "dynamic"     # segments cut the dynamic step
 
 
 def describe_form(config: ExportConfig, manifest: Manifest) -> str:
@@ -66,7 +66,8 @@ def describe_form(config: ExportConfig, manifest: Manifest) -> str:
     else:
         form = {"io": "kv_cache io: prefill + increment graphs, each with its own copy of the weights",
                 "in_graph": "kv_cache in_graph: prefill + increment graphs holding the cache",
-                "dynamic": "kv_cache dynamic: one step graph"}[config.kv_cache]
+                "dynamic": "kv_cache dynamic: one step graph",
+                "packed": "kv_cache packed: one step graph over a list of tokens of any rows"}[config.kv_cache]
     if manifest.lite_files:
         form += ", converted to Lite's .ms"
     if manifest.external_data:

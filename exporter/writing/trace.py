@@ -133,14 +133,15 @@ def _export(cell, specs, path: str) -> None:
 
 def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
     """Build rank `rank`'s network, load its weights and write its graphs into `folder`."""
-    from exporter.models.decoder import Graph, StepGraph
+    from exporter.models.decoder import Graph, PackedGraph, StepGraph
 
     net = _build_rank(config, source, rank)
     spec, dims = get_family(source.family.name), graph_dims(config, source)
     for kind in graph_kinds(config.kv_cache):
         inputs = spec.inputs(kind, config.kv_cache, dims)
         with stage(f"traced the {kind} graph{_where(config, rank)}"):
-            _export((StepGraph if kind == STEP else Graph)(net, kind, [t.name for t in inputs]), inputs,
+            cls = Graph if kind != STEP else PackedGraph if config.kv_cache == "packed" else StepGraph
+            _export(cls(net, kind, [t.name for t in inputs]), inputs,
                     os.path.join(folder, graph_relpath(kind, rank)))
 
 

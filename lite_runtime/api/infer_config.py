@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
+from lite_runtime.contract.families import STEP_MODES
 from lite_runtime.contract.manifest import (GRAPH_FOLDERS, MANIFEST_NAME, Manifest, copy_manifest_path, load_manifest,
                                            load_manifest_file)
 
@@ -81,8 +82,8 @@ class InferConfig:
                 if os.path.realpath(expected) != os.path.realpath(path):
                     raise ConfigError(f"InferConfig: {kind}_model_path {path} is not the {kind} graph of rank "
                                       f"{self.rank_id} of its export ({expected})")
-        if self.dynamic and manifest.kv_cache != "dynamic":
-            raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache dynamic; "
+        if self.dynamic and manifest.kv_cache not in STEP_MODES:
+            raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache dynamic or packed; "
                               f"{manifest.root or 'this export'} has kv_cache {manifest.kv_cache}: export again "
                               "with kv_cache: dynamic, or leave dynamic False")
         if self.infer_seq_length not in (None, manifest.seq_length):

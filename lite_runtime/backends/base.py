@@ -13,7 +13,7 @@ from typing import Callable, List, Sequence
 import numpy as np
 
 from lite_runtime.contract.errors import UnsupportedError
-from lite_runtime.contract.families import STEP
+from lite_runtime.contract.families import STEP, get_family
 from lite_runtime.contract.manifest import Manifest
 
 Run = Callable[[str, List[np.ndarray]], List[np.ndarray]]    # (graph kind, feeds) -> outputs
@@ -35,8 +35,8 @@ class KVCache:
         raise NotImplementedError
 
     def step(self, run: Run, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, extra: Sequence[np.ndarray]):
-        raise UnsupportedError("continuous batching needs an export with kv_cache: dynamic; this one has "
-                               f"kv_cache {self.kv_mode!r}: export again with kv_cache: dynamic")
+        raise UnsupportedError("continuous batching needs an export with kv_cache: packed or dynamic; this one "
+                               f"has kv_cache {self.kv_mode!r}: export again with kv_cache: packed")
 
 
 class InGraphCache(KVCache):
@@ -184,6 +184,65 @@ class BucketedKVCache(KVCache):
                     cache[row, ..., start:start + n] = new[row, ..., :n]
 
 
+class PackedKVCache(BucketedKVCache):
+    """The `packed` kv mode: the dynamic mode's buffers, fed a list of tokens of any rows per call.
+
+    Every call (a prefill, a decode step, a continuous-batching step) is one list: each token's id,
+    row and position, each row's past length and the index of its last token. The graph reads the
+    cache only below each row's past length, so the cache grows after the call, to hold the new
+    positions, which are written token by token (one fancy-indexed assignment per layer).
+
+    A call's new keys are scored against each other (N x N per head), so a prefill of many long rows
+    goes in calls of at most `max_tokens` tokens: windows of positions, each reading the last one's
+    keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole."""
+
+    max_tokens = 512
+
+    def __init__(self, manifest: Manifest):
+        super().__init__(manifest)
+        self.whole_prompts = bool(get_family(manifest.family).row_inputs)
+
+    def _run_tokens(self, run, ids, rows, positions, past, last, extra):
+        self.ensure(max(int(past.max()), 1))
+        outputs = run(STEP, [ids, rows, positions, past, last, *extra, *self.arrays])
+        self.ensure(int(positions.max()) + 1)
+        for i, (cache, new) in enumerate(zip(self.arrays, outputs[1:])):
+            if i % 2:
+                cache[rows, :, positions, :] = new
+            else:
+                cache[rows, :, :, positions] = new
+        return outputs[0]
+
+    def prefill(self, run, input_ids, valid_length, extra):
+        self.reset()
+        longest = int(valid_length.max())
+        window = longest if self.whole_prompts else max(1, self.max_tokens // len(valid_length))
+        logits = None
+        for start in range(0, longest, window):
+            counts = np.clip(valid_length - start, 0, window).astype(np.int32)
+            out = self.step(run, input_ids[:, start:start + window], counts,
+                            np.minimum(valid_length, start).astype(np.int32), extra)
+            ending = (counts > 0) & (start + counts == valid_length)      # the rows whose last token was in it
+            logits = out.copy() if logits is None else np.where(ending[:, None], out, logits)
+        return logits
+
+    def decode(self, run, input_ids, valid_length, extra):
+        rows = np.arange(len(valid_length), dtype=np.int32)
+        past = (valid_length - 1).astype(np.int32)
+        return self._run_tokens(run, np.ascontiguousarray(input_ids[:, 0], np.int32), rows, past, past, rows, extra)
+
+    def step(self, run, tokens, counts, past, extra):
+        """Row r's first counts[r] tokens, at positions past[r] on; a row with none gets meaningless logits."""
+        counts = np.asarray(counts, np.int64)
+        rows = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        ends = np.cumsum(counts)
+        index = np.arange(int(ends[-1])) - np.repeat(ends - counts, counts)    # each token's index in its row
+        positions = (past[rows] + index).astype(np.int32)
+        last = np.maximum(ends - 1, 0).astype(np.int32)
+        return self._run_tokens(run, np.ascontiguousarray(tokens[rows, index], np.int32), rows, positions,
+                                np.asarray(past, np.int32), last, extra)
+
+
 class Session:
     """One rank's loaded prefill + increment graphs.
 
@@ -211,8 +270,8 @@ class Session:
         return self.cache.decode(self._timed_run, input_ids, valid_length, extra)
 
     def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        """One call of the dynamic step graph in which each row moves on by its own number of tokens
-        (continuous batching: a prompt joining rows that decode). Row r feeds `tokens[r, :counts[r]]`
+        """One call of the step graph (dynamic or packed) in which each row moves on by its own number of
+        tokens (continuous batching: a prompt joining rows that decode). Row r feeds `tokens[r, :counts[r]]`
         after the `past[r]` tokens in its cache and gets the logits of its last one; rows with
         counts 0 are idle (their cache is left as it is, their logits are meaningless)."""
         return self.cache.step(self._timed_run, tokens, counts, past, extra)
@@ -237,7 +296,7 @@ class Session:
         return outputs
 
 
-KV_CACHES = {"io": HostKVCache, "dynamic": BucketedKVCache, "in_graph": InGraphCache}
+KV_CACHES = {"io": HostKVCache, "dynamic": BucketedKVCache, "in_graph": InGraphCache, "packed": PackedKVCache}
 
 
 def require_kv_mode(manifest: Manifest, backend: str, allowed: tuple) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from lite_runtime.backends.lite_native import LiteModel
 from lite_runtime.contract.errors import ArtifactError, ValidationError
-from lite_runtime.contract.families import STEP, TensorSpec
+from lite_runtime.contract.families import DYNAMIC, STEP, TensorSpec
 from lite_runtime.contract.manifest import Manifest
 
 
@@ -107,24 +107,23 @@ class NativeStaticGraphs(_NativeGraphs):
 
 
 class NativeStepGraph(_NativeGraphs):
-    """The `dynamic` kv mode's step graph: Resize when the shapes change (prefill to decode, a cache
+    """The step graph of the `dynamic` and `packed` kv modes: Resize when the shapes change (prefill to decode, a cache
     bucket growing), then rebind; otherwise copy the small inputs into the bound arrays. Lite 2.0
     reports output shapes one call late, so they are given to Resize from the contract."""
 
     def __init__(self, model: LiteModel, manifest: Manifest):
         super().__init__({STEP: model}, STEP)
-        self.dims = manifest.dims
-        self._caches = 2 * self.dims.num_layers
+        self._outputs = manifest.graphs[STEP].outputs
+        self._caches = 2 * manifest.dims.num_layers
         self._bound: List[np.ndarray] = []
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
         model, bound = self._models[STEP], self._bound
         first_cache = len(feeds) - self._caches
         if [np.shape(f) for f in feeds] != [b.shape for b in bound]:
-            d, steps = self.dims, np.shape(feeds[0])[1]
-            keys = (d.batch_size, d.kv_heads_per_rank, d.head_dim, steps)       # stored transposed
-            values = (d.batch_size, d.kv_heads_per_rank, steps, d.head_dim)
-            model.resize([np.shape(f) for f in feeds], [(d.batch_size, d.vocab_size)] + [keys, values] * d.num_layers)
+            tokens = np.shape(feeds[0])[-1]         # the dimension chosen per call: T (dynamic) or N (packed)
+            model.resize([np.shape(f) for f in feeds],
+                         [tuple(tokens if d == DYNAMIC else d for d in spec.shape) for spec in self._outputs])
             self._bound = [f if i >= first_cache else np.array(f, dtype=spec.dtype)
                            for i, (f, spec) in enumerate(zip(feeds, model.inputs))]
             model.bind_inputs(self._bound)

@@ -69,7 +69,7 @@ OPTIONS = (
             "time"),
     _option("--prompt", help="a template with {} where each input goes; default: none, inputs as they are"),
     _option("--dynamic", type=BOOL, default=False, help="upstream's dynamic shapes: True requires an export with "
-            "kv_cache dynamic (one graph; prompts at their own length); such exports run dynamic either way"),
+            "kv_cache dynamic or packed (one graph; prompts at their own length); such exports run dynamic either way"),
     _option("--paged_attention", type=BOOL, default=False, help="upstream's paged attention: not supported (the "
             "KV cache is a graph input or parameter); leave it False"),
     _option("--pa_block_size", type=int, default=16, help="upstream's paged-attention block size; accepted, unused"),

@@ -23,6 +23,16 @@ faster than one that transposes the cache on every call. The first `past_length`
 row's cache are its past; P may be larger (a bucket) and is at least 1 (a prefill passes one masked
 dummy position: Lite refuses zero-size dimensions).
 
+The `packed` kv mode's one `step` graph takes N tokens of any rows in one list (N chosen per call),
+so a call computes each token once, whichever rows it belongs to (continuous batching: a prompt
+joining rows that decode costs its own tokens, an idle row nothing):
+  step: input_ids (N,) int32, token_rows (N,) int32 (each token's row), token_positions (N,) int32,
+        past_length (B,) int32, last_token (B,) int32 (index in the list of the token whose logits
+        the row gets), the caches as in `dynamic`
+  outputs: logits (B, vocab), key_new_{l} and value_new_{l} (N, kv_heads_per_rank, head_dim)
+A token sees its row's first `past_length` cached positions and the call's tokens of its row at
+positions up to its own; the host writes each token's new K/V at its row and position.
+
 A family whose graphs need more than token ids and lengths declares per-row inputs
 (`FamilySpec.row_inputs`, each (B,) int32), placed right after the lengths (after past_length in
 `step`) in every graph kind; its feed builder (lite_runtime/decode/inputs.py) makes them on the
@@ -32,7 +42,8 @@ query, and tokens from it on take the 2-D positions of generated text) and `mask
 
 SLoRA exports (graph_dims.adapter_slots > 0) take `adapter_ids (B,) int32` after those (right after
 the lengths for other families), before the caches: each row's adapter slot, 0 = the base model.
-The one order: input_ids, batch_valid_length, [past_length], row inputs, [adapter_ids], caches.
+The one order: input_ids, batch_valid_length, [past_length], row inputs, [adapter_ids], caches
+(packed: input_ids, token_rows, token_positions, past_length, last_token, row inputs, [adapter_ids], caches).
 """
 from __future__ import annotations
 
@@ -41,15 +52,17 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from lite_runtime.contract.errors import UnsupportedError
 
-KV_MODES = ("io", "in_graph", "dynamic")
+KV_MODES = ("io", "in_graph", "dynamic", "packed")
+STEP_MODES = ("dynamic", "packed")    # the kv modes of one step graph, hidden states (tokens, hidden) in it
 GRAPH_KINDS = ("prefill", "increment")
-STEP = "step"                 # the one graph of the dynamic kv mode
+STEP = "step"                 # the one graph of the step kv modes
 DYNAMIC = -1                  # a dimension chosen per call
+PACKED_INPUTS = ("token_rows", "token_positions", "past_length", "last_token")   # after input_ids
 
 
 def graph_kinds(kv_mode: str) -> Tuple[str, ...]:
     """The graphs an export of this kv mode has."""
-    return (STEP,) if kv_mode == "dynamic" else GRAPH_KINDS
+    return (STEP,) if kv_mode in STEP_MODES else GRAPH_KINDS
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,11 @@ class FamilySpec:
         _check_kind(kind, kv_mode)
         adapters = [TensorSpec("adapter_ids", "int32", (dims.batch_size,))] if dims.adapter_slots else []
         rows = [TensorSpec(name, "int32", (dims.batch_size,)) for name in self.row_inputs]
+        if kind == STEP and kv_mode == "packed":
+            per_token = ("token_rows", "token_positions")
+            return [TensorSpec(self.token_input, "int32", (DYNAMIC,))] + \
+                [TensorSpec(n, "int32", (DYNAMIC,) if n in per_token else (dims.batch_size,)) for n in PACKED_INPUTS] \
+                + rows + adapters + self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
         if kind == STEP:
             return [TensorSpec(self.token_input, "int32", (dims.batch_size, DYNAMIC)),
                     TensorSpec(self.length_input, "int32", (dims.batch_size,)),
@@ -126,7 +144,11 @@ class FamilySpec:
     def outputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
         specs = [TensorSpec("logits", "float32", (dims.batch_size, dims.vocab_size))]
-        if kind == STEP:
+        if kind == STEP and kv_mode == "packed":
+            token = (DYNAMIC, dims.kv_heads_per_rank, dims.head_dim)
+            specs += [TensorSpec(f"{part}_new_{layer}", "float32", token)
+                      for layer in range(dims.num_layers) for part in ("key", "value")]
+        elif kind == STEP:
             specs += self._cache_specs("new", dims, DYNAMIC, keys_transposed=True)
         elif kv_mode == "io":
             rows = dims.seq_length if kind == "prefill" else 1

@@ -1,9 +1,11 @@
-"""The serving engine: continuous batching over the cache rows of one dynamic-kv session.
+"""The serving engine: continuous batching over the cache rows of one step-graph session.
 
 Each of the graph's B rows holds one request or is idle. Every step is one call of the step graph
 in which each row moves on by its own number of tokens: a request admitted since the last step
-feeds its whole prompt, the others their last token (`Session.step`). So a request joins at the
-next step instead of waiting for a batch to end, and a finished request frees its row at once.
+feeds its prompt (in chunks of `prefill_chunk` tokens), the others their last token (`Session.step`).
+So a request joins at the next step instead of waiting for a batch to end, and a finished request
+frees its row at once. A `packed` export computes each fed token once; a `dynamic` one computes a
+rectangle of B rows x the most tokens a row feeds, so there a joining prompt costs every row its length.
 Each row keeps its own sampler (seeded per request), penalties, token budget and stop ids.
 
 The engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
@@ -21,8 +23,9 @@ from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.contract.errors import UnsupportedError, ValidationError
-from lite_runtime.contract.families import get_family
+from lite_runtime.contract.families import STEP_MODES, get_family
 from lite_runtime.decode.inputs import InputOfInfer
 from lite_runtime.decode.sampling import Sampler, SamplingParams
 
@@ -74,12 +77,14 @@ class _Row:
 class Engine:
     """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
 
-    def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = 128, metrics=None):
+    def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = 128, metrics=None,
+                 max_step_tokens: int = PackedKVCache.max_tokens):
         m = session.manifest
-        if m.kv_cache != "dynamic":
-            raise UnsupportedError(f"serving needs an export with kv_cache: dynamic (one step graph with per-row "
-                                   f"lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
-                                   "kv_cache: dynamic")
+        if m.kv_cache not in STEP_MODES:
+            raise UnsupportedError(f"serving needs an export with kv_cache: packed or dynamic (one step graph with "
+                                   f"per-row lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
+                                   "kv_cache: packed")
+        self.packed = m.kv_cache == "packed"
         # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
         # prompt, once, by its feed builder. Its prompt attends both ways, so it is fed whole, never in chunks.
         self.inputs = InputOfInfer.get_inputs(m.family, m)
@@ -92,6 +97,7 @@ class Engine:
         self.adapters = m.dims.adapter_slots > 0
         self.max_waiting = max_waiting
         self.prefill_chunk = prefill_chunk    # most prompt tokens a row feeds in one step
+        self.max_step_tokens = max_step_tokens    # most tokens a packed step computes
         self.metrics = metrics
         self.rows: List[Optional[_Row]] = [None] * self.batch
         self.waiting: Deque[EngineRequest] = collections.deque()
@@ -200,18 +206,23 @@ class Engine:
         past = np.zeros(self.batch, np.int32)
         for i in live:
             past[i] = self.rows[i].past
-        # Every row reads positions past..past+T-1 of the graph's tables, so T stays within the room
-        # the fullest row has left; a longer prompt is fed in chunks over several steps (chunked
-        # prefill), which also bounds how long the rows that decode wait.
-        room = int(self.seq_length - past[live].max())
+        # A dynamic step's rows all read positions past..past+T-1 of the graph's tables, so there T
+        # stays within the room the fullest row has left (a packed step's tokens each have their own).
+        # A longer prompt is fed in chunks over several steps (chunked prefill), which also bounds how
+        # long the rows that decode wait.
+        room = self.seq_length if self.packed else int(self.seq_length - past[live].max())
         width = min(max(len(self.rows[i].pending) for i in live), room,
                     room if self.whole_prompts else self.prefill_chunk)
         counts = np.zeros(self.batch, np.int32)
         tokens = np.full((self.batch, width), self.pad_id, np.int32)
-        for i in live:
-            if self.whole_prompts and len(self.rows[i].pending) > width:    # a whole prompt waits for room
-                continue
+        left = self.max_step_tokens if self.packed else self.batch * width
+        for i in sorted(live, key=lambda i: len(self.rows[i].pending)):    # decoding rows first
             feed = self.rows[i].pending[:width]
+            if not self.whole_prompts:
+                feed = feed[:left]
+            elif len(feed) < len(self.rows[i].pending) or len(feed) > left and counts.any():
+                continue      # a whole prompt waits for room (alone in a step, it may pass the budget)
+            left -= len(feed)
             counts[i] = len(feed)
             tokens[i, :len(feed)] = feed
         idle = self.idle_row_values
