@@ -69,6 +69,8 @@ def slora_exports(slora_model):
                     cfg["model"]["pet_config"]["adapter_path"] = str(folder / "lora_adapter_a1.json")
             elif variant == "lite_segments":      # one rank's step as segments of whole layers
                 cfg = slora_yaml(folder, out, "dynamic", lite_ms=True, parallel={"collectives": "host"})
+            elif variant.endswith("packed"):      # each token's adapter columns by its row
+                cfg = slora_yaml(folder, out, "packed", lite_ms=variant == "lite_packed")
             else:
                 cfg = slora_yaml(folder, out, "dynamic" if variant != "io" else "io", lite_ms=variant == "lite")
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
@@ -98,7 +100,8 @@ def test_each_adapter_matches_peft(slora_model, slora_exports, variant, backend,
     check_parity(logits, tokens, ref["logits"], ref["tokens"], f"SLoRA {adapter} on {backend} ({variant})")
 
 
-@pytest.mark.parametrize("variant, backend", [("io", "ms"), ("lite", "mslite"), ("lite_segments", "mslite")])
+@pytest.mark.parametrize("variant, backend", [("io", "ms"), ("lite", "mslite"), ("lite_segments", "mslite"),
+                                              ("packed", "ms"), ("lite_packed", "mslite")])
 def test_rows_of_one_batch_use_their_own_adapters(slora_model, slora_exports, variant, backend):
     """Prompts 0, 1, 2 with adapters a1, base, a2 in one batch: each row is peft's result for that adapter."""
     logits, tokens = run_slots(slora_model, slora_exports(variant), backend, [1, 0, 2], f"{variant}_mixed")

@@ -174,9 +174,10 @@ def build_peers(args) -> tuple:
     if not os.path.isfile(PEERS_PYTHON):
         raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], ["mslite_packed", "openvino"],
+    ours = "mslite_packed" if args.kv_cache == "packed" else "mslite"
+    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], [ours, "openvino"],
                       args.threads, False, log, shape=PEER_SHAPES[args.shape])
-    return folders[("mslite_packed", CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
+    return folders[(ours, CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
 
 
 def openvino_side(ov_dir: str, jobs: list, args) -> list:
@@ -223,6 +224,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
               "the workload through its ContinuousBatchingPipeline too")
 @click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,
               help="the --peers model")
+@click.option("--kv_cache", type=click.Choice(["packed", "dynamic"]), default="packed", show_default=True,
+              help="the step graph of our --peers export")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)
