@@ -106,7 +106,8 @@ def hf_family(tmp_path_factory):
 def family_export(hf_family, tmp_path_factory):
     """(family, variant) -> export folder. Variants: io, in_graph, dynamic, packed (MindSpore 2.10), lite,
     lite_dynamic, lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
-    lite_tp2 (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms)."""
+    lite_tp2 (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms);
+    lite_tp2_packed, lite_segments_packed: the same of the packed step."""
     made = {}
 
     def get(family, variant):
@@ -118,8 +119,9 @@ def family_export(hf_family, tmp_path_factory):
                 cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
             else:
                 kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
-                            "lite_tp2": "dynamic", "lite_segments": "dynamic", "packed": "packed",
-                            "lite_packed": "packed"}.get(variant, "io")
+                            "lite_tp2": "dynamic", "lite_segments": "dynamic"}.get(variant, "io")
+                if "packed" in variant:
+                    kv_cache = "packed"
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                        "kv_cache": kv_cache, "output_dir": out}
                 if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
@@ -127,9 +129,9 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["load_checkpoint"] = mindformers_ckpt(folder)
                 if variant == "tp2":
                     cfg["parallel"] = {"model_parallel": 2}
-                if variant == "lite_tp2":     # each rank's step as segments, reduced on the host
+                if variant.startswith("lite_tp2"):     # each rank's step as segments, reduced on the host
                     cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
-                if variant == "lite_segments":   # one rank's step as segments, each its own .ms
+                if variant.startswith("lite_segments"):   # one rank's step as segments, each its own .ms
                     cfg["parallel"], cfg["lite_ms"] = {"collectives": "host"}, True
                 if variant in ("lite_dynamic", "lite_packed"):
                     cfg["lite_ms"] = True

@@ -1,6 +1,6 @@
 """`target: cpu | ascend` chooses the export's form when the yaml does not: Ascend (and no target, as
-upstream) gets the two graphs of kv_cache io; Lite on CPU one step graph converted to `.ms`: packed on
-one rank, dynamic as segments when there are several ranks or one rank's weights exceed what one `.ms` holds
+upstream) gets the two graphs of kv_cache io; Lite on CPU one packed step graph converted to `.ms`,
+written as segments when there are several ranks or one rank's weights exceed what one `.ms` holds
 (the export process lowers that limit here, `exporter.writing.forms.LITE_MS_LIMIT`, to take the real
 path on the tiny Llama, and the size of a segment, `SEGMENT_BYTES`, to one layer per segment). Keys
 the yaml gives win, and a yaml asking for upstream's two graph copies keeps them. Checked on real
@@ -40,13 +40,12 @@ def test_without_a_target_or_for_ascend_the_export_has_upstreams_two_graphs():
 
 def test_for_cpu_the_export_is_one_step_graph_and_several_ranks_are_segments():
     assert form(target="cpu") == ("packed", "graph", True, True)
-    assert form(target="cpu", parallel={"model_parallel": 2}) == ("dynamic", "host", True, False)
+    assert form(target="cpu", parallel={"model_parallel": 2}) == ("packed", "host", True, False)
 
 
 def test_keys_the_yaml_gives_win_over_the_target():
     assert form(target="cpu", kv_cache="io", lite_ms=False) == ("io", "graph", False, False)
     assert form(target="cpu", parallel={"collectives": "graph"}) == ("packed", "graph", True, False)
-    assert form(target="cpu", kv_cache="packed") == ("packed", "graph", True, False)     # never cut into segments
     assert form(target="cpu", kv_cache="dynamic") == ("dynamic", "graph", True, True)
     assert form(target="cpu", compute_dtype="float16") == ("io", "graph", True, False)   # Lite CPU: float16 io only
     copies = {"prefill_model_path": "a_prefill_graph.mindir", "increment_model_path": "a_inc_graph.mindir"}
@@ -56,7 +55,7 @@ def test_keys_the_yaml_gives_win_over_the_target():
 @pytest.mark.parametrize("keys, words", [
     ({"target": "gpu"}, "target 'gpu' is not allowed; allowed: cpu, ascend"),
     ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
-     "target cpu with parallel.model_parallel 2 needs kv_cache dynamic and compute_dtype float32"),
+     "target cpu with parallel.model_parallel 2 needs kv_cache packed or dynamic and compute_dtype float32"),
 ])
 def test_a_target_that_cannot_be_met_is_refused_in_one_line(tmp_path, keys, words):
     yaml = write_yaml(str(tmp_path / "x.yaml"), {"output_dir": str(tmp_path / "out"), "seq_length": 32,
@@ -110,14 +109,14 @@ def cpu_exports(hf_family, tmp_path_factory):
 @pytest.mark.parametrize("limit, form_words, graphs", [
     ("lite's", "kv_cache packed: one step graph over a list of tokens of any rows, converted to Lite's .ms, "
      "for target cpu", ["step"]),
-    ("lowered", "kv_cache dynamic as step segments per rank, converted to Lite's .ms, for target cpu",
+    ("lowered", "kv_cache packed as step segments per rank, converted to Lite's .ms, for target cpu",
      ["embed", "head", "layer0.blocks", "layer1.blocks"]),
 ])
 def test_a_cpu_export_runs_on_lite_as_transformers_does(hf_family, cpu_exports, limit, form_words, graphs):
     export, last_line = cpu_exports(limit)
     assert form_words in last_line, last_line
     manifest = json.load(open(os.path.join(export, "manifest.json")))
-    assert manifest["kv_cache"] == ("packed" if limit == "lite's" else "dynamic")
+    assert manifest["kv_cache"] == "packed"
     assert sorted(manifest["lite_files"]) == graphs
     folder = hf_family("llama")
     prompts, ref_logits, ref_tokens = reference(folder)

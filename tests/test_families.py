@@ -43,12 +43,13 @@ def lite_run(folder, export, name, *options):
     return got["logits"], got["tokens"]
 
 
-@pytest.mark.parametrize("variant", ["lite", "lite_dynamic", "lite_packed", "lite_segments"])
+@pytest.mark.parametrize("variant", ["lite", "lite_dynamic", "lite_packed", "lite_segments", "lite_segments_packed"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lite_matches_transformers(hf_family, family_export, family, variant):
     """The Lite layouts: static MindIR pair; the dynamic and the packed step graph converted to .ms
     (`lite_ms`), whose cache grows through buckets of 16 rows (seq_length 48); one rank's step as
-    segments of whole layers, each a .ms (what target cpu writes for a model too large for one .ms)."""
+    segments of whole layers, each a .ms (what target cpu writes for a model too large for one .ms),
+    of either step."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
     logits, tokens = lite_run(folder, family_export(family, variant), f"{variant}_run")
@@ -78,8 +79,9 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
+# llama's ms TP=2: test_distributed.py
 TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
-    [(family, "lite_tp2") for family in FAMILIES]   # llama's ms TP=2: test_distributed.py
+    [(family, variant) for family in FAMILIES for variant in ("lite_tp2", "lite_tp2_packed")]
 
 
 @pytest.mark.parametrize("family, variant", TP2_CASES)
@@ -89,10 +91,11 @@ def test_tp2_equals_tp1(hf_family, family_export, family, variant, tmp_path):
     host (MPI)."""
     export = family_export(family, variant)
     manifest = load_manifest(export)
-    assert manifest.world_size == 2 and manifest.collectives == ("host" if variant == "lite_tp2" else "graph")
+    lite = variant.startswith("lite")
+    assert manifest.world_size == 2 and manifest.collectives == ("host" if lite else "graph")
     table = rank_table(tmp_path / "table2.json", 2)
     result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table,
-                      "--backend", "mslite" if variant == "lite_tp2" else "ms",
+                      "--backend", "mslite" if lite else "ms",
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
                       str(tmp_path), str(STEPS), "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]

@@ -452,7 +452,7 @@ def demo_tp2(demo_exports, tmp_path_factory):
         config = yaml.safe_load(f)
     config["model"]["tokenizer"] = os.path.join(demo_dir, config["model"]["tokenizer"])
     config.update(load_checkpoint=os.path.join(demo_dir, config["load_checkpoint"]), output_dir=str(folder / "tp2"),
-                  parallel={"model_parallel": 2, "collectives": "host"}, kv_cache="dynamic")
+                  parallel={"model_parallel": 2, "collectives": "host"})
     result = run_cli(["-m", "exporter", "--config", write_yaml(str(folder / "tp2.yaml"), config)], python=VENV_MS20_PYTHON)
     assert result.returncode == 0, result.stderr[-2000:]
     tables = {}

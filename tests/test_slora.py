@@ -64,11 +64,13 @@ def slora_exports(slora_model):
             elif variant == "tp2":
                 cfg = slora_yaml(folder, out, parallel={"model_parallel": 2})
             elif variant.startswith("lite_tp2"):    # Lite TP: step segments, adapters on the blocks' segments
-                cfg = slora_yaml(folder, out, "dynamic", parallel={"model_parallel": 2, "collectives": "host"})
+                cfg = slora_yaml(folder, out, "packed" if variant.endswith("packed") else "dynamic",
+                                 parallel={"model_parallel": 2, "collectives": "host"})
                 if variant == "lite_tp2_a1":
                     cfg["model"]["pet_config"]["adapter_path"] = str(folder / "lora_adapter_a1.json")
-            elif variant == "lite_segments":      # one rank's step as segments of whole layers
-                cfg = slora_yaml(folder, out, "dynamic", lite_ms=True, parallel={"collectives": "host"})
+            elif variant.startswith("lite_segments"):      # one rank's step as segments of whole layers
+                cfg = slora_yaml(folder, out, "packed" if variant.endswith("packed") else "dynamic", lite_ms=True,
+                                 parallel={"collectives": "host"})
             elif variant.endswith("packed"):      # each token's adapter columns by its row
                 cfg = slora_yaml(folder, out, "packed", lite_ms=variant == "lite_packed")
             else:
@@ -101,7 +103,8 @@ def test_each_adapter_matches_peft(slora_model, slora_exports, variant, backend,
 
 
 @pytest.mark.parametrize("variant, backend", [("io", "ms"), ("lite", "mslite"), ("lite_segments", "mslite"),
-                                              ("packed", "ms"), ("lite_packed", "mslite")])
+                                              ("packed", "ms"), ("lite_packed", "mslite"),
+                                              ("lite_segments_packed", "mslite")])
 def test_rows_of_one_batch_use_their_own_adapters(slora_model, slora_exports, variant, backend):
     """Prompts 0, 1, 2 with adapters a1, base, a2 in one batch: each row is peft's result for that adapter."""
     logits, tokens = run_slots(slora_model, slora_exports(variant), backend, [1, 0, 2], f"{variant}_mixed")
@@ -128,7 +131,7 @@ def tp1_mixed(slora_model, slora_exports):
     return run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
 
 
-@pytest.mark.parametrize("variant, backend", [("tp2", "ms"), ("lite_tp2", "mslite")])
+@pytest.mark.parametrize("variant, backend", [("tp2", "ms"), ("lite_tp2", "mslite"), ("lite_tp2_packed", "mslite")])
 def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tp1_mixed, tmp_path, variant, backend):
     """Adapters split with their base layers (B by output rows under column parallel, A by input
     columns under row parallel): a mixed batch on 2 ranks gives the single-rank logits, with the

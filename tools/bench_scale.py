@@ -54,6 +54,7 @@ from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 COMMON = dict(vocab_size=32000, norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 SHAPES = {
     "tiny": dict(COMMON, hidden_size=256, num_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=1024),  # the tool's check
+    "160m": dict(COMMON, hidden_size=768, num_layers=12, n_heads=12, n_kv_heads=12, intermediate_size=3072),  # llama-160m
     "1b": dict(COMMON, hidden_size=2048, num_layers=22, n_heads=32, n_kv_heads=4, intermediate_size=5632),  # TinyLlama-1.1B
     "3b": dict(COMMON, hidden_size=3200, num_layers=26, n_heads=32, n_kv_heads=32, intermediate_size=8640),  # OpenLLaMA-3B
     "7b": dict(COMMON, hidden_size=4096, num_layers=32, n_heads=32, n_kv_heads=32, intermediate_size=11008),  # Llama-2-7B

@@ -114,7 +114,7 @@ def rank_table(path: str, n: int) -> str:
 
 
 def killed_rank(work: str) -> str:
-    tp2 = export(work, "tp2", parallel={"model_parallel": 2, "collectives": "host"}, kv_cache="dynamic")
+    tp2 = export(work, "tp2", parallel={"model_parallel": 2, "collectives": "host"})
     launcher = subprocess.Popen(
         [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(os.path.join(work, "t2.json"), 2),
          "--log_dir", os.path.join(work, "launch-logs"), "--", "run_infer_main.py", "--model_dir", tp2, "--backend",

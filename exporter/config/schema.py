@@ -94,7 +94,7 @@ class ExportConfig:
     batch_size: int = 1
     use_past: bool = True
     target: Optional[str] = None                 # cpu | ascend: where it will run; chooses the three keys below
-    kv_cache: Optional[str] = None               # io | in_graph | dynamic; None: by target
+    kv_cache: Optional[str] = None               # io | in_graph | dynamic | packed; None: by target
     compute_dtype: str = "float32"
     lite_ms: Optional[bool] = None               # also write Lite's own .ms model of each graph; None: by target
     parallel: ParallelSection = field(default_factory=ParallelSection)
@@ -131,14 +131,10 @@ class ExportConfig:
                 raise ConfigError(f"{where}: parallel.{key} {getattr(self.parallel, key)} is not supported "
                                   "for inference export; allowed: 1 (use model_parallel to split a model)")
         self._check_collectives()
-        if self.kv_cache == "dynamic" and self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
-            raise ConfigError(f"{where}: kv_cache dynamic with parallel.model_parallel "
+        if self.kv_cache in STEP_MODES and self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
+            raise ConfigError(f"{where}: kv_cache {self.kv_cache} with parallel.model_parallel "
                               f"{self.parallel.model_parallel} needs parallel.collectives: host (segments for "
                               "MindSpore Lite on CPU); or use kv_cache io")
-        if self.kv_cache == "packed" and self.parallel.model_parallel > 1:
-            raise ConfigError(f"{where}: kv_cache packed runs on one rank in this version, and this config has "
-                              f"parallel.model_parallel {self.parallel.model_parallel}; use kv_cache dynamic "
-                              "(segments on MindSpore Lite) or io for several ranks")
         if self.kv_cache in STEP_MODES:
             for key in ("prefill_model_path", "increment_model_path"):
                 if getattr(self.infer, key):
@@ -161,26 +157,23 @@ class ExportConfig:
     def _choose_form(self) -> None:
         """The keys not given, from `target`: on Ascend (and without a target, as upstream) the two
         graphs of kv_cache io, which the official API and GE run; on Lite CPU one step graph (one weight
-        copy, prompts at their own length), converted to .ms: packed on one rank, dynamic as segments
-        when there are several ranks or one rank's weights exceed a .ms (decided in export, once the
-        sizes are known).
+        copy, prompts at their own length, each token computed once: kv_cache packed), converted to
+        .ms, as segments when there are several ranks or one rank's weights exceed a .ms (decided in
+        export, once the sizes are known).
         A yaml asking for upstream's two graph copies (infer: paths) keeps the two graphs."""
         if self.target is not None and self.target not in TARGETS:
             raise ConfigError(f"{self.source}: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")
         cpu = self.target == "cpu"
         two_graphs = bool(self.infer.prefill_model_path or self.infer.increment_model_path)
-        chosen = self.kv_cache is None
-        if chosen:
-            one_rank = self.parallel.model_parallel == 1
-            self.kv_cache = ("packed" if one_rank else "dynamic") if cpu and self.compute_dtype == "float32" \
-                and not two_graphs else "io"
-        if cpu and self.parallel.model_parallel > 1 and self.kv_cache != "dynamic":
+        if self.kv_cache is None:
+            self.kv_cache = "packed" if cpu and self.compute_dtype == "float32" and not two_graphs else "io"
+        if cpu and self.parallel.model_parallel > 1 and self.kv_cache not in STEP_MODES:
             raise ConfigError(f"{self.source}: target cpu with parallel.model_parallel {self.parallel.model_parallel} "
-                              "needs kv_cache dynamic and compute_dtype float32 (MindSpore Lite on CPU runs "
+                              "needs kv_cache packed or dynamic and compute_dtype float32 (MindSpore Lite on CPU runs "
                               "several ranks only as step segments); this config has kv_cache "
                               f"{self.kv_cache} and compute_dtype {self.compute_dtype}")
         if self.parallel.collectives is None:
-            step_on_cpu = cpu and (self.kv_cache == "dynamic" or chosen and self.kv_cache == "packed")
+            step_on_cpu = cpu and self.kv_cache in STEP_MODES
             self.parallel.collectives = "host" if step_on_cpu and self.parallel.model_parallel > 1 else "graph"
             self.segments_by_size = step_on_cpu and self.parallel.model_parallel == 1
         if self.lite_ms is None:
@@ -193,11 +186,11 @@ class ExportConfig:
                               f"{', '.join(COLLECTIVE_FORMS)}")
         if form == "host":
             needs = [f"{key} {value}" for key, value, allowed in (
-                ("kv_cache", self.kv_cache, self.kv_cache == "dynamic"),
+                ("kv_cache", self.kv_cache, self.kv_cache in STEP_MODES),
                 ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
             if needs:
-                raise ConfigError(f"{where}: parallel.collectives: host cuts each rank's dynamic step into segments "
-                                  "and needs kv_cache dynamic and compute_dtype float32; this "
+                raise ConfigError(f"{where}: parallel.collectives: host cuts each rank's step into segments "
+                                  "and needs kv_cache packed or dynamic and compute_dtype float32; this "
                                   f"config has {', '.join(needs)}")
 
     @property

@@ -304,6 +304,19 @@ class CausalLM(nn.Cell):
         token_rows, token_positions (N,); past_length, last_token and the family's row inputs (B,);
         the caches as in `step`. Returns each row's logits at its `last_token` and every token's new
         K and V (N, kv, hd) per layer."""
+        x, cos, sin, tokens, select = self.packed_start(input_ids, token_rows, token_positions, past_length,
+                                                        adapter_ids, context, mask_position)
+        x, new_kv, biases = self.packed_blocks(self.layers, x, cos, sin, kv, tokens, None, select)
+        if self.use_top_query:
+            top = 2 * len(self.layers)
+            x, k, v = self.packed_top_query(x, token_positions, cos, sin, kv[top], kv[top + 1], tokens, biases)
+            new_kv = new_kv + (k, v)
+        return (self.packed_logits(x, last_token),) + new_kv
+
+    def packed_start(self, input_ids, token_rows, token_positions, past_length, adapter_ids=None, context=None,
+                     mask_position=None):
+        """The packed step up to the first layer: the tokens' hidden states (N, H), their cos/sin
+        (N, 1, hd), what the attention reads about them (packed.py: ROWS .. CONTEXT) and the SLoRA columns."""
         d, rows = self.dyn, token_rows
         position = self.cast(token_positions, ms.float32)
         if self.two_d:
@@ -318,30 +331,40 @@ class CausalLM(nn.Cell):
             select = self.cast(self.equal(adapter, self.lora_slot_of_column), self.dtype)
         past = self.reshape(self.cast(self.gather(past_length, rows, d.axis0), ms.float32), d.token_column)
         prefix = self.cast(self.gather(context, rows, d.axis0), ms.float32) if self.prefix else None
-        tokens = (rows, self.cast(rows, ms.float32), position, past, prefix)     # packed.py: ROWS .. CONTEXT
-        new_kv, biases, i = (), None, 0
-        for layer in self.layers:
+        return x, cos, sin, (rows, self.cast(rows, ms.float32), position, past, prefix), select
+
+    def packed_blocks(self, layers, x, cos, sin, kv, tokens, biases, select):
+        """Blocks `layers` of a packed call (kv: their past K/V pairs). Returns the hidden states, the
+        blocks' new K/V and the score biases (made by the first block when `biases` is None)."""
+        new_kv, i = (), 0
+        for layer in layers:
             h = layer.attn_norm(x)
-            attn, k, v, biases = self._packed_attention(layer.attn, h, cos, sin, kv, i, tokens, biases, select)
+            attn, k, v, biases = self.packed_attention(layer.attn, h, cos, sin, kv[2 * i], kv[2 * i + 1], tokens,
+                                                       biases, select)
             x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
-        if self.use_top_query:
-            top = self.top_query
-            x = self.final_norm(x)
-            attn, k, v, _ = self._packed_attention(top.attn, top.attn_norm(x), cos, sin, kv, i, tokens, biases, None,
-                                                   top.query_embed(token_positions))
-            x = top.finish(x, attn)
-            new_kv = new_kv + (k, v)
-        return (self._logits(self.gather(x, last_token, d.axis0)),) + new_kv
+        return x, new_kv, biases
 
-    def _packed_attention(self, attn, h, cos, sin, kv, i, tokens, biases, select, query=None):
-        """Layer i's attention in a packed call; the first layer makes the score biases."""
+    def packed_top_query(self, x, token_positions, cos, sin, k_cache, v_cache, tokens, biases=None):
+        """PanGu-alpha's top query layer in a packed call, after the final norm: (output, new K, V)."""
+        top = self.top_query
+        x = self.final_norm(x)
+        attn, k, v, _ = self.packed_attention(top.attn, top.attn_norm(x), cos, sin, k_cache, v_cache, tokens, biases,
+                                              None, top.query_embed(token_positions))
+        return top.finish(x, attn), k, v
+
+    def packed_logits(self, x, last_token):
+        return self._logits(self.gather(x, last_token, self.dyn.axis0))
+
+    def packed_attention(self, attn, h, cos, sin, k_cache, v_cache, tokens, biases, select, query=None):
+        """A layer's attention (up to its output projection's reduction) in a packed call, with the
+        score biases, made here when `biases` is None."""
         q, k, v = attn.project_tokens(h, cos, sin, select, query)
-        s_past, s_new = self.attend.scores(q, k, kv[2 * i], tokens[ROWS])
+        s_past, s_new = self.attend.scores(q, k, k_cache, tokens[ROWS])
         if biases is None:
             biases = self.packed_bias(s_past, tokens)
-        o = self.attend(s_past + biases[0], s_new + biases[1], v, kv[2 * i + 1], tokens[ROWS])
+        o = self.attend(s_past + biases[0], s_new + biases[1], v, v_cache, tokens[ROWS])
         return attn.output(o, select), k, v, biases
 
     def _steps(self, input_ids):

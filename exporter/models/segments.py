@@ -1,4 +1,4 @@
-"""One rank's dynamic step cut at its collectives (`parallel.collectives: host`), for runtimes
+"""One rank's step (dynamic or packed) cut at its collectives (`parallel.collectives: host`), for runtimes
 without collectives (MindSpore Lite on CPU). The segments and their I/O are the runtime contract's
 (lite_runtime/contract/segments.py); each is a thin view of the same `CausalLM` the whole step uses,
 so the two forms cannot compute different things. Optional inputs come as `*kv` in the contract's
@@ -14,6 +14,7 @@ from mindspore import Tensor, nn
 from lite_runtime.contract.segments import SegmentLayout
 from exporter.models.decoder import CausalLM
 from exporter.models.linear import RowParallelLinear
+from exporter.models.packed import CONTEXT, PAST, POSITION, ROW
 
 
 def keep_row_biases_on_rank0(net: CausalLM, rank: int) -> None:
@@ -144,18 +145,90 @@ class HeadSegment(_Segment):
         return self.net.step_logits(hidden, input_ids, batch_valid_length, past_length)
 
 
+# The packed step's segments (layout.packed): the same cuts, each token with its row and position;
+# what the attention reads about the tokens (packed.py: ROWS .. CONTEXT) passes between them as
+# token_rows (a step input), past, row, position and GLM's context.
+
+class PackedEmbedSegment(_Segment):
+    """kv: the family's row inputs (GLM: context_length, mask_position), then adapter_ids (SLoRA)."""
+
+    def construct(self, input_ids, token_rows, token_positions, past_length, *kv):
+        context = mask_position = adapter_ids = None
+        if self.net.two_d:
+            context, mask_position = kv[0], kv[1]
+        if self.net.lora:
+            adapter_ids = kv[self.i_adapter]
+        x, cos, sin, tokens, select = self.net.packed_start(input_ids, token_rows, token_positions, past_length,
+                                                            adapter_ids, context, mask_position)
+        out = (x,)
+        if self.rotary:
+            out = out + (cos, sin)
+        out = out + (tokens[PAST], tokens[ROW], tokens[POSITION])
+        if self.net.prefix:
+            out = out + (tokens[CONTEXT],)
+        if self.net.lora:
+            out = out + (select,)
+        return out
+
+
+def _tokens(token_rows, past, row, position, context):
+    """The packed attention's token tuple (packed.py: ROWS .. CONTEXT)."""
+    return token_rows, row, position, past, context
+
+
+class PackedBlocksSegment(BlocksSegment):
+    def construct(self, hidden, token_rows, past, row, position, *kv):
+        cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
+        tokens = _tokens(token_rows, past, row, position, context)
+        x, new_kv, _ = self.net.packed_blocks(self.blocks, hidden, cos, sin, kv, tokens, None, select)
+        return (x,) + new_kv
+
+
+class PackedAttentionSegment(AttentionSegment):
+    def construct(self, hidden, token_rows, past, row, position, key_cache, value_cache, *kv):
+        cos, sin, context, select = self.attention_inputs(kv, self.adapted)
+        h = self.layer.attn_norm(hidden)
+        out, k, v, _ = self.net.packed_attention(self.layer.attn, h, cos, sin, key_cache, value_cache,
+                                                 _tokens(token_rows, past, row, position, context), None, select)
+        if self.deepnorm:
+            return out, h * self.layer.alpha, k, v
+        return out, k, v
+
+
+class PackedTopQueryAttentionSegment(_Segment):
+    """The top query layer's attention; its residual is the final norm's output. kv: [cos, sin]."""
+
+    def construct(self, hidden, token_positions, token_rows, past, row, position, key_cache, value_cache, *kv):
+        cos = sin = None
+        if self.rotary:
+            cos, sin = kv[0], kv[1]
+        layer = self.net.top_query
+        h = self.net.final_norm(hidden)
+        out, k, v, _ = self.net.packed_attention(layer.attn, layer.attn_norm(h), cos, sin, key_cache, value_cache,
+                                                 _tokens(token_rows, past, row, position, None), None, None,
+                                                 layer.query_embed(token_positions))
+        return out, h, k, v
+
+
+class PackedHeadSegment(_Segment):
+    def construct(self, hidden, last_token):
+        return self.net.packed_logits(hidden, last_token)
+
+
 def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
     """The cells to export, by segment name (the contract's order)."""
-    cells = {"embed": EmbedSegment(net, layout)}
+    packed = layout.packed
+    cells = {"embed": (PackedEmbedSegment if packed else EmbedSegment)(net, layout)}
     group = layout.blocks_per_segment
     for l, layer in enumerate(net.layers):
         if group and l % group == 0:
-            cells[f"layer{l}.blocks"] = BlocksSegment(net, layout, l, min(group, len(net.layers) - l))
+            blocks = PackedBlocksSegment if packed else BlocksSegment
+            cells[f"layer{l}.blocks"] = blocks(net, layout, l, min(group, len(net.layers) - l))
         elif not group:
-            cells[f"layer{l}.attn"] = AttentionSegment(net, layout, l)
+            cells[f"layer{l}.attn"] = (PackedAttentionSegment if packed else AttentionSegment)(net, layout, l)
             cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
     if net.use_top_query:
-        cells["top_query.attn"] = TopQueryAttentionSegment(net, layout)
+        cells["top_query.attn"] = (PackedTopQueryAttentionSegment if packed else TopQueryAttentionSegment)(net, layout)
         cells["top_query.mlp"] = MlpSegment(net, layout, net.top_query, block=False)
-    cells["head"] = HeadSegment(net, layout)
+    cells["head"] = (PackedHeadSegment if packed else HeadSegment)(net, layout)
     return cells

@@ -149,8 +149,10 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
                 hashes[name] = file_sha256(os.path.join(tmp, name))
         entries[kind] = entry
     # The segment form's step has no file of its own: the decode loop's contract, run as segments.
-    graphs = {STEP: GraphEntry([], spec.inputs(STEP, "dynamic", dims), spec.outputs(STEP, "dynamic", dims))} \
-        if segmented else entries
+    graphs = entries
+    if segmented:
+        kv = config.kv_cache
+        graphs = {STEP: GraphEntry([], spec.inputs(STEP, kv, dims), spec.outputs(STEP, kv, dims))}
     tokenizer = None
     bos, eos = special_ids
     if source.tokenizer:

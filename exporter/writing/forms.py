@@ -56,13 +56,13 @@ def settle_form(config: ExportConfig, cfg: DecoderConfig) -> None:
                           f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with the MindSpore 2.0 "
                           "environment (make export-lite), or give no target for backend ms")
     if config.segments_by_size and config.compute_dtype == "float32" and weight_bytes(cfg) > LITE_MS_LIMIT:
-        config.parallel.collectives, config.kv_cache = "host", "dynamic"     # segments cut the dynamic step
+        config.parallel.collectives = "host"
 
 
 def describe_form(config: ExportConfig, manifest: Manifest) -> str:
     """Which graphs the export holds and why, for its last line."""
     if config.parallel.collectives == "host":
-        form = "kv_cache dynamic as step segments per rank"
+        form = f"kv_cache {config.kv_cache} as step segments per rank"
     else:
         form = {"io": "kv_cache io: prefill + increment graphs, each with its own copy of the weights",
                 "in_graph": "kv_cache in_graph: prefill + increment graphs holding the cache",

@@ -1,4 +1,4 @@
-"""One rank's dynamic step run as segments (lite_runtime/contract/segments.py) with MindSpore Lite
+"""One rank's step (dynamic or packed) run as segments (lite_runtime/contract/segments.py) with MindSpore Lite
 on CPU, the all-reduces and the vocabulary gather done on the host in between.
 
 The chain is driven by the manifest's segment specs alone: what it does with each tensor follows
@@ -60,6 +60,7 @@ class SegmentChain(LiteRunner):
             raise ArtifactError(f"{manifest.file or 'the manifest'}: its segments read {len(self._cache_inputs)} "
                                 f"caches but the model has {self.dims.num_layers} layers (2 each); export again")
         self._step_names = [s.name for s in manifest.graphs[STEP].inputs[:-len(self._cache_inputs)]]
+        self.packed = manifest.kv_cache == "packed"
         self._shape = None
         self._caches: List[np.ndarray] = []
         self.collective_seconds = 0.0      # time in host collectives (waiting for the other ranks included)
@@ -69,10 +70,10 @@ class SegmentChain(LiteRunner):
         return dict(self._models)
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
-        """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (B, T)
-        first), the caches last; returns logits (B, vocab) and the new keys and values of every layer."""
+        """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (B, T),
+        or (N,) packed, first), the caches last; returns logits (B, vocab) and the new keys and values of every layer."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
-        shape = (np.shape(given[0])[1], caches[1].shape[2])
+        shape = (np.shape(given[0])[-1], caches[1].shape[2])     # (T, P) or, packed, (N, P)
         if shape != self._shape:
             self._resize(*shape, caches)
         for name, array in zip(self._step_names, given):
@@ -118,7 +119,7 @@ class SegmentChain(LiteRunner):
         return logits
 
     def _resize(self, steps: int, positions: int, caches: List[np.ndarray]) -> None:
-        shape = lambda spec: call_shape(spec, self.dims.batch_size, steps, positions)
+        shape = lambda spec: call_shape(spec, self.dims.batch_size, steps, positions, self.packed)
         segments = [self.manifest.segments[name] for name in self.names]
         self._buffers = {s.name: np.zeros(shape(s), s.dtype)
                          for entry in segments for s in entry.inputs if s.name not in CACHE_INPUTS}

@@ -24,6 +24,13 @@ models: a 1.1B model's step is 10 Lite calls instead of 46, each with its own pe
                    [cos, sin], [context], [adapter_columns]
                    -> hidden (N, H), key_new, value_new of each of its layers
 
+The packed step (kv_cache packed) is cut at the same places; its tensors are per token (N tokens of
+any rows): embed takes input_ids, token_rows, token_positions (N,) and past_length (B,) and gives,
+besides hidden and cos/sin, what each token's attention reads: `past` (N, 1, 1, 1), `row` and
+`position` (N,) float32, [context (N,)]; the attention segments take token_rows, past, row, position
+(and the top query layer token_positions) and return key_new / value_new (N, kv, hd); head takes
+hidden and last_token (B,).
+
 What the runtime does with a segment's tensors follows from their names alone, so its chain knows
 no family: inputs named `key_cache` / `value_cache` take the step's caches in the order of the
 segments and of their inputs (and `key_new` / `value_new` are the step's new rows in that order); a
@@ -69,6 +76,7 @@ class SegmentLayout:
     adapter_columns: int = 0           # SLoRA: slots x rank, the width of the per-token adapter mask
     adapted: Tuple[str, ...] = ()      # "attn", "mlp": the block parts whose layers carry adapters
     blocks_per_segment: int = 0        # one rank: whole layers per `blocks` segment (0: attn and mlp apart)
+    packed: bool = False               # the packed step (kv_cache packed): tokens of any rows in one list
 
 
 def segment_relpath(name: str, rank: int) -> str:
@@ -87,13 +95,27 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     columns = [TensorSpec("adapter_columns", f32, (n, layout.adapter_columns))] if layout.adapter_columns else []
     rows = [TensorSpec(name, i32, (b,)) for name in layout.row_inputs]
     adapter_ids = [TensorSpec("adapter_ids", i32, (b,))] if layout.adapter_columns else []
-    ids = [TensorSpec("input_ids", i32, (b, DYNAMIC)), TensorSpec("batch_valid_length", i32, (b,)),
-           TensorSpec("past_length", i32, (b,))]
     cache = [TensorSpec(CACHE_INPUTS[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(CACHE_INPUTS[1], f32, (b, kv, DYNAMIC, hd))]
-    new = [TensorSpec(NEW_CACHE[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(NEW_CACHE[1], f32, (b, kv, DYNAMIC, hd))]
+    if layout.packed:     # per token: its row, its row's past, as float its row and position; GLM's context
+        ids = [TensorSpec(name, i32, (n,)) for name in ("input_ids", "token_rows", "token_positions")]
+        past_length, last = TensorSpec("past_length", i32, (b,)), TensorSpec("last_token", i32, (b,))
+        tokens = [ids[1], TensorSpec("past", f32, (n, 1, 1, 1)), TensorSpec("row", f32, (n,)),
+                  TensorSpec("position", f32, (n,))]
+        context = [TensorSpec("context", f32, (n,))] if layout.prefix_attention else []
+        new = [TensorSpec(name, f32, (n, kv, hd)) for name in NEW_CACHE]
+        embed = (ids + [past_length] + rows + adapter_ids, [x] + rotary + tokens[1:] + context + columns)
+        positions, head = ids[2:3], [x, last]
+    else:
+        ids = [TensorSpec("input_ids", i32, (b, DYNAMIC)), TensorSpec("batch_valid_length", i32, (b,)),
+               TensorSpec("past_length", i32, (b,))]
+        tokens = [past]
+        new = [TensorSpec(NEW_CACHE[0], f32, (b, kv, hd, DYNAMIC)),
+               TensorSpec(NEW_CACHE[1], f32, (b, kv, DYNAMIC, hd))]
+        embed = ([ids[0], ids[2]] + rows + adapter_ids, [x] + rotary + [past] + context + positions + columns)
+        head = [x] + ids
     residual = [TensorSpec(RESIDUAL, f32, (n, hidden))]
     part = {name: TensorSpec(name, f32, (n, hidden)) for name in PARTIAL_SUMS}
-    specs = {"embed": ([ids[0], ids[2]] + rows + adapter_ids, [x] + rotary + [past] + context + positions + columns)}
+    specs = {"embed": embed}
     own = lambda part_name: columns if part_name in layout.adapted else []
     blocks = dims.num_layers - int(layout.top_query)
     group = layout.blocks_per_segment
@@ -103,17 +125,17 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
         if group:
             layers = min(group, blocks - first)
             adapters = columns if layout.adapted else []
-            specs[f"layer{first}.blocks"] = ([x, past] + cache * layers + rotary + context + adapters,
+            specs[f"layer{first}.blocks"] = ([x] + tokens + cache * layers + rotary + context + adapters,
                                              [x] + new * layers)
             continue
         kept = residual if layout.deepnorm else []
-        specs[f"layer{first}.attn"] = ([x, past] + cache + rotary + context + own("attn"),
+        specs[f"layer{first}.attn"] = ([x] + tokens + cache + rotary + context + own("attn"),
                                        [part["attn_part"]] + kept + new)
         specs[f"layer{first}.mlp"] = ([x] + own("mlp"), [part["mlp_part"]] + kept)
     if layout.top_query:
-        specs["top_query.attn"] = ([x] + positions + [past] + cache + rotary, [part["attn_part"]] + residual + new)
+        specs["top_query.attn"] = ([x] + positions + tokens + cache + rotary, [part["attn_part"]] + residual + new)
         specs["top_query.mlp"] = ([x], [part["mlp_part"]])
-    specs["head"] = ([x] + ids, [TensorSpec(LOGITS_PART, f32, (b, dims.vocab_size // world_size))])
+    specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (b, dims.vocab_size // world_size))])
     return specs
 
 
@@ -129,11 +151,12 @@ def run_order(names) -> List[str]:
     return sorted(names, key=key)
 
 
-def call_shape(spec: TensorSpec, batch: int, steps: int, positions: int) -> Tuple[int, ...]:
-    """A segment tensor's shape in a call of `steps` new tokens per row against `positions` cache
-    rows: DYNAMIC is P in the caches, N = B*T as the first dimension (token-major tensors), T elsewhere."""
+def call_shape(spec: TensorSpec, batch: int, steps: int, positions: int, packed: bool = False) -> Tuple[int, ...]:
+    """A segment tensor's shape in a call of `steps` new tokens per row (packed: `steps` tokens in all)
+    against `positions` cache rows: DYNAMIC is P in the caches, N = B*T (packed: `steps`) as the first
+    dimension (token-major tensors), T elsewhere."""
     def size(axis: int) -> int:
         if spec.name in CACHE_INPUTS:
             return positions
-        return batch * steps if axis == 0 else steps
+        return (steps if packed else batch * steps) if axis == 0 else steps
     return tuple(size(axis) if d == DYNAMIC else d for axis, d in enumerate(spec.shape))
