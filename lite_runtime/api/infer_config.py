@@ -85,7 +85,7 @@ class InferConfig:
         if self.dynamic and manifest.kv_cache not in STEP_MODES:
             raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache dynamic or packed; "
                               f"{manifest.root or 'this export'} has kv_cache {manifest.kv_cache}: export again "
-                              "with kv_cache: dynamic, or leave dynamic False")
+                              "with kv_cache: packed, or leave dynamic False")
         if self.infer_seq_length not in (None, manifest.seq_length):
             raise ConfigError(f"InferConfig: infer_seq_length {self.infer_seq_length} differs from the export's "
                               f"seq_length {manifest.seq_length}; graphs have static shapes: export again")

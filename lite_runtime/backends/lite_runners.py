@@ -107,9 +107,10 @@ class NativeStaticGraphs(_NativeGraphs):
 
 
 class NativeStepGraph(_NativeGraphs):
-    """The step graph of the `dynamic` and `packed` kv modes: Resize when the shapes change (prefill to decode, a cache
-    bucket growing), then rebind; otherwise copy the small inputs into the bound arrays. Lite 2.0
-    reports output shapes one call late, so they are given to Resize from the contract."""
+    """The step graph of the `dynamic` and `packed` kv modes: Resize when the shapes change (prefill
+    to decode, another token count, a cache bucket growing), then rebind; otherwise copy the small
+    inputs into the bound arrays. Lite 2.0 reports output shapes one call late, so they are given to
+    Resize from the contract."""
 
     def __init__(self, model: LiteModel, manifest: Manifest):
         super().__init__({STEP: model}, STEP)

@@ -4,8 +4,8 @@ Two ways to reach Lite:
 - the official `mindspore_lite` Python package when it imports (Ascend servers; GE provider,
   config.ini, ModelGroup for `in_graph` exports): `mslite_official.py`;
 - otherwise the project's ctypes binding to Lite 2.0's C++ libraries (`lite_native.py`, CPU).
-  Lite keeps no state between calls there, so `kv_cache: io`, `dynamic` and `packed` exports run, the host
-  owning the cache (base.py) and Lite reading its arrays in place.
+  Lite keeps no state between calls there, so `kv_cache: io`, `dynamic` and `packed` exports run,
+  the host owning the cache (base.py) and Lite reading its arrays in place.
 `MSLiteSession` checks the export, picks one runner for it at load (lite_runners.py: native
 static graphs, the native step graph, the segment chain, or the official API) and delegates.
 """

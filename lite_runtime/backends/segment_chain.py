@@ -1,5 +1,5 @@
-"""One rank's step (dynamic or packed) run as segments (lite_runtime/contract/segments.py) with MindSpore Lite
-on CPU, the all-reduces and the vocabulary gather done on the host in between.
+"""One rank's step (dynamic or packed) run as segments (lite_runtime/contract/segments.py) with
+MindSpore Lite on CPU, the all-reduces and the vocabulary gather done on the host in between.
 
 The chain is driven by the manifest's segment specs alone: what it does with each tensor follows
 from its name (the contract's rules), so no family is known here. Every segment input other than
@@ -71,7 +71,8 @@ class SegmentChain(LiteRunner):
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
         """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (B, T),
-        or (N,) packed, first), the caches last; returns logits (B, vocab) and the new keys and values of every layer."""
+        or (N,) packed, first), the caches last; returns logits (B, vocab) and the new keys and
+        values of every layer."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
         shape = (np.shape(given[0])[-1], caches[1].shape[2])     # (T, P) or, packed, (N, P)
         if shape != self._shape:
