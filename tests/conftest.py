@@ -107,7 +107,7 @@ def family_export(hf_family, tmp_path_factory):
     """(family, variant) -> export folder. Variants: io, in_graph, dynamic, packed (MindSpore 2.10), lite,
     lite_dynamic, lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
     lite_tp2 (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms);
-    lite_tp2_packed, lite_segments_packed: the same of the packed step."""
+    lite_tp2_packed, lite_segments_packed: the same of the packed step; a `_b1` suffix: batch size 1."""
     made = {}
 
     def get(family, variant):
@@ -133,8 +133,10 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
                 if variant.startswith("lite_segments"):   # one rank's step as segments, each its own .ms
                     cfg["parallel"], cfg["lite_ms"] = {"collectives": "host"}, True
-                if variant in ("lite_dynamic", "lite_packed"):
+                if variant.startswith(("lite_dynamic", "lite_packed")):
                     cfg["lite_ms"] = True
+                if variant.endswith("_b1"):      # one cache row: tensors of (1,) shape
+                    cfg["batch_size"] = 1
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[key]

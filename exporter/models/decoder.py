@@ -59,6 +59,7 @@ class StepShapes(nn.Cell):
             shape_tensor(batch, hidden)
         self.flat_column = shape_tensor(-1, 1)
         self.token_column = shape_tensor(-1, 1, 1, 1)
+        self.row_of_tokens = shape_tensor(1, -1)
         self.axis0 = Tensor(np.array([0], np.int32))
 
 
@@ -127,6 +128,8 @@ class CausalLM(nn.Cell):
         self.cumsum = ops.CumSum()
         self.bmm = ops.BatchMatMul()
         self.greater_equal = ops.GreaterEqual()
+        self.sum_last = ops.ReduceSum()
+        self.matmul = ops.MatMul()
 
     def _rotary_2d(self, t, context, mask_position, column, flat, shape, axis):
         """cos, sin (`shape`) of GLM's 2-D positions for tokens at indices t (B, T) float32 of rows
@@ -355,7 +358,14 @@ class CausalLM(nn.Cell):
         return top.finish(x, attn), k, v
 
     def packed_logits(self, x, last_token):
-        return self._logits(self.gather(x, last_token, self.dyn.axis0))
+        """Logits of each row's `last_token` (B,) from the hidden states x (N, H), picked by a product
+        with a one-hot (B, N): Lite 2.0 gets a Gather of a graph input by a (1,)-shaped index wrong
+        (the head segment at batch 1 gave other logits than MindSpore does from the same MindIR)."""
+        d = self.dyn
+        tokens = self.cumsum(self.ones_like(self.sum_last(x, -1)), 0) - 1.0            # 0 .. N-1
+        pick = self.cast(self.equal(self.reshape(tokens, d.row_of_tokens),
+                                    self.reshape(self.cast(last_token, ms.float32), d.column)), self.dtype)
+        return self._logits(self.matmul(pick, x))
 
     def packed_attention(self, attn, h, cos, sin, k_cache, v_cache, tokens, biases, select, query=None):
         """A layer's attention (up to its output projection's reduction) in a packed call, with the
