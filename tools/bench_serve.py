@@ -44,7 +44,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tools"))
-from bench_scale import SHAPES  # noqa: E402
+from bench_scale import SHAPES, weight_counts  # noqa: E402
 from compare_peers import BENCH_MODELS, BENCH_SEQ_LENGTH, PEER_TOOL, PEERS_PYTHON, prepare, wait_until_idle  # noqa: E402
 from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
@@ -79,7 +79,7 @@ def check_round_trip(tokenizer, jobs: list) -> None:
                              f"ids drawn {job['ids'][:8]}...: the sides would get different prompts")
 
 
-def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int) -> list:
+def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0) -> list:
     from openai import OpenAI
     from lite_runtime.serve.process import served
     with served(model_dir, backend, "bench", ["--num_threads", str(threads)], cwd=REPO, output=None) as server:
@@ -100,7 +100,11 @@ def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: 
             return {"arrived": job["arrival"], "stamps": [s - start for s in stamps], "text": "".join(text),
                     "tokens": tokens}
         with ThreadPoolExecutor(clients) as pool:
-            return list(pool.map(run, jobs))
+            rows = list(pool.map(run, jobs))
+        peak = server.rss_bytes(peak=True)
+        print(f"server peak RSS {peak / 2 ** 30:.2f} GiB" + (f", {peak / weights:.2f}x the fp32 weights" if weights else ""),
+              file=sys.stderr)
+        return rows
 
 
 STATIC = """
@@ -251,7 +255,8 @@ def command(**options):
         busy = wait_until_idle(0.15, 60.0)
         print(f"CPUs {busy:.0%} busy before the next side", file=sys.stderr, flush=True)
     idle()
-    served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads))
+    weights = 4 * weight_counts(PEER_SHAPES[args.shape])["total"] if args.peers else 0
+    served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads, weights))
     idle()
     static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
     engine_rows = ov_rows = None
@@ -273,6 +278,11 @@ def command(**options):
     for name, side in (("engine alone (in process, no HTTP)", engine_rows), ("OpenVINO GenAI (ContinuousBatching)", ov_rows)):
         if side is not None:
             checks[name.split(" (")[0]] = sum(a == r["ids"] for a, r in zip(ours, side))
+            for i, (a, r) in enumerate(zip(ours, side)):
+                if a != r["ids"]:
+                    at = next((k for k, (x, y) in enumerate(zip(a, r["ids"])) if x != y), min(len(a), len(r["ids"])))
+                    print(f"request {i} differs from the server's at new token {at}: {name.split(' (')[0]} "
+                          f"{r['ids'][at:at + 4]}, server {a[at:at + 4]} (prompt ids in {args.work_dir}/jobs.json)")
             rows.append(summary(name, side, [len(r["ids"]) for r in side]))
     same = min(checks.values())
     agree = ["greedy tokens agree: " + ", ".join(f"server = {k} {v}/{len(jobs)}" for k, v in checks.items())]
@@ -280,6 +290,7 @@ def command(**options):
         at_eos = [sum(len(t) < j["max_tokens"] for t, j in zip(side, jobs)) for side in (ours, [r["ids"] for r in ov_rows])]
         agree.append(f"; requests ended by EOS before max_tokens: server {at_eos[0]}, OpenVINO {at_eos[1]}")
     print(*agree)
+    print(step_bound(jobs, static_rows, tokens, manifest.batch_size))
     print(f"{'':36} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}  most at once")
     for r in rows:
         print(f"{r['name']:36} {r['tok_s']:8.1f} {r['ttft50'] * 1e3:7.0f}ms {r['ttft99'] * 1e3:7.0f}ms "
@@ -289,6 +300,18 @@ def command(**options):
     if len(rows) == 4:
         print(ratios(rows[2], rows[3]))
     return 0 if same == len(jobs) else 1
+
+
+def step_bound(jobs: list, static_rows: list, tokens: list, rows: int) -> str:
+    """The decode steps each of our sides needs: a static batch runs to its longest max_tokens, continuous
+    batching at best keeps every row busy. Their ratio is the most continuous batching can gain where
+    a step costs the same whatever its rows (on a CPU a batch-8 step of a large model costs more)."""
+    batches = {}
+    for job, row in zip(jobs, static_rows):
+        batches.setdefault(row["begun"], []).append(job["max_tokens"])
+    static, continuous = sum(max(b) for b in batches.values()), -(-sum(tokens) // rows)
+    return (f"decode steps: static batches {static}, continuous batching at least {continuous}: "
+            f"{static / continuous:.2f}x at most, at a step time independent of its rows")
 
 
 def ratios(mine: dict, peer: dict) -> str:

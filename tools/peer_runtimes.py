@@ -130,6 +130,14 @@ class _ExplicitCacheLlama:
             half = x.shape[-1] // 2
             return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
+        def shared(x):
+            # GQA as transformers' repeat_kv: OpenVINO's paged-attention rewrite (ContinuousBatchingPipeline)
+            # matches this pattern, not the attention's enable_gqa (the IR is then refused)
+            if heads == kv:
+                return x
+            b, _, s, _ = x.shape
+            return x[:, :, None].expand(b, kv, heads // kv, s, hd).reshape(b, heads, s, hd)
+
         class Net(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -155,7 +163,7 @@ class _ExplicitCacheLlama:
                     k = torch.cat([pk.index_select(0, beam_idx), k], 2)
                     v = torch.cat([pv.index_select(0, beam_idx), v], 2)
                     present.append((k, v))
-                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv)
+                    o = F.scaled_dot_product_attention(q, shared(k), shared(v), attn_mask=mask)
                     x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, heads * hd))
                     x = x + layer.mlp(rms(x, layer.post_attention_layernorm.weight))
                 logits = model.lm_head(rms(x, model.model.norm.weight))

@@ -200,7 +200,7 @@ class PackedKVCache(BucketedKVCache):
 
     def __init__(self, manifest: Manifest):
         super().__init__(manifest)
-        self.whole_prompts = bool(get_family(manifest.family).row_inputs)
+        self.whole_prompts = get_family(manifest.family).whole_prompts
 
     def _run_tokens(self, run, ids, rows, positions, past, last, extra):
         self.ensure(max(int(past.max()), 1))

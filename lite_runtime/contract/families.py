@@ -120,6 +120,12 @@ class FamilySpec:
         return {name: int(config[name]) if config.get(name) is not None else default
                 for name, default in self.row_input_tokens}
 
+    @property
+    def whole_prompts(self) -> bool:
+        """A prompt goes to the graph in one call, never in chunks: the family's prompt attends both
+        ways (GLM's prefix; its row inputs are where the prefix ends)."""
+        return bool(self.row_inputs)
+
     def inputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
         adapters = [TensorSpec("adapter_ids", "int32", (dims.batch_size,))] if dims.adapter_slots else []

@@ -86,9 +86,9 @@ class Engine:
                                    "kv_cache: packed")
         self.packed = m.kv_cache == "packed"
         # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
-        # prompt, once, by its feed builder. Its prompt attends both ways, so it is fed whole, never in chunks.
+        # prompt, once, by its feed builder.
         self.inputs = InputOfInfer.get_inputs(m.family, m)
-        self.whole_prompts = bool(get_family(m.family).row_inputs)
+        self.whole_prompts = get_family(m.family).whole_prompts
         self.pad_id = m.pad_token_id
         self.idle_row_values = self._row_values([self.pad_id])    # what an idle row feeds
         self.session = session

@@ -24,10 +24,11 @@ class ServerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def rss_bytes(self) -> int:
-        """The server's resident set size now."""
+    def rss_bytes(self, peak: bool = False) -> int:
+        """The server's resident set size now (or its peak so far)."""
+        field = "VmHWM:" if peak else "VmRSS:"
         with open(f"/proc/{self.pid}/status", encoding="ascii") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            kb = next(int(line.split()[1]) for line in f if line.startswith(field))
         return kb * 1024
 
 
