@@ -16,7 +16,8 @@ a process of its own, one after the other, each started when the machine is idle
 
 --peers makes the random Hugging Face Llama of --shape (small: the peers benchmark model of
 tools/compare_peers.py; the others those of tools/bench_scale.py) in the peers venv, exports it for
-Lite (MindSpore 2.0, kv_cache packed, 8 cache rows, .ms) and builds OpenVINO GenAI's f32 IR from the
+Lite (MindSpore 2.0, 8 cache rows, `target: cpu`: the packed step as a .ms, or as segments above
+2 GiB of weights) and builds OpenVINO GenAI's f32 IR from the
 same folder (tools/peer_runtimes.py). Prompts are words of its word-level tokenizer whose text
 tokenizes back to exactly the ids drawn (checked); OpenVINO GenAI gets those ids. Its pipeline runs in
 the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse off: the only one where
@@ -178,7 +179,7 @@ def build_peers(args) -> tuple:
     if not os.path.isfile(PEERS_PYTHON):
         raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    ours = "mslite_packed" if args.kv_cache == "packed" else "mslite"
+    ours = "mslite_cpu" if args.kv_cache == "packed" else "mslite"
     folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], [ours, "openvino"],
                       args.threads, False, log, shape=PEER_SHAPES[args.shape])
     return folders[(ours, CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
@@ -229,7 +230,7 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 @click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,
               help="the --peers model")
 @click.option("--kv_cache", type=click.Choice(["packed", "dynamic"]), default="packed", show_default=True,
-              help="the step graph of our --peers export")
+              help="the step graph of our --peers export (packed: as `target: cpu` writes it)")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)

@@ -38,6 +38,10 @@ PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
 OURS = ("mslite", "mslite_packed", "mslite_io")   # the project's forms (see above) and the static io pair
+# each form's export keys; mslite_cpu is whatever `target: cpu` writes (the packed step, as segments
+# above 2 GiB of weights): what tools/bench_serve.py serves
+EXPORTS = {"mslite": dict(kv_cache="dynamic", lite_ms=True), "mslite_packed": dict(kv_cache="packed", lite_ms=True),
+           "mslite_io": dict(kv_cache="io", lite_ms=False), "mslite_cpu": dict(target="cpu")}
 PEERS = ("ort", "openvino", "transformers")
 REFERENCE = "transformers"
 METRICS = (("step", "step med ms"), ("ttft", "TTFT ms"), ("rss", "peak RSS MB"))
@@ -83,15 +87,15 @@ def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int
                 extra = [str(threads)] if runtime == "ort" else []
                 _run([PEERS_PYTHON, PEER_TOOL, runtime, hf, folder] + extra, f"building the {runtime} model")
             else:
-                _export_ours(hf, folder, batch, {"mslite_io": "io", "mslite_packed": "packed"}.get(runtime, "dynamic"))
+                _export_ours(hf, folder, batch, EXPORTS[runtime])
     return out
 
 
-def _export_ours(hf: str, folder: str, batch: int, kv_cache: str) -> None:
+def _export_ours(hf: str, folder: str, batch: int, keys: dict) -> None:
     import yaml
 
-    config = {"model": {"hf_dir": hf}, "seq_length": BENCH_SEQ_LENGTH, "batch_size": batch, "kv_cache": kv_cache,
-              "output_dir": folder, "lite_ms": kv_cache != "io"}
+    config = {"model": {"hf_dir": hf}, "seq_length": BENCH_SEQ_LENGTH, "batch_size": batch, "output_dir": folder,
+              **keys}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
     try:
