@@ -146,17 +146,51 @@ def test_n_choices_are_each_their_own_generation(server, pipeline_texts):
     ({"prompt": "one, " * 200}, 400, "prompt"),
     ({"prompt": [1, 5, 10 ** 6]}, 400, "prompt"),
     ({"min_tokens": 3}, 400, "min_tokens"),
+    ({"logit_bias": {"5": 101}}, 400, "logit_bias.5"),
+    ({"logit_bias": {"w5": 1}}, 400, "logit_bias.w5.[key]"),
+    ({"logit_bias": {str(10 ** 6): 1}}, 400, "logit_bias"),
+    ({"suffix": " and so on"}, 400, "suffix"),
+    ({"best_of": 3}, 400, "best_of"),
+    # what is not built is refused, never ignored: the answer would not be what was asked for
+    ({"messages": [{"role": "user", "content": "one,"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     400, "tools"),
+    ({"messages": [{"role": "user", "content": "one,"}], "tool_choice": "required"}, 400, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "one,"}], "response_format": {"type": "json_object"}},
+     400, "response_format"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     400, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "one,"}], "max_completion_tokens": 3}, 400, "max_completion_tokens"),
 ])
 def test_a_bad_request_gets_an_openai_error_naming_the_field(server, body, status, param):
     url, *_ = server
-    data = dict({"model": "demo", "prompt": "one,", "max_tokens": 2}, **body)
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(data).encode(),
-                                 {"Content-Type": "application/json"})
+    route, first = ("chat/completions", {}) if "messages" in body else ("completions", {"prompt": "one,"})
+    data = dict({"model": "demo", "max_tokens": 2, **first}, **body)
+    req = urllib.request.Request(f"{url}/v1/{route}", json.dumps(data).encode(), {"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == status
     error = json.loads(e.value.read())["error"]
     assert error["param"] == param and error["message"], error
+
+
+def test_logit_bias_max_completion_tokens_and_text_parts(server, demo_exports):
+    url, *_ = server
+    c = client(url)
+    from lite_runtime.contract.manifest import load_manifest
+    tokenizer = load_manifest(demo_exports["ms"]).load_tokenizer()
+    ask = dict(model="demo", prompt=PROMPTS[0], max_tokens=3, temperature=0, logprobs=0)
+    greedy = c.completions.create(**ask).choices[0].logprobs.tokens     # pieces
+    first = next(i for i in range(tokenizer.vocab_size) if tokenizer.id_to_piece(i) == greedy[0])
+    banned = c.completions.create(logit_bias={str(first): -100}, **ask).choices[0].logprobs.tokens
+    assert banned[0] != greedy[0]
+    forced = c.completions.create(logit_bias={str(first): 100}, **ask).choices[0].logprobs.tokens
+    assert forced == [greedy[0]] * 3 != greedy
+    chat = dict(model="demo", temperature=0)
+    plain = c.chat.completions.create(messages=[{"role": "user", "content": "Counting:\none,"}], max_tokens=3, **chat)
+    parts = c.chat.completions.create(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Counting:"}, {"type": "text", "text": "one,"}]}], max_completion_tokens=3, **chat)
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.completion_tokens == 3
 
 
 def test_metrics_parse_and_count_the_requests(server):

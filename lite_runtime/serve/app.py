@@ -99,6 +99,10 @@ def create_app(served: ServedModel) -> FastAPI:
         if body.max_tokens is not None and body.min_tokens > body.max_tokens:
             raise _BadRequest(f"min_tokens {body.min_tokens} exceeds max_tokens {body.max_tokens}; allowed: 0 to "
                               "max_tokens", "min_tokens")
+        outside = [t for t in body.logit_bias or () if not 0 <= t < served.vocab_size]
+        if outside:
+            raise _BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
+                              "logit_bias")
         room = served.context - len(prompt_ids)
         if room < 1:
             raise _BadRequest(f"the prompt has {len(prompt_ids)} tokens but this model takes at most "
@@ -147,7 +151,7 @@ class _Choice:
         put = run.loop.call_soon_threadsafe
         self.engine_request = EngineRequest(
             prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot,
-            body.presence_penalty, body.frequency_penalty, body.min_p, top, body.min_tokens,
+            body.presence_penalty, body.frequency_penalty, body.min_p, top, body.min_tokens, body.logit_bias,
             on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
             on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
 

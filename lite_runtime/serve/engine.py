@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
+from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -55,6 +55,7 @@ class EngineRequest:
     min_p: float = 0.0
     logprobs: Optional[int] = None   # k: report TokenLogprobs with the k most likely tokens (a softmax per step)
     min_tokens: int = 0              # stop_ids cannot be chosen before this many tokens
+    logit_bias: Optional[Dict[int, float]] = None   # token id -> added to its logit before choosing
     on_token: Callable[[int, Optional[TokenLogprobs]], None] = lambda token, logprobs: None
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
@@ -264,6 +265,9 @@ class Engine:
                 ids, counts = np.unique(generated, return_counts=True)
                 scores = scores.copy()
                 scores[0, ids] -= request.presence_penalty + request.frequency_penalty * counts
+        if request.logit_bias:
+            scores = scores.copy() if scores is logits else scores
+            scores[0, list(request.logit_bias)] += np.array(list(request.logit_bias.values()), np.float32)
         if request.min_p > 0 and not request.sampling.is_greedy:   # p >= min_p * p_max, in logits
             scores = np.where(scores >= scores.max() + np.log(request.min_p), scores, -np.inf).astype(np.float32)
         ids = valid = None

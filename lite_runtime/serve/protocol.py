@@ -3,9 +3,9 @@ requests. A body that breaks a rule is answered 400 with OpenAI's error object n
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lite_runtime.decode.sampling import SamplingParams
 
@@ -13,7 +13,8 @@ MAX_CHOICES = 16
 
 
 class SamplingFields(BaseModel):
-    """The fields completions and chat share."""
+    """The fields completions and chat share. Unknown fields are ignored (clients send `user`,
+    `metadata`, ...), but those that would change the answer and are not built here are refused."""
     model_config = ConfigDict(extra="ignore")
 
     model: str
@@ -31,6 +32,31 @@ class SamplingFields(BaseModel):
     stream: bool = False
     ignore_eos: bool = False                              # vLLM's: the model's EOS does not end the text
     min_tokens: int = Field(0, ge=0)                      # vLLM's: no EOS before this many new tokens
+    logit_bias: Optional[Dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]]] = None   # token id -> added logit
+    tools: Optional[list] = None                          # refused when given (below)
+    tool_choice: Optional[Union[str, dict]] = None
+    response_format: Optional[Dict[str, Any]] = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools):
+        if tools:
+            raise ValueError("tool calls are not supported by this server; send the request without tools")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, choice):
+        if choice not in (None, "none", "auto"):
+            raise ValueError(f"{choice!r} needs tool calls, which this server does not support; allowed: none, auto")
+        return choice
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, form):
+        if form and form.get("type") != "text":
+            raise ValueError(f"type {form.get('type')!r} is not supported (no constrained decoding); allowed: text")
+        return form
 
     def sampling(self) -> SamplingParams:
         greedy = self.temperature == 0.0
@@ -53,22 +79,65 @@ class CompletionRequest(SamplingFields):
     logprobs: Optional[int] = Field(None, ge=0, le=5)     # the chosen token's and the k most likely ones'
 
     echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix):
+        if suffix:
+            raise ValueError("insertion after the completion is not supported; send the request without suffix")
+        return suffix
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_of_one(cls, best_of):
+        if best_of not in (None, 1):
+            raise ValueError(f"{best_of} is not supported; allowed: 1 (n gives several choices, each returned)")
+        return best_of
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content):
+        """OpenAI's list of content parts: its text parts, one per line."""
+        if not isinstance(content, list):
+            return content
+        kinds = [part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content]
+        other = [k for k in kinds if k != "text"]
+        if other:
+            raise ValueError(f"only text parts are supported; got a part of type {other[0]!r}")
+        return "\n".join(str(part.get("text", "")) for part in content)
+
 
 class ChatRequest(SamplingFields):
     messages: List[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)   # with logprobs: the k most likely tokens too
+    max_completion_tokens: Optional[int] = Field(None, ge=1)  # OpenAI's newer name of max_tokens
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_limit(cls, limit, info):
+        given = info.data.get("max_tokens")
+        if limit is not None and given is not None and given != limit:
+            raise ValueError(f"{limit} differs from max_tokens {given}; give one of them")
+        return limit
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @model_validator(mode="after")
+    def _limit(self):
+        if self.max_tokens is None:
+            self.max_tokens = self.max_completion_tokens
         return self
 
 
