@@ -193,6 +193,59 @@ def test_logit_bias_max_completion_tokens_and_text_parts(server, demo_exports):
     assert parts.usage.completion_tokens == 3
 
 
+def test_the_schedulers_step_budget_and_prompt_chunks_are_options(demo_exports, pipeline_texts):
+    """A budget of one token per cache row with prompts fed two tokens a step still gives pipeline()'s
+    greedy text; a budget below the rows is refused at start, naming the option."""
+    from lite_runtime.contract.errors import ToolchainError
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.process import served as serve_process
+    rows = load_manifest(demo_exports["ms"]).batch_size
+    tight = ["--max_step_tokens", str(rows), "--prefill_chunk", "2"]
+    with serve_process(demo_exports["ms"], "ms", "demo", tight, cwd=REPO) as server:
+        c = client(server.url)
+        for prompt, expected in zip(PROMPTS, pipeline_texts):
+            assert c.completions.create(model="demo", prompt=prompt, max_tokens=10, temperature=0).choices[0].text \
+                == expected
+    with pytest.raises(ToolchainError, match=f"max_step_tokens {rows - 1} is below the export's {rows} cache rows"):
+        with serve_process(demo_exports["ms"], "ms", "demo", ["--max_step_tokens", str(rows - 1)], cwd=REPO):
+            pass
+
+
+def test_tgi_routes_answer_as_text_generation_inference(server, pipeline_texts):
+    """MindIE Service's TGI-style routes through huggingface_hub's InferenceClient (a TGI client this
+    project did not write): pipeline()'s greedy text whole and streamed, with details; TGI's errors."""
+    from huggingface_hub import InferenceClient
+    url, *_ = server
+    tgi = InferenceClient(model=url)
+    whole = tgi.text_generation(PROMPTS[0], max_new_tokens=10, details=True)
+    assert whole.generated_text == pipeline_texts[0]
+    assert (whole.details.finish_reason, whole.details.generated_tokens, len(whole.details.tokens)) == ("length", 10, 10)
+    assert all(t.logprob <= 0 for t in whole.details.tokens)
+    streamed = list(tgi.text_generation(PROMPTS[0], max_new_tokens=10, stream=True, details=True))
+    assert [s.token.id for s in streamed] == [t.id for t in whole.details.tokens]
+    assert streamed[-1].generated_text == pipeline_texts[0] and streamed[-1].details.finish_reason == "length"
+    assert all(s.generated_text is None for s in streamed[:-1])
+    cut = pipeline_texts[0].index(",", 1)
+    stopped = tgi.text_generation(PROMPTS[0], max_new_tokens=10, stop=[","], details=True)
+    assert stopped.generated_text == pipeline_texts[0][:cut] and stopped.details.finish_reason == "stop_sequence"
+    c = client(url)       # greedy unless sampling is asked for; sampling as the OpenAI routes' with the same seed
+    openai_greedy = c.completions.create(model="demo", prompt="Words:", max_tokens=8, temperature=0).choices[0].text
+    assert [tgi.text_generation("Words:", max_new_tokens=8, temperature=1.0) for _ in range(3)] == [openai_greedy] * 3
+    sampled = [tgi.text_generation("Words:", max_new_tokens=8, do_sample=True, temperature=2.0, seed=s) for s in (11, 12)]
+    assert sampled == [c.completions.create(model="demo", prompt="Words:", max_tokens=8, temperature=2.0,
+                                            seed=s).choices[0].text for s in (11, 12)] and sampled[0] != sampled[1]
+    full = tgi.text_generation(PROMPTS[0], max_new_tokens=2, return_full_text=True)
+    assert full.startswith(PROMPTS[0]) and pipeline_texts[0].startswith(full[len(PROMPTS[0]):])
+    for parameters, field in (({"temperature": 0}, "parameters.temperature"),
+                              ({"best_of": 2}, "parameters.best_of"), ({"max_tokens": 5}, "parameters.max_tokens")):
+        req = urllib.request.Request(url + "/generate", json.dumps({"inputs": "one,", "parameters": parameters}).encode(),
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        error = json.loads(e.value.read())
+        assert e.value.code == 422 and error["error_type"] == "validation" and error["error"].startswith(field), error
+
+
 def test_metrics_parse_and_count_the_requests(server):
     from prometheus_client.parser import text_string_to_metric_families
     url, *_ = server

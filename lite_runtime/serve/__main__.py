@@ -9,8 +9,10 @@ import sys
 
 import click
 
+from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.serve.engine import PREFILL_CHUNK, Engine
 
 PROG = "python -m lite_runtime.serve"
 
@@ -24,6 +26,12 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--num_threads", type=click.IntRange(1, None), default=2, show_default=True)
 @click.option("--max_waiting", type=click.IntRange(1, None), default=64, show_default=True,
               help="Requests that may wait for a cache row; more are answered 429 at once.")
+@click.option("--max_step_tokens", type=click.IntRange(1, None), default=PackedKVCache.max_tokens, show_default=True,
+              help="Most tokens one step computes (a packed export): decoding rows go first, prompts fill the "
+                   "rest. Smaller keeps decoding rows' inter-token time steady while prompts join; larger "
+                   "gives new prompts their first token sooner.")
+@click.option("--prefill_chunk", type=click.IntRange(1, None), default=PREFILL_CHUNK, show_default=True,
+              help="Most prompt tokens one request feeds in a step; a longer prompt goes over several steps.")
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
 @click.option("--distributed", type=BOOL, default=False,
@@ -31,15 +39,14 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
               help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
                    "behind rank 0's endpoint.")
-def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, shutdown_timeout,
-            distributed, data_parallel):
+def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, max_step_tokens,
+            prefill_chunk, shutdown_timeout, distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
-    /health, /metrics."""
+    TGI's /generate and /generate_stream, /health, /metrics."""
     import uvicorn
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.serve.app import ServedModel, create_app
-    from lite_runtime.serve.engine import Engine
     from lite_runtime.serve.metrics import Metrics
     from lite_runtime.serve import ranks
 
@@ -60,7 +67,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     metrics = Metrics()
 
     def make_engine(session_of_a_replica):
-        return Engine(session_of_a_replica, max_waiting=max_waiting, metrics=metrics)
+        return Engine(session_of_a_replica, max_waiting=max_waiting, prefill_chunk=prefill_chunk, metrics=metrics,
+                      max_step_tokens=max_step_tokens)
     engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
     metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))

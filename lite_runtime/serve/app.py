@@ -19,6 +19,7 @@ from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull, TokenLog
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import ChatRequest, CompletionRequest, SamplingFields, error_body
 from lite_runtime.serve.text import RequestText
+from lite_runtime.serve.tgi import add_tgi_routes
 
 
 class ServedModel:
@@ -39,10 +40,10 @@ class ServedModel:
         if model in self.adapters:
             return self.adapters[model]
         known = ", ".join([self.name] + sorted(self.adapters))
-        raise _BadRequest(f"model {model!r} is not served here; models: {known}", "model", "model_not_found", 404)
+        raise BadRequest(f"model {model!r} is not served here; models: {known}", "model", "model_not_found", 404)
 
 
-class _BadRequest(Exception):
+class BadRequest(Exception):
     def __init__(self, message: str, param: Optional[str] = None, code: Optional[str] = None, status: int = 400):
         super().__init__(message)
         self.param, self.code, self.status = param, code, status
@@ -58,8 +59,8 @@ def create_app(served: ServedModel) -> FastAPI:
         value = f" (got {first['input']!r})" if "input" in first and not isinstance(first["input"], dict) else ""
         return JSONResponse(error_body(f"{field}: {first['msg']}{value}", field or None), status_code=400)
 
-    @app.exception_handler(_BadRequest)
-    async def bad(_request, exc: _BadRequest):
+    @app.exception_handler(BadRequest)
+    async def bad(_request, exc: BadRequest):
         return JSONResponse(error_body(str(exc), exc.param, code=exc.code), status_code=exc.status)
 
     @app.get("/health")
@@ -84,7 +85,7 @@ def create_app(served: ServedModel) -> FastAPI:
             prompt_ids = list(body.prompt)
             bad = [t for t in prompt_ids if not 0 <= t < served.vocab_size]
             if bad:
-                raise _BadRequest(f"prompt: token id {bad[0]} is outside the vocabulary [0, {served.vocab_size})",
+                raise BadRequest(f"prompt: token id {bad[0]} is outside the vocabulary [0, {served.vocab_size})",
                                   "prompt")
         return await _answer(served, body, prompt_ids, request, chat=False)
 
@@ -95,32 +96,10 @@ def create_app(served: ServedModel) -> FastAPI:
         return await _answer(served, body, prompt_ids, request, chat=True)
 
     async def _answer(served: ServedModel, body: SamplingFields, prompt_ids: List[int], request: Request, chat: bool):
-        slot = served.slot(body.model)
-        if body.max_tokens is not None and body.min_tokens > body.max_tokens:
-            raise _BadRequest(f"min_tokens {body.min_tokens} exceeds max_tokens {body.max_tokens}; allowed: 0 to "
-                              "max_tokens", "min_tokens")
-        outside = [t for t in body.logit_bias or () if not 0 <= t < served.vocab_size]
-        if outside:
-            raise _BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
-                              "logit_bias")
-        room = served.context - len(prompt_ids)
-        if room < 1:
-            raise _BadRequest(f"the prompt has {len(prompt_ids)} tokens but this model takes at most "
-                              f"{served.context - 1} (its context is {served.context} tokens)", "messages" if chat
-                              else "prompt", "context_length_exceeded")
-        run = _Run(served, body, prompt_ids, slot, chat)
-        submitted = []
         try:
-            for choice in run.choices:
-                served.engine.submit(choice.engine_request)
-                submitted.append(choice.engine_request)
-        except (QueueFull, ToolchainError) as e:
-            for request in submitted:
-                served.engine.cancel(request)
-            if isinstance(e, QueueFull):
-                return JSONResponse(error_body(str(e), None, "server_busy"), status_code=429)
-            raise _BadRequest(str(e), "prompt") from None
-        served.metrics.prompt_tokens.inc(len(prompt_ids))
+            run = start_run(served, body, prompt_ids, chat)
+        except QueueFull as e:
+            return JSONResponse(error_body(str(e), None, "server_busy"), status_code=429)
         if body.stream:
             return StreamingResponse(run.events(request), media_type="text/event-stream")
         try:
@@ -130,7 +109,40 @@ def create_app(served: ServedModel) -> FastAPI:
             raise
         return run.whole()
 
+    add_tgi_routes(app, served)
     return app
+
+
+def start_run(served: ServedModel, body: SamplingFields, prompt_ids: List[int], chat: bool) -> "_Run":
+    """A request's choices submitted to the engine, after the checks that need the model; raises
+    BadRequest, or QueueFull when the engine's queue is full."""
+    slot = served.slot(body.model)
+    if body.max_tokens is not None and body.min_tokens > body.max_tokens:
+        raise BadRequest(f"min_tokens {body.min_tokens} exceeds max_tokens {body.max_tokens}; allowed: 0 to "
+                          "max_tokens", "min_tokens")
+    outside = [t for t in body.logit_bias or () if not 0 <= t < served.vocab_size]
+    if outside:
+        raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
+                          "logit_bias")
+    room = served.context - len(prompt_ids)
+    if room < 1:
+        raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but this model takes at most "
+                          f"{served.context - 1} (its context is {served.context} tokens)", "messages" if chat
+                          else "prompt", "context_length_exceeded")
+    run = _Run(served, body, prompt_ids, slot, chat)
+    submitted = []
+    try:
+        for choice in run.choices:
+            served.engine.submit(choice.engine_request)
+            submitted.append(choice.engine_request)
+    except (QueueFull, ToolchainError) as e:
+        for request in submitted:
+            served.engine.cancel(request)
+        if isinstance(e, QueueFull):
+            raise
+        raise BadRequest(str(e), "prompt") from None
+    served.metrics.prompt_tokens.inc(len(prompt_ids))
+    return run
 
 
 class _Choice:
@@ -176,7 +188,7 @@ class _Run:
         for choice in self.choices:
             self.served.engine.cancel(choice.engine_request)
 
-    async def _items(self):
+    async def items(self):
         """(choice, text piece, token, logprob) per token, until every choice has its finish reason."""
         metrics, running = self.served.metrics, len(self.choices)
         while running:
@@ -204,7 +216,7 @@ class _Run:
             yield choice, piece, value, logprob
 
     async def done(self) -> None:
-        async for choice, piece, token, logprob in self._items():
+        async for choice, piece, token, logprob in self.items():
             choice.pieces.append(piece)
 
     def usage(self) -> dict:
@@ -247,7 +259,7 @@ class _Run:
             if self.chat:
                 ready = [self._event(kind, {"index": c.index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}) for c in self.choices]
-            async for choice, piece, token, logprob in self._items():
+            async for choice, piece, token, logprob in self.items():
                 lp = self._logprobs([token], [logprob]) if token is not None else None
                 text = {"delta": {"content": piece}} if self.chat else {"text": piece}
                 ready.append(self._event(kind, {"index": choice.index, **text, "logprobs": lp, "finish_reason": None}))

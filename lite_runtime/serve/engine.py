@@ -32,6 +32,9 @@ from lite_runtime.decode.sampling import Sampler, SamplingParams
 log = logging.getLogger("lite_runtime.serve")
 
 
+PREFILL_CHUNK = 128     # most prompt tokens a row feeds in one step
+
+
 class QueueFull(Exception):
     """The engine's waiting queue is full: answer the client at once (429)."""
 
@@ -78,7 +81,7 @@ class _Row:
 class Engine:
     """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
 
-    def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = 128, metrics=None,
+    def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = PREFILL_CHUNK, metrics=None,
                  max_step_tokens: int = PackedKVCache.max_tokens):
         m = session.manifest
         if m.kv_cache not in STEP_MODES:
@@ -86,6 +89,9 @@ class Engine:
                                    f"per-row lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
                                    "kv_cache: packed")
         self.packed = m.kv_cache == "packed"
+        if self.packed and max_step_tokens < m.batch_size:
+            raise ValidationError(f"max_step_tokens {max_step_tokens} is below the export's {m.batch_size} cache rows: "
+                                  f"each decoding row feeds a token per step; allowed: {m.batch_size} or more")
         # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
         # prompt, once, by its feed builder.
         self.inputs = InputOfInfer.get_inputs(m.family, m)

@@ -1,0 +1,165 @@
+"""Text Generation Inference's routes, as MindIE Service also serves them: `POST /generate` (and `POST /`),
+`POST /generate_stream`, `GET /info`. A TGI request becomes a completion request of the same engine;
+its answers and errors take TGI's shapes (`generated_text`, `details`, token events; 422 with
+`error_type`). Sampling follows TGI: greedy unless `do_sample`, or a temperature, top_k or top_p
+that changes the distribution, is given."""
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib.metadata import PackageNotFoundError, version
+from typing import List, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lite_runtime.serve.engine import QueueFull
+from lite_runtime.serve.protocol import CompletionRequest
+
+FINISH = {"stop": "eos_token", "length": "length"}     # the engine's reasons; a stop string is stop_sequence
+
+
+class TgiParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")          # TGI's fields only: another one is a mistake
+
+    max_new_tokens: int = Field(20, ge=1)              # MindIE's default
+    do_sample: bool = False
+    temperature: Optional[float] = Field(None, gt=0.0)
+    top_k: Optional[int] = Field(None, gt=0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    seed: Optional[int] = Field(None, ge=0)
+    stop: Optional[List[str]] = None
+    truncate: Optional[int] = Field(None, ge=1)        # keep the prompt's last tokens
+    return_full_text: Optional[bool] = False
+    details: bool = False
+    decoder_input_details: bool = False
+    adapter_id: Optional[str] = None                   # an SLoRA adapter of the export, by name
+    # TGI's, not built here: refused when they would change the answer
+    best_of: Optional[int] = None
+    typical_p: Optional[float] = None
+    watermark: bool = False
+    grammar: Optional[dict] = None
+    top_n_tokens: Optional[int] = None
+
+    @field_validator("best_of", "typical_p", "top_n_tokens", "grammar", "watermark")
+    @classmethod
+    def _not_built(cls, value, info):
+        if value not in (None, False, 0, 1, 1.0, {}):
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
+
+    def sampled(self) -> bool:
+        return self.do_sample or self.temperature not in (None, 1.0) or bool(self.top_k) or \
+            self.top_p not in (None, 1.0)
+
+
+class TgiRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    inputs: str = Field(min_length=1)
+    parameters: TgiParameters = TgiParameters()
+    stream: bool = False
+
+
+def _error(message: str, status: int = 422, kind: str = "validation") -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": kind}, status_code=status)
+
+
+def add_tgi_routes(app: FastAPI, served) -> None:
+    from lite_runtime.serve.app import BadRequest, start_run
+    specials = set(served.tokenizer.all_special_ids)
+
+    def token(choice, index: int, piece: str) -> dict:
+        t = choice.tokens[index]
+        return {"id": t, "text": piece, "logprob": choice.logprobs[index].logprob, "special": t in specials}
+
+    async def answer(request: Request, stream: Optional[bool]):
+        try:
+            tgi = TgiRequest.model_validate(await request.json())
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            return _error(f"{where}: {first['msg']}")
+        except ValueError:
+            return _error("the body is not JSON")
+        p = tgi.parameters
+        prompt_ids = served.tokenizer.encode(tgi.inputs, add_special_tokens=True)
+        if p.truncate:
+            prompt_ids = prompt_ids[-p.truncate:]
+        sampled = p.sampled()
+        body = CompletionRequest.model_construct(
+            model=p.adapter_id or served.name, prompt=tgi.inputs, max_tokens=p.max_new_tokens,
+            temperature=(p.temperature or 1.0) if sampled else 0.0, top_p=p.top_p or 1.0, top_k=p.top_k or -1,
+            repetition_penalty=p.repetition_penalty or 1.0, frequency_penalty=p.frequency_penalty or 0.0,
+            seed=p.seed, stop=p.stop or [], logprobs=0)
+        try:
+            run = start_run(served, body, prompt_ids, chat=False)
+        except BadRequest as e:
+            return _error(f"{'parameters.adapter_id' if e.param == 'model' else 'inputs'}: {e}")
+        except QueueFull as e:
+            return _error(str(e), 429, "overloaded")
+        choice = run.choices[0]
+        prefix = tgi.inputs if p.return_full_text else ""
+
+        def details(whole: bool) -> Optional[dict]:
+            if not (p.details or p.decoder_input_details):
+                return None
+            reason = "stop_sequence" if choice.stopped_by_text else FINISH.get(choice.finish_reason,
+                                                                                  choice.finish_reason)
+            out = {"finish_reason": reason, "generated_tokens": len(choice.tokens), "seed": p.seed}
+            if not whole:
+                return dict(out, input_length=len(prompt_ids))
+            prefill = [{"id": t, "text": served.tokenizer.id_to_piece(t), "logprob": None} for t in prompt_ids] \
+                if p.decoder_input_details else []
+            pieces = choice.pieces[:len(choice.tokens)]
+            return dict(out, prefill=prefill, tokens=[token(choice, i, s) for i, s in enumerate(pieces)])
+
+        if not (tgi.stream if stream is None else stream):
+            try:
+                await run.done()
+            except asyncio.CancelledError:
+                run.cancel()
+                raise
+            return {"generated_text": prefix + "".join(choice.pieces), "details": details(True)}
+
+        async def events():
+            held, text = None, []        # each token's event waits for the next: the last one carries the end
+            try:
+                async for _, piece, t, _ in run.items():
+                    text.append(piece)
+                    if t is None:         # the text held back for stop strings, at the end
+                        continue
+                    if held is not None:
+                        yield f"data:{json.dumps(held)}\n\n"
+                    held = {"index": len(choice.tokens), "token": token(choice, len(choice.tokens) - 1, piece),
+                            "generated_text": None, "details": None}
+                if held is not None:
+                    held.update(generated_text=prefix + "".join(text), details=details(False))
+                    yield f"data:{json.dumps(held)}\n\n"
+            except BaseException:
+                run.cancel()
+                raise
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        return await answer(request, False)
+
+    @app.post("/generate_stream")
+    async def generate_stream(request: Request):
+        return await answer(request, True)
+
+    @app.post("/")
+    async def root(request: Request):
+        return await answer(request, None)
+
+    @app.get("/info")
+    async def info():
+        try:
+            ours = version("llm-lite-export")
+        except PackageNotFoundError:
+            ours = None
+        return {"model_id": served.name, "max_input_length": served.context - 1, "max_total_tokens": served.context,
+                "max_best_of": 1, "version": ours}
