@@ -231,8 +231,10 @@ def test_pipeline_takes_one_adapter_per_prompt(slora_exports):
 
 def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slora_exports):
     """The Lite SLoRA export served: /v1/models lists the base and each adapter; requests for the
-    base model, a1 and a2, in flight together, each give peft's greedy tokens of that adapter."""
+    base model, a1 and a2, in flight together, each give peft's greedy tokens of that adapter; so does
+    TGI's route with adapter_id."""
     from concurrent.futures import ThreadPoolExecutor
+    from huggingface_hub import InferenceClient
     from lite_process import ensure_lite_installed
     from lite_runtime.contract.manifest import load_manifest
     from test_serve import client, served
@@ -249,7 +251,13 @@ def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slo
             return answer.choices[0].logprobs.tokens
         with ThreadPoolExecutor(len(jobs)) as pool:
             answers = dict(zip(jobs, pool.map(ask, jobs)))
+        tgi = InferenceClient(model=url)       # TGI's route names the adapter by adapter_id (it takes text)
+        by_id = {a: [t.id for t in tgi.text_generation("one two three", max_new_tokens=6, adapter_id=a,
+                                                      details=True).details.tokens] for a in ("a2", None)}
+        by_model = c.completions.create(model="a2", prompt="one two three", max_tokens=6, temperature=0,
+                                        logprobs=0).choices[0].logprobs.tokens
     tokenizer = load_manifest(slora_exports("lite")).load_tokenizer()
     for (name, i), pieces in answers.items():
         expected = np.load(slora_model / f"reference_{name}.npz")["tokens"][i][:len(pieces)]
         assert pieces == [tokenizer.id_to_piece(int(t)) for t in expected], (name, i)
+    assert [tokenizer.id_to_piece(t) for t in by_id["a2"]] == by_model and by_id["a2"] != by_id[None]

@@ -46,7 +46,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     import uvicorn
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.app import ServedModel, create_app
+    from lite_runtime.serve.app import create_app
+    from lite_runtime.serve.runs import ServedModel
     from lite_runtime.serve.metrics import Metrics
     from lite_runtime.serve import ranks
 

@@ -1,52 +1,20 @@
 """The HTTP side of the server: OpenAI routes translated into engine requests, answers streamed
 back as server-sent events or returned whole, Prometheus metrics. It never blocks the engine:
-the engine thread hands tokens to the event loop, which detokenises and sends them."""
+the engine thread hands tokens to the event loop, which detokenises and sends them (`runs`)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-import uuid
-from typing import List, Optional
+from typing import List
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from lite_runtime.contract.errors import ToolchainError
-from lite_runtime.serve.chat import ChatFormat, encode_chat
-from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
-from lite_runtime.serve.metrics import Metrics
+from lite_runtime.serve.chat import encode_chat
+from lite_runtime.serve.engine import QueueFull
 from lite_runtime.serve.protocol import ChatRequest, CompletionRequest, SamplingFields, error_body
-from lite_runtime.serve.text import RequestText
+from lite_runtime.serve.runs import BadRequest, ServedModel, start_run
 from lite_runtime.serve.tgi import add_tgi_routes
-
-
-class ServedModel:
-    """What the routes need: the engine, the tokenizer, the names it answers to."""
-
-    def __init__(self, engine: Engine, tokenizer, name: str, metrics: Metrics):
-        m = engine.session.manifest
-        self.engine, self.tokenizer, self.name, self.metrics = engine, tokenizer, name, metrics
-        self.adapters = {a["name"]: a["slot"] for a in m.adapters if a.get("type") == "slora"}
-        self.stop_ids = frozenset(int(i) for i in m.eos_token_id)
-        self.chat = ChatFormat(m.family, m.root)
-        self.context = m.seq_length
-        self.vocab_size = m.vocab_size
-
-    def slot(self, model: str) -> int:
-        if model == self.name:
-            return 0
-        if model in self.adapters:
-            return self.adapters[model]
-        known = ", ".join([self.name] + sorted(self.adapters))
-        raise BadRequest(f"model {model!r} is not served here; models: {known}", "model", "model_not_found", 404)
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: Optional[str] = None, code: Optional[str] = None, status: int = 400):
-        super().__init__(message)
-        self.param, self.code, self.status = param, code, status
 
 
 def create_app(served: ServedModel) -> FastAPI:
@@ -111,173 +79,3 @@ def create_app(served: ServedModel) -> FastAPI:
 
     add_tgi_routes(app, served)
     return app
-
-
-def start_run(served: ServedModel, body: SamplingFields, prompt_ids: List[int], chat: bool) -> "_Run":
-    """A request's choices submitted to the engine, after the checks that need the model; raises
-    BadRequest, or QueueFull when the engine's queue is full."""
-    slot = served.slot(body.model)
-    if body.max_tokens is not None and body.min_tokens > body.max_tokens:
-        raise BadRequest(f"min_tokens {body.min_tokens} exceeds max_tokens {body.max_tokens}; allowed: 0 to "
-                          "max_tokens", "min_tokens")
-    outside = [t for t in body.logit_bias or () if not 0 <= t < served.vocab_size]
-    if outside:
-        raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
-                          "logit_bias")
-    room = served.context - len(prompt_ids)
-    if room < 1:
-        raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but this model takes at most "
-                          f"{served.context - 1} (its context is {served.context} tokens)", "messages" if chat
-                          else "prompt", "context_length_exceeded")
-    run = _Run(served, body, prompt_ids, slot, chat)
-    submitted = []
-    try:
-        for choice in run.choices:
-            served.engine.submit(choice.engine_request)
-            submitted.append(choice.engine_request)
-    except (QueueFull, ToolchainError) as e:
-        for request in submitted:
-            served.engine.cancel(request)
-        if isinstance(e, QueueFull):
-            raise
-        raise BadRequest(str(e), "prompt") from None
-    served.metrics.prompt_tokens.inc(len(prompt_ids))
-    return run
-
-
-class _Choice:
-    """One of a request's `n` generations: its engine request, text and tokens."""
-
-    def __init__(self, run: "_Run", index: int, sampling, prompt_ids: List[int], slot: int):
-        served, body = run.served, run.body
-        self.index = index
-        self.text = RequestText(served.tokenizer, prompt_ids, body.stop_strings())
-        self.tokens: List[int] = []
-        self.logprobs: List[Optional[TokenLogprobs]] = []
-        self.pieces: List[str] = []
-        self.finish_reason: Optional[str] = None   # the engine's: stop (an EOS id), length, cancelled, error: ...
-        self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
-        self.last = None
-        max_tokens = body.max_tokens or served.context - len(prompt_ids)
-        top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
-        put = run.loop.call_soon_threadsafe
-        self.engine_request = EngineRequest(
-            prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot,
-            body.presence_penalty, body.frequency_penalty, body.min_p, top, body.min_tokens, body.logit_bias,
-            on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
-            on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
-
-    def reason(self) -> str:
-        return "stop" if self.stopped_by_text else self.finish_reason
-
-
-class _Run:
-    """One request in flight: its choices' engine callbacks feed one asyncio queue read by the route."""
-
-    def __init__(self, served: ServedModel, body: SamplingFields, prompt_ids: List[int], slot: int, chat: bool):
-        self.served, self.body, self.chat = served, body, chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.prompt_ids = prompt_ids
-        self.start = time.perf_counter()
-        self.choices = [_Choice(self, i, sampling, prompt_ids, slot) for i, sampling in enumerate(body.samplings())]
-
-    def cancel(self) -> None:
-        for choice in self.choices:
-            self.served.engine.cancel(choice.engine_request)
-
-    async def items(self):
-        """(choice, text piece, token, logprob) per token, until every choice has its finish reason."""
-        metrics, running = self.served.metrics, len(self.choices)
-        while running:
-            index, kind, value, logprob = await self.queue.get()
-            choice, now = self.choices[index], time.perf_counter()
-            if kind == "end":
-                running -= 1
-                choice.finish_reason = value
-                tail = choice.text.finish()
-                if tail:
-                    yield choice, tail, None, None
-                if not running:     # a request is counted once, when its last choice ends
-                    metrics.finished(self.start, now, self.choices[0].reason())
-                continue
-            metrics.token(self.start, choice.last, now)
-            choice.last = now
-            if choice.text.stopped:
-                continue
-            piece, stopped = choice.text.add(value)
-            choice.tokens.append(value)
-            choice.logprobs.append(logprob)
-            if stopped:
-                self.served.engine.cancel(choice.engine_request)
-                choice.stopped_by_text = True
-            yield choice, piece, value, logprob
-
-    async def done(self) -> None:
-        async for choice, piece, token, logprob in self.items():
-            choice.pieces.append(piece)
-
-    def usage(self) -> dict:
-        completion = sum(len(c.tokens) for c in self.choices)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion}
-
-    def _logprobs(self, tokens: List[int], logprobs: List[Optional[TokenLogprobs]]):
-        piece = self.served.tokenizer.id_to_piece
-        if self.chat:
-            if not self.body.logprobs:
-                return None
-            return {"content": [{"token": piece(t), "logprob": lp.logprob, "bytes": None,
-                                 "top_logprobs": [{"token": piece(i), "logprob": v, "bytes": None} for i, v in lp.top]}
-                                for t, lp in zip(tokens, logprobs)]}
-        if self.body.logprobs is None:
-            return None
-        return {"tokens": [piece(t) for t in tokens], "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [{piece(i): v for i, v in lp.top} for lp in logprobs] if self.body.logprobs else None,
-                "text_offset": None}
-
-    def _whole_choice(self, choice: _Choice) -> dict:
-        text, logprobs = "".join(choice.pieces), self._logprobs(choice.tokens, choice.logprobs)
-        if self.chat:
-            return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": choice.reason()}
-        if getattr(self.body, "echo", False):
-            text = self.served.tokenizer.decode(self.prompt_ids) + text
-        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.reason()}
-
-    def whole(self) -> dict:
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.body.model,
-                "choices": [self._whole_choice(c) for c in self.choices], "usage": self.usage()}
-
-    async def events(self, request):
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        try:
-            ready = []      # events of tokens already queued go out in one write (a slow client catches up)
-            if self.chat:
-                ready = [self._event(kind, {"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}) for c in self.choices]
-            async for choice, piece, token, logprob in self.items():
-                lp = self._logprobs([token], [logprob]) if token is not None else None
-                text = {"delta": {"content": piece}} if self.chat else {"text": piece}
-                ready.append(self._event(kind, {"index": choice.index, **text, "logprobs": lp, "finish_reason": None}))
-                if self.queue.empty():
-                    yield "".join(ready)
-                    ready = []
-            for choice in self.choices:
-                end = {"index": choice.index, "finish_reason": choice.reason(), "logprobs": None}
-                end.update({"delta": {}} if self.chat else {"text": ""})
-                ready.append(self._event(kind, end, usage=self.usage() if choice is self.choices[-1] else None))
-            yield "".join(ready) + "data: [DONE]\n\n"
-        except asyncio.CancelledError:      # the client went away: free its rows at the next step
-            self.cancel()
-            raise
-
-    def _event(self, kind: str, choice: dict, usage: Optional[dict] = None) -> str:
-        data = {"id": self.id, "object": kind, "created": self.created, "model": self.body.model,
-                "choices": [choice]}
-        if usage is not None:
-            data["usage"] = usage
-        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

@@ -11,6 +11,33 @@ from lite_runtime.decode.sampling import SamplingParams
 
 MAX_CHOICES = 16
 
+# Fields of OpenAI's (and TGI's) requests that are not built here: (is the value one that changes
+# nothing?, what to say). Anything else is refused: ignoring it would answer something not asked for.
+NOT_BUILT = {
+    "tools": (lambda v: not v, "tool calls are not supported by this server; send the request without tools"),
+    "tool_choice": (lambda v: v in (None, "none", "auto"),
+                    "it needs tool calls, which this server does not support; allowed: none, auto"),
+    "response_format": (lambda v: not v or v.get("type") == "text",
+                        "only type text is supported (no constrained decoding)"),
+    "suffix": (lambda v: not v, "insertion after the completion is not supported; send the request without suffix"),
+    "best_of": (lambda v: v in (None, 1), "only 1 is supported (each choice generated is returned)"),
+    # TGI's
+    "typical_p": (lambda v: v in (None, 1.0), "typical sampling is not supported by this server"),
+    "top_n_tokens": (lambda v: not v, "the most likely tokens are not reported by these routes"),
+    "grammar": (lambda v: not v, "constrained decoding is not supported by this server"),
+    "watermark": (lambda v: not v, "watermarking is not supported by this server"),
+}
+
+
+def not_built(*fields: str):
+    """A validator of `fields` (keys of NOT_BUILT) refusing the values that would change the answer."""
+    def check(cls, value, info):
+        changes_nothing, why = NOT_BUILT[info.field_name]
+        if not changes_nothing(value):
+            raise ValueError(why)
+        return value
+    return field_validator(*fields)(check)
+
 
 class SamplingFields(BaseModel):
     """The fields completions and chat share. Unknown fields are ignored (clients send `user`,
@@ -33,30 +60,11 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False                              # vLLM's: the model's EOS does not end the text
     min_tokens: int = Field(0, ge=0)                      # vLLM's: no EOS before this many new tokens
     logit_bias: Optional[Dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]]] = None   # token id -> added logit
-    tools: Optional[list] = None                          # refused when given (below)
+    tools: Optional[list] = None                          # refused when given (NOT_BUILT)
     tool_choice: Optional[Union[str, dict]] = None
     response_format: Optional[Dict[str, Any]] = None
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools):
-        if tools:
-            raise ValueError("tool calls are not supported by this server; send the request without tools")
-        return tools
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, choice):
-        if choice not in (None, "none", "auto"):
-            raise ValueError(f"{choice!r} needs tool calls, which this server does not support; allowed: none, auto")
-        return choice
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, form):
-        if form and form.get("type") != "text":
-            raise ValueError(f"type {form.get('type')!r} is not supported (no constrained decoding); allowed: text")
-        return form
+    _not_built = not_built("tools", "tool_choice", "response_format")
 
     def sampling(self) -> SamplingParams:
         greedy = self.temperature == 0.0
@@ -82,19 +90,7 @@ class CompletionRequest(SamplingFields):
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, suffix):
-        if suffix:
-            raise ValueError("insertion after the completion is not supported; send the request without suffix")
-        return suffix
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_of_one(cls, best_of):
-        if best_of not in (None, 1):
-            raise ValueError(f"{best_of} is not supported; allowed: 1 (n gives several choices, each returned)")
-        return best_of
+    _not_built = not_built("suffix", "best_of")
 
 
 class ChatMessage(BaseModel):

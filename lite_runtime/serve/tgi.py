@@ -12,10 +12,11 @@ from typing import List, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lite_runtime.serve.engine import QueueFull
-from lite_runtime.serve.protocol import CompletionRequest
+from lite_runtime.serve.protocol import CompletionRequest, not_built
+from lite_runtime.serve.runs import BadRequest, start_run
 
 FINISH = {"stop": "eos_token", "length": "length"}     # the engine's reasons; a stop string is stop_sequence
 
@@ -44,12 +45,7 @@ class TgiParameters(BaseModel):
     grammar: Optional[dict] = None
     top_n_tokens: Optional[int] = None
 
-    @field_validator("best_of", "typical_p", "top_n_tokens", "grammar", "watermark")
-    @classmethod
-    def _not_built(cls, value, info):
-        if value not in (None, False, 0, 1, 1.0, {}):
-            raise ValueError(f"{info.field_name} is not supported by this server")
-        return value
+    _not_built = not_built("best_of", "typical_p", "top_n_tokens", "grammar", "watermark")
 
     def sampled(self) -> bool:
         return self.do_sample or self.temperature not in (None, 1.0) or bool(self.top_k) or \
@@ -68,7 +64,6 @@ def _error(message: str, status: int = 422, kind: str = "validation") -> JSONRes
 
 
 def add_tgi_routes(app: FastAPI, served) -> None:
-    from lite_runtime.serve.app import BadRequest, start_run
     specials = set(served.tokenizer.all_special_ids)
 
     def token(choice, index: int, piece: str) -> dict:
