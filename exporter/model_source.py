@@ -2,8 +2,12 @@
 the family, its DecoderConfig, special token ids, tokenizer files and the checkpoint to read."""
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Type
 
@@ -13,10 +17,14 @@ from exporter.families import Family, family_by_hf_type, family_by_name
 from exporter.families.base import SIZE_KEYS, VARIANT_KEYS
 from exporter.models.config import DecoderConfig
 
+log = logging.getLogger("exporter")
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id")
-# Tokenizer files looked for in a Hugging Face folder, in order of preference, and their side files.
+# Tokenizer files looked for in a Hugging Face folder, in order of preference, and their side files
+# (the chat template in each place transformers has kept it: its own file, a processor's json, or
+# tokenizer_config.json).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "ice_text.model")   # the last: ChatGLM-6B's
-TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                        "chat_template.jinja", "chat_template.json")
 
 
 @dataclass
@@ -39,16 +47,19 @@ class ModelSource:
 def resolve_model(config: ExportConfig) -> ModelSource:
     section = config.model
     sizes, special = {}, {}
-    if section.hf_dir:
-        where = os.path.join(section.hf_dir, "config.json")
-        hf = _read_hf_config(section.hf_dir)
+    hf_dir, gguf = section.hf_dir, None
+    if section.gguf:
+        gguf, hf_dir = _gguf_folder(section.gguf, write_tokenizer=section.tokenizer is None)
+    if hf_dir:
+        where = section.gguf or os.path.join(hf_dir, "config.json")
+        hf = _read_hf_config(hf_dir)
         family = family_by_hf_type(hf.get("model_type"), where, hf)
         if section.family is not None and family_by_name(section.family, f"{config.source}: model.family") is not family:
             raise ConfigError(f"{config.source}: model.family {section.family!r} disagrees with {where} "
                               f"(model_type {hf.get('model_type')!r}, family {family.name!r}); remove model.family")
         sizes.update(family.from_hf(hf, where))
         special.update({k: hf[k] for k in _SPECIAL if hf.get(k) is not None})
-        special["eos_token_id"] = _with_generation_eos(section.hf_dir, special.get("eos_token_id"))
+        special["eos_token_id"] = _with_generation_eos(hf_dir, special.get("eos_token_id"))
     else:
         family = family_by_name(section.family, f"{config.source}: model.family")
     sizes.update({k: getattr(section, k) for k in SIZE_KEYS + VARIANT_KEYS if getattr(section, k) is not None})
@@ -57,12 +68,14 @@ def resolve_model(config: ExportConfig) -> ModelSource:
         model = family.config(sizes, config.source)
     except ConfigError as e:
         raise ConfigError(str(e) if str(e).startswith(config.source) else f"{config.source}: {e}") from None
-    tokenizer = section.tokenizer or _tokenizer_in(section.hf_dir)
+    tokenizer = section.tokenizer or _tokenizer_in(hf_dir)
     if tokenizer is not None and not os.path.isfile(tokenizer):
         raise ConfigError(f"{config.source}: model.tokenizer {tokenizer} does not exist")
     side = [os.path.join(os.path.dirname(tokenizer), n) for n in TOKENIZER_SIDE_FILES
             if os.path.isfile(os.path.join(os.path.dirname(tokenizer), n))] if tokenizer else []
-    checkpoint = config.load_checkpoint or section.hf_dir
+    if tokenizer:
+        _warn_without_chat_template(tokenizer, side, hf_dir)
+    checkpoint = config.load_checkpoint or gguf or hf_dir
     if checkpoint is None:
         raise ConfigError(f"{config.source}: missing required key load_checkpoint (a .ckpt file, a folder of "
                           "rank_{i}/*.ckpt shards, or a Hugging Face safetensors folder)")
@@ -84,6 +97,47 @@ def resolve_model(config: ExportConfig) -> ModelSource:
     return ModelSource(family, model, special.get("bos_token_id"), eos_ids, 0 if pad is None else int(pad),
                        tokenizer, checkpoint, side, section.adapter, pet, config.src_strategy_path_or_dir, slora,
                        family.spec.token_ids(sizes))
+
+
+def _gguf_folder(path: str, write_tokenizer: bool):
+    """(the GGUF file, a temporary folder standing for its Hugging Face folder: config.json and, unless
+    the yaml gives a tokenizer, the tokenizer files and chat template read from the GGUF)."""
+    from exporter.weights.gguf_io import GGUFSource
+    source = GGUFSource(path)
+    folder = tempfile.mkdtemp(prefix="gguf-")
+    atexit.register(shutil.rmtree, folder, True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(source.hf_config(), f, indent=2)
+    if write_tokenizer:
+        source.write_tokenizer(folder)
+    return path, folder
+
+
+# Special tokens that only a chat-tuned vocabulary has (ChatML, Llama 3, ChatGLM3, Gemma, Phi-3).
+_CHAT_MARKERS = ("<|im_start|>", "<|start_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
+                 "<start_of_turn>", "<|end|>")
+
+
+def _warn_without_chat_template(tokenizer: str, side: List[str], hf_dir: Optional[str]) -> None:
+    """A warning when a tokenizer looks chat-tuned but no chat template comes with it: the runtime
+    would then format chats in the family's own way, which such a model was not tuned on."""
+    from lite_runtime.tokenizers.chat_template import find_chat_template
+    if find_chat_template(os.path.dirname(tokenizer), [os.path.basename(p) for p in side]) is not None:
+        return
+    name = os.path.basename(os.path.normpath(hf_dir or os.path.dirname(tokenizer))).lower()
+    markers = []
+    if tokenizer.endswith(".json"):
+        try:
+            with open(tokenizer, encoding="utf-8") as f:
+                added = {t.get("content") for t in json.load(f).get("added_tokens") or [] if isinstance(t, dict)}
+        except (OSError, ValueError):
+            added = set()
+        markers = [m for m in _CHAT_MARKERS if m in added]
+    if markers or any(word in name for word in ("chat", "instruct")):
+        why = f"its vocabulary has {markers[0]}" if markers else f"its folder is named {name!r}"
+        log.warning("the tokenizer %s looks chat-tuned (%s) but has no chat template (chat_template.jinja, or "
+                    "chat_template in tokenizer_config.json): chats will be formatted in the family's own way; "
+                    "add the model's template beside the tokenizer to serve chats as it was tuned", tokenizer, why)
 
 
 def _read_hf_config(hf_dir: str) -> dict:

@@ -29,6 +29,7 @@ _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 class ModelSection:
     family: Optional[str] = None            # e.g. llama, bloom, gpt2; taken from hf_dir/config.json when absent
     hf_dir: Optional[str] = None            # Hugging Face folder: config.json, *.safetensors, tokenizer files
+    gguf: Optional[str] = None              # a GGUF file (llama.cpp's): sizes, tokenizer, chat template, tensors
     vocab_size: Optional[int] = None
     hidden_size: Optional[int] = None
     num_layers: Optional[int] = None
@@ -150,9 +151,11 @@ class ExportConfig:
         if strategy and not os.path.exists(strategy):
             raise ConfigError(f"{where}: src_strategy_path_or_dir {strategy} does not exist (a MindSpore strategy "
                               "file, or a folder of them, written by the training run of the rank_{i} shards)")
-        if self.model.hf_dir is None and self.model.family is None:
-            raise ConfigError(f"{where}: model needs either hf_dir (a Hugging Face folder) or family "
+        if self.model.hf_dir is None and self.model.gguf is None and self.model.family is None:
+            raise ConfigError(f"{where}: model needs hf_dir (a Hugging Face folder), gguf (a GGUF file) or family "
                               "and the model sizes")
+        if self.model.hf_dir is not None and self.model.gguf is not None:
+            raise ConfigError(f"{where}: give model.hf_dir or model.gguf, not both")
 
     def _choose_form(self) -> None:
         """The keys not given, from `target`: on Ascend (and without a target, as upstream) the two
@@ -296,6 +299,7 @@ def _resolve_paths(config: ExportConfig, base: str) -> None:
         return p if p is None else os.path.normpath(os.path.join(folder, os.path.expanduser(p)))
     config.load_checkpoint = resolve(config.load_checkpoint, base)
     config.model.hf_dir = resolve(config.model.hf_dir, base)
+    config.model.gguf = resolve(config.model.gguf, base)
     config.model.tokenizer = resolve(config.model.tokenizer, base)
     config.model.adapter = resolve(config.model.adapter, base)
     config.infer.ge_config_path = resolve(config.infer.ge_config_path, base)

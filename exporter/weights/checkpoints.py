@@ -36,9 +36,10 @@ def rank_folders(path: str) -> List[str]:
 
 
 def plan_for(path: str, family):
-    """The family's Hugging Face plan for a safetensors folder, its MindFormers plan otherwise."""
-    return family.hf_weights if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")) \
-        else family.mindformers_weights
+    """The family's Hugging Face plan for a safetensors folder or a GGUF file (read under Hugging Face
+    names), its MindFormers plan otherwise."""
+    hf = path.endswith(".gguf") or os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors"))
+    return family.hf_weights if hf else family.mindformers_weights
 
 
 def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 1,
@@ -51,9 +52,12 @@ def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 
     path, family, cfg = source.checkpoint, source.family, source.config
     plan = plan_for(path, family)
     done: Set[str] = set()
-    if os.path.isfile(path):
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        from exporter.weights.gguf_io import GGUFSource
+        tensors = GGUFSource(path).tensors()
+    elif os.path.isfile(path):
         if not path.endswith(".ckpt"):
-            raise WeightError(f"load_checkpoint {path}: a file must be a MindSpore .ckpt")
+            raise WeightError(f"load_checkpoint {path}: a file must be a MindSpore .ckpt or a .gguf")
         tensors = read_ckpt(path, float_dtype)
     elif glob.glob(os.path.join(path, "*.safetensors")):
         cut = {} if world_size == 1 or source.adapter else _source_axes(plan, rules)

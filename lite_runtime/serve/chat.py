@@ -1,11 +1,16 @@
-"""Chat messages to prompt text: the `chat_template` of the export's `tokenizer_config.json` when it
-has one (rendered with jinja2, as transformers does), else the family's own published format."""
+"""Chat messages to prompt ids: the model's published chat template when the export carries one
+(rendered and tokenized as transformers' `apply_chat_template` does: the template writes every
+special token itself, BOS included, and nothing is added around it), else the family's own format
+(the tokenizer's prefix, BOS or ChatGLM's [gMASK] sop, before it)."""
 from __future__ import annotations
 
-import json
-import os
+import logging
 import re
 from typing import Dict, List, Optional
+
+from lite_runtime.tokenizers.chat_template import ChatTemplate, find_chat_template, special_token_strings
+
+log = logging.getLogger("lite_runtime.serve")
 
 # The families' chat formats (BOS and ChatGLM's [gMASK] sop come from the tokenizer's own prefix).
 FAMILY_TEMPLATES: Dict[str, str] = {
@@ -37,36 +42,50 @@ PLAIN_TEMPLATE = ("{% for m in messages %}{{ m.role | capitalize }}: {{ m.conten
 
 
 class ChatFormat:
-    def __init__(self, family: str, export_dir: Optional[str]):
-        import jinja2
-        source = _tokenizer_config_template(export_dir) or FAMILY_TEMPLATES.get(family, PLAIN_TEMPLATE)
-        self.from_tokenizer_config = source is not None and source not in FAMILY_TEMPLATES.values() \
-            and source != PLAIN_TEMPLATE
-        env = jinja2.Environment(keep_trailing_newline=True)
-        self.template = env.from_string(source)
+    """How an export's chats become prompt ids. `published` is the export's own template (None: the
+    family's format); `describe()` says which, for the server's start line."""
 
-    def render(self, messages: List[dict]) -> str:
-        system = "\n".join(m["content"] for m in messages if m["role"] == "system")
+    def __init__(self, family: str, export_dir: Optional[str], tokenizer=None):
+        import jinja2
+        self.family, self.tokenizer = family, tokenizer
+        found = find_chat_template(export_dir) if export_dir else None
+        self.published: Optional[ChatTemplate] = None
+        if found is not None:
+            specials = special_token_strings(export_dir)
+            if tokenizer is not None:     # tokens the files do not name by string: from the tokenizer's ids
+                for key, token_id in (("bos_token", tokenizer.bos_token_id), ("eos_token", tokenizer.eos_token_id)):
+                    if key not in specials and token_id is not None:
+                        specials[key] = tokenizer.id_to_piece(token_id)
+            self.published = ChatTemplate(found[1], found[0], specials)
+        env = jinja2.Environment(keep_trailing_newline=True)
+        self.template = env.from_string(FAMILY_TEMPLATES.get(family, PLAIN_TEMPLATE))
+
+    def describe(self) -> str:
+        if self.published is not None:
+            return f"the export's chat template ({self.published.source})"
+        own = "its own" if self.family in FAMILY_TEMPLATES else "a plain 'Role: text' format"
+        return f"no chat template in the export: the {self.family} family's format ({own})"
+
+    def render(self, messages: List[dict], tools: Optional[list] = None) -> str:
+        if self.published is not None:
+            return self.published.render(messages, tools=tools)
+        messages = [dict(m, role="system" if m.get("role") == "developer" else m.get("role")) for m in messages]
+        system = "\n".join(m.get("content") or "" for m in messages if m["role"] == "system")
         return self.template.render(messages=messages, system=system, add_generation_prompt=True,
                                     bos_token="", eos_token="")
 
-
-def _tokenizer_config_template(export_dir: Optional[str]) -> Optional[str]:
-    path = os.path.join(export_dir or "", "tokenizer_config.json")
-    if not export_dir or not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        template = json.load(f).get("chat_template")
-    return template if isinstance(template, str) else None
+    def encode(self, messages: List[dict], tools: Optional[list] = None) -> List[int]:
+        """The prompt ids of a chat (needs the tokenizer given at construction)."""
+        return encode_chat(self.tokenizer, self.render(messages, tools), affixes=self.published is None)
 
 
-def encode_chat(tokenizer, text: str) -> List[int]:
-    """Token ids of a rendered chat prompt: the tokenizer's prefix (BOS, ChatGLM's [gMASK] sop), the
-    special tokens written in the text (`</s><s>`, `<|im_start|>`...) as their own ids, the rest
-    encoded as text, then the tokenizer's suffix."""
+def encode_chat(tokenizer, text: str, affixes: bool = True) -> List[int]:
+    """Token ids of a rendered chat prompt: the special tokens written in the text (`</s><s>`,
+    `<|im_start|>`...) as their own ids, the rest encoded as text; with `affixes`, the tokenizer's
+    prefix (BOS, ChatGLM's [gMASK] sop) before and its suffix after."""
     specials = {tokenizer.id_to_piece(i): i for i in tokenizer.all_special_ids}
     specials = {piece: i for piece, i in specials.items() if piece}
-    ids = list(tokenizer.prefix_ids)
+    ids = list(tokenizer.prefix_ids) if affixes else []
     if specials:
         pattern = re.compile("|".join(re.escape(p) for p in sorted(specials, key=len, reverse=True)))
         parts = pattern.split(text)
@@ -78,4 +97,4 @@ def encode_chat(tokenizer, text: str) -> List[int]:
             ids += tokenizer.encode(part, add_special_tokens=False)
         if i < len(marks):
             ids.append(specials[marks[i]])
-    return ids + list(tokenizer.suffix_ids)
+    return ids + (list(tokenizer.suffix_ids) if affixes else [])
