@@ -82,7 +82,7 @@ def export(config: ExportConfig) -> str:
         log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
                     "--tokenizer_path (tokenizer_path= in Python)", where)
     log.info("exported %s to %s (%d rank(s), %s; %.1f s%s)", source.family.name, config.output_dir, config.world_size,
-             describe_form(config, manifest), time.perf_counter() - start,
+             describe_form(config, manifest) + _without_target(config), time.perf_counter() - start,
              f"; {_default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
 
@@ -198,6 +198,16 @@ def _special_ids(config: ExportConfig, source: ModelSource):
     if not eos:
         raise ConfigError(f"{config.source}: no eos_token_id: give model.eos_token_id or a tokenizer")
     return bos, eos
+
+
+def _without_target(config: ExportConfig) -> str:
+    """The last line's words on the target when the yaml gives none (`describe_form` names a given one):
+    upstream's two graphs are Ascend's form, which a newcomer on a CPU machine should not get unawares."""
+    if config.target:
+        return ""
+    if config.kv_cache == "io" and not config.lite_ms:
+        return ", for target ascend (no target given; target: cpu writes the form for MindSpore Lite on CPU)"
+    return ", no target given (target: cpu writes the form for MindSpore Lite on CPU)"
 
 
 def _default_output_note(config: ExportConfig) -> str:
