@@ -25,6 +25,7 @@ from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.backends.base import Session, require_kv_mode
+from lite_runtime.backends.lite_memory import check_load_memory
 from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
 from lite_runtime.backends.lite_runners import LiteRunner, NativeStaticGraphs, NativeStepGraph
 
@@ -103,9 +104,11 @@ class MSLiteSession(Session):
         configs = read_configs(config_path)
         paths = {kind: c.path if c else None for kind, c in configs.items()}
         present = [c for c in configs.values() if c is not None]
+        mslite = official_module()
+        if target == "cpu":   # every Lite load on CPU: refused in one line when it would not fit (lite_memory.py)
+            check_load_memory(manifest, rank, "mindir" if mslite is not None else lite_format)
         super().__init__(manifest, rank)
         start = time.perf_counter()
-        mslite = official_module()
         if mslite is not None:
             log.info("mslite: using the official mindspore_lite package (target %s)", target)
             for config in present if target == "ascend" else ():

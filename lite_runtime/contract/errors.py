@@ -31,3 +31,7 @@ class ValidationError(ToolchainError):
 
 class DistributedError(ToolchainError):
     """A multi-rank run failed: a rank died, hung or disagreed with the others."""
+
+
+class ResourceError(ToolchainError):
+    """The machine lacks what a load needs (memory): refused before it starts, not killed half-way."""
