@@ -81,11 +81,14 @@ class ChatFormat:
 
 def encode_chat(tokenizer, text: str, affixes: bool = True) -> List[int]:
     """Token ids of a rendered chat prompt: the special tokens written in the text (`</s><s>`,
-    `<|im_start|>`...) as their own ids, the rest encoded as text; with `affixes`, the tokenizer's
-    prefix (BOS, ChatGLM's [gMASK] sop) before and its suffix after."""
-    specials = {tokenizer.id_to_piece(i): i for i in tokenizer.all_special_ids}
-    specials = {piece: i for piece, i in specials.items() if piece}
+    `<|im_start|>`...) as their own ids (found here when the tokenizer does not find them itself), the
+    rest encoded as text; with `affixes`, the tokenizer's prefix (BOS, ChatGLM's [gMASK] sop) before
+    and its suffix after."""
     ids = list(tokenizer.prefix_ids) if affixes else []
+    specials = {}
+    if not tokenizer.matches_special_tokens:
+        specials = {tokenizer.id_to_piece(i): i for i in tokenizer.all_special_ids}
+        specials = {piece: i for piece, i in specials.items() if piece}
     if specials:
         pattern = re.compile("|".join(re.escape(p) for p in sorted(specials, key=len, reverse=True)))
         parts = pattern.split(text)

@@ -27,6 +27,9 @@ class Tokenizer(abc.ABC):
     """
 
     kind = "tokenizer"
+    # Whether `encode` itself turns the special tokens written in a text into their ids (tokenizers'
+    # added tokens) rather than reading them as text.
+    matches_special_tokens = False
 
     def __init__(self, path: str) -> None:
         self.path = str(path)

@@ -39,6 +39,7 @@ def _read_json(path: str) -> dict:
 
 class HFJsonTokenizer(Tokenizer):
     kind = "tokenizer.json"
+    matches_special_tokens = True
 
     def __init__(
         self,
