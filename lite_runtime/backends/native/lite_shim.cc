@@ -12,6 +12,7 @@
 // an output tensor, or a CreateRefTensor output passed to Predict, is ignored and Lite returns
 // tensors in its own memory; Predict() without arguments is "Unsupported Feature"), so lite_predict
 // copies each output into the buffer registered with lite_bind_output.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,41 +41,83 @@ int Fail(const std::string &message) {
   return 1;
 }
 
-// Redirects file descriptor 2 into a temporary file for the lifetime of the object. Output of
-// other threads during that time is captured too; it is written back unless the call failed.
+// Redirects file descriptor 2 into a temporary file while any capture is alive. Descriptor 2 is the
+// process's and Builds run on several threads at once (segment_chain.py), so the captures share one
+// redirection: the first in swaps fd 2, the last out restores it. (Swapping per capture, one that
+// began inside another's saved that one's temporary file as "stderr" and restored it after it was
+// deleted: stderr was lost for the rest of the process.) A capture's text is what the file got from
+// its start on, other threads' output included. All of it is written back to the real stderr when
+// the last capture ends, unless a call in that window failed (its lines are in the error text).
 class StderrCapture {
  public:
   StderrCapture() {
+    std::lock_guard<std::mutex> lock(mutex_);
     std::fflush(stderr);
-    file_ = std::tmpfile();
-    saved_ = dup(2);
-    active_ = file_ != nullptr && saved_ >= 0 && dup2(fileno(file_), 2) >= 0;
+    if (users_ == 0 && !Redirect()) return;
+    ++users_;
+    start_ = Size();
+    active_ = true;
   }
   ~StderrCapture() { Finish(false); }
 
-  // Restores stderr and returns what was captured; echo=true writes it to the real stderr too.
-  std::string Finish(bool echo) {
-    std::string text;
-    if (active_) {
-      std::fflush(stderr);
+  // Returns what was captured since this capture began; succeeded=false: the call failed.
+  std::string Finish(bool succeeded) {
+    if (!active_) return "";
+    active_ = false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::fflush(stderr);
+    std::string text = Read(start_);
+    failed_ = failed_ || !succeeded;
+    if (--users_ == 0) {
       dup2(saved_, 2);
-      std::rewind(file_);
-      char buffer[4096];
-      size_t n;
-      while ((n = std::fread(buffer, 1, sizeof(buffer), file_)) > 0) text.append(buffer, n);
-      if (echo && !text.empty()) std::fwrite(text.data(), 1, text.size(), stderr);
-      active_ = false;
+      close(saved_);
+      if (!failed_) {
+        std::string all = Read(0);
+        std::fwrite(all.data(), 1, all.size(), stderr);
+      }
+      std::fclose(file_);
+      file_ = nullptr;
+      saved_ = -1;
+      failed_ = false;
     }
-    if (saved_ >= 0) close(saved_);
-    if (file_ != nullptr) std::fclose(file_);
-    saved_ = -1;
-    file_ = nullptr;
     return text;
   }
 
  private:
-  std::FILE *file_ = nullptr;
-  int saved_ = -1;
+  static bool Redirect() {
+    file_ = std::tmpfile();
+    saved_ = dup(2);
+    if (file_ != nullptr && saved_ >= 0 && dup2(fileno(file_), 2) >= 0) return true;
+    if (saved_ >= 0) close(saved_);
+    if (file_ != nullptr) std::fclose(file_);
+    file_ = nullptr;
+    saved_ = -1;
+    return false;
+  }
+
+  static off_t Size() {
+    struct stat st;
+    return fstat(fileno(file_), &st) == 0 ? st.st_size : 0;
+  }
+
+  // pread, not a seek: the file offset is shared with fd 2, where other threads may be writing.
+  static std::string Read(off_t from) {
+    std::string text;
+    char buffer[4096];
+    ssize_t n;
+    while ((n = pread(fileno(file_), buffer, sizeof(buffer), from)) > 0) {
+      text.append(buffer, static_cast<size_t>(n));
+      from += n;
+    }
+    return text;
+  }
+
+  static inline std::mutex mutex_;
+  static inline std::FILE *file_ = nullptr;
+  static inline int saved_ = -1;
+  static inline int users_ = 0;      // captures alive
+  static inline bool failed_ = false;
+  off_t start_ = 0;
   bool active_ = false;
 };
 
