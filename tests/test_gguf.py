@@ -1,0 +1,123 @@
+"""GGUF input (`model.gguf`) against transformers' own GGUF loader (`from_pretrained(dir,
+gguf_file=...)`, which dequantizes with its own code): tiny Llama and Qwen2 files written as
+llama.cpp's converter writes them (tests/gguf_models.py), every linear layer in another tensor type.
+The tensors equal transformers' (1e-6), the tokenizer gives its ids, the export's greedy tokens
+are its greedy tokens (logits within 1e-4, backend ms), and what cannot be read is refused by name."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from family_cases import TOLERANCE
+from gguf_models import LINEAR_TYPES
+from tiny_models import REPO, error_lines, export_in_subprocess, run_cli, write_yaml
+
+PROMPTS = ["An increasing sequence: one, two", "The numbers are", "<|im_start|>user\nCount<|im_end|>\n"]
+STEPS = 8
+TEXTS = PROMPTS + [" leading  spaces\n\nnew lines 123 4567", "ï 中文 emoji 😀"]
+
+
+@pytest.fixture(scope="session")
+def gguf_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for arch in ("llama", "qwen2"):
+        result = run_cli([os.path.join(REPO, "tests", "gguf_models.py"), arch, str(folder / arch)])
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[arch] = str(folder / arch / "model.gguf")
+    return out
+
+
+def _transformers(path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder, name = os.path.split(path)
+    return (AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(folder, gguf_file=name))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tensors_and_tokenizer_are_transformers_gguf_loaders(gguf_files, arch, tmp_path):
+    import gguf
+    from exporter.weights.gguf_io import GGUFSource
+    from lite_runtime.tokenizers import load_tokenizer
+    model, tokenizer = _transformers(gguf_files[arch])
+    kinds = {t.tensor_type.name for t in gguf.GGUFReader(gguf_files[arch]).tensors}
+    assert set(LINEAR_TYPES) <= kinds
+    source = GGUFSource(gguf_files[arch])
+    ours, theirs = source.tensors(), {k: v.numpy() for k, v in model.state_dict().items()}
+    assert set(ours) == set(theirs) - ({"lm_head.weight"} if arch == "llama" else set())   # llama: tied head
+    for name, value in ours.items():
+        np.testing.assert_allclose(value, theirs[name], atol=1e-6, err_msg=name)
+    written = source.write_tokenizer(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in written) == ["chat_template.jinja", "tokenizer.json",
+                                                            "tokenizer_config.json"]
+    ours_tok = load_tokenizer(str(tmp_path))
+    for text in TEXTS:
+        for special in (True, False):
+            assert ours_tok.encode(text, add_special_tokens=special) == \
+                tokenizer(text, add_special_tokens=special).input_ids, (text, special)
+    assert ours_tok.eos_token_id == tokenizer.eos_token_id
+
+
+def _greedy_reference(model, tokenizer):
+    import torch
+    prompts, logits = [], []
+    for text in PROMPTS:
+        ids = tokenizer(text, add_special_tokens=True).input_ids
+        prompts.append(ids)
+        row, seq = [], list(ids)
+        with torch.no_grad():
+            for _ in range(STEPS + 1):
+                step = model(torch.tensor([seq])).logits[0, -1].numpy()
+                row.append(step)
+                seq.append(int(step.argmax()))
+        logits.append(np.stack(row))
+    logits = np.stack(logits)
+    return prompts, logits, logits.argmax(-1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_gguf_exports_and_decodes_as_transformers(gguf_files, arch, tmp_path):
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from parity_runner import greedy_prompts
+    prompts, ref_logits, ref_tokens = _greedy_reference(*_transformers(gguf_files[arch]))
+    yaml_path = write_yaml(str(tmp_path / "gguf.yaml"), {"model": {"gguf": gguf_files[arch]}, "seq_length": 48,
+                                                         "batch_size": 3, "kv_cache": "packed",
+                                                         "output_dir": str(tmp_path / "out")})
+    export = export_in_subprocess(yaml_path)
+    assert os.path.isfile(os.path.join(export, "chat_template.jinja"))
+    manifest = load_manifest(export)
+    assert manifest.family == ("llama" if arch == "llama" else "qwen")
+    logits, tokens = greedy_prompts(load_session("ms", manifest), prompts, STEPS)
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    assert np.abs(logits - ref_logits).max() <= TOLERANCE
+
+
+def test_a_tensor_type_it_cannot_read_is_refused_by_name(tmp_path):
+    result = run_cli([os.path.join(REPO, "tests", "gguf_models.py"), "llama", str(tmp_path), "IQ4_NL"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    yaml_path = write_yaml(str(tmp_path / "bad.yaml"), {"model": {"gguf": str(tmp_path / "model.gguf")},
+                                                        "seq_length": 48, "output_dir": str(tmp_path / "out")})
+    result = run_cli(["-m", "exporter", "--config", yaml_path])
+    assert result.returncode != 0 and not os.path.exists(tmp_path / "out")
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "blk.1.ffn_down.weight has type IQ4_NL" in lines[0] and "Q4_K" in lines[0], lines
+
+
+def test_an_architecture_it_does_not_map_is_refused_by_name(tmp_path):
+    import gguf
+    writer = gguf.GGUFWriter(str(tmp_path / "phi.gguf"), "phi3")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    yaml_path = write_yaml(str(tmp_path / "phi.yaml"), {"model": {"gguf": "phi.gguf"}, "seq_length": 48,
+                                                        "output_dir": str(tmp_path / "out")})
+    result = run_cli(["-m", "exporter", "--config", yaml_path])
+    lines = error_lines(result.stderr)
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "architecture 'phi3' is not supported; allowed: llama, qwen2" in lines[0]
+    assert json.loads(json.dumps(lines))       # one plain line
