@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from lite_runtime.decode.sampling import SamplingParams
 
@@ -81,8 +81,14 @@ class SamplingFields(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and \
+        all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, List[int]]
+    # one prompt (text or token ids) or a batch of them: n choices each, in order
+    prompt: Union[str, List[int], List[str], List[List[int]]]
     max_tokens: Optional[int] = Field(16, ge=1)           # OpenAI's default for completions
     logprobs: Optional[int] = Field(None, ge=0, le=5)     # the chosen token's and the k most likely ones'
 
@@ -92,10 +98,43 @@ class CompletionRequest(SamplingFields):
 
     _not_built = not_built("suffix", "best_of")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, prompt):
+        if isinstance(prompt, str) or _token_ids(prompt):
+            return prompt
+        if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or
+                                                    all(_token_ids(p) for p in prompt)):
+            return prompt
+        raise ValueError("expected a string, a list of token ids, a list of strings or a list of lists of token "
+                         "ids (a batch: none of them empty, all of one kind)")
+
+    def prompts(self) -> List[Union[str, List[int]]]:
+        """The batch: each prompt as text or token ids."""
+        one = isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int))
+        return [self.prompt] if one else list(self.prompt)
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str              # JSON text, given to the chat template as sent (as transformers does)
+
+
+class ToolCall(BaseModel):
+    """A tool call of an earlier assistant answer, in OpenAI's shape."""
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    """A message as the chat template sees it (`model_dump`): OpenAI's `developer` is the template's
+    `system`; an assistant's `tool_calls` and a tool answer's `tool_call_id` are kept when given."""
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[str] = None          # null only in an assistant message with tool_calls
+    name: Optional[str] = None
+    tool_calls: Optional[List[ToolCall]] = None
+    tool_call_id: Optional[str] = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -108,6 +147,26 @@ class ChatMessage(BaseModel):
         if other:
             raise ValueError(f"only text parts are supported; got a part of type {other[0]!r}")
         return "\n".join(str(part.get("text", "")) for part in content)
+
+    @model_validator(mode="after")
+    def _fields_of_the_role(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls are given in a message of role {self.role!r}; allowed only in an "
+                             "assistant message")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"content is missing or null in a message of role {self.role!r}; allowed only in an "
+                             "assistant message with tool_calls")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _for_the_template(self, handler):
+        message = handler(self)
+        if message["role"] == "developer":
+            message["role"] = "system"
+        for key in ("name", "tool_calls", "tool_call_id"):     # absent unless given, as in the request
+            if message.get(key) is None:
+                message.pop(key, None)
+        return message
 
 
 class ChatRequest(SamplingFields):
@@ -135,6 +194,32 @@ class ChatRequest(SamplingFields):
         if self.max_tokens is None:
             self.max_tokens = self.max_completion_tokens
         return self
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's `/tokenize` (`prompt`, or chat `messages`) and llama.cpp server's (`content`)."""
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[List[ChatMessage]] = Field(None, min_length=1)
+    content: Optional[str] = None
+    add_special_tokens: Optional[bool] = None     # vLLM's, true by default (the prefix of a chat is its template's)
+    add_special: Optional[bool] = None            # llama.cpp's, false by default
+    with_pieces: bool = False                     # llama.cpp's: each token as {"id", "piece"}
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        given = [k for k in ("prompt", "messages", "content") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give one of prompt (vLLM's), messages (vLLM's chat) or content (llama.cpp's); got "
+                             f"{', '.join(given) or 'none'}")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    tokens: List[int]
 
 
 def error_body(message: str, param: Optional[str] = None, kind: str = "invalid_request_error",
