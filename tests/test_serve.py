@@ -107,8 +107,9 @@ def test_top_logprobs_are_the_models_most_likely_tokens(server, demo_exports):
     best = np.argsort(-expected)[:3]
     answer = client(url).completions.create(model="demo", prompt=prompt, max_tokens=1, temperature=0, logprobs=3)
     got = answer.choices[0].logprobs
-    piece = manifest.load_tokenizer().id_to_piece
-    assert list(got.top_logprobs[0]) == [piece(int(i)) for i in best]
+    from lite_runtime.serve.text import TokenText
+    text = TokenText(manifest.load_tokenizer()).text       # a token as its text, " two" (not "▁two")
+    assert list(got.top_logprobs[0]) == [text(int(i)) for i in best]
     np.testing.assert_allclose(list(got.top_logprobs[0].values()), expected[best], atol=1e-4)
     assert got.token_logprobs[0] == pytest.approx(expected[best[0]], abs=1e-4)
 
@@ -179,8 +180,9 @@ def test_logit_bias_max_completion_tokens_and_text_parts(server, demo_exports):
     from lite_runtime.contract.manifest import load_manifest
     tokenizer = load_manifest(demo_exports["ms"]).load_tokenizer()
     ask = dict(model="demo", prompt=PROMPTS[0], max_tokens=3, temperature=0, logprobs=0)
-    greedy = c.completions.create(**ask).choices[0].logprobs.tokens     # pieces
-    first = next(i for i in range(tokenizer.vocab_size) if tokenizer.id_to_piece(i) == greedy[0])
+    greedy = c.completions.create(**ask).choices[0].logprobs.tokens     # each token's text
+    from lite_runtime.serve.text import TokenText
+    first = next(i for i in range(tokenizer.vocab_size) if TokenText(tokenizer).text(i) == greedy[0])
     banned = c.completions.create(logit_bias={str(first): -100}, **ask).choices[0].logprobs.tokens
     assert banned[0] != greedy[0]
     forced = c.completions.create(logit_bias={str(first): 100}, **ask).choices[0].logprobs.tokens

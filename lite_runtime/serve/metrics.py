@@ -22,8 +22,9 @@ class Metrics:
         self.cache_rows = Gauge("lite_cache_rows", "Cache rows of the engine (the graph's batch)", registry=r)
         self.prompt_tokens = Counter("lite_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("lite_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("lite_requests", "Finished requests by the finish reason of their first choice",
-                                ["finish_reason"], registry=r)
+        self.requests = Counter("lite_requests", "Finished requests by the finish reason of their first choice "
+                                "(cancelled: the client went away, or the server stopped)", ["finish_reason"],
+                                registry=r)
         self.registry, self.content_type = r, CONTENT_TYPE_LATEST
 
     def token(self, start: float, last: Optional[float], now: float) -> None:
@@ -34,6 +35,7 @@ class Metrics:
             self.inter_token.observe(now - last)
 
     def finished(self, start: float, now: float, reason: str) -> None:
+        """Called once per request: when its last choice ends, or when it is cancelled (`runs`)."""
         self.e2e.observe(now - start)
         self.requests.labels(finish_reason=reason.split(":")[0]).inc()
 

@@ -1,6 +1,7 @@
-"""A request in flight: its choices submitted to the engine, their tokens detokenised on the event
-loop, and its answer in OpenAI's shapes, whole or as server-sent events. The routes of `app` and
-`tgi` start runs here."""
+"""A request in flight: its choices (n per prompt of its batch) submitted to the engine, their tokens
+detokenised on the event loop, and its answer in OpenAI's shapes, whole or as server-sent events. The
+routes of `app` and `tgi` start runs here. A run whose client goes away is cancelled, and counted in
+the metrics with the finish reason `cancelled`."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ from lite_runtime.serve.chat import ChatFormat
 from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import SamplingFields
-from lite_runtime.serve.text import RequestText
+from lite_runtime.serve.text import RequestText, TokenText
 
 
 class ServedModel:
@@ -28,6 +29,7 @@ class ServedModel:
         self.chat = ChatFormat(m.family, m.root)
         self.context = m.seq_length
         self.vocab_size = m.vocab_size
+        self.token_text = TokenText(tokenizer)
 
     def slot(self, model: str) -> int:
         if model == self.name:
@@ -43,9 +45,9 @@ class BadRequest(Exception):
         super().__init__(message)
         self.param, self.code, self.status = param, code, status
 
-def start_run(served: ServedModel, body: SamplingFields, prompt_ids: List[int], chat: bool) -> "_Run":
-    """A request's choices submitted to the engine, after the checks that need the model; raises
-    BadRequest, or QueueFull when the engine's queue is full."""
+def start_run(served: ServedModel, body: SamplingFields, prompts: List[List[int]], chat: bool) -> "_Run":
+    """A request's choices, `body.n` for each of `prompts` (token ids), submitted to the engine, after
+    the checks that need the model; raises BadRequest, or QueueFull when the engine's queue is full."""
     slot = served.slot(body.model)
     if body.max_tokens is not None and body.min_tokens > body.max_tokens:
         raise BadRequest(f"min_tokens {body.min_tokens} exceeds max_tokens {body.max_tokens}; allowed: 0 to "
@@ -54,12 +56,9 @@ def start_run(served: ServedModel, body: SamplingFields, prompt_ids: List[int], 
     if outside:
         raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
                           "logit_bias")
-    room = served.context - len(prompt_ids)
-    if room < 1:
-        raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but this model takes at most "
-                          f"{served.context - 1} (its context is {served.context} tokens)", "messages" if chat
-                          else "prompt", "context_length_exceeded")
-    run = _Run(served, body, prompt_ids, slot, chat)
+    for i, prompt_ids in enumerate(prompts):
+        _check_context(served, body, prompt_ids, "the prompt" if len(prompts) == 1 else f"prompt {i}", chat)
+    run = _Run(served, body, prompts, slot, chat)
     submitted = []
     try:
         for choice in run.choices:
@@ -71,8 +70,23 @@ def start_run(served: ServedModel, body: SamplingFields, prompt_ids: List[int], 
         if isinstance(e, QueueFull):
             raise
         raise BadRequest(str(e), "prompt") from None
-    served.metrics.prompt_tokens.inc(len(prompt_ids))
+    served.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
     return run
+
+
+def _check_context(served: ServedModel, body: SamplingFields, prompt_ids: List[int], which: str, chat: bool):
+    """The prompt and the tokens asked for fit the model's context. A max_tokens the client did not
+    give (completions' default 16) is cut to what fits instead, as an omitted one on chat means all of it."""
+    context, used = served.context, len(prompt_ids)
+    if used >= context:
+        raise BadRequest(f"{which} has {used} tokens but this model takes at most {context - 1} (its context is "
+                          f"{context} tokens)", "messages" if chat else "prompt", "context_length_exceeded")
+    if body.max_tokens is None or "max_tokens" not in body.model_fields_set or used + body.max_tokens <= context:
+        return
+    field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    raise BadRequest(f"{field} {body.max_tokens} is too large: this model's context is {context} tokens and "
+                      f"{which} has {used} tokens ({used} + {body.max_tokens} > {context}); allowed: at most "
+                      f"{context - used}", field, "context_length_exceeded")
 
 
 class _Choice:
@@ -81,6 +95,7 @@ class _Choice:
     def __init__(self, run: "_Run", index: int, sampling, prompt_ids: List[int], slot: int):
         served, body = run.served, run.body
         self.index = index
+        self.prompt_ids = prompt_ids
         self.text = RequestText(served.tokenizer, prompt_ids, body.stop_strings())
         self.tokens: List[int] = []
         self.logprobs: List[Optional[TokenLogprobs]] = []
@@ -88,7 +103,7 @@ class _Choice:
         self.finish_reason: Optional[str] = None   # the engine's: stop (an EOS id), length, cancelled, error: ...
         self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
         self.last = None
-        max_tokens = body.max_tokens or served.context - len(prompt_ids)
+        max_tokens = min(body.max_tokens or served.context, served.context - len(prompt_ids))
         top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
         put = run.loop.call_soon_threadsafe
         self.engine_request = EngineRequest(
@@ -102,21 +117,33 @@ class _Choice:
 
 
 class _Run:
-    """One request in flight: its choices' engine callbacks feed one asyncio queue read by the route."""
+    """One request in flight: its choices' engine callbacks feed one asyncio queue read by the route.
+    Choice j of prompt i has index i * n + j (as OpenAI and vLLM number a batch's choices)."""
 
-    def __init__(self, served: ServedModel, body: SamplingFields, prompt_ids: List[int], slot: int, chat: bool):
+    def __init__(self, served: ServedModel, body: SamplingFields, prompts: List[List[int]], slot: int, chat: bool):
         self.served, self.body, self.chat = served, body, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.prompt_ids = prompt_ids
+        self.prompts = prompts
         self.start = time.perf_counter()
-        self.choices = [_Choice(self, i, sampling, prompt_ids, slot) for i, sampling in enumerate(body.samplings())]
+        self.counted = False        # in the metrics' finished requests
+        samplings = body.samplings()
+        self.choices = [_Choice(self, i * len(samplings) + j, sampling, prompt_ids, slot)
+                        for i, prompt_ids in enumerate(prompts) for j, sampling in enumerate(samplings)]
 
     def cancel(self) -> None:
+        """The client went away: every choice ends at the engine's next step, and the request is counted
+        as cancelled (unless it was counted as finished already)."""
         for choice in self.choices:
             self.served.engine.cancel(choice.engine_request)
+        self._count("cancelled")
+
+    def _count(self, reason: str) -> None:
+        if not self.counted:
+            self.counted = True
+            self.served.metrics.finished(self.start, time.perf_counter(), reason)
 
     async def items(self):
         """(choice, text piece, token, logprob) per token, until every choice has its finish reason."""
@@ -131,7 +158,7 @@ class _Run:
                 if tail:
                     yield choice, tail, None, None
                 if not running:     # a request is counted once, when its last choice ends
-                    metrics.finished(self.start, now, self.choices[0].reason())
+                    self._count(self.choices[0].reason())
                 continue
             metrics.token(self.start, choice.last, now)
             choice.last = now
@@ -149,23 +176,45 @@ class _Run:
         async for choice, piece, token, logprob in self.items():
             choice.pieces.append(piece)
 
+    async def done_unless_gone(self, request) -> bool:
+        """`done()`, unless the client closes its connection first (uvicorn does not cancel a route whose
+        client went away): then the run is cancelled and False returned."""
+        done = asyncio.ensure_future(self.done())
+        gone = asyncio.ensure_future(_disconnect(request))
+        finished = False
+        try:
+            await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+            finished = done.done()
+        finally:
+            gone.cancel()
+            if not finished:
+                done.cancel()
+                self.cancel()
+        if finished:
+            done.result()
+        return finished
+
     def usage(self) -> dict:
+        prompt = sum(len(p) for p in self.prompts)        # each prompt once, whatever n
         completion = sum(len(c.tokens) for c in self.choices)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _logprobs(self, tokens: List[int], logprobs: List[Optional[TokenLogprobs]]):
-        piece = self.served.tokenizer.id_to_piece
+        """Tokens as their text (" Paris", not the vocabulary's piece), chat's with their UTF-8 bytes."""
+        text = self.served.token_text.text
         if self.chat:
             if not self.body.logprobs:
                 return None
-            return {"content": [{"token": piece(t), "logprob": lp.logprob, "bytes": None,
-                                 "top_logprobs": [{"token": piece(i), "logprob": v, "bytes": None} for i, v in lp.top]}
+            as_bytes = self.served.token_text.bytes
+
+            def entry(t: int, logprob: float) -> dict:
+                return {"token": text(t), "logprob": logprob, "bytes": list(as_bytes(t))}
+            return {"content": [dict(entry(t, lp.logprob), top_logprobs=[entry(i, v) for i, v in lp.top])
                                 for t, lp in zip(tokens, logprobs)]}
         if self.body.logprobs is None:
             return None
-        return {"tokens": [piece(t) for t in tokens], "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [{piece(i): v for i, v in lp.top} for lp in logprobs] if self.body.logprobs else None,
+        return {"tokens": [text(t) for t in tokens], "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{text(i): v for i, v in lp.top} for lp in logprobs] if self.body.logprobs else None,
                 "text_offset": None}
 
     def _whole_choice(self, choice: _Choice) -> dict:
@@ -174,7 +223,7 @@ class _Run:
             return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": choice.reason()}
         if getattr(self.body, "echo", False):
-            text = self.served.tokenizer.decode(self.prompt_ids) + text
+            text = self.served.tokenizer.decode(choice.prompt_ids) + text
         return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.reason()}
 
     def whole(self) -> dict:
@@ -184,6 +233,7 @@ class _Run:
 
     async def events(self, request):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
+        sent = False
         try:
             ready = []      # events of tokens already queued go out in one write (a slow client catches up)
             if self.chat:
@@ -201,9 +251,12 @@ class _Run:
                 end.update({"delta": {}} if self.chat else {"text": ""})
                 ready.append(self._event(kind, end, usage=self.usage() if choice is self.choices[-1] else None))
             yield "".join(ready) + "data: [DONE]\n\n"
-        except asyncio.CancelledError:      # the client went away: free its rows at the next step
-            self.cancel()
-            raise
+            sent = True
+        finally:
+            # the client went away (cancelled while waiting for tokens, or closed while waiting to send):
+            # free its rows at the next step
+            if not sent:
+                self.cancel()
 
     def _event(self, kind: str, choice: dict, usage: Optional[dict] = None) -> str:
         data = {"id": self.id, "object": kind, "created": self.created, "model": self.body.model,
@@ -211,3 +264,9 @@ class _Run:
         if usage is not None:
             data["usage"] = usage
         return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def _disconnect(request) -> None:
+    """Returns when the client of `request` (its body read already) closes the connection."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -5,7 +5,6 @@ its answers and errors take TGI's shapes (`generated_text`, `details`, token eve
 that changes the distribution, is given."""
 from __future__ import annotations
 
-import asyncio
 import json
 from importlib.metadata import PackageNotFoundError, version
 from typing import List, Optional
@@ -84,15 +83,17 @@ def add_tgi_routes(app: FastAPI, served) -> None:
         if p.truncate:
             prompt_ids = prompt_ids[-p.truncate:]
         sampled = p.sampled()
+        given = {"max_tokens"} if "max_new_tokens" in p.model_fields_set else set()   # else cut to what fits
         body = CompletionRequest.model_construct(
-            model=p.adapter_id or served.name, prompt=tgi.inputs, max_tokens=p.max_new_tokens,
+            given, model=p.adapter_id or served.name, prompt=tgi.inputs, max_tokens=p.max_new_tokens,
             temperature=(p.temperature or 1.0) if sampled else 0.0, top_p=p.top_p or 1.0, top_k=p.top_k or -1,
             repetition_penalty=p.repetition_penalty or 1.0, frequency_penalty=p.frequency_penalty or 0.0,
             seed=p.seed, stop=p.stop or [], logprobs=0)
         try:
-            run = start_run(served, body, prompt_ids, chat=False)
+            run = start_run(served, body, [prompt_ids], chat=False)
         except BadRequest as e:
-            return _error(f"{'parameters.adapter_id' if e.param == 'model' else 'inputs'}: {e}")
+            field = {"model": "parameters.adapter_id", "max_tokens": "parameters.max_new_tokens"}.get(e.param, "inputs")
+            return _error(f"{field}: {str(e).replace('max_tokens', 'max_new_tokens')}")
         except QueueFull as e:
             return _error(str(e), 429, "overloaded")
         choice = run.choices[0]
@@ -106,17 +107,14 @@ def add_tgi_routes(app: FastAPI, served) -> None:
             out = {"finish_reason": reason, "generated_tokens": len(choice.tokens), "seed": p.seed}
             if not whole:
                 return dict(out, input_length=len(prompt_ids))
-            prefill = [{"id": t, "text": served.tokenizer.id_to_piece(t), "logprob": None} for t in prompt_ids] \
+            prefill = [{"id": t, "text": served.token_text.text(t), "logprob": None} for t in prompt_ids] \
                 if p.decoder_input_details else []
             pieces = choice.pieces[:len(choice.tokens)]
             return dict(out, prefill=prefill, tokens=[token(choice, i, s) for i, s in enumerate(pieces)])
 
         if not (tgi.stream if stream is None else stream):
-            try:
-                await run.done()
-            except asyncio.CancelledError:
-                run.cancel()
-                raise
+            if not await run.done_unless_gone(request):
+                return _error("the client closed the connection", 499, "cancelled")
             return {"generated_text": prefix + "".join(choice.pieces), "details": details(True)}
 
         async def events():
