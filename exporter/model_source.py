@@ -74,7 +74,7 @@ def resolve_model(config: ExportConfig) -> ModelSource:
     side = [os.path.join(os.path.dirname(tokenizer), n) for n in TOKENIZER_SIDE_FILES
             if os.path.isfile(os.path.join(os.path.dirname(tokenizer), n))] if tokenizer else []
     if tokenizer:
-        _warn_without_chat_template(tokenizer, side, hf_dir)
+        _warn_without_chat_template(tokenizer, side, gguf or hf_dir)
     checkpoint = config.load_checkpoint or gguf or hf_dir
     if checkpoint is None:
         raise ConfigError(f"{config.source}: missing required key load_checkpoint (a .ckpt file, a folder of "
@@ -113,28 +113,14 @@ def _gguf_folder(path: str, write_tokenizer: bool):
     return path, folder
 
 
-# Special tokens that only a chat-tuned vocabulary has (ChatML, Llama 3, ChatGLM3, Gemma, Phi-3).
-_CHAT_MARKERS = ("<|im_start|>", "<|start_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
-                 "<start_of_turn>", "<|end|>")
-
-
-def _warn_without_chat_template(tokenizer: str, side: List[str], hf_dir: Optional[str]) -> None:
+def _warn_without_chat_template(tokenizer: str, side: List[str], source: Optional[str]) -> None:
     """A warning when a tokenizer looks chat-tuned but no chat template comes with it: the runtime
     would then format chats in the family's own way, which such a model was not tuned on."""
-    from lite_runtime.tokenizers.chat_template import find_chat_template
+    from lite_runtime.tokenizers.chat_template import chat_tuned_sign, find_chat_template
     if find_chat_template(os.path.dirname(tokenizer), [os.path.basename(p) for p in side]) is not None:
         return
-    name = os.path.basename(os.path.normpath(hf_dir or os.path.dirname(tokenizer))).lower()
-    markers = []
-    if tokenizer.endswith(".json"):
-        try:
-            with open(tokenizer, encoding="utf-8") as f:
-                added = {t.get("content") for t in json.load(f).get("added_tokens") or [] if isinstance(t, dict)}
-        except (OSError, ValueError):
-            added = set()
-        markers = [m for m in _CHAT_MARKERS if m in added]
-    if markers or any(word in name for word in ("chat", "instruct")):
-        why = f"its vocabulary has {markers[0]}" if markers else f"its folder is named {name!r}"
+    why = chat_tuned_sign(tokenizer, os.path.basename(os.path.normpath(source or os.path.dirname(tokenizer))))
+    if why:
         log.warning("the tokenizer %s looks chat-tuned (%s) but has no chat template (chat_template.jinja, or "
                     "chat_template in tokenizer_config.json): chats will be formatted in the family's own way; "
                     "add the model's template beside the tokenizer to serve chats as it was tuned", tokenizer, why)

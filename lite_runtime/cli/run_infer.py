@@ -68,6 +68,10 @@ OPTIONS = (
     _option("--stream", type=BOOL, default=False, help="print each answer while it is generated, one prompt at a "
             "time"),
     _option("--prompt", help="a template with {} where each input goes; default: none, inputs as they are"),
+    _option("--chat", type=BOOL, default=False, help="each input is a user's chat message, formatted by the "
+            "export's chat template (else the family's chat format), and only the answer is printed"),
+    _option("--system_prompt", help="with --chat: a system message before each input; default: none (a "
+            "template may add its own)"),
     _option("--dynamic", type=BOOL, default=False, help="upstream's dynamic shapes: True requires an export with "
             "kv_cache dynamic or packed (one graph; prompts at their own length); such exports run dynamic either way"),
     _option("--paged_attention", type=BOOL, default=False, help="upstream's paged attention: not supported (the "
@@ -176,6 +180,10 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
     _warn_about_fixed_shapes(args, generator.manifest)
     options = generation_options(args)
+    chat = _chat_format(args, generator) if args.chat else None
+    if chat is not None and args.add_special_tokens is None:
+        # a published template writes every special token itself; the family's format follows BOS
+        options = options.updated(add_special_tokens=chat.published is None)
 
     def infer(prompts, streamer=None):
         if before_request is not None:
@@ -185,6 +193,8 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
         return generator.infer(prompts, streamer, options)
 
     def answer(prompts: List[str]) -> None:
+        if chat is not None:
+            return chat_answer(prompts)
         for run_index in range(args.generated_time):
             start = time.perf_counter()
             timings = []
@@ -208,6 +218,26 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
             print(which + run_summary(generator, timings, len(result), time.perf_counter() - start),
                   file=sys.stderr, flush=True)
 
+    def chat_answer(messages: List[str]) -> None:
+        """Each message as one chat: the question, then the answer only (not the formatted prompt)."""
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+        texts = [chat.render(system + [{"role": "user", "content": m}]) for m in messages]
+        for run_index in range(args.generated_time):
+            start, timings = time.perf_counter(), []
+            for message, text in zip(messages, texts):
+                out.write(f"user: {message}\nassistant: ")
+                out.flush()
+                streamer = TextStreamer(generator.tokenizer, file=out) if args.stream else None
+                result = infer([text], streamer=streamer)
+                timings.append(generator.last_timing)
+                if streamer is None:
+                    out.write(result[0]["text_generation_text"][0][len(text):])
+                out.write("\n")
+            out.flush()
+            which = f"run {run_index + 1}/{args.generated_time}: " if args.generated_time > 1 else ""
+            print(which + run_summary(generator, timings, len(texts), time.perf_counter() - start),
+                  file=sys.stderr, flush=True)
+
     try:
         if prompts is not None:
             answer(prompts)
@@ -217,6 +247,17 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
         generator.close()
         if saved is not None:
             saved.close()
+
+
+def _chat_format(args, generator):
+    from lite_runtime.serve.chat import ChatFormat
+    if args.prompt:
+        raise ConfigError("--chat formats each input with the chat template; --prompt would format it again: "
+                          "give one of them")
+    m = generator.manifest
+    chat = ChatFormat(m.family, m.root, generator.tokenizer)
+    log.info("chat: %s", chat.describe())
+    return chat
 
 
 def _open_result_file():

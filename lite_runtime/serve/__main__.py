@@ -13,6 +13,7 @@ from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.serve.engine import PREFILL_CHUNK, Engine
+from lite_runtime.tokenizers.chat_template import chat_tuned_sign
 
 PROG = "python -m lite_runtime.serve"
 
@@ -73,10 +74,16 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
     metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))
-    app = create_app(ServedModel(engine, tokenizer, name, metrics))
-    logging.getLogger("lite_runtime.serve").info(
-        "serving %s (%s, %d cache rows, %s) on http://%s:%d", name, manifest.family, manifest.batch_size,
-        session.runtime, host, port)
+    served = ServedModel(engine, tokenizer, name, metrics)
+    app = create_app(served)
+    log = logging.getLogger("lite_runtime.serve")
+    log.info("serving %s (%s, %d cache rows, %s) on http://%s:%d; chats: %s", name, manifest.family,
+             manifest.batch_size, session.runtime, host, port, served.chat.describe())
+    why = chat_tuned_sign(tokenizer.path, os.path.basename(os.path.abspath(model_dir)))
+    if served.chat.published is None and why:
+        log.warning("the export's tokenizer looks chat-tuned (%s) but the export has no chat template: chats get "
+                    "the %s family's format, which the model may not follow; export it again from a folder with "
+                    "its template (chat_template.jinja)", why, manifest.family)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
     server = uvicorn.Server(config)
     # uvicorn stops on SIGTERM / Ctrl-C (no new connections, open ones get the timeout), then raises

@@ -11,7 +11,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from lite_runtime.serve.chat import encode_chat
 from lite_runtime.serve.engine import QueueFull
 from lite_runtime.serve.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                                          TokenizeRequest, error_body)
@@ -67,7 +66,7 @@ def create_app(served: ServedModel) -> FastAPI:
         if body.model is not None:
             served.slot(body.model)
         if body.messages is not None:
-            ids = encode_chat(served.tokenizer, served.chat.render([m.model_dump() for m in body.messages]))
+            ids = _chat_ids(body.messages)
         elif body.prompt is not None:
             add = True if body.add_special_tokens is None else body.add_special_tokens
             ids = served.tokenizer.encode(body.prompt, add_special_tokens=add)
@@ -110,9 +109,13 @@ def create_app(served: ServedModel) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        text = served.chat.render([m.model_dump() for m in body.messages])
-        prompt_ids = encode_chat(served.tokenizer, text)
-        return await _answer(served, body, [prompt_ids], request, chat=True)
+        return await _answer(served, body, [_chat_ids(body.messages)], request, chat=True)
+
+    def _chat_ids(messages) -> List[int]:
+        try:
+            return served.chat.encode([m.model_dump() for m in messages])
+        except ValueError as e:     # the template's own checks (raise_exception): roles out of order, ...
+            raise BadRequest(str(e), "messages") from None
 
     async def _answer(served: ServedModel, body: SamplingFields, prompts: List[List[int]], request: Request,
                       chat: bool):

@@ -69,7 +69,8 @@ class ChatFormat:
     def render(self, messages: List[dict], tools: Optional[list] = None) -> str:
         if self.published is not None:
             return self.published.render(messages, tools=tools)
-        messages = [dict(m, role="system" if m.get("role") == "developer" else m.get("role")) for m in messages]
+        messages = [dict(m, role="system" if m.get("role") == "developer" else m.get("role"),
+                         content=m.get("content") or "") for m in messages]
         system = "\n".join(m.get("content") or "" for m in messages if m["role"] == "system")
         return self.template.render(messages=messages, system=system, add_generation_prompt=True,
                                     bos_token="", eos_token="")

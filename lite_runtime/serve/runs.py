@@ -26,7 +26,7 @@ class ServedModel:
         self.engine, self.tokenizer, self.name, self.metrics = engine, tokenizer, name, metrics
         self.adapters = {a["name"]: a["slot"] for a in m.adapters if a.get("type") == "slora"}
         self.stop_ids = frozenset(int(i) for i in m.eos_token_id)
-        self.chat = ChatFormat(m.family, m.root)
+        self.chat = ChatFormat(m.family, m.root, tokenizer)
         self.context = m.seq_length
         self.vocab_size = m.vocab_size
         self.token_text = TokenText(tokenizer)

@@ -26,6 +26,9 @@ SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 Template = Union[str, Dict[str, str]]
+# Special tokens that only a chat-tuned vocabulary has (ChatML, Llama 3, ChatGLM3, Gemma, Phi-3).
+CHAT_MARKERS = ("<|im_start|>", "<|start_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
+                "<start_of_turn>", "<|end|>")
 
 
 def _json(path: str) -> dict:
@@ -64,6 +67,20 @@ def find_chat_template(folder: str, names: Optional[Sequence[str]] = None) -> Op
             template = _named(_json(os.path.join(folder, name)).get("chat_template"), os.path.join(folder, name))
             if template:
                 return name, template
+    return None
+
+
+def chat_tuned_sign(tokenizer_file: str, folder_name: str = "") -> Optional[str]:
+    """Why a tokenizer looks chat-tuned (a chat marker among its added tokens, or a folder named as an
+    instruct model), or None."""
+    if tokenizer_file.endswith(".json") and os.path.isfile(tokenizer_file):
+        added = {t.get("content") for t in _json(tokenizer_file).get("added_tokens") or [] if isinstance(t, dict)}
+        found = [m for m in CHAT_MARKERS if m in added]
+        if found:
+            return f"its vocabulary has {found[0]}"
+    name = folder_name.lower()
+    if any(word in name for word in ("chat", "instruct")):
+        return f"its folder is named {folder_name!r}"
     return None
 
 

