@@ -2,6 +2,8 @@
 segment form, every rank's step segments)."""
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 from typing import Dict
 
@@ -131,8 +133,26 @@ def _export(cell, specs, path: str) -> None:
         os.replace(written, path)
 
 
+def release_traced() -> None:
+    """Give back the memory of the networks traced so far, before the next rank is built or Lite's
+    converter runs beside this process. MindSpore 2.0's graph executor keeps the parameters of the last
+    net it compiled (`set_weights_values(obj.parameters_dict())` in `_CellGraphExecutor.compile`) until
+    the next compile, so a traced rank's weights outlived it (1352 MiB held during the 135M model's
+    conversion instead of 475 MiB); glibc keeps what the tensors freed until trimmed."""
+    from mindspore.common.api import _cell_graph_executor
+    executor = getattr(_cell_graph_executor, "_graph_executor", None)
+    if hasattr(executor, "set_weights_values"):
+        executor.set_weights_values({})
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc
+        pass
+
+
 def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
-    """Build rank `rank`'s network, load its weights and write its graphs into `folder`."""
+    """Build rank `rank`'s network, load its weights and write its graphs into `folder`, then give back
+    its memory."""
     from exporter.models.decoder import Graph, PackedGraph, StepGraph
 
     net = _build_rank(config, source, rank)
@@ -143,11 +163,14 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
             cls = Graph if kind != STEP else PackedGraph if config.kv_cache == "packed" else StepGraph
             _export(cls(net, kind, [t.name for t in inputs]), inputs,
                     os.path.join(folder, graph_relpath(kind, rank)))
+    del net
+    release_traced()
 
 
 def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> None:
     """Every rank's step as segments without collectives (`parallel.collectives: host`), traced
-    rank after rank in this process: no distributed job is needed."""
+    rank after rank in this process: no distributed job is needed; each rank's memory is given back
+    before the next is built."""
     from exporter.models.segments import keep_row_biases_on_rank0, segment_cells
 
     layout = segment_layout(config, source)
@@ -158,3 +181,5 @@ def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> No
         with stage(f"traced {len(specs)} step segments{_where(config, rank)}"):
             for name, cell in segment_cells(net, layout).items():
                 _export(cell, specs[name][0], os.path.join(folder, segment_relpath(name, rank)))
+        net = cell = None
+        release_traced()
