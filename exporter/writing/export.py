@@ -7,6 +7,7 @@ writes: one left by a killed export, which nobody holds, is removed by the next 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -27,7 +28,7 @@ from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest,
                                            graph_relpath)
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
-from exporter.writing.forms import describe_form, mindspore_version, settle_form
+from exporter.writing.forms import describe_form, mindir_kept, mindspore_version, removes_mindir, settle_form
 from exporter.writing.lite_convert import convert_graphs, converter_python, lite_weights_name
 from exporter.writing.progress import check_interrupt, deferred_interrupts, stage
 from exporter.writing.trace import graph_dims, segment_layout, trace_rank, trace_segments
@@ -61,13 +62,20 @@ def export(config: ExportConfig) -> str:
     with deferred_interrupts():
         tmp = _make_temp_dir(config, parent, created)
         try:
-            _trace_all(config, source, tmp)
+            removes = converter is not None and removes_mindir(config)
+            _trace_all(config, source, tmp, split=removes)
+            with stage("checked the graphs' inputs"):
+                mindir_version, data_files = _check_graphs(config, source, tmp)
             lite_files = {}
             if converter:
-                with stage("converted the graphs to MindSpore Lite's .ms format"):
+                with stage("converted the graphs to MindSpore Lite's .ms format"
+                           + (", removed their MindIR (the converter's input only)" if removes else "")):
                     lite_files = convert_graphs(tmp, _graph_files(config, source), converter)
-            with stage("checked the graphs and wrote the manifest"):
-                manifest = _write_side_files(config, source, tmp, lite_files, special_ids)
+                    if removes:
+                        _remove_graphs(tmp, data_files)
+                        data_files = {}
+            with stage("hashed the files and wrote the manifest"):
+                manifest = _write_side_files(config, source, tmp, lite_files, special_ids, mindir_version, data_files)
             _follow_umask(tmp)
             _replace_dir(tmp, config.output_dir)
         except BaseException:
@@ -87,14 +95,17 @@ def export(config: ExportConfig) -> str:
     return config.output_dir
 
 
-def _trace_all(config: ExportConfig, source: ModelSource, tmp: str) -> None:
+def _trace_all(config: ExportConfig, source: ModelSource, tmp: str, split: bool = False) -> None:
     """Every rank's graphs into `tmp`, rank after rank in this process (no distributed job: the
-    collectives of rank graphs are built without a communication group, see `exporter.models.linear.world_group`)."""
+    collectives of rank graphs are built without a communication group, see `exporter.models.linear.world_group`).
+    Each rank's memory is given back before the next rank is built, and before Lite's converter runs
+    beside this process. `split`: weights as external data, written tensor by tensor (a MindIR that
+    only the converter reads)."""
     if config.parallel.collectives == "host":
-        trace_segments(config, source, tmp)
+        trace_segments(config, source, tmp, split)
         return
     for rank in range(config.world_size):
-        trace_rank(config, source, rank, tmp)
+        trace_rank(config, source, rank, tmp, split)
 
 
 def _lite_converter(config: ExportConfig):
@@ -121,30 +132,62 @@ def _segment_specs(config: ExportConfig, source: ModelSource):
     return segment_specs(graph_dims(config, source), config.world_size, segment_layout(config, source))
 
 
-def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids) -> Manifest:
-    import mindspore as ms
+def _graph_io(config: ExportConfig, source: ModelSource):
+    """Each graph kind's (or segment's) (inputs, outputs) of the contract."""
+    if config.parallel.collectives == "host":
+        return _segment_specs(config, source)
+    spec, dims = get_family(source.family.name), graph_dims(config, source)
+    return {kind: (spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
+            for kind in graph_kinds(config.kv_cache)}
+
+
+def _check_graphs(config: ExportConfig, source: ModelSource, tmp: str):
+    """Check every MindIR's inputs against the contract; returns (their MindIR version, {graph: the
+    files holding its weights as external data, [] for none}), paths relative to `tmp`."""
     from lite_runtime.contract.mindir import read_mindir
+    io, version, data_files = _graph_io(config, source), "", {}
+    for kind, files in _graph_files(config, source).items():
+        for rel in files:
+            graph = read_mindir(os.path.join(tmp, rel))
+            version = graph.version
+            check_graph_inputs(graph.inputs, io[kind][0], f"exported {rel}")
+            data_files[rel] = [os.path.normpath(os.path.join(os.path.dirname(rel), d)) for d in graph.data_files]
+    return version, data_files
+
+
+def _remove_graphs(tmp: str, data_files: Dict[str, List[str]]) -> None:
+    """Remove the MindIR graphs (and their external data, and its emptied folders) once converted."""
+    for rel, data in data_files.items():
+        for name in [rel] + data:
+            os.remove(os.path.join(tmp, name))
+        for folder in sorted({os.path.dirname(d) for d in data}, reverse=True):
+            if folder != os.path.dirname(rel):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(tmp, folder))
+
+
+def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids,
+                      mindir_version: str, data_files: Dict[str, List[str]]) -> Manifest:
+    """The tokenizer and GE config copies and the manifest. `data_files`: the MindIR graphs the export
+    keeps ({} when they were removed after their conversion), with their external data."""
+    import mindspore as ms
 
     spec, dims = get_family(source.family.name), graph_dims(config, source)
-    hashes, mindir_version = {}, ""
+    hashes = {}
     segmented = config.parallel.collectives == "host"
-    io = _segment_specs(config, source) if segmented else \
-        {kind: (spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
-         for kind in graph_kinds(config.kv_cache)}
+    io = _graph_io(config, source)
     entries, external = {}, {}
     for kind, files in _graph_files(config, source).items():
         entry = GraphEntry(files, *io[kind])
-        for rel in files:
-            graph = read_mindir(os.path.join(tmp, rel))
-            mindir_version = graph.version
-            check_graph_inputs(graph.inputs, entry.inputs, f"exported {rel}")
-            if graph.data_files:
-                external[rel] = [os.path.normpath(os.path.join(os.path.dirname(rel), d)) for d in graph.data_files]
+        kept = [rel for rel in files if rel in data_files]
+        for rel in kept:
+            if data_files[rel]:
+                external[rel] = data_files[rel]
         for rel in lite_files.get(kind, []):
             weights = lite_weights_name(rel)
             if os.path.isfile(os.path.join(tmp, weights)):
                 external[rel] = [weights]
-        for rel in files + lite_files.get(kind, []):
+        for rel in kept + lite_files.get(kind, []):
             for name in [rel] + external.get(rel, []):
                 hashes[name] = file_sha256(os.path.join(tmp, name))
         entries[kind] = entry
@@ -173,7 +216,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
                         adapters=adapter_record(source), lite_files=lite_files, external_data=external,
                         collectives=config.parallel.collectives, segments=entries if segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
-                        ge_config=ge_config)
+                        ge_config=ge_config, mindir_kept=mindir_kept(config) if lite_files else "")
     manifest.save(tmp)
     return manifest
 

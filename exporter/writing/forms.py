@@ -59,6 +59,28 @@ def settle_form(config: ExportConfig, cfg: DecoderConfig) -> None:
         config.parallel.collectives = "host"
 
 
+def _infer_copies(config: ExportConfig) -> bool:
+    return bool(config.infer.prefill_model_path or config.infer.increment_model_path)
+
+
+def removes_mindir(config: ExportConfig) -> bool:
+    """Whether the graphs' MindIR is only the input of Lite's converter, removed once each graph is a
+    `.ms`: so for `target: cpu`, whose runtime loads the `.ms` (the `ms` backend runs no MindSpore 2.0
+    MindIR), unless the yaml asks for upstream's infer: copies, which are copies of the MindIR."""
+    return bool(config.lite_ms) and config.target == "cpu" and not _infer_copies(config)
+
+
+def mindir_kept(config: ExportConfig) -> str:
+    """Why an export with `.ms` models keeps their MindIR beside them (the manifest's `mindir_kept`);
+    '' when it has no `.ms` (the MindIR is what runs) or removes the MindIR (`removes_mindir`)."""
+    if not config.lite_ms or removes_mindir(config):
+        return ""
+    if _infer_copies(config):
+        return "the infer: copies (prefill_model_path, increment_model_path) are copies of the MindIR graphs"
+    return ("lite_ms: true without target: cpu keeps both forms: the runtime loads the .ms, "
+            "lite_format 'mindir' the MindIR")
+
+
 def describe_form(config: ExportConfig, manifest: Manifest) -> str:
     """Which graphs the export holds and why, for its last line."""
     if config.parallel.collectives == "host":

@@ -2,6 +2,7 @@
 segment form, every rank's step segments)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -114,23 +115,41 @@ def _where(config: ExportConfig, rank: int) -> str:
     return f" (rank {rank})" if config.world_size > 1 else ""
 
 
-def _export(cell, specs, path: str) -> None:
+def _export(cell, specs, path: str, split: bool = False) -> None:
     """Write `cell` to `path` (`<stem>.mindir`, or `<stem>_graph.mindir` for the main graphs).
 
     MindSpore writes a net whose parameters exceed 1 GiB (`TOTAL_SAVE` in
     mindspore/train/serialization.py) as `<file_name>_graph.mindir` plus `<file_name>_variables/data_N`,
     the weights as external data located relative to the graph's folder. The main graphs are exported
     as `rank_{r}`, so a large rank's files get upstream's names (`rank_{r}_graph.mindir`,
-    `rank_{r}_variables/`); whichever form was written, the graph ends up at `path`."""
+    `rank_{r}_variables/`); whichever form was written, the graph ends up at `path`. `split` writes
+    that form whatever the size (`_weights_as_external_data`)."""
     import mindspore as ms
     os.makedirs(os.path.dirname(path), exist_ok=True)
     stem = path[: -len(".mindir")]
     if stem.endswith(SPLIT_GRAPH_SUFFIX):
         stem = stem[: -len(SPLIT_GRAPH_SUFFIX)]
-    ms.export(cell, *[_dummy(t) for t in specs], file_name=stem, file_format="MINDIR")
+    with _weights_as_external_data() if split else contextlib.nullcontext():
+        ms.export(cell, *[_dummy(t) for t in specs], file_name=stem, file_format="MINDIR")
     written = stem + ".mindir" if os.path.isfile(stem + ".mindir") else stem + SPLIT_GRAPH_SUFFIX + ".mindir"
     if written != path:
         os.replace(written, path)
+
+
+@contextlib.contextmanager
+def _weights_as_external_data():
+    """MindSpore's split form for a graph of any size. Below `TOTAL_SAVE` MindSpore puts every weight
+    into the graph's protobuf and serializes that whole: two copies of the weights beside the network's
+    (the 135M model's exporter peaked at 2386 MiB for 514 MiB of weights, at 1468 MiB so); the split form writes
+    them tensor by tensor. For a MindIR that is only the converter's input (Lite writes the same `.ms`
+    from either form, byte for byte)."""
+    import mindspore.train.serialization as serialization
+    saved = serialization.TOTAL_SAVE
+    serialization.TOTAL_SAVE = 0     # KiB; above it the weights go to external data
+    try:
+        yield
+    finally:
+        serialization.TOTAL_SAVE = saved
 
 
 def release_traced() -> None:
@@ -150,9 +169,9 @@ def release_traced() -> None:
         pass
 
 
-def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str) -> None:
-    """Build rank `rank`'s network, load its weights and write its graphs into `folder`, then give back
-    its memory."""
+def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str, split: bool = False) -> None:
+    """Build rank `rank`'s network, load its weights and write its graphs into `folder` (`split`: with
+    the weights as external data), then give back its memory."""
     from exporter.models.decoder import Graph, PackedGraph, StepGraph
 
     net = _build_rank(config, source, rank)
@@ -162,15 +181,15 @@ def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str
         with stage(f"traced the {kind} graph{_where(config, rank)}"):
             cls = Graph if kind != STEP else PackedGraph if config.kv_cache == "packed" else StepGraph
             _export(cls(net, kind, [t.name for t in inputs]), inputs,
-                    os.path.join(folder, graph_relpath(kind, rank)))
+                    os.path.join(folder, graph_relpath(kind, rank)), split)
     del net
     release_traced()
 
 
-def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> None:
+def trace_segments(config: ExportConfig, source: ModelSource, folder: str, split: bool = False) -> None:
     """Every rank's step as segments without collectives (`parallel.collectives: host`), traced
     rank after rank in this process: no distributed job is needed; each rank's memory is given back
-    before the next is built."""
+    before the next is built. `split` as in `trace_rank`."""
     from exporter.models.segments import keep_row_biases_on_rank0, segment_cells
 
     layout = segment_layout(config, source)
@@ -180,6 +199,6 @@ def trace_segments(config: ExportConfig, source: ModelSource, folder: str) -> No
         keep_row_biases_on_rank0(net, rank)
         with stage(f"traced {len(specs)} step segments{_where(config, rank)}"):
             for name, cell in segment_cells(net, layout).items():
-                _export(cell, specs[name][0], os.path.join(folder, segment_relpath(name, rank)))
+                _export(cell, specs[name][0], os.path.join(folder, segment_relpath(name, rank)), split)
         net = cell = None
         release_traced()

@@ -70,6 +70,9 @@ class Manifest:
     ge_config: Optional[str] = None  # GE config.ini shipped with the export, relative to the folder
     collectives: str = "graph"       # multi-rank: in the rank graphs ("graph") or on the host between segments
     segments: Dict[str, GraphEntry] = field(default_factory=dict)   # the "host" form: each rank's step in pieces
+    mindir_kept: str = ""            # why the graphs' MindIR is kept beside their .ms models (lite_files); "" with .ms
+                                     # models: the MindIR, only the converter's input, was removed (target cpu) and
+                                     # the graphs' `files` name no file on disk
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
     file: str = ""                   # the manifest file read (root/manifest.json or a copy's); not serialised
