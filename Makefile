@@ -32,7 +32,7 @@ $(STAMP)/venv-ms20: setup.cfg pyproject.toml
 	$(VENV_LITE)/bin/pip install -q -e ".[mindspore]"
 	@touch $@
 
-$(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/lite_install.py lite_runtime/backends/native/lite_shim.cc
+$(STAMP)/lite: tools/setup_lite.sh lite_runtime/backends/lite_install.py $(wildcard lite_runtime/backends/native/*.cc lite_runtime/backends/native/*.h)
 	@mkdir -p $(STAMP)
 	bash tools/setup_lite.sh
 	@touch $@

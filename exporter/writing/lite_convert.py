@@ -28,6 +28,14 @@ def converter_python(source: str) -> str:
     return python
 
 
+def kernels_library() -> str:
+    """The project's Lite kernel library (beside the runtime's shim), '' when not built."""
+    from lite_runtime.backends.lite_install import shim_candidates
+    from lite_runtime.backends.lite_kernels import library_path
+    shims = [path for path, _ in shim_candidates() if os.path.isfile(path)]
+    return library_path(shims[0]) if shims else ""
+
+
 def ms_name(mindir_rel: str) -> str:
     return mindir_rel[: -len(".mindir")] + ".ms"
 
@@ -47,6 +55,9 @@ def convert_graphs(folder: str, graphs: Dict[str, List[str]], python: str) -> Di
         for rel, out in zip(files, lite[kind]):
             args += [os.path.join(folder, rel), os.path.join(folder, out)]
     env = dict(os.environ, GLOG_v="3", PYTHONPATH="")
+    kernels = kernels_library()
+    if kernels:
+        env["LITE_KERNELS_LIB"] = kernels
     result = subprocess.run([python, _MAIN, *args], capture_output=True, text=True, env=env)
     missing = [out for files in lite.values() for out in files if not os.path.isfile(os.path.join(folder, out))]
     if result.returncode != 0 or missing:

@@ -4,12 +4,27 @@ converts each MindIR into Lite's own format. Imports nothing of the project.
 
 `optimize="general"`: Lite's offline graph optimisations (equal outputs, measured). Inputs stay
 NCHW: the converter's default NHWC would silently re-lay every 4-D input (the KV caches).
+With LITE_KERNELS_LIB set, the project's custom kernels are registered first: the converter checks each
+Custom node's type against Lite's registry ("Unsupported custom type" otherwise).
 """
+import ctypes
+import os
 import sys
+
+
+def register_kernels():
+    path = os.environ.get("LITE_KERNELS_LIB")
+    if not path:
+        return
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)   # after mindspore_lite: it binds to Lite's loaded libraries
+    lib.lk_last_error.restype = ctypes.c_char_p
+    if lib.lk_register(0):
+        raise SystemExit(f"error: {path}: {lib.lk_last_error().decode()}")
 
 
 def main(pairs):
     import mindspore_lite as mslite
+    register_kernels()
     converter = mslite.Converter()
     converter.optimize = "general"
     converter.input_format = mslite.Format.NCHW

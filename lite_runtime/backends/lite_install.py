@@ -5,7 +5,8 @@ The PyPI `mindspore_lite` 2.0 wheel is cp37-only; only its C++ libraries and hea
 
     PREFIX/wheel/    the wheel, when downloaded here (pip download; its sha256 is checked every run)
     PREFIX/include/  the C++ API headers from the wheel
-    PREFIX/lib/      the Lite libraries of the CPU path + liblite_shim.so beside them (rpath $ORIGIN)
+    PREFIX/lib/      the Lite libraries of the CPU path + liblite_shim.so and liblite_kernels.so (the
+                     project's custom kernels, lite_kernels.py) beside them (rpath $ORIGIN)
 
 Where the native binding looks for the shim, in order: $LITE_SHIM_LIB, the per-user location
 (`$XDG_DATA_HOME/llm-lite-export/lite`, default `~/.local/share/...`), a checkout's build/lite.
@@ -33,6 +34,10 @@ LIBS = ("libmindspore-extendrt_python.so", "libdnnl.so.2", "libmindspore_convert
 SHIM_NAME = "liblite_shim.so"
 SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "lite_shim.cc")
 SHIM_ENV = "LITE_SHIM_LIB"
+KERNELS_NAME = "liblite_kernels.so"
+_NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+KERNELS_SOURCES = [os.path.join(_NATIVE, name) for name in ("lite_kernels.cc", "linear_math.cc", "linear_math.h",
+                                                             "lite_registry.h", os.path.join("schema", "model_generated.h"))]
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKOUT_PREFIX = os.path.join(_CHECKOUT, "build", "lite")
 
@@ -70,7 +75,9 @@ def install(prefix: str, wheel: Optional[str] = None, cxx: str = "g++",
         raise ConfigError(f"--prefix {prefix}: cannot create {lib} ({e.strerror}); choose a writable folder") from None
     wheel = _wheel(prefix, wheel, say)
     _extract(wheel, prefix, say)
-    return _build_shim(prefix, cxx, say)
+    shim = _build_shim(prefix, cxx, say)
+    _build_kernels(prefix, cxx, say)
+    return shim
 
 
 def _wheel(prefix: str, given: Optional[str], say) -> str:
@@ -151,3 +158,42 @@ def _build_shim(prefix: str, cxx: str, say) -> str:
     os.replace(shim + ".part", shim)
     say(f"built {shim}")
     return shim
+
+
+def _compile(command: List[str], source: str, compiler: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:300])
+        raise SetupError(f"compiling {source} with {compiler} failed: {first}")
+
+
+def _build_kernels(prefix: str, cxx: str, say) -> str:
+    """liblite_kernels.so: the loops twice (AVX2 + FMA, and portable; chosen at load by cpuid) and the Lite
+    registration, linked against the converter library, which defines Kernel::Initialize()."""
+    lib = os.path.join(prefix, "lib")
+    target = os.path.join(lib, KERNELS_NAME)
+    if os.path.isfile(target) and os.path.getmtime(target) > max(map(os.path.getmtime, KERNELS_SOURCES)):
+        say(f"kernels up to date: {target}")
+        return target
+    compiler = shutil.which(cxx)
+    if compiler is None:
+        raise SetupError(f"C++ compiler {cxx!r} not found; install one (apt-get install g++) or pass --cxx")
+    base = [compiler, "-D_GLIBCXX_USE_CXX11_ABI=0", "-std=c++17", "-fPIC", "-O3", "-Wall", f"-I{prefix}",
+            f"-I{_NATIVE}", "-c"]
+    math = os.path.join(_NATIVE, "linear_math.cc")
+    objects = []
+    for name, source, flags in (("avx2", math, ["-DLK_NS=avx2", "-mavx2", "-mfma"]),
+                                ("generic", math, ["-DLK_NS=generic"]),
+                                ("registry", os.path.join(_NATIVE, "lite_kernels.cc"), [])):
+        obj = os.path.join(lib, f".lite_kernels_{name}.o")
+        _compile(base + flags + [source, "-o", obj], source, compiler)
+        objects.append(obj)
+    link = [compiler, "-shared", *objects, "-o", target + ".part", f"-L{lib}", "-l:libmindspore-extendrt_python.so",
+            "-l:libmslite_converter_plugin.so", "-l:libmindspore_converter.so", "-lpthread", "-Wl,-rpath,$ORIGIN",
+            "-Wl,--disable-new-dtags"]
+    _compile(link, KERNELS_NAME, compiler)
+    for obj in objects:
+        os.remove(obj)
+    os.replace(target + ".part", target)
+    say(f"built {target}")
+    return target

@@ -28,7 +28,7 @@ import numpy as np
 
 from lite_runtime.backends.lite_install import shim_candidates
 from lite_runtime.contract.errors import ArtifactError, ToolchainError, UnsupportedError
-from lite_runtime.backends import lite_weights
+from lite_runtime.backends import lite_kernels, lite_weights
 from lite_runtime.contract.families import TensorSpec
 
 RELEASE_ENV = "LITE_RELEASE_WEIGHTS"     # "0": keep Lite's original MatMul weights (lite_weights.py)
@@ -88,6 +88,7 @@ def load_shim() -> ctypes.CDLL:
     except OSError as e:
         raise UnsupportedError(f"cannot load the MindSpore Lite shim {path}: {e}; "
                                "run `lite-setup` again") from None
+    _register_kernels(path)
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.lite_last_error.restype = ctypes.c_char_p
     lib.lite_model_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int, ctypes.POINTER(vp)]
@@ -111,6 +112,25 @@ def load_shim() -> ctypes.CDLL:
         getattr(lib, name).restype = c_int
     _lib = lib
     return lib
+
+
+def _register_kernels(shim: str) -> None:
+    """The project's custom kernels (lite_kernels.py), registered with Lite before any Build; Lite's
+    registry is the process's, so once serves every model. A shim without the library beside it (built
+    before it existed) runs graphs without Custom nodes as before."""
+    path = lite_kernels.library_path(shim)
+    if not path:
+        return
+    try:
+        lite_kernels.register(path)
+    except (OSError, RuntimeError) as e:
+        raise UnsupportedError(f"cannot load the project's Lite kernels {path}: {e}; run `lite-setup` again") from None
+
+
+def kernel_types() -> List[str]:
+    """The Custom op types this process's Lite can run (the shim loaded first)."""
+    load_shim()
+    return list(lite_kernels.types())
 
 
 def _release_freed_memory() -> None:

@@ -1,0 +1,28 @@
+"""Linear products as Custom nodes that MindSpore Lite runs with the project's kernels
+(lite_runtime/backends/native/lite_kernels.cc), for MindSpore 2.0 exports.
+
+MindSpore 2.0 writes `ops.Custom(func, func_type="aot")` with a `type` attribute as a Custom node of
+that type; the aot library in `func` is never opened (not at export, not by Lite). The weight, its scales
+(and mins) are the node's constant inputs, in the storage of lite_runtime/contract/quant.py.
+"""
+from __future__ import annotations
+
+from mindspore import ops
+
+from lite_runtime.contract.quant import OP_TYPES, aot_func
+
+
+def _out_shape(x, w, *scales):
+    return list(x[:-1]) + [w[0]]
+
+
+def _out_dtype(x, *rest):
+    return x
+
+
+def linear_op(storage: str) -> ops.Custom:
+    """y (..., N) = op(x (..., K), *constants) for weights in `storage` (a key of quant.OP_TYPES)."""
+    op_type = OP_TYPES[storage]
+    op = ops.Custom(aot_func(op_type), out_shape=_out_shape, out_dtype=_out_dtype, func_type="aot")
+    op.add_prim_attr("type", op_type)
+    return op

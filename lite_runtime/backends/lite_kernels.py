@@ -1,0 +1,96 @@
+"""The project's custom Lite kernels (`liblite_kernels.so`, built by `lite-setup` beside the shim from
+lite_runtime/backends/native/lite_kernels.cc): loaded with RTLD_GLOBAL and registered with Lite before
+any Build (the registry is the process's: one registration serves every model after it).
+
+    register()                    # before the first Build; load_shim() then LiteModel do it
+    linear(x, "int8", [q, scale]) # the kernels' product without Lite (tests, benchmarks)
+
+Standard library, numpy and the light contract modules only: the converter's Python 3.7 loads this
+file too (lite_converter_main.py), with the library's path in LITE_KERNELS_LIB.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional, Sequence
+
+LIBRARY_ENV = "LITE_KERNELS_LIB"
+LIBRARY_NAME = "liblite_kernels.so"
+_lib = None
+_registered = set()
+
+
+def library_path(shim: str) -> str:
+    """The kernel library beside `shim` (or $LITE_KERNELS_LIB), '' when there is none."""
+    path = os.environ.get(LIBRARY_ENV) or (os.path.join(os.path.dirname(shim), LIBRARY_NAME) if shim else "")
+    return path if path and os.path.isfile(path) else ""
+
+
+def load(path: str):
+    """Load the library once per process (after Lite's own libraries: it binds to the ones loaded)."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        lib.lk_last_error.restype = ctypes.c_char_p
+        lib.lk_isa.restype = ctypes.c_char_p
+        lib.lk_types.restype = ctypes.c_char_p
+        lib.lk_register.argtypes = [ctypes.c_int]
+        lib.lk_register.restype = ctypes.c_int
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        lib.lk_linear.argtypes = [ctypes.c_int, vp, i64, i64, vp, vp, vp, i64, i64, vp, ctypes.c_int]
+        lib.lk_linear.restype = ctypes.c_int
+        lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
+        lib.lk_read.restype = ctypes.c_uint64
+        _lib = lib
+    return _lib
+
+
+def register(path: str, op_info: bool = True) -> None:
+    """Register every kernel (and, with `op_info`, the entries a MindIR Build needs) with Lite."""
+    lib = load(path)
+    key = bool(op_info)
+    if key in _registered:
+        return
+    if lib.lk_register(int(op_info)):
+        raise RuntimeError(f"{path}: {lib.lk_last_error().decode()}")
+    _registered.add(key)
+
+
+def loaded():
+    return _lib
+
+
+def types() -> Sequence[str]:
+    """The Custom op types the loaded library runs (empty when none is loaded)."""
+    return _lib.lk_types().decode().split(",") if _lib is not None else []
+
+
+def isa() -> str:
+    return _lib.lk_isa().decode() if _lib is not None else ""
+
+
+def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None):
+    """y (..., N) = x (..., K) . W^T with W in `storage` (contract.quant.OP_TYPES) given as the graph's
+    constant inputs after x (quant.quantize). Needs the library loaded (`load`)."""
+    import numpy as np
+    from lite_runtime.contract.quant import KIND_CODES
+    if _lib is None:
+        raise RuntimeError("the kernel library is not loaded")
+    x = np.ascontiguousarray(x, np.float32)
+    w = np.ascontiguousarray(constants[0])
+    scale: Optional[np.ndarray] = np.ascontiguousarray(constants[1], np.float32) if len(constants) > 1 else None
+    mins: Optional[np.ndarray] = np.ascontiguousarray(constants[2], np.float32) if len(constants) > 2 else None
+    n = w.shape[0]
+    k = x.shape[-1]
+    m = x.size // k
+    expected = -(-k // 32) * 16 if storage.startswith("int4") else k
+    if w.ndim != 2 or w.shape[1] != expected:
+        raise ValueError(f"x (..., {k}) does not fit a {storage} weight of shape {w.shape}: "
+                         f"expected (N, {expected})")
+    y = out if out is not None else np.empty(x.shape[:-1] + (n,), np.float32)
+    groups = scale.size // n if scale is not None else 0
+    address = lambda a: a.ctypes.data if a is not None else None
+    if _lib.lk_linear(KIND_CODES[storage], address(x), m, k, address(w), address(scale), address(mins), n, groups,
+                      address(y), int(threads)):
+        raise ValueError(_lib.lk_last_error().decode())
+    return y

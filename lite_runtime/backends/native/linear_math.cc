@@ -1,0 +1,264 @@
+// The loops of the weight-only matrix products (linear_math.h), written once over an 8-float vector
+// type: AVX2 + FMA registers when compiled with -mavx2 -mfma (namespace lk::avx2), plain arrays the
+// compiler vectorises as it can otherwise (lk::generic). LK_NS names the namespace.
+//
+// Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
+// straight from the packed weights, four rows of W at a time (four independent accumulator chains), so
+// the weights stream from memory once. Larger M dequantises four rows of W into a float tile and runs
+// the float32 block over rows of X, 64 at a time (they stay in L2 while the weights pass).
+#include <algorithm>
+#include <cstring>
+
+#include "linear_math.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#ifndef LK_NS
+#error "compile with -DLK_NS=avx2 or -DLK_NS=generic"
+#endif
+
+namespace lk {
+namespace LK_NS {
+namespace {
+
+#if defined(__AVX2__) && defined(__FMA__)
+struct V8 {
+  __m256 v;
+};
+inline V8 Zero() { return {_mm256_setzero_ps()}; }
+inline V8 Load(const float *p) { return {_mm256_loadu_ps(p)}; }
+inline V8 Bcast(float f) { return {_mm256_set1_ps(f)}; }
+inline V8 Fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline V8 Add(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline void Store(float *p, V8 a) { _mm256_storeu_ps(p, a.v); }
+inline float Hsum(V8 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+inline V8 FromI8(const int8_t *p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
+}
+// 16 bytes -> the 32 nibble values of one run: u[0] weights 0-7, u[1] 8-15, u[2] 16-23, u[3] 24-31.
+inline void FromU4(const uint8_t *p, V8 u[4]) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+  __m128i lo = _mm_and_si128(b, mask);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  u[0].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  u[1].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  u[2].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  u[3].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+#else
+struct V8 {
+  float f[8];
+};
+inline V8 Zero() { return V8{}; }
+inline V8 Load(const float *p) {
+  V8 r;
+  std::memcpy(r.f, p, sizeof(r.f));
+  return r;
+}
+inline V8 Bcast(float f) {
+  V8 r;
+  for (int i = 0; i < 8; ++i) r.f[i] = f;
+  return r;
+}
+inline V8 Fma(V8 a, V8 b, V8 c) {
+  for (int i = 0; i < 8; ++i) c.f[i] += a.f[i] * b.f[i];
+  return c;
+}
+inline V8 Add(V8 a, V8 b) {
+  for (int i = 0; i < 8; ++i) a.f[i] += b.f[i];
+  return a;
+}
+inline void Store(float *p, V8 a) { std::memcpy(p, a.f, sizeof(a.f)); }
+inline float Hsum(V8 a) {
+  return ((a.f[0] + a.f[4]) + (a.f[1] + a.f[5])) + ((a.f[2] + a.f[6]) + (a.f[3] + a.f[7]));
+}
+inline V8 FromI8(const int8_t *p) {
+  V8 r;
+  for (int i = 0; i < 8; ++i) r.f[i] = static_cast<float>(p[i]);
+  return r;
+}
+inline void FromU4(const uint8_t *p, V8 u[4]) {
+  for (int i = 0; i < 8; ++i) {
+    u[0].f[i] = static_cast<float>(p[i] & 15);
+    u[1].f[i] = static_cast<float>(p[8 + i] & 15);
+    u[2].f[i] = static_cast<float>(p[i] >> 4);
+    u[3].f[i] = static_cast<float>(p[8 + i] >> 4);
+  }
+}
+#endif
+
+constexpr int64_t kRowsPerPass = 64;   // rows of X per pass over a thread's weights
+
+// y[m, j] = sum_k x[m, k] * w[j, k] (times rowscale[j] if given), MB rows of X, NB rows of W.
+template <int MB, int NB>
+inline void BlockF32(const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t K, float *y, int64_t ldy,
+                     const float *rowscale) {
+  V8 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = Zero();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) {
+    V8 wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = Load(w + j * ldw + k);
+    for (int m = 0; m < MB; ++m) {
+      V8 xv = Load(x + m * ldx + k);
+      for (int j = 0; j < NB; ++j) acc[m][j] = Fma(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) {
+      float s = Hsum(acc[m][j]);
+      for (int64_t k = K8; k < K; ++k) s += x[m * ldx + k] * w[j * ldw + k];
+      y[m * ldy + j] = rowscale ? s * rowscale[j] : s;
+    }
+}
+
+// All `rows` rows of X against nb (<= 4) rows of W.
+inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, int64_t ldw, int64_t nb, int64_t K,
+                     float *y, int64_t ldy, const float *rowscale) {
+  if (nb == 4) {
+    int64_t m = 0;
+    for (; m + 2 <= rows; m += 2) BlockF32<2, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy, rowscale);
+    if (m < rows) BlockF32<1, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy, rowscale);
+    return;
+  }
+  for (int64_t j = 0; j < nb; ++j) {
+    const float *scale = rowscale ? rowscale + j : nullptr;
+    int64_t m = 0;
+    for (; m + 2 <= rows; m += 2) BlockF32<2, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy, scale);
+    if (m < rows) BlockF32<1, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy, scale);
+  }
+}
+
+// Decode: MB (1 or 2) rows of X against NB rows of int8 W, converted once per vector.
+template <int MB, int NB>
+inline void BlockI8(const float *x, int64_t ldx, const int8_t *w, int64_t K, const float *scale, float *y,
+                    int64_t ldy) {
+  V8 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = Zero();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) {
+    V8 wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = FromI8(w + j * K + k);
+    for (int m = 0; m < MB; ++m) {
+      V8 xv = Load(x + m * ldx + k);
+      for (int j = 0; j < NB; ++j) acc[m][j] = Fma(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) {
+      float s = Hsum(acc[m][j]);
+      for (int64_t k = K8; k < K; ++k) s += x[m * ldx + k] * static_cast<float>(w[j * K + k]);
+      y[m * ldy + j] = s * scale[j];
+    }
+}
+
+template <int MB>
+inline void DecodeI8(const LinearArgs &a, int64_t n, int64_t nb) {
+  const int8_t *w = static_cast<const int8_t *>(a.w) + n * a.K;
+  if (nb == 4) return BlockI8<MB, 4>(a.x, a.ldx, w, a.K, a.scale + n, a.y + n, a.N);
+  for (int64_t j = 0; j < nb; ++j) BlockI8<MB, 1>(a.x, a.ldx, w + j * a.K, a.K, a.scale + n + j, a.y + n + j, a.N);
+}
+
+// Decode: MB (1 or 2) rows of X against one row of int4 W, group by group.
+template <int MB>
+inline void RowI4(const LinearArgs &a, int64_t n) {
+  const int64_t bytes = a.K / 2, runs_per_group = a.group / 32;
+  const uint8_t *w = static_cast<const uint8_t *>(a.w) + n * bytes;
+  const float *scale = a.scale + n * a.G;
+  V8 total[MB];
+  for (int m = 0; m < MB; ++m) total[m] = Zero();
+  const int64_t runs = a.K / 32;
+  for (int64_t g = 0; g < a.G; ++g) {
+    V8 acc[MB][4];
+    for (int m = 0; m < MB; ++m)
+      for (int i = 0; i < 4; ++i) acc[m][i] = Zero();
+    const int64_t r1 = std::min(runs, (g + 1) * runs_per_group);
+    for (int64_t r = g * runs_per_group; r < r1; ++r) {
+      V8 u[4];
+      FromU4(w + r * 16, u);
+      for (int m = 0; m < MB; ++m) {
+        const float *xr = a.x + m * a.ldx + r * 32;
+        for (int i = 0; i < 4; ++i) acc[m][i] = Fma(Load(xr + 8 * i), u[i], acc[m][i]);
+      }
+    }
+    const V8 s = Bcast(scale[g]);
+    for (int m = 0; m < MB; ++m) total[m] = Fma(s, Add(Add(acc[m][0], acc[m][1]), Add(acc[m][2], acc[m][3])), total[m]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    float y = Hsum(total[m]);
+    const float *xsum = a.xsum + m * a.G;
+    for (int64_t g = 0; g < a.G; ++g) y += (a.min ? a.min[n * a.G + g] : -8.0f * scale[g]) * xsum[g];
+    a.y[m * a.N + n] = y;
+  }
+}
+
+// Rows [n, n + nb) of int8 / int4 W as float32 into `tile` (nb x K); int8 stays unscaled (scaled per output).
+void Dequantize(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
+  if (a.kind == kI8) {
+    const int8_t *w = static_cast<const int8_t *>(a.w) + n * a.K;
+    for (int64_t j = 0; j < nb; ++j)
+      for (int64_t k = 0; k < a.K; k += 8) {
+        if (k + 8 <= a.K) {
+          Store(tile + j * a.K + k, FromI8(w + j * a.K + k));
+        } else {
+          for (int64_t t = k; t < a.K; ++t) tile[j * a.K + t] = static_cast<float>(w[j * a.K + t]);
+        }
+      }
+    return;
+  }
+  const int64_t bytes = a.K / 2, runs = a.K / 32;
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t *w = static_cast<const uint8_t *>(a.w) + (n + j) * bytes;
+    const float *scale = a.scale + (n + j) * a.G;
+    const float *mins = a.min ? a.min + (n + j) * a.G : nullptr;
+    for (int64_t r = 0; r < runs; ++r) {
+      const int64_t g = r * 32 / a.group;
+      const V8 s = Bcast(scale[g]), off = Bcast(mins ? mins[g] : -8.0f * scale[g]);
+      V8 u[4];
+      FromU4(w + r * 16, u);
+      for (int i = 0; i < 4; ++i) Store(tile + j * a.K + r * 32 + 8 * i, Fma(u[i], s, off));
+    }
+  }
+}
+
+}  // namespace
+
+void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
+  if (a.M <= 2 && a.kind != kF32) {
+    for (int64_t n = n0; n < n1; n += kBlockRows) {
+      const int64_t nb = std::min(kBlockRows, n1 - n);
+      if (a.kind == kI8) {
+        if (a.M == 2) DecodeI8<2>(a, n, nb); else DecodeI8<1>(a, n, nb);
+      } else {
+        for (int64_t j = 0; j < nb; ++j) {
+          if (a.M == 2) RowI4<2>(a, n + j); else RowI4<1>(a, n + j);
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
+    const int64_t rows = std::min(kRowsPerPass, a.M - m);
+    for (int64_t n = n0; n < n1; n += kBlockRows) {
+      const int64_t nb = std::min(kBlockRows, n1 - n);
+      const float *w = a.kind == kF32 ? static_cast<const float *>(a.w) + n * a.K : scratch;
+      if (a.kind != kF32) Dequantize(a, n, nb, scratch);
+      PanelF32(a.x + m * a.ldx, a.ldx, rows, w, a.K, nb, a.K, a.y + m * a.N + n, a.N,
+               a.kind == kI8 ? a.scale + n : nullptr);
+    }
+  }
+}
+
+}  // namespace LK_NS
+}  // namespace lk

@@ -1,0 +1,45 @@
+// Weight-only matrix products Y(M,N) = X(M,K) . W(N,K)^T for float32 X, shared by the Lite kernels
+// (lite_kernels.cc). linear_math.cc is compiled twice: with -mavx2 -mfma into namespace lk::avx2 and
+// without into lk::generic; lite_kernels.cc picks one at load time by cpuid.
+//
+// Weight layouts (written by lite_runtime/contract/quant.py):
+//   kF32   W float32 (N, K)
+//   kI8    W int8 (N, K), scale float32 (N): w = q * scale[n]
+//   kI4    W uint8 (N, Kp/2), Kp = K rounded up to 32; in each run of 32 weights along K, byte j holds
+//          weight j in its low nibble and weight j + 16 in its high nibble (llama.cpp's Q4_0 order).
+//          scale float32 (N, G), G groups of `group` weights (a multiple of 32; the last may be short):
+//          w = (u - 8) * scale[n, g]
+//   kI4Min as kI4 with min float32 (N, G): w = u * scale[n, g] + min[n, g]
+#pragma once
+#include <cstdint>
+
+namespace lk {
+
+enum Kind { kF32 = 0, kI8 = 1, kI4 = 2, kI4Min = 3 };
+
+struct LinearArgs {
+  int kind = kF32;
+  const float *x = nullptr;   // (M, ldx); for kI4/kI4Min K == Kp and columns K.. are zeros
+  int64_t M = 0, K = 0, N = 0, ldx = 0;
+  const void *w = nullptr;
+  const float *scale = nullptr;
+  const float *min = nullptr;
+  int64_t G = 0, group = 0;   // int4: groups per row and weights per group
+  const float *xsum = nullptr;  // int4: (M, G) sums of x over each group
+  float *y = nullptr;         // (M, N)
+};
+
+// Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
+constexpr int64_t kBlockRows = 4;
+
+// Computes Y's columns [n0, n1); `scratch` holds at least kBlockRows * K floats.
+using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+
+namespace avx2 {
+void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+}
+namespace generic {
+void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+}
+
+}  // namespace lk

@@ -1,0 +1,364 @@
+// The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
+// output channel, int4 in groups; linear_math.h) registered as Custom op types, and a C interface loaded
+// with ctypes (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL before any Build, in the runtime
+// and in the converter's process. Every function returns 0 on success, else non-zero with a reason in
+// lk_last_error().
+//
+// A graph node is MindSpore 2.0's ops.Custom("liblite_kernels.so:<type>", func_type="aot") with the prim
+// attribute type=<type> (lite_runtime/contract/kernels.py); its inputs are x (..., K) float32, the weight
+// and its scales (and mins) as constants. Lite finds the kernel by that type under any provider, as long
+// as the context names none.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "linear_math.h"
+#include "lite_registry.h"
+
+namespace {
+
+using mindspore::DataType;
+using mindspore::MSTensor;
+
+thread_local std::string g_last_error;
+constexpr char kProvider[] = "llm_lite_export";
+constexpr char kAotLibrary[] = "liblite_kernels.so";   // the aot func's library part; never opened
+constexpr int kLiteError = -1;                         // mindspore::lite::RET_ERROR
+
+struct TypeInfo {
+  const char *name;
+  lk::Kind kind;
+  int inputs;
+  const char *weight_dtype;   // op-info name of input 1's dtype
+};
+const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
+                           {"LiteLinearI8", lk::kI8, 3, "int8"},
+                           {"LiteLinearI4", lk::kI4, 3, "int8"},
+                           {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
+
+lk::RangeFn ChooseRange(const char **isa) {
+  const char *forced = std::getenv("LITE_KERNELS_ISA");
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (forced && std::strcmp(forced, "generic") == 0) avx2 = false;
+  *isa = avx2 ? "avx2" : "generic";
+  return avx2 ? lk::avx2::Range : lk::generic::Range;
+}
+const char *g_isa = nullptr;
+const lk::RangeFn g_range = ChooseRange(&g_isa);
+
+// Worker threads made once for the process. A dispatch wakes them by a generation number; between
+// dispatches they spin briefly (a decode step calls a linear layer every few tens of microseconds), then
+// sleep. One dispatch at a time: a caller finding the pool busy runs its work on its own thread.
+class Pool {
+ public:
+  // A decode step's linear layers come every few tens of microseconds; longer idle spins would take the
+  // core from Lite's own threads, which run the ops in between.
+  static constexpr int kSpinMicroseconds = 200;
+
+  static Pool &Get() {
+    static Pool *pool = new Pool();   // never destroyed: workers may outlive static destruction
+    return *pool;
+  }
+
+  void Run(int n, const std::function<void(int)> &task) {
+    std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
+    if (n <= 1 || n > 255 || !busy.owns_lock()) {
+      for (int t = 0; t < n; ++t) task(t);
+      return;
+    }
+    Grow(n - 1);
+    task_ = &task;
+    pending_.store(n - 1, std::memory_order_relaxed);
+    // The task count travels in the generation's low byte: a worker sees both in one load.
+    uint64_t next = ((generation_.load(std::memory_order_relaxed) >> 8) + 1) << 8 | static_cast<uint64_t>(n);
+    generation_.store(next, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wake_.notify_all();
+    }
+    task(0);
+    for (int spin = 0; pending_.load(std::memory_order_acquire) > 0; ++spin) {
+      if (spin < 4096) _mm_pause(); else std::this_thread::yield();   // a worker descheduled: let it run
+    }
+  }
+
+ private:
+  void Grow(int workers) {
+    while (static_cast<int>(threads_.size()) < workers) {
+      int index = static_cast<int>(threads_.size()) + 1;
+      uint64_t seen = generation_.load();
+      threads_.emplace_back([this, index, seen] { Work(index, seen); });
+      threads_.back().detach();
+    }
+  }
+
+  void Work(int index, uint64_t seen) {
+    for (;;) {
+      uint64_t now = generation_.load(std::memory_order_acquire);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+      for (int spin = 1; now == seen; ++spin) {
+        _mm_pause();
+        now = generation_.load(std::memory_order_acquire);
+        if (spin % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+      }
+      if (now == seen) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        sleeping_.fetch_add(1, std::memory_order_seq_cst);
+        wake_.wait(lock, [&] { return (now = generation_.load(std::memory_order_seq_cst)) != seen; });
+        sleeping_.fetch_sub(1, std::memory_order_relaxed);
+      }
+      seen = now;
+      if (index < static_cast<int>(now & 0xff)) {
+        (*task_)(index);
+        pending_.fetch_sub(1, std::memory_order_release);
+      }
+    }
+  }
+
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0}, sleeping_{0};
+  const std::function<void(int)> *task_ = nullptr;
+};
+
+int Fail(const std::string &message) {
+  g_last_error = message;
+  return 1;
+}
+
+// Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
+// weights' 32-multiple here and the group size follows from the scales' columns G.
+int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
+              int64_t N, int64_t G, float *y, int threads) {
+  if (kind < lk::kF32 || kind > lk::kI4Min) return Fail("kind " + std::to_string(kind) + ": allowed 0 to 3");
+  if (M < 0 || K <= 0 || N <= 0) return Fail("shape M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                                              " N=" + std::to_string(N) + ": K and N must be positive");
+  if (M == 0) return 0;
+  lk::LinearArgs a;
+  a.kind = kind;
+  a.x = x;
+  a.M = M;
+  a.K = a.ldx = K;
+  a.N = N;
+  a.w = w;
+  a.scale = scale;
+  a.min = kind == lk::kI4Min ? mins : nullptr;
+  a.y = y;
+  std::vector<float> padded, sums;
+  if (kind == lk::kI4 || kind == lk::kI4Min) {
+    const int64_t runs = (K + 31) / 32, runs_per_group = G > 0 ? (runs + G - 1) / G : 0;
+    if (G <= 0 || (runs + runs_per_group - 1) / runs_per_group != G)
+      return Fail("int4 scales have " + std::to_string(G) + " groups per row; a row of " + std::to_string(K) +
+                  " weights in groups of a multiple of 32 has " + std::to_string(runs) + " or fewer");
+    a.K = a.ldx = runs * 32;
+    a.G = G;
+    a.group = runs_per_group * 32;
+    if (a.K != K) {
+      padded.assign(M * a.K, 0.0f);
+      for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
+      a.x = padded.data();
+    }
+    sums.assign(M * G, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) sums[m * G + k / a.group] += x[m * K + k];
+    a.xsum = sums.data();
+  }
+  const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
+  int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
+  if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
+  const int64_t tile = lk::kBlockRows * a.K;
+  Pool::Get().Run(n, [&](int t) {
+    thread_local std::vector<float> scratch;
+    if (static_cast<int64_t>(scratch.size()) < tile) scratch.resize(tile);
+    const int64_t b0 = blocks * t / n, b1 = blocks * (t + 1) / n;
+    g_range(a, b0 * lk::kBlockRows, std::min(N, b1 * lk::kBlockRows), scratch.data());
+  });
+  return 0;
+}
+
+std::string Shape(const std::vector<int64_t> &s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
+}
+
+// Checks a node's inputs; `known`: shapes are final (Execute), not possibly -1 (Prepare).
+std::string CheckInputs(const TypeInfo &type, const std::vector<MSTensor> &in) {
+  std::string who = std::string(type.name) + ": ";
+  if (static_cast<int>(in.size()) != type.inputs)
+    return who + std::to_string(in.size()) + " inputs, expected " + std::to_string(type.inputs);
+  if (in[0].DataType() != DataType::kNumberTypeFloat32) return who + "input x must be float32";
+  DataType wt = type.kind == lk::kF32 ? DataType::kNumberTypeFloat32 : DataType::kNumberTypeInt8;
+  if (in[1].DataType() != wt) return who + "weight must be " + type.weight_dtype;
+  if (in[1].Shape().size() != 2) return who + "weight must be 2-D, got " + Shape(in[1].Shape());
+  for (int i = 2; i < type.inputs; ++i) {
+    if (in[i].DataType() != DataType::kNumberTypeFloat32) return who + "scales and mins must be float32";
+    if (in[i].ElementNum() % in[1].Shape()[0] != 0) return who + "scales do not match the weight's rows";
+  }
+  return "";
+}
+
+class LinearKernel : public mindspore::kernel::Kernel {
+ public:
+  LinearKernel(const TypeInfo &type, const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+               const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx)
+      : Kernel(inputs, outputs, primitive, ctx), type_info_(type) {}
+
+  int Prepare() override { return Report(CheckInputs(type_info_, inputs_)); }
+  int ReSize() override { return Prepare(); }
+
+  int Execute() override {
+    const auto &xs = inputs_[0].Shape();
+    const auto &ws = inputs_[1].Shape();
+    const int64_t K = xs.empty() ? 0 : xs.back(), N = ws[0];
+    int64_t M = 1;
+    for (size_t i = 0; i + 1 < xs.size(); ++i) M *= xs[i];
+    const bool int4 = type_info_.kind == lk::kI4 || type_info_.kind == lk::kI4Min;
+    if (int4 ? ws[1] != (K + 31) / 32 * 16 : ws[1] != K)
+      return Report(std::string(type_info_.name) + ": x " + Shape(xs) + " does not fit the weight " + Shape(ws));
+    std::vector<int64_t> ys(xs.begin(), xs.end() - 1);
+    ys.push_back(N);
+    auto &y = outputs_[0];
+    if (y.Shape() != ys) y.SetShape(ys);
+    float *out = static_cast<float *>(y.MutableData());
+    auto x = inputs_[0].Data(), w = inputs_[1].Data();
+    std::shared_ptr<const void> scale, mins;
+    if (type_info_.inputs > 2) scale = inputs_[2].Data();
+    if (type_info_.inputs > 3) mins = inputs_[3].Data();
+    if (out == nullptr || x == nullptr || w == nullptr) return Report(std::string(type_info_.name) + ": no data");
+    const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N : 0;
+    int threads = context_ ? context_->GetThreadNum() : 1;
+    if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(),
+                  static_cast<const float *>(scale.get()), static_cast<const float *>(mins.get()), N, G, out, threads))
+      return Report(std::string(type_info_.name) + ": " + g_last_error);
+    return 0;
+  }
+
+ private:
+  // Lite's status for a kernel is a bare code: the reason goes to stderr, which the shim captures.
+  static int Report(const std::string &error) {
+    if (error.empty()) return 0;
+    std::fprintf(stderr, "[ERROR] lite_kernels: %s\n", error.c_str());
+    return kLiteError;
+  }
+  const TypeInfo &type_info_;
+};
+
+class LinearInfer : public mindspore::kernel::KernelInterface {
+ public:
+  mindspore::Status Infer(std::vector<MSTensor> *inputs, std::vector<MSTensor> *outputs,
+                          const mindspore::schema::Primitive *) override {
+    if (inputs->size() < 2 || outputs->size() != 1) return mindspore::kLiteError;
+    std::vector<int64_t> shape = (*inputs)[0].Shape();
+    if (shape.empty() || (*inputs)[1].Shape().size() != 2) return mindspore::kLiteError;
+    shape.back() = (*inputs)[1].Shape()[0];
+    auto &y = (*outputs)[0];
+    y.SetDataType(DataType::kNumberTypeFloat32);
+    y.SetFormat((*inputs)[0].format());
+    y.SetShape(shape);
+    return mindspore::kSuccess;
+  }
+};
+
+std::vector<char> V(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
+
+std::string OpInfo(const TypeInfo &type) {
+  std::string inputs, formats;
+  for (int i = 0; i < type.inputs; ++i) {
+    inputs += std::string(i ? ", " : "") + "{\"index\": " + std::to_string(i) + ", \"name\": \"in" +
+              std::to_string(i) + "\", \"paramType\": \"required\"}";
+    formats += std::string(i ? ", " : "") + "[\"" + (i == 1 ? type.weight_dtype : "float32") + "\", \"DefaultFormat\"]";
+  }
+  return std::string("{\"op_name\": \"Custom__") + kAotLibrary + ":" + type.name + "\", \"inputs\": [" + inputs +
+         "], \"outputs\": [{\"index\": 0, \"name\": \"y\", \"paramType\": \"required\"}], \"attr\": [], "
+         "\"fusion_type\": \"OPAQUE\", \"dtype_format\": [[" + formats +
+         ", [\"float32\", \"DefaultFormat\"]]], \"target\": \"CPU\", \"imply_type\": \"CPU\"}";
+}
+
+}  // namespace
+
+extern "C" {
+
+const char *lk_last_error() { return g_last_error.c_str(); }
+
+// "avx2" or "generic": the loops chosen at load (LITE_KERNELS_ISA=generic forces the portable ones).
+const char *lk_isa() { return g_isa; }
+
+// The registered type names, comma-separated.
+const char *lk_types() { return "LiteLinearF32,LiteLinearI8,LiteLinearI4,LiteLinearI4Min"; }
+
+// Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
+// entries a MindIR Build needs. Once per process; later calls do nothing.
+int lk_register(int op_info) {
+  static std::mutex mutex;
+  static bool kernels = false, infos = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const TypeInfo &type : kTypes) {
+    if (kernels) break;
+    const TypeInfo *info = &type;
+    auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
+      V("CPU"), V(kProvider), DataType::kNumberTypeFloat32, V(type.name),
+      [info](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+             const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
+        return std::make_shared<LinearKernel>(*info, inputs, outputs, primitive, ctx);
+      });
+    auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
+      V(kProvider), V(type.name), [] { return std::make_shared<LinearInfer>(); });
+    if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
+      return Fail(std::string("Lite refused to register the kernel ") + type.name);
+  }
+  kernels = true;
+  if (op_info && !infos) {
+    for (const TypeInfo &type : kTypes)
+      if (!mindspore::kernel::OpLib::RegOp(OpInfo(type), ""))
+        return Fail(std::string("MindSpore's op-info library refused ") + type.name);
+    infos = true;
+  }
+  return 0;
+}
+
+// The kernels' product without Lite (tests, benchmarks): y (M, N) = x (M, K) . W^T, W as in linear_math.h.
+int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
+              int64_t N, int64_t G, float *y, int threads) {
+  return RunLinear(kind, x, M, K, w, scale, mins, N, G, y, threads);
+}
+
+// A plain read of `bytes` bytes over `threads` threads of the pool (the bandwidth a benchmark compares
+// the kernels' weight streaming with); returns a checksum so the reads are not optimised away.
+uint64_t lk_read(const void *data, int64_t bytes, int threads) {
+  const int n = std::max(1, threads);
+  std::vector<uint64_t> sums(n * 8, 0);
+  const int64_t words = bytes / 8;
+  Pool::Get().Run(n, [&](int t) {
+    const uint64_t *p = static_cast<const uint64_t *>(data);
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = words * t / n, end = words * (t + 1) / n;
+    for (; i + 4 <= end; i += 4) {
+      s0 += p[i];
+      s1 += p[i + 1];
+      s2 += p[i + 2];
+      s3 += p[i + 3];
+    }
+    for (; i < end; ++i) s0 += p[i];
+    sums[t * 8] = s0 + s1 + s2 + s3;
+  });
+  uint64_t total = 0;
+  for (int t = 0; t < n; ++t) total += sums[t * 8];
+  return total;
+}
+
+}  // extern "C"

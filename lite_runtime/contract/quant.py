@@ -1,0 +1,137 @@
+"""Weight-only quantization shared by the exporter (which writes the weights) and the runtime's kernels
+(lite_runtime/backends/native/linear_math.h, which read them): the schemes, their storage, the Custom op
+types that run them on MindSpore Lite, and numpy quantizers / dequantizers. numpy only.
+
+Storage of a linear weight W (N, K) (out, in):
+  int8          q int8 (N, K), scale float32 (N,): w = q * scale[n]; q in [-127, 127]
+  int4          u in [0, 15] packed two to a byte, int8 (N, Kp / 2), Kp = K rounded up to 32; in each run of
+                32 weights along K byte j holds weight j (low nibble) and j + 16 (high nibble);
+                scale float32 (N, G), G = ceil(K / group): w = (u - 8) * scale[n, g]
+  int4 with min as int4 with min float32 (N, G): w = u * scale[n, g] + min[n, g]
+Rounding is to nearest (numpy's, half to even).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+KERNEL_LIBRARY = "liblite_kernels.so"
+WEIGHT_SCHEMES = ("none", "int8", "int4")
+GROUP_SIZES = (32, 64, 128)
+# Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
+# finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
+OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8", "int4": "LiteLinearI4",
+                            "int4_min": "LiteLinearI4Min"}
+KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
+
+
+def aot_func(op_type: str) -> str:
+    return f"{KERNEL_LIBRARY}:{op_type}"
+
+
+def kernels_for(scheme: str) -> List[str]:
+    """The Custom op types an export quantized by `scheme` runs (the manifest's `kernels`)."""
+    return {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4"]]}[scheme]
+
+
+def quantization_record(scheme: str, group_size: int) -> Dict[str, object]:
+    """The manifest's `quantization`: {} for float32 weights."""
+    if scheme == "none":
+        return {}
+    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "layers": "linear layers but the head"}
+    if scheme == "int4":
+        record.update(group_size=group_size, symmetric=True)
+    return record
+
+
+def _rows(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w, np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"a linear weight is 2-D (out, in), got shape {w.shape}")
+    return w
+
+
+def quantize_int8(w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(q int8 (N, K), scale float32 (N,)), symmetric per output row."""
+    w = _rows(w)
+    amax = np.abs(w).max(axis=1)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def _groups(w: np.ndarray, group: int) -> Tuple[np.ndarray, int]:
+    """W (N, K) zero-padded to (N, G, group)."""
+    if group not in GROUP_SIZES:
+        raise ValueError(f"group_size {group}: allowed {', '.join(map(str, GROUP_SIZES))}")
+    n, k = w.shape
+    g = -(-k // group)
+    padded = np.zeros((n, g * group), np.float32)
+    padded[:, :k] = w
+    return padded.reshape(n, g, group), g
+
+
+def pack_u4(u: np.ndarray) -> np.ndarray:
+    """u (N, K) in [0, 15] -> int8 (N, Kp / 2) in the kernels' nibble order (zero-padded to Kp)."""
+    n, k = u.shape
+    kp = -(-k // 32) * 32
+    full = np.zeros((n, kp), np.uint8)
+    full[:, :k] = u
+    runs = full.reshape(n, kp // 32, 2, 16)
+    return (runs[:, :, 0, :] | (runs[:, :, 1, :] << 4)).reshape(n, kp // 2).view(np.int8)
+
+
+def unpack_u4(packed: np.ndarray, k: int) -> np.ndarray:
+    b = np.asarray(packed).view(np.uint8)
+    n = b.shape[0]
+    runs = b.reshape(n, -1, 16)
+    return np.stack([runs & 15, runs >> 4], axis=2).reshape(n, -1)[:, :k]
+
+
+def quantize_int4(w: np.ndarray, group: int, with_min: bool = False
+                  ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """(packed int8 (N, Kp / 2), scale (N, G), min (N, G) or None). Symmetric: u = q + 8, q in [-8, 7],
+    scale = max|w| / 7 per group; with a min: scale = (max - min) / 15."""
+    w = _rows(w)
+    k = w.shape[1]
+    grouped, _ = _groups(w, group)
+    if with_min:
+        lo, hi = grouped.min(axis=2), grouped.max(axis=2)
+        scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
+        u = np.clip(np.rint((grouped - lo[:, :, None]) / scale[:, :, None]), 0, 15)
+        mins = lo.astype(np.float32)
+    else:
+        amax = np.abs(grouped).max(axis=2)
+        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+        u = np.clip(np.rint(grouped / scale[:, :, None]), -8, 7) + 8
+        mins = None
+    u = u.reshape(w.shape[0], -1)[:, :k].astype(np.uint8)
+    return pack_u4(u), scale, mins
+
+
+def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return (q.astype(np.float32) * scale[:, None]).astype(np.float32)
+
+
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, k: int, group: int,
+                    mins: Optional[np.ndarray] = None) -> np.ndarray:
+    u = unpack_u4(packed, k).astype(np.float32)
+    g = np.arange(k) // group
+    s = scale[:, g]
+    return (u * s + (mins[:, g] if mins is not None else -8.0 * s)).astype(np.float32)
+
+
+def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list, np.ndarray]:
+    """(op storage name of OP_TYPES, the constant inputs after x, the dequantized weight) of `w` under
+    `scheme` (WEIGHT_SCHEMES; "none" keeps float32)."""
+    if scheme == "int8":
+        q, s = quantize_int8(w)
+        return "int8", [q, s], dequantize_int8(q, s)
+    if scheme == "int4":
+        packed, s, _ = quantize_int4(w, group)
+        return "int4", [packed, s], dequantize_int4(packed, s, w.shape[1], group)
+    if scheme == "none":
+        w = _rows(w)
+        return "float32", [w], w
+    raise ValueError(f"quantization weights {scheme!r}: allowed {', '.join(WEIGHT_SCHEMES)}")

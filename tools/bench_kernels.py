@@ -1,0 +1,109 @@
+"""Weight streaming of the project's linear kernels (liblite_kernels.so) against a plain memory read.
+
+    .venv/bin/python tools/bench_kernels.py [--shape smollm2-135m] [--rows 1 8] [--threads 2] [--rounds 5]
+
+Lays out every linear layer of a model shape (distinct weights, so a step streams them all from memory as
+a decode step does), runs the step's products in order with M rows, and prints per storage kind the step
+time and the weight bytes read per second, beside `lk_read`, a plain read of as many bytes on the same
+threads. Kinds and the read are interleaved round by round; the median of the rounds is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lite_runtime.backends import lite_kernels  # noqa: E402
+from lite_runtime.backends.lite_native import shim_path  # noqa: E402
+from lite_runtime.contract import quant  # noqa: E402
+
+# (hidden, intermediate, layers, q heads, kv heads, vocabulary)
+SHAPES = {"smollm2-135m": (576, 1536, 30, 9, 3, 49152), "1b": (2048, 5632, 22, 32, 4, 32000),
+          "small": (256, 688, 4, 8, 8, 32000)}
+
+
+def layer_shapes(shape: str, head: bool):
+    hidden, ffn, layers, heads, kv, vocab = SHAPES[shape]
+    hd = hidden // heads
+    one = [(heads * hd, hidden), (kv * hd, hidden), (kv * hd, hidden), (hidden, heads * hd),
+           (ffn, hidden), (ffn, hidden), (hidden, ffn)]
+    return one * layers + ([(vocab, hidden)] if head else [])
+
+
+def build(shapes, storage: str, group: int, rng):
+    layers = []
+    for n, k in shapes:
+        w = (rng.standard_normal((n, k), dtype=np.float32) * 0.05)
+        if storage == "float32":
+            layers.append([w])
+        elif storage == "int8":
+            layers.append(list(quant.quantize_int8(w)))
+        else:
+            packed, scale, _ = quant.quantize_int4(w, group)
+            layers.append([packed, scale])
+    return layers
+
+
+def nbytes(layers) -> int:
+    return sum(a.nbytes for consts in layers for a in consts)
+
+
+def step(layers, storage, xs, ys, threads):
+    for consts, x, y in zip(layers, xs, ys):
+        lite_kernels.linear(x, storage, consts, threads, out=y)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10, help="steps timed per round")
+    p.add_argument("--kinds", nargs="+", default=["float32", "int8", "int4"])
+    p.add_argument("--group", type=int, default=32)
+    p.add_argument("--head", action="store_true", help="include the output head")
+    args = p.parse_args()
+    path = lite_kernels.library_path(shim_path())
+    if not path:
+        raise SystemExit("error: liblite_kernels.so not found beside the shim; run `lite-setup` (make setup)")
+    lite_kernels.load(path)
+    rng = np.random.default_rng(0)
+    shapes = layer_shapes(args.shape, args.head)
+    models = {kind: build(shapes, kind, args.group, rng) for kind in args.kinds}
+    biggest = max(nbytes(m) for m in models.values())
+    plain = np.ones(biggest // 8, np.uint64)
+    print(f"shape {args.shape}: {len(shapes)} linear layers, isa {lite_kernels.isa()}, {args.threads} threads; "
+          + ", ".join(f"{k} {nbytes(m) / 1e6:.0f} MB" for k, m in models.items()))
+    for rows in args.rows:
+        xs = [rng.standard_normal((rows, k), dtype=np.float32) for _, k in shapes]
+        ys = [np.empty((rows, n), np.float32) for n, _ in shapes]
+        times = {kind: [] for kind in models}
+        reads = {kind: [] for kind in models}
+        for _ in range(args.rounds):
+            for kind, layers in models.items():
+                step(layers, kind, xs, ys, args.threads)
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    step(layers, kind, xs, ys, args.threads)
+                times[kind].append((time.perf_counter() - start) / args.steps)
+                size = nbytes(layers)
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    lite_kernels.loaded().lk_read(plain.ctypes.data, size, args.threads)
+                reads[kind].append((time.perf_counter() - start) / args.steps)
+        for kind, layers in models.items():
+            size = nbytes(layers)
+            t, r = statistics.median(times[kind]), statistics.median(reads[kind])
+            print(f"M={rows:<3d} {kind:8s} step {t * 1e3:7.2f} ms  {size / t / 1e9:6.1f} GB/s of weights; "
+                  f"plain read of {size / 1e6:.0f} MB {r * 1e3:6.2f} ms ({size / r / 1e9:5.1f} GB/s): "
+                  f"kernel/read {t / r:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
