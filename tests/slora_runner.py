@@ -16,7 +16,7 @@ def run(session, prompts, steps, slots):
     state = prepare_batch(prompts, m.batch_size, m.seq_length, [steps + 1] * len(prompts), [], 0, slots, inputs)
     logits, tokens = [], []
 
-    def pick(step_logits, ids, lengths):
+    def pick(step_logits, ids, lengths, prompt_lengths):
         logits.append(step_logits[:len(prompts)].copy())
         return step_logits.argmax(-1).astype(np.int32)
     for step in generate_steps(session, inputs, state, pick):

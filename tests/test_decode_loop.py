@@ -66,7 +66,7 @@ class HistoryModel:
         return self._logits(lengths)
 
 
-def greedy(logits, ids, lengths):
+def greedy(logits, ids, lengths, prompt_lengths=None):
     return logits.argmax(-1).astype(np.int32)
 
 

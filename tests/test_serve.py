@@ -284,7 +284,7 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     from lite_runtime.decode.generation import generate_batches
     from lite_runtime.decode.inputs import InputOfInfer
     from lite_runtime.decode.sampling import Sampler, SamplingParams
-    from lite_runtime.serve.engine import Engine, EngineRequest
+    from lite_runtime.decode.engine import Engine, EngineRequest
     m = load_manifest(demo_exports[export])
     tokenizer = m.load_tokenizer()
     texts = PROMPTS + ["Counting down: ten, nine,", "The capital of France is", "one,", "a, b, c, d, e, f,"]
@@ -372,7 +372,8 @@ def test_min_tokens_holds_a_stop_id_back(demo_exports):
     there; with min_tokens i + 3 that id cannot come before then (vLLM's min_tokens)."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.engine import Engine, EngineRequest
+    from lite_runtime.decode.engine import Engine, EngineRequest
+    from lite_runtime.decode.sampling import SamplingParams
     m = load_manifest(demo_exports["ms"])
     prompt = m.load_tokenizer().encode(PROMPTS[0], add_special_tokens=True)
     engine = Engine(load_session("ms", m))
@@ -389,7 +390,7 @@ def test_min_tokens_holds_a_stop_id_back(demo_exports):
     i = next(k for k in range(2, 6) if free[k] not in free[:k])      # a token new at position i
     stop = frozenset({free[i]})
     assert run(stop_ids=stop) == (free[:i + 1], "stop")
-    held, reason = run(stop_ids=stop, min_tokens=i + 3)
+    held, reason = run(stop_ids=stop, sampling=SamplingParams(min_tokens=i + 3))
     engine.stop()
     assert held[:i] == free[:i] and free[i] not in held[:i + 3] and (len(held) == 8 or reason == "stop"), (free, held)
 
@@ -510,7 +511,7 @@ def test_a_full_queue_is_refused_at_once_and_stop_ends_every_request(demo_export
     429); `stop` cancels what is still running and waiting, each told so."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull
+    from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull
     m = load_manifest(demo_exports["ms"])
     engine = Engine(load_session("ms", m), max_waiting=2)
     ended = []
@@ -594,7 +595,7 @@ def test_glm_prompts_are_served_whole_with_their_row_inputs(family_export, hf_fa
     from family_cases import STEPS, reference
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.engine import Engine, EngineRequest
+    from lite_runtime.decode.engine import Engine, EngineRequest
     prompts, _, expected = reference(hf_family("glm"))
     session = load_session("ms", load_manifest(family_export("glm", "dynamic")))
     engine = Engine(session, prefill_chunk=2)

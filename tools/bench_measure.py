@@ -25,9 +25,9 @@ class TimedPick:
         self.sampler = sampler
         self.seconds = 0.0
 
-    def __call__(self, logits, ids, lengths):
+    def __call__(self, logits, ids, lengths, prompt_lengths=None):
         start = time.perf_counter()
-        tokens = self.sampler(logits, ids, lengths)
+        tokens = self.sampler(logits, ids, lengths, prompt_lengths)
         self.seconds += time.perf_counter() - start
         return tokens
 

@@ -24,7 +24,7 @@ the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse of
 max_num_seqs binds; a step then runs whole new prompts or one token of each running request), a KV
 cache of f32 sized for 8 full rows, no prefix caching, the same threads, each request added at its
 arrival and its tokens stamped as the step that made them returns (in process: no HTTP). So that like is compared with like, our engine also runs alone, in
-process, fed the same way (lite_runtime.serve.engine without the server). Every side honours the
+process, fed the same way (lite_runtime.decode.engine without the server). Every side honours the
 model's EOS (the server's ignore_eos is not used), so a request that meets EOS ends there on each
 side alike; the run counts them. Greedy token ids are compared across the sides (pipeline()'s static rows
 run to their batch's longest request: the server's tokens must be their prefix).
@@ -139,7 +139,7 @@ ENGINE = """
 import json, sys, threading, time
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from lite_runtime.serve.engine import Engine, EngineRequest
+from lite_runtime.decode.engine import Engine, EngineRequest
 model_dir, backend, jobs, threads = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), int(sys.argv[4])
 manifest = load_manifest(model_dir)
 engine = Engine(load_session(backend, manifest, 0, num_threads=threads), max_waiting=len(jobs))

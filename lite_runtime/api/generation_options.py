@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 from lite_runtime.contract.errors import ConfigError, ValidationError
 from lite_runtime.decode.sampling import SamplingParams
@@ -19,6 +19,11 @@ class GenerationOptions:
     temperature: float = 1.0
     repetition_penalty: float = 1.0
     seed: Optional[int] = None
+    presence_penalty: float = 0.0        # OpenAI's penalties over the generated tokens
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0                   # sampling keeps tokens at least min_p x the most likely one's probability
+    logit_bias: Optional[Dict[int, float]] = None       # token id -> added to its logit
+    min_tokens: int = 0                  # no EOS before this many new tokens
     max_length: Optional[int] = 256      # prompt + new tokens (capped by the export's seq_length)
     max_new_tokens: Optional[int] = None
     eos_token_id: Union[int, List[int], None] = None    # None: the export's
@@ -42,7 +47,9 @@ class GenerationOptions:
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(do_sample=self.do_sample, top_k=self.top_k, top_p=self.top_p,
-                              temperature=self.temperature, repetition_penalty=self.repetition_penalty, seed=self.seed)
+                              temperature=self.temperature, repetition_penalty=self.repetition_penalty, seed=self.seed,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              min_p=self.min_p, logit_bias=self.logit_bias, min_tokens=self.min_tokens)
 
     def updated(self, where: str = "", **keywords) -> "GenerationOptions":
         """These options with `keywords` changed; an unknown keyword is refused, naming the allowed ones."""

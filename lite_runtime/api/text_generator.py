@@ -4,6 +4,7 @@ Tokenises, validates the request once, runs `generation.generate_batches`, detok
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -12,8 +13,9 @@ import numpy as np
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
-from lite_runtime.contract.families import family_from_model_name, get_family
-from lite_runtime.decode.generation import check_prompts, generate_batches, row_budgets
+from lite_runtime.contract.families import STEP_MODES, family_from_model_name, get_family
+from lite_runtime.decode.engine import Engine, EngineRequest
+from lite_runtime.decode.generation import Step, check_prompts, generate_batches, row_budgets
 from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.api.infer_config import InferConfig
 from lite_runtime.decode.inputs import InputOfInfer
@@ -63,6 +65,7 @@ class TextGeneratorInfer:
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
         self.options = GenerationOptions()     # every call's defaults (pipeline(...) keywords change them)
+        self._engine: Optional[Engine] = None  # made at the first request of a step-graph export
 
     # --- the upstream call forms ----------------------------------------------------------------
     def infer(self, inputs, streamer=None, options: Optional[GenerationOptions] = None,
@@ -101,9 +104,9 @@ class TextGeneratorInfer:
         for i, text in enumerate(texts):
             if not isinstance(text, str) or not text.strip():
                 raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
-        sampler = Sampler(options.sampling())
-        pick = sampler if self.coordinator is None else self.coordinator.wrap(sampler)
         eos = self.eos_ids if options.eos_token_id is None else _as_list(options.eos_token_id)
+        sampler = Sampler(options.sampling(), stop_ids=eos)
+        pick = sampler if self.coordinator is None else self.coordinator.wrap(sampler)
         pad = self.pad_id if options.pad_token_id is None else int(options.pad_token_id)
         max_length, add_special_tokens = options.max_length, options.add_special_tokens
         if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop before the text
@@ -132,12 +135,47 @@ class TextGeneratorInfer:
                 forward(offset, step)
         try:
             forward = _stream_to(streamer, prompts) if streamer is not None else None
+            if self.manifest.kv_cache in STEP_MODES and self.coordinator is None:
+                return prompts, self._on_engine(prompts, budgets, eos, options, adapters, on_step)
+            # The two-graph forms (kv_cache io / in_graph: upstream's prefill + increment pair that GE
+            # runs on Ascend) have fixed batch shapes and no step over any tokens of any rows, so they
+            # keep the static batch loop; so does a tensor-parallel CLI run, whose ranks agree on each
+            # step's tokens (the same Sampler picks in both loops).
             return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step,
                                              adapters)
         finally:
             timing.stop()
             if streamer is not None:
                 streamer.end()
+
+    def _on_engine(self, prompts, budgets, eos, options: GenerationOptions, adapters, on_step) -> List[List[int]]:
+        """The prompts as requests of the engine, submitted together and stepped here until each has
+        finished; each prompt samples with its own seed (seed + its index), as a server's choices do."""
+        if self._engine is None:
+            self._engine = Engine(self.session, max_waiting=1 << 30, threaded=False)
+        results: List[List[int]] = [[] for _ in prompts]
+        active = np.zeros(len(prompts), bool)
+        tokens = np.zeros(len(prompts), np.int32)
+        produced = []
+
+        def on_token(i, token):
+            results[i].append(token)
+            produced.append((i, token))
+
+        sampling = options.sampling()
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+            own = sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + i)
+            self._engine.submit(EngineRequest(list(prompt), budget, own, frozenset(eos), adapters[i] if adapters else 0,
+                                              on_token=lambda token, _, i=i: on_token(i, token)))
+
+        def after_step():
+            active[:] = False
+            for i, token in produced:
+                active[i], tokens[i] = True, token
+            produced.clear()
+            on_step(0, Step(tokens.copy(), active.copy()))
+        self._engine.run_until_idle(after_step)
+        return results
 
     def adapter_slots(self, adapter_id, prompts: int, strict: bool) -> Optional[List[int]]:
         """Each prompt's SLoRA slot from `adapter_id` (a name, one per prompt, or None: the base model).
@@ -164,6 +202,8 @@ class TextGeneratorInfer:
         return slots
 
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.stop()
         self.session.close()
         if self.data_parallel is not None:
             self.data_parallel.close()

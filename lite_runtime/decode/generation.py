@@ -25,6 +25,7 @@ class DecodeState:
     done: np.ndarray         # (B,) bool
     eos_ids: np.ndarray      # (E,) int32
     pad_id: int
+    prompt_lengths: Optional[np.ndarray] = None   # (B,) int32: where each row's generated tokens start
     adapter_ids: Optional[np.ndarray] = None   # (B,) int32: SLoRA exports' per-row adapter slot (0: base)
     row_inputs: List[np.ndarray] = field(default_factory=list)   # the family's own (B,) int32 inputs (GLM's)
 
@@ -56,14 +57,16 @@ def prepare_batch(prompts: Sequence[Sequence[int]], batch_size: int, seq_length:
         slots = np.zeros(batch_size, np.int32)
         slots[:len(prompts)] = adapters
     rows = [] if inputs is None else inputs.row_inputs(ids, lengths)
-    return DecodeState(ids, lengths, budget, budget <= 0, np.asarray(list(eos_ids), np.int32), pad_id, slots, rows)
+    return DecodeState(ids, lengths, budget, budget <= 0, np.asarray(list(eos_ids), np.int32), pad_id, lengths.copy(),
+                       slots, rows)
 
 
 def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeState,
                    pick: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> Iterator[Step]:
     """Prefill, then one increment per step; yields until every row is done.
 
-    `pick(logits, ids, lengths) -> (B,) int32` chooses the next tokens (the request's sampler).
+    `pick(logits, ids, lengths, prompt_lengths) -> (B,) int32` chooses the next tokens (the
+    request's sampler).
     Finished rows no longer change: they are fed padding and their length stays put.
     """
     rows = np.arange(len(state.lengths))
@@ -71,7 +74,7 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
     logits = session.prefill(*inputs.prefill_inputs(state.ids, state.lengths, state.row_inputs), *extra)
     step_ids = np.empty((len(rows), 1), np.int32)
     while not state.done.all():
-        tokens = pick(logits, state.ids, state.lengths)
+        tokens = pick(logits, state.ids, state.lengths, state.prompt_lengths)
         active = ~state.done
         tokens = np.where(active, tokens, state.pad_id).astype(np.int32)
         stored = active & (state.lengths < state.ids.shape[1])   # a row's very last token needs no slot

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from numbers import Integral, Real
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +66,48 @@ def apply_repetition_penalty(
         picked > 0, picked / np.float32(penalty), picked * np.float32(penalty)
     )
     return out
+
+
+def apply_presence_frequency(logits: np.ndarray, generated: List[np.ndarray], presence: float,
+                             frequency: float) -> np.ndarray:
+    """OpenAI's penalties over each row's generated tokens: `presence` once per token that occurs,
+    `frequency` times its count, both subtracted from its logit."""
+    out = np.array(logits, dtype=np.float32)
+    for row, tokens in enumerate(generated):
+        if len(tokens):
+            ids, counts = np.unique(np.asarray(tokens, np.int64), return_counts=True)
+            out[row, ids] -= np.float32(presence) + np.float32(frequency) * counts.astype(np.float32)
+    return out
+
+
+def apply_logit_bias(logits: np.ndarray, bias: Dict[int, float]) -> np.ndarray:
+    """`bias` (token id -> value) added to every row's logits."""
+    out = np.array(logits, dtype=np.float32)
+    out[:, list(bias)] += np.array(list(bias.values()), np.float32)
+    return out
+
+
+def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Keep the tokens whose probability is at least `min_p` times the row's most likely one's."""
+    logits = np.asarray(logits, dtype=np.float32)
+    floor = logits.max(axis=1, keepdims=True) + np.float32(math.log(min_p))
+    return np.where(logits >= floor, logits, _NEG_INF).astype(np.float32)
+
+
+def suppress_tokens(logits: np.ndarray, rows: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """`ids` made impossible in the rows marked by `rows` (B,) bool."""
+    out = np.array(logits, dtype=np.float32)
+    out[np.ix_(np.flatnonzero(rows), list(ids))] = _NEG_INF
+    return out
+
+
+def token_logprobs(logits: np.ndarray, token: int, k: int) -> Tuple[float, List[Tuple[int, float]]]:
+    """A row's chosen token's log-probability and the `k` most likely tokens' (id, logprob), best first."""
+    shifted = logits.astype(np.float64) - logits.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    k = min(k, logprobs.size - 1)
+    top = np.argpartition(-logprobs, k)[:k] if k else []
+    return float(logprobs[token]), sorted(((int(i), float(logprobs[i])) for i in top), key=lambda pair: -pair[1])
 
 
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -287,6 +329,9 @@ class SamplingParams:
     ``top_k=1`` is greedy too (the upstream defaults are do_sample=False, top_k=1).
     ``top_k=0`` and ``top_p=1.0`` switch those filters off. ``seed=None`` draws fresh
     entropy; an int makes the request reproducible.
+    OpenAI's and vLLM's: ``presence_penalty`` / ``frequency_penalty`` over the generated tokens,
+    ``min_p`` (sampling only), ``logit_bias`` (token id -> added logit) and ``min_tokens`` (no stop
+    id before that many new tokens; the sampler is told the stop ids).
     """
 
     do_sample: bool = False
@@ -295,6 +340,11 @@ class SamplingParams:
     temperature: float = 1.0
     repetition_penalty: float = 1.0
     seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    logit_bias: Optional[Dict[int, float]] = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, (bool, np.bool_)):
@@ -318,6 +368,18 @@ class SamplingParams:
             )
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ValidationError(f"seed: expected None or an integer >= 0, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise ValidationError(f"{name}: expected a number in [-2, 2] (0 switches it off), got {value!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValidationError(f"min_p: expected a number in [0, 1] (0 switches it off), got {self.min_p!r}")
+        if self.logit_bias is not None and (not isinstance(self.logit_bias, dict) or not all(
+                _is_int(k) and k >= 0 and _is_real(v) and -100.0 <= v <= 100.0 for k, v in self.logit_bias.items())):
+            raise ValidationError(f"logit_bias: expected a mapping of token ids (integers >= 0) to numbers in "
+                                  f"[-100, 100], got {self.logit_bias!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValidationError(f"min_tokens: expected an integer >= 0, got {self.min_tokens!r}")
 
     @property
     def is_greedy(self) -> bool:
@@ -343,15 +405,19 @@ class Sampler:
     ``token_ids`` (B, T) int32 holding each row's prompt and generated tokens so far
     (e.g. the decode loop's id buffer, any padding after them); ``valid`` the (B,) count
     of real tokens per row, or a (B, T) bool mask of real positions. ``token_ids`` and
-    ``valid`` are read only when a repetition penalty is set and may be None otherwise.
+    ``valid`` are read only when a penalty or ``min_tokens`` is set and may be None otherwise;
+    ``prompt_lengths`` (B,) says where each row's generated tokens start (default: nothing of
+    ``token_ids`` is generated). ``stop_ids`` are the ids ``min_tokens`` holds back.
     Returns (B,) int32. The sampler owns its ``np.random.Generator``, so successive
     calls continue one reproducible stream.
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, stop_ids: Sequence[int] = ()) -> None:
         if not isinstance(params, SamplingParams):
             raise ValidationError(f"params: expected SamplingParams, got {type(params).__name__}")
         self.params = params
+        self._stop_ids = sorted(int(i) for i in stop_ids) if params.min_tokens else []
+        self._needs_generated = bool(params.presence_penalty or params.frequency_penalty or self._stop_ids)
         self.rng = np.random.default_rng(params.seed)
         self._penalty = params.repetition_penalty if params.repetition_penalty != 1.0 else None
         self._greedy = params.is_greedy
@@ -359,18 +425,38 @@ class Sampler:
         self._top_k = params.top_k
         self._top_p = params.top_p if params.top_p < 1.0 else None
 
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether calls need ``token_ids`` and ``valid``."""
+        return self._penalty is not None or self._needs_generated
+
     def __call__(
         self,
         logits: np.ndarray,
         token_ids: Optional[np.ndarray] = None,
         valid: Optional[np.ndarray] = None,
+        prompt_lengths: Optional[np.ndarray] = None,
     ) -> np.ndarray:
+        if self.reads_tokens and (token_ids is None or valid is None):
+            raise ValidationError(
+                "Sampler: a penalty or min_tokens is set, so token_ids and valid (counts of real "
+                "tokens) must be passed"
+            )
+        p = self.params
+        if self._needs_generated:
+            counts = np.asarray(valid)
+            counts = counts.sum(axis=1) if counts.dtype == np.bool_ else counts.reshape(-1)
+            starts = np.zeros_like(counts) if prompt_lengths is None else np.asarray(prompt_lengths).reshape(-1)
+            if self._stop_ids:
+                logits = suppress_tokens(logits, counts - starts < p.min_tokens, self._stop_ids)
+            if p.presence_penalty or p.frequency_penalty:
+                generated = [token_ids[b, starts[b]:counts[b]] for b in range(len(counts))]
+                logits = apply_presence_frequency(logits, generated, p.presence_penalty, p.frequency_penalty)
+        if p.logit_bias:
+            logits = apply_logit_bias(logits, p.logit_bias)
+        if p.min_p > 0 and not self._greedy:
+            logits = apply_min_p(logits, p.min_p)
         if self._penalty is not None:
-            if token_ids is None or valid is None:
-                raise ValidationError(
-                    "Sampler: repetition_penalty is set, so token_ids and valid (counts or "
-                    "mask of real tokens) must be passed"
-                )
             logits = apply_repetition_penalty(logits, token_ids, valid, self._penalty)
         if self._greedy:
             return greedy(logits)

@@ -30,8 +30,8 @@ class TokenAgreement:
         self.step = 0
 
     def wrap(self, sampler):
-        def pick(logits, ids, lengths):
-            mine = sampler(logits, ids, lengths)
+        def pick(logits, ids, lengths, prompt_lengths=None):
+            mine = sampler(logits, ids, lengths, prompt_lengths)
             if self.channel.rank == 0:
                 self.channel.send_tokens(mine)
                 return mine

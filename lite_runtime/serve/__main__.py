@@ -12,7 +12,7 @@ import click
 from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ToolchainError
-from lite_runtime.serve.engine import PREFILL_CHUNK, Engine
+from lite_runtime.decode.engine import PREFILL_CHUNK, Engine
 from lite_runtime.tokenizers.chat_template import chat_tuned_sign
 
 PROG = "python -m lite_runtime.serve"

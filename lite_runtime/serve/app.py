@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from lite_runtime.serve.engine import QueueFull
+from lite_runtime.decode.engine import QueueFull
 from lite_runtime.serve.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                                          TokenizeRequest, error_body)
 from lite_runtime.serve.runs import BadRequest, ServedModel, start_run

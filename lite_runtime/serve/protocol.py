@@ -70,7 +70,9 @@ class SamplingFields(BaseModel):
         greedy = self.temperature == 0.0
         return SamplingParams(do_sample=not greedy, top_k=max(self.top_k, 0), top_p=self.top_p,
                               temperature=1.0 if greedy else self.temperature,
-                              repetition_penalty=self.repetition_penalty, seed=self.seed)
+                              repetition_penalty=self.repetition_penalty, seed=self.seed,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              min_p=self.min_p, logit_bias=self.logit_bias, min_tokens=self.min_tokens)
 
     def samplings(self) -> List[SamplingParams]:
         """One per choice: with a seed, choice i samples with seed + i (reproducible, and not n copies)."""

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.serve.chat import ChatFormat
-from lite_runtime.serve.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
+from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import SamplingFields
 from lite_runtime.serve.text import RequestText, TokenText
@@ -107,8 +107,7 @@ class _Choice:
         top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
         put = run.loop.call_soon_threadsafe
         self.engine_request = EngineRequest(
-            prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot,
-            body.presence_penalty, body.frequency_penalty, body.min_p, top, body.min_tokens, body.logit_bias,
+            prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot, top,
             on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
             on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lite_runtime.serve.engine import QueueFull
+from lite_runtime.decode.engine import QueueFull
 from lite_runtime.serve.protocol import CompletionRequest, not_built
 from lite_runtime.serve.runs import BadRequest, start_run
 

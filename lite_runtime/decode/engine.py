@@ -1,4 +1,4 @@
-"""The serving engine: continuous batching over the cache rows of one step-graph session.
+"""The engine: continuous batching over the cache rows of one step-graph session.
 
 Each of the graph's B rows holds one request or is idle. Every step is one call of the step graph
 in which each row moves on by its own number of tokens: a request admitted since the last step
@@ -8,9 +8,12 @@ frees its row at once. A `packed` export computes each fed token once; a `dynami
 rectangle of B rows x the most tokens a row feeds, so there a joining prompt costs every row its length.
 Each row keeps its own sampler (seeded per request), penalties, token budget and stop ids.
 
-The engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
+Served, the engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
+`pipeline()` and run_infer_main drive one without a thread: a static batch is requests submitted
+together, then `run_until_idle()` steps in the caller's thread until each has finished.
 A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called from
-the engine thread (the server hands them on to its event loop).
+the engine thread (the server hands them on to its event loop). Choosing a token is the request's
+`Sampler` (decode/sampling.py: every logits processor lives there).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -27,9 +30,9 @@ from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.contract.errors import UnsupportedError, ValidationError
 from lite_runtime.contract.families import STEP_MODES, get_family
 from lite_runtime.decode.inputs import InputOfInfer
-from lite_runtime.decode.sampling import Sampler, SamplingParams
+from lite_runtime.decode.sampling import Sampler, SamplingParams, token_logprobs
 
-log = logging.getLogger("lite_runtime.serve")
+log = logging.getLogger("lite_runtime.engine")
 
 
 PREFILL_CHUNK = 128     # most prompt tokens a row feeds in one step
@@ -53,12 +56,7 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset = frozenset()
     adapter_slot: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_p: float = 0.0
     logprobs: Optional[int] = None   # k: report TokenLogprobs with the k most likely tokens (a softmax per step)
-    min_tokens: int = 0              # stop_ids cannot be chosen before this many tokens
-    logit_bias: Optional[Dict[int, float]] = None   # token id -> added to its logit before choosing
     on_token: Callable[[int, Optional[TokenLogprobs]], None] = lambda token, logprobs: None
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
@@ -82,7 +80,7 @@ class Engine:
     """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
 
     def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = PREFILL_CHUNK, metrics=None,
-                 max_step_tokens: int = PackedKVCache.max_tokens):
+                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True):
         m = session.manifest
         if m.kv_cache not in STEP_MODES:
             raise UnsupportedError(f"serving needs an export with kv_cache: packed or dynamic (one step graph with "
@@ -113,8 +111,10 @@ class Engine:
         self._exit = False         # the engine thread ends
         self.steps = 0
         self.counted = self        # whose rows and queue the metrics report (Replicas: all of them)
-        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+            self._thread.start()
 
     # --- called from any thread ------------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
@@ -155,7 +155,8 @@ class Engine:
         with self._wake:
             self._exit = True
             self._wake.notify()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         for slot, row in enumerate(self.rows):     # what the timeout cut short is told so
             if row is not None:
                 self._finish(slot, "cancelled")
@@ -183,6 +184,17 @@ class Engine:
                         self._finish(i, f"error: {e}")
             self._observe()
 
+    def run_until_idle(self, after_step: Optional[Callable[[], None]] = None) -> None:
+        """Without a thread: admit and step until no request is running or waiting (a failing step
+        raises here, to the caller)."""
+        while True:
+            self._admit()
+            if not any(row is not None for row in self.rows):
+                return
+            self._step()
+            if after_step is not None:
+                after_step()
+
     def _has_work(self) -> bool:
         return any(row is not None for row in self.rows) or (self.waiting and None in self.rows)
 
@@ -194,7 +206,7 @@ class Engine:
                 continue
             request.admitted = time.perf_counter()
             slot = self.rows.index(None)
-            self.rows[slot] = _Row(request, Sampler(request.sampling), list(request.prompt),
+            self.rows[slot] = _Row(request, Sampler(request.sampling, request.stop_ids), list(request.prompt),
                                    pending=list(request.prompt), row_values=self._row_values(request.prompt))
             if self.metrics is not None:
                 self.metrics.queue_time.observe(request.admitted - request.arrived)
@@ -261,33 +273,14 @@ class Engine:
     def _pick(self, row: _Row, logits: np.ndarray):
         """The row's next token, and its TokenLogprobs when the request asks for them."""
         request = row.request
-        scores = logits
-        if row.generated < request.min_tokens and request.stop_ids:
-            scores = scores.copy()
-            scores[0, list(request.stop_ids)] = -np.inf
-        if request.presence_penalty or request.frequency_penalty:
-            generated = np.asarray(row.tokens[len(request.prompt):], np.int64)
-            if generated.size:
-                ids, counts = np.unique(generated, return_counts=True)
-                scores = scores.copy()
-                scores[0, ids] -= request.presence_penalty + request.frequency_penalty * counts
-        if request.logit_bias:
-            scores = scores.copy() if scores is logits else scores
-            scores[0, list(request.logit_bias)] += np.array(list(request.logit_bias.values()), np.float32)
-        if request.min_p > 0 and not request.sampling.is_greedy:   # p >= min_p * p_max, in logits
-            scores = np.where(scores >= scores.max() + np.log(request.min_p), scores, -np.inf).astype(np.float32)
-        ids = valid = None
-        if request.sampling.repetition_penalty != 1.0:      # only the penalty reads the row's tokens
+        ids = valid = prompt = None
+        if row.sampler.reads_tokens:
             ids = np.asarray(row.tokens, np.int32)[None]
-            valid = np.array([ids.shape[1]], np.int32)
-        token = int(row.sampler(scores, ids, valid)[0])
+            valid, prompt = np.array([ids.shape[1]], np.int32), np.array([len(request.prompt)], np.int32)
+        token = int(row.sampler(logits, ids, valid, prompt)[0])
         if request.logprobs is None:
             return token, None
-        logprobs = _log_softmax(logits[0])
-        k = min(request.logprobs, logprobs.size - 1)
-        top = np.argpartition(-logprobs, k)[:k] if k else []
-        top = sorted(((int(i), float(logprobs[i])) for i in top), key=lambda pair: -pair[1])
-        return token, TokenLogprobs(float(logprobs[token]), top)
+        return token, TokenLogprobs(*token_logprobs(logits[0], token, request.logprobs))
 
     def _finish(self, slot: int, reason: str) -> None:
         row = self.rows[slot]
@@ -298,8 +291,3 @@ class Engine:
         if self.metrics is not None:
             self.metrics.running.set(self.counted.busy_rows())
             self.metrics.waiting.set(len(self.counted.waiting))
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max()
-    return shifted - np.log(np.exp(shifted).sum())
