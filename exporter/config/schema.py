@@ -16,6 +16,7 @@ import yaml
 
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import KV_MODES, STEP_MODES
+from lite_runtime.contract.quant import GROUP_SIZES, WEIGHT_SCHEMES
 from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
@@ -71,6 +72,21 @@ class ParallelSection:
 
 
 @dataclass
+class QuantizationSection:
+    """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu)."""
+    weights: str = "none"        # none | int8 (per output channel) | int4 (groups along the input)
+    group_size: int = 32         # int4: weights per scale
+
+    def __post_init__(self):
+        if self.weights not in WEIGHT_SCHEMES:
+            raise ConfigError(f"quantization.weights {self.weights!r} is not allowed; allowed: "
+                              f"{', '.join(WEIGHT_SCHEMES)}")
+        if self.group_size not in GROUP_SIZES:
+            raise ConfigError(f"quantization.group_size {self.group_size!r} is not allowed; allowed: "
+                              f"{', '.join(map(str, GROUP_SIZES))}")
+
+
+@dataclass
 class InferSection:
     """Upstream-compatible `infer:` keys."""
     prefill_model_path: Optional[str] = None     # extra copy of the rank-0 prefill graph
@@ -99,6 +115,7 @@ class ExportConfig:
     compute_dtype: str = "float32"
     lite_ms: Optional[bool] = None               # also write Lite's own .ms model of each graph; None: by target
     parallel: ParallelSection = field(default_factory=ParallelSection)
+    quantization: QuantizationSection = field(default_factory=QuantizationSection)
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
     output_dir_default: bool = False             # output_dir is MindFormers' default (the run yaml sets none); not a yaml key
@@ -147,6 +164,7 @@ class ExportConfig:
                               "or packed "
                               f"on one rank or as segments (parallel.collectives: host); this config has kv_cache "
                               f"{self.kv_cache} and model_parallel {self.parallel.model_parallel}")
+        self._check_quantization()
         strategy = self.src_strategy_path_or_dir
         if strategy and not os.path.exists(strategy):
             raise ConfigError(f"{where}: src_strategy_path_or_dir {strategy} does not exist (a MindSpore strategy "
@@ -195,6 +213,18 @@ class ExportConfig:
                 raise ConfigError(f"{where}: parallel.collectives: host cuts each rank's step into segments "
                                   "and needs kv_cache packed or dynamic and compute_dtype float32; this "
                                   f"config has {', '.join(needs)}")
+
+    def _check_quantization(self) -> None:
+        """Quantized linear layers are Custom nodes that only the project's kernels run: Lite on CPU."""
+        if self.quantization.weights == "none":
+            return
+        needs = [f"{key} {value}" for key, value, allowed in (
+            ("target", self.target, self.target == "cpu"),
+            ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
+        if needs:
+            raise ConfigError(f"{self.source}: quantization.weights {self.quantization.weights} runs on MindSpore Lite "
+                              f"on CPU with the project's kernels and needs target cpu and compute_dtype float32; "
+                              f"this config has {', '.join(needs)}")
 
     @property
     def world_size(self) -> int:

@@ -57,9 +57,10 @@ class Linear(nn.Cell):
         self.reshape = ops.Reshape()
         self.shape = ops.Shape()
         self.reduce = reduce if reduce is not None else nn.Identity()
+        self.kernel = None        # a KernelProduct in place of `weight` (quantize_linears)
 
     def _product(self, x, select):
-        y = self.matmul(x, self.weight)
+        y = self.matmul(x, self.weight) if self.kernel is None else self.kernel(x)
         if self.lora and select is not None:     # before the reduction: a row-parallel share is partial
             y = y + self.matmul(self.matmul(x, self.lora_a) * select, self.lora_b)
         return self.reduce(y)
@@ -73,6 +74,49 @@ class Linear(nn.Cell):
         if self.has_bias:
             y = y + self.bias     # after the reduction: a row-parallel bias is added once
         return self.reshape(y, lead + (self.out_features,))
+
+
+class KernelProduct(nn.Cell):
+    """x . W^T as a Custom node run by the project's Lite kernels, W in one of their storages
+    (lite_runtime/contract/quant.py) as the node's constant inputs, named after the layer's weight."""
+
+    NAMES = ("weight", "weight_scale", "weight_min")
+
+    def __init__(self, storage: str, constants):
+        super().__init__()
+        from exporter.models.kernels import linear_op
+        self.op = linear_op(storage)
+        self.count = len(constants)
+        for name, array in zip(self.NAMES, constants):
+            setattr(self, name, Parameter(Tensor(array), name=name, requires_grad=False))
+        for name in self.NAMES[self.count:]:
+            setattr(self, name, None)
+
+    def construct(self, x):
+        if self.count == 1:
+            return self.op(x, self.weight)
+        if self.count == 2:
+            return self.op(x, self.weight, self.weight_scale)
+        return self.op(x, self.weight, self.weight_scale, self.weight_min)
+
+
+def quantize_linears(net: nn.Cell, scheme: str, group_size: int, skip=("head",)) -> Dict[str, str]:
+    """Every Linear of `net` with its weights loaded (but those named in `skip`) becomes a KernelProduct
+    of its weight quantized by `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel); biases and
+    LoRA adapters stay float32 MatMuls. Returns {layer: storage}."""
+    from lite_runtime.contract.quant import quantize
+    done = {}
+    for name, cell in list(net.cells_and_names()):
+        if not isinstance(cell, Linear) or name in skip or cell.kernel is not None:
+            continue
+        storage, constants, _ = quantize(cell.weight.asnumpy(), "none" if scheme == "float32" else scheme,
+                                         group_size)
+        del cell.weight
+        cell.kernel = KernelProduct(storage, constants)
+        for param_name in KernelProduct.NAMES[:len(constants)]:    # after attaching, which renames them
+            getattr(cell.kernel, param_name).name = f"{name}.{param_name}"
+        done[name] = storage
+    return done
 
 
 class ColumnParallelLinear(Linear):

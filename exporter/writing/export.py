@@ -23,6 +23,7 @@ from lite_runtime.contract.families import STEP, get_family, graph_kinds
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE, SPLIT_GRAPH_SUFFIX
+from lite_runtime.contract.quant import kernels_for, quantization_record
 from lite_runtime.contract.segments import segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            graph_relpath)
@@ -216,7 +217,9 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
                         adapters=adapter_record(source), lite_files=lite_files, external_data=external,
                         collectives=config.parallel.collectives, segments=entries if segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
-                        ge_config=ge_config, mindir_kept=mindir_kept(config) if lite_files else "")
+                        ge_config=ge_config, mindir_kept=mindir_kept(config) if lite_files else "",
+                        quantization=quantization_record(config.quantization.weights, config.quantization.group_size),
+                        kernels=kernels_for(config.quantization.weights))
     manifest.save(tmp)
     return manifest
 

@@ -108,6 +108,11 @@ def _build_rank(config: ExportConfig, source: ModelSource, rank: int, graph_coll
         weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size,
                                np.float16 if config.compute_dtype == "float16" else np.float32)
         W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family))
+    scheme = config.quantization
+    if scheme.weights != "none":
+        from exporter.models.linear import quantize_linears
+        with stage(f"quantized the linear layers to {scheme.weights}{where}"):
+            quantize_linears(net, scheme.weights, scheme.group_size)
     return net
 
 

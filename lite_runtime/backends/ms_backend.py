@@ -36,6 +36,9 @@ class MSSession(Session):
             raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
                                    f"host); run it with backend 'mslite'{where}, or export with "
                                    "collectives: graph for backend 'ms'")
+        if manifest.kernels:
+            raise UnsupportedError(f"this export's linear layers are Custom nodes ({', '.join(manifest.kernels)}) that "
+                                   "only the project's kernels on MindSpore Lite run; use backend 'mslite'")
         try:
             import mindspore as ms
         except ImportError:

@@ -26,7 +26,7 @@ from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.backends.base import Session, require_kv_mode
 from lite_runtime.backends.lite_memory import check_load_memory
-from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel
+from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel, kernel_types, shim_path
 from lite_runtime.backends.lite_runners import LiteRunner, NativeStaticGraphs, NativeStepGraph
 
 log = logging.getLogger("lite_runtime.mslite")
@@ -59,6 +59,17 @@ def check_mindir_readable(manifest: Manifest) -> None:
     if found and (int(found.group(1)), int(found.group(2))) >= FIRST_UNREADABLE_MINDSPORE:
         raise UnsupportedError(f"{where} was exported by MindSpore {manifest.mindspore_version}; MindSpore Lite "
                                f"2.0 cannot read MindIR of MindSpore >= 2.7. {MINDIR_VERSION_ADVICE}")
+
+
+def check_kernels(manifest: Manifest) -> None:
+    """Refuse, before any Build, an export whose graphs run project kernels this runtime lacks."""
+    missing = [k for k in getattr(manifest, "kernels", []) if k not in kernel_types()]
+    if missing:
+        where = f"{manifest.root or 'the export'} (manifest.json)"
+        raise UnsupportedError(f"{where} runs its linear layers ({manifest.quantization.get('weights', 'float32')}) "
+                               f"with the project's Lite kernels {', '.join(missing)}, which this runtime lacks (no "
+                               f"liblite_kernels.so beside the shim {shim_path() or '(none)'}, or an older one): "
+                               "run `lite-setup` again")
 
 
 def read_configs(config_path: Optional[str]) -> Dict[str, Optional[GeConfig]]:
@@ -130,6 +141,10 @@ class MSLiteSession(Session):
     # --- loading: the runner for this export --------------------------------------------------
     def _load_official(self, mslite, paths, present, device_id, num_threads, target, config_dict) -> LiteRunner:
         require_kv_mode(self.manifest, "mslite (official API)", ("io", "in_graph"))
+        if self.manifest.kernels:
+            raise UnsupportedError(f"this export's linear layers run on the project's Lite kernels "
+                                   f"({', '.join(self.manifest.kernels)}), which the official mindspore_lite "
+                                   "package cannot load; run it on CPU with the native binding (lite-setup)")
         if self.manifest.collectives == "host":
             raise UnsupportedError("this export holds step segments for MindSpore Lite on CPU (parallel.collectives: "
                                    "host); on Ascend export with collectives: graph (HCCL in the rank graphs)")
@@ -155,6 +170,7 @@ class MSLiteSession(Session):
                                    "Lite on CPU has none. Export with parallel.collectives: host (kv_cache dynamic) "
                                    "for Lite on CPU, or run it with backend 'ms' (CPU) or mslite on Ascend")
         check_mindir_readable(m)
+        check_kernels(m)
         _log_ge_ignored(present)
         if m.collectives == "host":
             from lite_runtime.backends.segment_chain import SegmentChain

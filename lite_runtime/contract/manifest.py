@@ -73,6 +73,9 @@ class Manifest:
     mindir_kept: str = ""            # why the graphs' MindIR is kept beside their .ms models (lite_files); "" with .ms
                                      # models: the MindIR, only the converter's input, was removed (target cpu) and
                                      # the graphs' `files` name no file on disk
+    quantization: Dict[str, object] = field(default_factory=dict)   # weight-only quantization of the linear
+                                     # layers (contract/quant.py: weights, group_size, ...); {}: float32 weights
+    kernels: List[str] = field(default_factory=list)   # the project's Lite kernels (Custom op types) the graphs run
     format_version: int = FORMAT_VERSION
     root: str = ""                   # folder the manifest was read from; not serialised
     file: str = ""                   # the manifest file read (root/manifest.json or a copy's); not serialised

@@ -1,0 +1,95 @@
+"""Weight-only quantized exports (`quantization: {weights: int8 | int4, group_size}`, target cpu): the
+linear layers are Custom nodes run by the project's Lite kernels. A tiny Llama exported so gives, on
+Lite, the greedy tokens of transformers run on the same quantized-then-dequantized weights, and logits
+within family_cases.TOLERANCE of them (the quantization is the export's only change: the products sum
+in another order); the manifest records the scheme; what cannot run them is refused in one line."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from lite_runtime.contract.errors import ConfigError, UnsupportedError
+from lite_runtime.contract.manifest import load_manifest
+from family_cases import BATCH, SEQ, STEPS, check_parity
+from test_families import lite_run
+from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
+
+SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments")]
+
+
+@pytest.fixture(scope="module")
+def quantized(hf_family):
+    """(scheme, group, form) -> (export folder, reference logits, reference tokens), made on first use."""
+    folder, made = hf_family("llama"), {}
+
+    def get(scheme, group, form):
+        key = (scheme, group, form)
+        if key not in made:
+            name = f"q_{scheme}_g{group}_{form}"
+            ref = folder / f"{name}_reference.npz"
+            result = run_cli([os.path.join(REPO, "tests", "quant_reference.py"), str(folder / "hf"), scheme,
+                              str(group), str(STEPS), str(ref)])
+            assert result.returncode == 0, result.stderr[-3000:]
+            cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
+                   "quantization": {"weights": scheme, "group_size": group}, "output_dir": str(folder / name)}
+            if form == "segments":     # one rank's step as segments of whole layers, each a .ms
+                cfg["parallel"] = {"collectives": "host"}
+            export = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg), python=VENV_MS20_PYTHON)
+            got = np.load(ref)
+            made[key] = export, got["logits"], got["tokens"]
+        return made[key]
+    return get
+
+
+@pytest.mark.parametrize("scheme, group, form", SCHEMES)
+def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights(hf_family, quantized, scheme,
+                                                                                group, form):
+    export, ref_logits, ref_tokens = quantized(scheme, group, form)
+    manifest = load_manifest(export)
+    assert manifest.kernels == [{"int8": "LiteLinearI8", "int4": "LiteLinearI4"}[scheme]]
+    assert manifest.quantization["weights"] == scheme
+    assert manifest.quantization.get("group_size", group) == group
+    assert (manifest.collectives == "host") == (form == "segments")
+    logits, tokens = lite_run(hf_family("llama"), export, f"q_{scheme}_{group}_{form}_run")
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"llama {scheme} g{group} ({form}) on Lite")
+
+
+def test_quantized_weights_are_smaller_on_disk(hf_family, family_export, quantized):
+    def weight_bytes(export):
+        m = load_manifest(export)
+        return sum(os.path.getsize(os.path.join(export, f)) for files in m.lite_files.values() for f in files)
+    f32 = weight_bytes(family_export("llama", "lite_packed"))
+    int8 = weight_bytes(quantized("int8", 32, "packed")[0])
+    int4 = weight_bytes(quantized("int4", 32, "packed")[0])
+    assert int4 < int8 < f32
+
+
+def test_quantization_values_are_refused_in_one_line(tmp_path):
+    from exporter.config.schema import config_from_dict
+    base = {"model": {"hf_dir": "x"}, "seq_length": 8, "output_dir": str(tmp_path), "target": "cpu"}
+    with pytest.raises(ConfigError, match=r"^<dict>: quantization.weights 'int3' is not allowed; allowed: none, "
+                                          r"int8, int4$"):
+        config_from_dict(dict(base, quantization={"weights": "int3"}))
+    with pytest.raises(ConfigError, match=r"quantization.group_size 48 is not allowed; allowed: 32, 64, 128$"):
+        config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 48}))
+    with pytest.raises(ConfigError, match="needs target cpu and compute_dtype float32; this config has target None"):
+        config_from_dict(dict(base, target=None, quantization={"weights": "int8"}))
+    assert config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 128})).quantization.group_size \
+        == 128
+
+
+def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quantized, tmp_path):
+    import shutil
+    from lite_runtime.backends import load_session
+    export = str(tmp_path / "export")
+    shutil.copytree(quantized("int8", 32, "packed")[0], export)
+    path = os.path.join(export, "manifest.json")
+    data = json.load(open(path))
+    data["kernels"] = ["LiteLinearQ3"]
+    json.dump(data, open(path, "w"))
+    with pytest.raises(UnsupportedError, match=r"runs its linear layers \(int8\) with the project's Lite kernels "
+                                               r"LiteLinearQ3, which this runtime lacks .*run `lite-setup` again$"):
+        load_session("mslite", load_manifest(export))
+    with pytest.raises(UnsupportedError, match="only the project's kernels on MindSpore Lite run; use backend 'mslite'"):
+        load_session("ms", load_manifest(export))
