@@ -1,7 +1,8 @@
 """Tensor-parallel (TP=2) export and runs under MindSpore's distributed engine on CPU.
 
 Reference: the single-rank export of the same checkpoint. Tolerance: logits within 1e-4,
-greedy tokens identical for 32 steps; seeded sampling gives the same text on every rank.
+greedy tokens identical for 32 steps; seeded sampling gives the single-rank text (only the first rank of a
+replica samples; the others replay its calls).
 """
 import json
 import os
@@ -31,6 +32,14 @@ def launched_greedy(table, backend, export, out):
                       "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
     return [(r["logits"], r["tokens"]) for r in (np.load(out / f"rank_{rank}.npz") for rank in range(2))]
+
+
+def _replayed(log, first: int) -> int:
+    """How many calls of rank `first` a follower's log says it replayed."""
+    import re
+    found = re.findall(rf"replayed (\d+) calls of rank {first}\b", log.read_text())
+    assert len(found) == 1, log.read_text()[-2000:]
+    return int(found[0])
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +103,7 @@ def test_seeded_sampling_agrees_on_every_rank_and_with_single_rank(tp_setup, tp_
     expected = single.stdout.strip().splitlines()
     assert len(expected) == 3
     assert multi.stdout.strip().splitlines() == expected
-    rank1 = [l for l in (logs / "rank_1.log").read_text().splitlines() if l in expected]
-    assert rank1 == expected
+    assert _replayed(logs / "rank_1.log", 0) >= 12     # a call per new token at least: rank 1 samples nothing
 
 
 def test_rank_table_size_mismatch_is_refused_before_start(tp_setup, tmp_path):
@@ -322,8 +330,8 @@ def test_strategy_that_does_not_fit_the_shards_is_refused(tp_setup, tiny_ckpt, d
 def test_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend, tmp_path):
     """dp=2 x mp=2 on a 4-rank table: two replicas of the TP=2 export (ranks 0-1 and 2-3, each its own
     MindSpore cluster or MPI join); 5 prompts split 3 + 2 come back in input order, each the answer of
-    one process with the TP=1 export (greedy), and each replica's second rank ran its share in step
-    with its first (token agreement) and logged the same answers."""
+    one process with the TP=1 export (greedy), and each replica's second rank replayed its first
+    rank's calls."""
     tp2, tp1 = tp_exports(backend)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one two three\nalpha beta\nfive six seven eight nine\nten\neleven twelve\n")
@@ -338,8 +346,8 @@ def test_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend, tmp_pat
                      "--data_parallel", "2"] + gen)
     assert multi.returncode == 0, multi.stderr[-2000:]
     assert multi.stdout.strip().splitlines() == expected
-    for rank, share in ((1, expected[:3]), (3, expected[3:])):
-        assert [l for l in (logs / f"rank_{rank}.log").read_text().splitlines() if l in expected] == share
+    for rank in (1, 3):
+        assert _replayed(logs / f"rank_{rank}.log", rank - 1) >= 8
     assert (logs / "rank_2.log").exists()
     if backend == "ms":
         assert {"scheduler_0.log", "scheduler_1.log"} <= set(os.listdir(logs))

@@ -5,6 +5,7 @@ listener sit on an address other than 127.0.0.1. The TP=2 export's two ranks are
 servers: they join through MindSpore's cluster (`ms`) or MPI (Lite segments) across them.
 Reference: one launcher running the same 2 ranks on one server (same tokens)."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,8 +62,8 @@ def test_two_servers_give_the_tokens_of_one(two_server_table, tp_exports, backen
     assert out.strip().splitlines() == expected
     assert "launcher: server 127.0.0.2 (--server_id), ranks 0 of 2" in err
     assert "launcher: server 127.0.0.1 (--server_id), ranks 1 of 2" in err2
-    rank1 = [l for l in (tmp_path / SERVERS[1] / "rank_1.log").read_text().splitlines() if l in expected]
-    assert rank1 == expected
+    rank1 = (tmp_path / SERVERS[1] / "rank_1.log").read_text()
+    assert re.search(r"rank 1: replayed \d+ calls of rank 0", rank1), rank1[-2000:]   # on the other server
     assert not (tmp_path / SERVERS[1] / "rank_0.log").exists()
 
 

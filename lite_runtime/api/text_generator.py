@@ -61,7 +61,6 @@ class TextGeneratorInfer:
         self.session = factory(config.backend, self.manifest, rank, **options)
         self.load_seconds = time.perf_counter() - start
         self.last_timing: Optional[RequestTiming] = None
-        self.coordinator = None   # set by multi-rank runs: wraps the sampler to share/check tokens
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
         self.options = GenerationOptions()     # every call's defaults (pipeline(...) keywords change them)
@@ -105,8 +104,7 @@ class TextGeneratorInfer:
             if not isinstance(text, str) or not text.strip():
                 raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
         eos = self.eos_ids if options.eos_token_id is None else _as_list(options.eos_token_id)
-        sampler = Sampler(options.sampling(), stop_ids=eos)
-        pick = sampler if self.coordinator is None else self.coordinator.wrap(sampler)
+        pick = Sampler(options.sampling(), stop_ids=eos)
         pad = self.pad_id if options.pad_token_id is None else int(options.pad_token_id)
         max_length, add_special_tokens = options.max_length, options.add_special_tokens
         if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop before the text
@@ -135,12 +133,11 @@ class TextGeneratorInfer:
                 forward(offset, step)
         try:
             forward = _stream_to(streamer, prompts) if streamer is not None else None
-            if self.manifest.kv_cache in STEP_MODES and self.coordinator is None:
+            if self.manifest.kv_cache in STEP_MODES:
                 return prompts, self._on_engine(prompts, budgets, eos, options, adapters, on_step)
             # The two-graph forms (kv_cache io / in_graph: upstream's prefill + increment pair that GE
             # runs on Ascend) have fixed batch shapes and no step over any tokens of any rows, so they
-            # keep the static batch loop; so does a tensor-parallel CLI run, whose ranks agree on each
-            # step's tokens (the same Sampler picks in both loops).
+            # keep the static batch loop (the same Sampler picks in both loops).
             return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step,
                                              adapters)
         finally:

@@ -159,10 +159,10 @@ def generation_options(args) -> GenerationOptions:
     return GenerationOptions(**{k: getattr(args, k) for k in GenerationOptions.keywords() if hasattr(args, k)})
 
 
-def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=None) -> None:
-    """Answer --predict_data or stdin prompts. `before_request(prompts)` and `coordinator` let a
-    multi-rank run share each request and step with the other ranks; `distribute(prompts, infer)`
-    answers a request over data-parallel ranks (distributed_run.py)."""
+def run(args, out=sys.stdout, wrap_session=None, distribute=None) -> None:
+    """Answer --predict_data or stdin prompts. `wrap_session(session)` lets a multi-rank run mirror
+    each session call to the replica's other ranks; `distribute(prompts, infer)` answers a request
+    over data-parallel replicas (distributed_run.py)."""
     from lite_runtime.decode.streamers import TextStreamer
     prompts = read_prompts(args.predict_data, args.prompt) if args.predict_data is not None else None
     if prompts is None and not args.interactive and not sys.stdin.isatty():
@@ -176,7 +176,8 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
         if saved is not None:
             saved.close()
         raise
-    generator.coordinator = coordinator
+    if wrap_session is not None:
+        generator.session = wrap_session(generator.session)
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
     _warn_about_fixed_shapes(args, generator.manifest)
     options = generation_options(args)
@@ -186,8 +187,6 @@ def run(args, out=sys.stdout, before_request=None, coordinator=None, distribute=
         options = options.updated(add_special_tokens=chat.published is None)
 
     def infer(prompts, streamer=None):
-        if before_request is not None:
-            before_request(prompts)
         if distribute is not None:
             return distribute(prompts, lambda share: generator.infer(share, options=options))
         return generator.infer(prompts, streamer, options)

@@ -1,76 +1,15 @@
-"""Serving from a launched run: rank 0 serves, the other ranks run the steps it sends them.
-
-A job of dp·mp ranks runs dp replicas of an mp-rank export, consecutive ranks forming a replica (as
-the launcher lays them out). Rank 0 runs one engine per replica. Each step of a replica is sent to the
-replica's ranks (rank 0's own replica: to its other ranks, before rank 0 runs its part), and each
-runs the same step on its part of the model; the collectives inside the step (MPI between Lite
-segments, a MindSpore cluster per replica on `ms`) join the parts. The first rank of any other
-replica answers with the step's logits, as raw float32. Only rank 0 samples: a step's inputs (tokens,
-counts, past lengths, adapter slots) fix what every rank computes, so the ranks need no agreement of
-their own.
+"""Serving from a launched run: rank 0 serves, the other ranks run the steps it sends them (the
+mirrored protocol of distributed/mirrored.py). A job of dp·mp ranks runs dp replicas of an mp-rank
+export; rank 0 runs one engine per replica, behind one `Replicas`.
 """
 from __future__ import annotations
 
 import logging
-from typing import List, Sequence
+from typing import List
 
-import numpy as np
 
+from lite_runtime.distributed.mirrored import MirroredSession, RemoteSession, follow
 from lite_runtime.distributed.rank_channel import RankChannel
-
-
-def _step_message(tokens, counts, past, *extra) -> dict:
-    return {"step": [a.tolist() for a in (tokens, counts, past, *extra)]}
-
-
-class MirroredSession:
-    """Rank 0's session of a tensor-parallel export: each `step` is sent to the replica's other ranks."""
-
-    def __init__(self, session, channel: RankChannel, ranks: Sequence[int]):
-        self.session, self.channel, self.ranks = session, channel, list(ranks)
-
-    def __getattr__(self, name):            # manifest, runtime, rank, ... of the wrapped session
-        return getattr(self.session, name)
-
-    def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        self.channel.send_json_to(self.ranks, _step_message(tokens, counts, past, *extra))
-        return self.session.step(tokens, counts, past, *extra)
-
-    def close(self) -> None:
-        try:
-            self.channel.send_json_to(self.ranks, {"stop": True})
-        finally:
-            self.session.close()
-
-
-class RemoteSession:
-    """The session of the replica on `ranks` (data parallel), as rank 0's engine sees it: its first rank
-    answers each step with the logits."""
-
-    def __init__(self, manifest, channel: RankChannel, ranks: Sequence[int]):
-        self.manifest, self.channel, self.ranks = manifest, channel, list(ranks)
-        self.runtime = f"ranks {self.ranks[0]}-{self.ranks[-1]}" if len(self.ranks) > 1 else f"rank {self.ranks[0]}"
-
-    def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        self.channel.send_json_to(self.ranks, _step_message(tokens, counts, past, *extra))
-        return np.frombuffer(self.channel.recv_bytes_from(self.ranks[0]), np.float32).reshape(len(tokens), -1)
-
-    def close(self) -> None:
-        self.channel.send_json_to(self.ranks, {"stop": True})
-
-
-def follow(session, channel: RankChannel, reply: bool) -> int:
-    """Another rank: run each step rank 0 sends, answering with the logits when `reply` (data
-    parallel), until it says stop; returns the number of steps."""
-    steps = 0
-    while True:
-        message = channel.recv_json()
-        if message.get("stop"):
-            return steps
-        steps += 1
-        logits = session.step(*(np.asarray(a, np.int32) for a in message["step"]))
-        if reply:        # raw float32: JSON of 8 x 32000 logits took 217 ms a step
-            channel.reply_bytes(np.ascontiguousarray(logits, np.float32).tobytes())
 
 
 class Replicas:
