@@ -93,7 +93,7 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt
 peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/compare_peers.py $(ARGS)
 
-# Soak and fault figures (README, Reliability): memory over many requests, a killed rank, interrupted exports.
+# Soak and fault figures (docs/reliability.md): memory over many requests, a killed rank, interrupted exports.
 soak: setup
 	$(VENV)/bin/python tools/soak.py $(ARGS)
 

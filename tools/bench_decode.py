@@ -8,7 +8,7 @@ peak RSS. For `mslite` it also times the bare Lite Predict of the increment grap
 bound (`session.bare_decode_predict()`): one after every decode step, outside that step's time, so
 step and bare Predict are measured side by side under the same load; it prints step / bare.
 
-Workload (docs/user-guide.md, Benchmarks): 32-token prompts, 128 greedy new tokens, EOS ignored.
+Workload (docs/performance.md): 32-token prompts, 128 greedy new tokens, EOS ignored.
 `--make-bench-model` builds the notes' benchmark model (random Llama, hidden 256, 4 layers, 4 heads,
 vocab 32000, seq 256, fp32) for batch 1 and 8: MindSpore 2.10 exports for `ms`, MindSpore 2.0
 exports for `mslite` (Lite 2.0 reads only MindIR of MindSpore 2.0), cached under --work_dir; it is

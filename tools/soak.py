@@ -1,4 +1,4 @@
-"""Soak and fault figures on the demo model (the README's "Reliability" figures).
+"""Soak and fault figures on the demo model (docs/reliability.md).
 
     python tools/soak.py [--requests 1000] [--work_dir build/soak]      (make soak ARGS="...")
 

@@ -6,7 +6,7 @@ is killed by the kernel without a word (the io form of a 1.1B model at 24 GB aft
 available. The estimate is a multiple of the bytes of the weight files the load reads (the graph or
 `.ms` files the manifest lists for this rank, with their external data: the io form's two graphs
 each hold a copy of their own) plus Lite's fixed `LITE_FIXED_BYTES`. The multiples, measured at 1.1B
-(README, "Real-size models"; a float16 export counts twice its bytes: Lite widens float16 weights to
+(docs/performance.md, "Real-size models"; a float16 export counts twice its bytes: Lite widens float16 weights to
 float32 on CPU):
 - `mindir`: a MindIR (weights inside or as external data), which Lite converts at Build: 3.9x
   (16.4 GB for one step graph's 4.4 GB, 3.7x, of which 12.3 GB stay; the io form's second graph is
