@@ -90,3 +90,17 @@ def test_a_mindir_beside_its_ms_is_kept_only_for_the_reason_the_manifest_gives(e
     assert files == listed(manifest), (files ^ listed(manifest))
     beside = [f for f in files if f.endswith(".mindir") and f[: -len(".mindir")] + ".ms" in files]
     assert beside and reason in manifest["mindir_kept"], manifest["mindir_kept"]
+
+
+def test_asking_for_the_mindir_of_a_target_cpu_export_is_refused_in_one_line(exports):
+    """Its MindIR was removed once converted: lite_format 'mindir' names why and what to do, instead of
+    a missing file."""
+    folder, _ = exports("cpu")
+    script = ("import sys\nfrom lite_runtime.backends.mslite_backend import MSLiteSession\n"
+              "from lite_runtime.contract.errors import ArtifactError\n"
+              "from lite_runtime.contract.manifest import load_manifest\n"
+              "try:\n    MSLiteSession(load_manifest(sys.argv[1]), lite_format='mindir')\n"
+              "except ArtifactError as e:\n    print(e)\n")
+    result = run_cli(["-c", script, folder])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "lite_format 'mindir' needs the export's MindIR" in result.stdout and "lite_format 'auto'" in result.stdout

@@ -12,13 +12,14 @@ static graphs, the native step graph, the segment chain, or the official API) an
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from lite_runtime.contract.errors import ConfigError, UnsupportedError
+from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
 from lite_runtime.contract.families import GRAPH_KINDS, STEP, STEP_MODES, graph_kinds
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
 from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
@@ -105,6 +106,11 @@ class MSLiteSession(Session):
         else the MindIR; 'ms' or 'mindir' insist on one."""
         if lite_format not in LITE_FORMATS:
             raise ConfigError(f"lite_format {lite_format!r} is not allowed; allowed: {', '.join(LITE_FORMATS)}")
+        if lite_format == "mindir" and manifest.lite_files and not manifest.mindir_kept and not all(
+                os.path.isfile(manifest.graph_path(kind, rank)) for kind in manifest.lite_files if kind in manifest.graphs):
+            raise ArtifactError(f"{manifest.root}: lite_format 'mindir' needs the export's MindIR, which target cpu "
+                                "does not keep beside its .ms models; load the .ms (lite_format 'auto'), or export "
+                                "with lite_ms: true and no target to keep both")
         target = str(target).lower()
         if target == "auto":   # Ascend where the official package (an Ascend server's) is present
             target = "ascend" if official_module() is not None else "cpu"
