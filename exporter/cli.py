@@ -8,7 +8,7 @@ import os
 
 import click
 
-from lite_runtime.cli.cli_common import CONTEXT, entry_point
+from lite_runtime.contract.command_line import CONTEXT, entry_point
 from exporter.config.schema import find_model_dir_config, load_config
 
 PROG = "python -m exporter"

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))  # served_process
 from family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
 from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, make_tokenizer, random_weights,
                          rank_table, run_cli, save_ckpt, shard_mindformers_llama, tiny_export_config, write_strategy,

@@ -1,5 +1,5 @@
 """A user script calling pipeline(), started by the launcher on every rank (or alone):
-  python -m lite_runtime.distributed.launch --rank_table T --backend B -- tests/pipeline_worker.py EXPORT OUT_DIR \
+  python -m lite_runtime.cli.launch --rank_table T --backend B -- tests/pipeline_worker.py EXPORT OUT_DIR \
       [BACKEND DATA_PARALLEL [--model_dir EXPORT --data_parallel DATA_PARALLEL]]
 Without BACKEND: seeded sampling of PROMPTS on backend ms (a multi-rank export). With them: greedy
 answers to DP_PROMPTS with `data_parallel=DATA_PARALLEL` (the options after them tell the launcher

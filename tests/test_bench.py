@@ -125,7 +125,7 @@ def test_scale_bench_counts_refuses_and_compares_tokens(tmp_path):
     import pytest
     from bench_export import timed_process
     from bench_scale import SHAPES, check_memory, command, compare_tokens, weight_counts
-    from lite_runtime.cli.cli_common import parse_options
+    from lite_runtime.contract.command_line import parse_options
     from lite_runtime.contract.errors import ToolchainError
 
     assert weight_counts(SHAPES["1b"])["total"] == 1_100_048_384      # TinyLlama-1.1B's

@@ -27,7 +27,7 @@ STEPS = 32
 def launched_greedy(table, backend, export, out):
     """tests/tp_worker.py on every rank of `table`: [(logits, tokens) of rank 0, of rank 1]."""
     out.mkdir()
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend, "--log_dir",
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend, "--log_dir",
                       str(out / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"), str(out), str(STEPS),
                       "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -97,7 +97,7 @@ def test_seeded_sampling_agrees_on_every_rank_and_with_single_rank(tp_setup, tp_
     single = run_cli(["run_infer_main.py", "--model_dir", tp1, "--backend", backend] + gen)
     assert single.returncode == 0, single.stderr[-2000:]
     logs = tmp_path / "seeded_logs"
-    multi = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+    multi = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
                      "--log_dir", str(logs), "--", "run_infer_main.py", "--model_dir", tp2] + gen)
     assert multi.returncode == 0, multi.stderr[-2000:]
     expected = single.stdout.strip().splitlines()
@@ -110,7 +110,7 @@ def test_rank_table_size_mismatch_is_refused_before_start(tp_setup, tmp_path):
     folder, exports, _ = tp_setup
     table = rank_table(tmp_path / "table4.json", 4)
     logs = tmp_path / "logs"
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir", str(logs),
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", "ms", "--log_dir", str(logs),
                       "--", "run_infer_main.py", "--model_dir", exports["full"], "--predict_data", "one"])
     assert result.returncode == 1
     assert "has 4 ranks" in result.stderr and "written for 2" in result.stderr
@@ -129,7 +129,7 @@ def test_killed_rank_stops_the_run_and_leaves_no_process(tp_setup, tp_exports, b
         table = rank_table(tmp_path / "table4.json", 4)
     env = dict(os.environ, PYTHONPATH=REPO)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+        [sys.executable, "-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
          "--log_dir", str(tmp_path / "logs"), "--", "run_infer_main.py", "--model_dir", tp2, "--interactive",
          "--data_parallel", str(data_parallel)],
         cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -213,7 +213,7 @@ def test_pipeline_in_a_launched_job_agrees_with_single_rank(tp_setup, tmp_path):
     from lite_runtime import pipeline
     from pipeline_worker import PROMPTS
     folder, exports, table = tp_setup
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
                       str(tmp_path / "logs"), "--", PIPELINE_WORKER,
                       exports["full"], str(tmp_path)])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -246,7 +246,7 @@ def test_data_parallel_answers_in_input_order(tp_setup, lite_single_export, back
     expected = single.stdout.strip().splitlines()
     assert len(expected) == 5
     logs = tmp_path / "logs"
-    multi = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+    multi = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
                      "--log_dir", str(logs), "--", "run_infer_main.py", "--data_parallel", "2"] + gen)
     assert multi.returncode == 0, multi.stderr[-2000:]
     assert multi.stdout.strip().splitlines() == expected
@@ -262,7 +262,7 @@ def test_pipeline_with_data_parallel_answers_in_input_order(tp_setup, lite_singl
     worker, expected = PIPELINE_WORKER, pipeline_alone(export, tmp_path, backend)
     out = tmp_path / "dp"
     out.mkdir()
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
                       "--log_dir", str(out / "logs"), "--", worker, export, str(out), backend, "2"])
     assert result.returncode == 0, result.stderr[-2000:]
     for rank in range(2):
@@ -293,7 +293,7 @@ def test_data_parallel_needs_a_matching_table(tp_setup, tmp_path):
     folder, exports, table = tp_setup
     for export, dp, facts in ((exports["full"], "2", ["has 2 ranks", "written for 2 x data_parallel 2", "with 4 devices"]),
                               (exports["single"], "3", ["has 2 ranks", "x data_parallel 3"])):
-        result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", "ms", "--",
+        result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", "ms", "--",
                           "run_infer_main.py", "--model_dir", export, "--data_parallel", dp, "--predict_data", "one"])
         assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr
         assert all(f in result.stderr for f in facts), result.stderr
@@ -341,7 +341,7 @@ def test_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend, tmp_pat
     expected = single.stdout.strip().splitlines()
     assert len(expected) == 5
     logs = tmp_path / "logs"
-    multi = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
+    multi = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
                      "--backend", backend, "--log_dir", str(logs), "--", "run_infer_main.py", "--model_dir", tp2,
                      "--data_parallel", "2"] + gen)
     assert multi.returncode == 0, multi.stderr[-2000:]
@@ -362,7 +362,7 @@ def test_pipeline_dp2_x_mp2_answers_in_input_order(tp_setup, tp_exports, backend
     worker, expected = PIPELINE_WORKER, pipeline_alone(tp1, tmp_path, backend)
     out = tmp_path / "dp"
     out.mkdir()
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "t4.json", 4),
                       "--backend", backend, "--log_dir", str(out / "logs"), "--", worker, tp2, str(out), backend, "2",
                       "--model_dir", tp2, "--data_parallel", "2"])
     assert result.returncode == 0, result.stderr[-2000:]

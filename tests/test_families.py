@@ -104,7 +104,7 @@ def test_tp2_equals_tp1(hf_family, family_export, family, variant, tmp_path):
     lite = variant.startswith("lite")
     assert manifest.world_size == 2 and manifest.collectives == ("host" if lite else "graph")
     table = rank_table(tmp_path / "table2.json", 2)
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table,
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table,
                       "--backend", "mslite" if lite else "ms",
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
                       str(tmp_path), str(STEPS), "--model_dir", export])

@@ -37,7 +37,7 @@ def two_server_table(tmp_path_factory):
 
 def launcher(table, server, backend, master_port, logs, program):
     return subprocess.Popen(
-        [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+        [sys.executable, "-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
          "--server_id", server, "--master_port", str(master_port), "--log_dir", str(logs), "--timeout", "300", "--"]
         + program, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
@@ -49,7 +49,7 @@ def test_two_servers_give_the_tokens_of_one(two_server_table, tp_exports, backen
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one two three\nalpha beta\nfive six seven eight nine\n")
     program = ["run_infer_main.py", "--model_dir", tp2, "--predict_data", str(prompts), "--max_new_tokens", "8"]
-    one = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(tmp_path / "t2.json", 2),
+    one = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "t2.json", 2),
                    "--backend", backend, "--log_dir", str(tmp_path / "one"), "--"] + program)
     assert one.returncode == 0, one.stderr[-2000:]
     expected = one.stdout.strip().splitlines()
@@ -118,7 +118,7 @@ def test_server_choice_is_one_clear_line(tmp_path, servers, server_id, facts):
     merged = run_cli(["tools/merge_hccl.py"] + tables + ["--output_dir", str(tmp_path)])
     assert merged.returncode == 0, merged.stderr
     logs = tmp_path / "logs"
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", merged.stdout.strip(), "--log_dir",
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", merged.stdout.strip(), "--log_dir",
                       str(logs)] + (["--server_id", server_id] if server_id else []) +
                      ["--", "run_infer_main.py", "--predict_data", "x"])
     assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, result.stderr

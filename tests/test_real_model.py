@@ -89,7 +89,7 @@ def test_chat_prompt_ids_equal_apply_chat_template(smollm2):
 
 
 def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
-    from lite_runtime.serve.process import served
+    from served_process import served
     export, model, tokenizer = smollm2
     log = tmp_path / "server.log"
     with open(log, "w") as output, served(export, "mslite", "smollm2", cwd=REPO, output=output) as server:

@@ -26,7 +26,7 @@ def served(export: str, backend: str, name: str = "demo"):
     if backend == "mslite":
         from lite_process import ensure_lite_installed
         ensure_lite_installed()
-    from lite_runtime.serve.process import served as serve_process
+    from served_process import served as serve_process
     with serve_process(export, backend, name, cwd=REPO) as server:
         yield server.url, server.pid
 
@@ -200,7 +200,7 @@ def test_the_schedulers_step_budget_and_prompt_chunks_are_options(demo_exports, 
     greedy text; a budget below the rows is refused at start, naming the option."""
     from lite_runtime.contract.errors import ToolchainError
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.process import served as serve_process
+    from served_process import served as serve_process
     rows = load_manifest(demo_exports["ms"]).batch_size
     tight = ["--max_step_tokens", str(rows), "--prefill_chunk", "2"]
     with serve_process(demo_exports["ms"], "ms", "demo", tight, cwd=REPO) as server:
@@ -561,7 +561,7 @@ def test_a_launched_run_serves_from_rank_0(demo_exports, demo_tp2, pipeline_text
     other ranks ran steps; SIGTERM to the launcher stops every rank and exits 0."""
     from concurrent.futures import ThreadPoolExecutor
     from lite_process import ensure_lite_installed
-    from lite_runtime.serve.process import served as serve_process
+    from served_process import served as serve_process
     ensure_lite_installed()
     tp2, tables, folder = demo_tp2
     export, extra, table = {"tp2": (tp2, [], tables[2]),

@@ -117,7 +117,7 @@ def test_rows_of_one_batch_use_their_own_adapters(slora_model, slora_exports, va
 def run_tp2(slora_model, export, backend, slots, tmp_path):
     """Greedy runs of the mixed batch on 2 ranks under the launcher: [(logits, tokens)] per rank."""
     table = rank_table(tmp_path / "table2.json", 2)
-    result = run_cli(["-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", backend,
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
                       "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
                       str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), json.dumps(slots),
                       "--model_dir", export])

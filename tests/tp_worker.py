@@ -1,7 +1,7 @@
 """Run under the launcher: one rank's greedy decode of fixed prompts, logits saved per rank.
 
 usage (by tests/test_distributed.py):
-  python -m lite_runtime.distributed.launch --rank_table T --backend ms|mslite -- tests/tp_worker.py OUT_DIR STEPS \
+  python -m lite_runtime.cli.launch --rank_table T --backend ms|mslite -- tests/tp_worker.py OUT_DIR STEPS \
       --model_dir EXPORT
 With PROMPTS.json SLOTS.json after STEPS (tests/test_slora.py): those prompts, one SLoRA slot per row.
 (--model_dir, as run_infer_main takes it, tells the launcher the export's form.)

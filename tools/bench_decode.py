@@ -39,7 +39,7 @@ import numpy as np
 from bench_export import SLORA_ADAPTERS, SLORA_RANK, SLORA_RECIPE, write_slora_adapters
 from bench_measure import measure, measure_pair
 from bench_ranks import launch_command, launcher_startup_ms
-from lite_runtime.cli.cli_common import CONTEXT, SpacedList, entry_point
+from lite_runtime.contract.command_line import CONTEXT, SpacedList, entry_point
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.contract.manifest import FORMAT_VERSION
 

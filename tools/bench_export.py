@@ -31,7 +31,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ConfigError  # noqa: E402
 DEFAULT_CONFIG = os.path.join("tools", "demo_model", "demo.yaml")
 EXPORTER_SECONDS = re.compile(r"exported .* in ([0-9.]+) s")

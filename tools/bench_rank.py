@@ -1,6 +1,6 @@
 """One rank's measuring process of a multi-rank benchmark, started by the launcher.
 
-usage: python -m lite_runtime.distributed.launch ... -- tools/bench_rank.py JOB.json OUT.json
+usage: python -m lite_runtime.cli.launch ... -- tools/bench_rank.py JOB.json OUT.json
 (the launcher appends --backend/--distributed, which this script does not need)
 """
 import os

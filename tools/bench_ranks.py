@@ -30,7 +30,7 @@ def loopback_rank_table(path: str, world_size: int) -> str:
 def launch_command(python: str, job_file: str, out_file: str, job: dict, tmp: str):
     """The launcher running RANK_SCRIPT on every rank (`--model_dir` tells it the export's form)."""
     table = loopback_rank_table(os.path.join(tmp, "rank_table.json"), job["world_size"])
-    return [python, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--backend", job["backend"],
+    return [python, "-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", job["backend"],
             "--log_dir", os.path.join(tmp, "logs"), "--", RANK_SCRIPT, job_file, out_file,
             "--model_dir", job["model_dir"]]
 

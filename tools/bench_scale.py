@@ -48,7 +48,7 @@ from bench_decode import REPO, VENV_MS20_PYTHON, VENV_PYTHON, _align  # noqa: E4
 from bench_export import EXPORTER_SECONDS, _folder_mb, timed_process  # noqa: E402
 from bench_measure import bench_prompts  # noqa: E402
 from compare_peers import PEER_TOOL, PEERS_PYTHON, wait_until_idle  # noqa: E402
-from lite_runtime.cli.cli_common import CONTEXT, SpacedList, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, SpacedList, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 

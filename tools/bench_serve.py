@@ -47,7 +47,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from bench_scale import SHAPES, weight_counts  # noqa: E402
 from compare_peers import BENCH_MODELS, BENCH_SEQ_LENGTH, PEER_TOOL, PEERS_PYTHON, prepare, wait_until_idle  # noqa: E402
-from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import load_manifest  # noqa: E402
 
@@ -82,7 +82,7 @@ def check_round_trip(tokenizer, jobs: list) -> None:
 
 def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0) -> list:
     from openai import OpenAI
-    from lite_runtime.serve.process import served
+    from served_process import served
     with served(model_dir, backend, "bench", ["--num_threads", str(threads)], cwd=REPO, output=None) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         client.completions.create(model="bench", prompt=jobs[0]["prompt"], max_tokens=2, temperature=0)   # warm

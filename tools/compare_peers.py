@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_decode import BENCH_MODELS, BENCH_SEQ_LENGTH, REPO, VENV_MS20_PYTHON, VENV_PYTHON  # noqa: E402
 from bench_measure import bench_prompts  # noqa: E402
-from lite_runtime.cli.cli_common import CONTEXT, SpacedList, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, SpacedList, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 

@@ -15,7 +15,7 @@ import click
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_measure import bench_prompts, run_request  # noqa: E402
-from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_scale import SHAPES  # noqa: E402
-from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 
 
 def hf_tensors(shape: dict):

@@ -26,8 +26,9 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
-from lite_runtime.serve.process import served        # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
+from served_process import served        # noqa: E402
 
 EXPORTER = os.path.join(REPO, ".venv-ms20", "bin", "python")
 PROMPTS = ["An increasing sequence: one,", "Counting: seven, eight,", "The alphabet: a, b,"]
@@ -116,7 +117,7 @@ def rank_table(path: str, n: int) -> str:
 def killed_rank(work: str) -> str:
     tp2 = export(work, "tp2", parallel={"model_parallel": 2, "collectives": "host"})
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", rank_table(os.path.join(work, "t2.json"), 2),
+        [sys.executable, "-m", "lite_runtime.cli.launch", "--rank_table", rank_table(os.path.join(work, "t2.json"), 2),
          "--log_dir", os.path.join(work, "launch-logs"), "--", "run_infer_main.py", "--model_dir", tp2, "--backend",
          "mslite", "--interactive"], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

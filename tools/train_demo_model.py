@@ -32,7 +32,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from lite_runtime.cli.cli_common import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 DEFAULT_OUT = os.path.join(REPO, "tools", "demo_model")
 THREADS = 2
 SEED = 1234

@@ -130,5 +130,5 @@ def _require_cluster(manifest: Manifest) -> None:
     if size != manifest.world_size:
         raise UnsupportedError(
             f"this export has {manifest.world_size} ranks and must run inside a launched job of "
-            f"{manifest.world_size} processes (python -m lite_runtime.distributed.launch ...); "
+            f"{manifest.world_size} processes (python -m lite_runtime.cli.launch ...); "
             f"this process is in a group of {size or 'no'} ranks")

@@ -8,7 +8,7 @@ import click
 
 from lite_runtime.ascend.ge_config import read_ge_config, split_config_paths
 from lite_runtime.ascend.ge_config_writer import list_presets, write_export_configs
-from lite_runtime.cli.cli_common import CONTEXT, entry_point
+from lite_runtime.contract.command_line import CONTEXT, entry_point
 
 
 @click.group(context_settings=CONTEXT)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from lite_runtime.backends.lite_install import SHIM_ENV, WHEEL_NAME, install, shim_candidates, user_prefix
-from lite_runtime.cli.cli_common import CONTEXT, entry_point
+from lite_runtime.contract.command_line import CONTEXT, entry_point
 
 
 @click.command(context_settings=CONTEXT)

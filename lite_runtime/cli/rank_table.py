@@ -10,7 +10,7 @@ import click
 
 from lite_runtime.ascend.rank_table import load_rank_table
 from lite_runtime.ascend.rank_table_writer import DEFAULT_HCCN_CONF, make_rank_table, merge_files
-from lite_runtime.cli.cli_common import CONTEXT, entry_point
+from lite_runtime.contract.command_line import CONTEXT, entry_point
 
 
 @click.group(context_settings=CONTEXT)

@@ -17,7 +17,7 @@ from typing import List, Optional
 import click
 
 from lite_runtime.api.generation_options import GenerationOptions
-from lite_runtime.cli.cli_common import BOOL, CONTEXT, entry_point
+from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ConfigError
 
 log = logging.getLogger("lite_runtime")
@@ -80,7 +80,7 @@ OPTIONS = (
     _option("--pa_num_blocks", type=int, default=512, help="upstream's paged-attention block count; accepted, "
             "unused"),
     _option("--distributed", type=BOOL, default=False, help="run as one rank of a launched job "
-            "(python -m lite_runtime.distributed.launch sets it)"),
+            "(python -m lite_runtime.cli.launch sets it)"),
     _option("--adapter_id", help="SLoRA exports: the adapter every prompt runs with (a name of the export's "
             "lora_adapter.json); unknown or absent: the base model"),
     _option("--strict_adapter", type=BOOL, default=False, help="refuse an unknown --adapter_id instead of running "
@@ -162,7 +162,7 @@ def generation_options(args) -> GenerationOptions:
 def run(args, out=sys.stdout, wrap_session=None, distribute=None) -> None:
     """Answer --predict_data or stdin prompts. `wrap_session(session)` lets a multi-rank run mirror
     each session call to the replica's other ranks; `distribute(prompts, infer)` answers a request
-    over data-parallel replicas (distributed_run.py)."""
+    over data-parallel replicas (run_infer_distributed.py)."""
     from lite_runtime.decode.streamers import TextStreamer
     prompts = read_prompts(args.predict_data, args.prompt) if args.predict_data is not None else None
     if prompts is None and not args.interactive and not sys.stdin.isatty():
@@ -315,13 +315,13 @@ def command(**options):
                         format="%(name)s: %(message)s")
     if args.data_parallel < 1 or (args.data_parallel > 1 and not args.distributed):
         raise click.UsageError(f"--data_parallel {args.data_parallel}: give 1, or run under the launcher with a rank "
-                               "table of that many replicas x the export's ranks (python -m lite_runtime.distributed.launch --rank_table "
+                               "table of that many replicas x the export's ranks (python -m lite_runtime.cli.launch --rank_table "
                                "FILE -- run_infer_main.py --data_parallel N ...)")
     if args.num_threads < 1:
         raise click.UsageError(f"--num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)")
     if args.distributed:
-        from lite_runtime.distributed.distributed_run import run_distributed
-        run_distributed(args, run, make_generator, generation_options)
+        from lite_runtime.cli.run_infer_distributed import run_distributed
+        run_distributed(args)
     else:
         run(args)
 

@@ -52,7 +52,7 @@ class ReplicaLayout:
         try:
             rank, size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])
         except (KeyError, ValueError):
-            raise DistributedError("run under the launcher (python -m lite_runtime.distributed.launch --rank_table "
+            raise DistributedError("run under the launcher (python -m lite_runtime.cli.launch --rank_table "
                                    "FILE -- ...): RANK_ID and RANK_SIZE are not set") from None
         if model_ranks is None:
             model_ranks = max(size // data_parallel, 1)
@@ -87,7 +87,7 @@ class ReplicaLayout:
 def _address(variable: str):
     if variable not in os.environ:
         raise DistributedError(f"${variable} is not set: run under the launcher "
-                               "(python -m lite_runtime.distributed.launch --rank_table FILE -- ...)")
+                               "(python -m lite_runtime.cli.launch --rank_table FILE -- ...)")
     return parse_address(os.environ[variable], variable)
 
 
@@ -102,7 +102,7 @@ class DataParallelGroup:
         if size is None or size.strip() != str(wanted):
             raise ConfigError(f"data_parallel {data_parallel} with {where} ({export_ranks} rank(s) per replica) needs a "
                               f"script started on {wanted} ranks by the launcher (python -m "
-                              "lite_runtime.distributed.launch --rank_table FILE -- script.py); "
+                              "lite_runtime.cli.launch --rank_table FILE -- script.py); "
                               + ("RANK_SIZE is not set" if size is None else f"this run has RANK_SIZE {size!r}"))
         self.layout = ReplicaLayout.from_env(data_parallel, export_ranks)
         self.replicas = self.layout.replicas_channel()

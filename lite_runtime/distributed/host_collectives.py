@@ -101,7 +101,7 @@ def from_env(rank: int, world_size: int):
     address = os.environ.get(MPI_CHANNEL_ENV)
     if not address:
         raise UnsupportedError(f"this export has {world_size} ranks of step segments (parallel.collectives: host): "
-                               "run it with the launcher, `python -m lite_runtime.distributed.launch --rank_table "
+                               "run it with the launcher, `python -m lite_runtime.cli.launch --rank_table "
                                "FILE -- run_infer_main.py ...`, which starts every rank")
     first = int(os.environ.get("RANK_ID", rank)) - rank     # the job rank of the replica's rank 0, for messages
     return HostCollectives(rank, world_size, parse_address(address, MPI_CHANNEL_ENV),

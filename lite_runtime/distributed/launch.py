@@ -1,7 +1,5 @@
-"""`python -m lite_runtime.distributed.launch --rank_table FILE [--backend ms] -- run_infer_main.py ARGS`
-(or `-- -m lite_runtime.serve ARGS`: rank 0 serves the export)
-
-Starts one process per rank of the rank table, with RANK_ID, DEVICE_ID, RANK_TABLE_FILE and
+"""The launcher (its command: `python -m lite_runtime.cli.launch`, console script `lite-launch`):
+starts one process per rank of the rank table, with RANK_ID, DEVICE_ID, RANK_TABLE_FILE and
 RANK_SIZE; on CPU (`--backend ms`) also MindSpore's scheduler/worker environment with a fixed
 rank order; for `mslite` a per-rank GE ini carrying `rank_table_file`. Rank 0 keeps the console
 (stdin and stdout); other ranks log to `--log_dir`. When any rank fails or the run exceeds
@@ -27,9 +25,6 @@ import tempfile
 import time
 from typing import List, Optional, Sequence
 
-import click
-
-from lite_runtime.cli.cli_common import CONTEXT, entry_point
 from lite_runtime.contract.errors import ConfigError, DistributedError
 from lite_runtime.distributed.host_collectives import mpiexec
 from lite_runtime.distributed.job_layout import JobLayout
@@ -172,28 +167,3 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     print(f"launcher: {len(ranks)} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
           f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
     return result.start_seconds
-
-
-@click.command(context_settings=dict(CONTEXT, allow_interspersed_args=False), help=__doc__.split("\n\n")[0])
-@click.option("--rank_table", required=True, help="the HCCL rank table (hccl_tools.py / merge_hccl.py)")
-@click.option("--backend", type=click.Choice(["ms", "mslite"]), default=None,
-              help="default: the program's --backend, else mslite")
-@click.option("--log_dir", default=None, help="where ranks other than 0 log (default: a new temporary folder)")
-@click.option("--timeout", type=float, default=None,
-              help="seconds before every rank is stopped; 0: no limit (default: none for a server, else 600)")
-@click.option("--server_id", default=None, help="start the ranks of this server of the rank table (its server_id); "
-              "default: the server whose address is this host's")
-@click.option("--master_port", type=int, default=None, help="first of the ports the job listens on, on the first "
-              f"server (the same on every server); default: {DEFAULT_MASTER_PORT} for a table of several servers, "
-              "free ports for one")
-@click.argument("program", nargs=-1, type=click.UNPROCESSED)
-def command(rank_table, backend, log_dir, timeout, server_id, master_port, program):
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    launch(rank_table, list(program), backend, log_dir, timeout, server_id, master_port)
-
-
-main = entry_point(command, "python -m lite_runtime.distributed.launch")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Start one process per rank, watch them, and stop them all when one fails or time runs out.
 
-Used by the run launcher (`python -m lite_runtime.distributed.launch`). On CPU, MindSpore's
+Used by the run launcher (`python -m lite_runtime.cli.launch`). On CPU, MindSpore's
 distributed engine needs a scheduler process plus one worker per rank (`MS_ROLE`, `MS_NODE_ID`
 fixes the rank order); `schedulers` starts them (one per cluster: one per replica in data parallel).
 Rank 0 may inherit stdin/stdout (it is the rank that talks to the user); every other rank writes

@@ -72,7 +72,7 @@ class RankChannel:
             address = os.environ[CHANNEL_ENV]
         except (KeyError, ValueError):
             raise DistributedError("--distributed True must run under the launcher "
-                                   "(python -m lite_runtime.distributed.launch --rank_table FILE -- run_infer_main.py ...): "
+                                   "(python -m lite_runtime.cli.launch --rank_table FILE -- run_infer_main.py ...): "
                                    f"RANK_ID, RANK_SIZE and {CHANNEL_ENV} are not set") from None
         return cls(rank, size, parse_address(address, CHANNEL_ENV))
 

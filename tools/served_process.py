@@ -1,4 +1,5 @@
-"""A server in a child process, for the tools and tests that drive it from outside as clients do."""
+"""A server in a child process, for the tools and tests that drive it from outside as clients do (not
+part of the product: `python -m lite_runtime.serve` is)."""
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,7 @@ def served(model_dir: str, backend: str = "mslite", name: str = "model", extra: 
     launched run, and `proc` is the launcher. A server that does not start, or does not exit 0 when
     stopped, raises ToolchainError with its output."""
     port = free_port()
-    launch = [sys.executable, "-m", "lite_runtime.distributed.launch", *launcher, "--"] if launcher else [sys.executable]
+    launch = [sys.executable, "-m", "lite_runtime.cli.launch", *launcher, "--"] if launcher else [sys.executable]
     proc = subprocess.Popen(launch + ["-m", "lite_runtime.serve", "--model_dir", model_dir, "--backend", backend,
                                       "--port", str(port), "--served_model_name", name, *extra], cwd=cwd,
                             env=dict(os.environ, GLOG_v="3"), stdout=output, stderr=subprocess.STDOUT, text=True)

@@ -1,0 +1,106 @@
+"""`python -m lite_runtime.serve --model_dir out/x [--host 127.0.0.1] [--port 8000] [--backend mslite]`
+(console script `lite-serve`): the export behind an OpenAI-compatible endpoint."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from lite_runtime.backends.base import PackedKVCache
+from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
+from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.decode.engine import PREFILL_CHUNK, Engine
+from lite_runtime.tokenizers.chat_template import chat_tuned_sign
+
+PROG = "python -m lite_runtime.serve"
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--model_dir", required=True, help="The export folder (its manifest.json).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
+@click.option("--served_model_name", default=None, help="The model name clients send (default: the folder's name).")
+@click.option("--num_threads", type=click.IntRange(1, None), default=2, show_default=True)
+@click.option("--max_waiting", type=click.IntRange(1, None), default=64, show_default=True,
+              help="Requests that may wait for a cache row; more are answered 429 at once.")
+@click.option("--max_step_tokens", type=click.IntRange(1, None), default=PackedKVCache.max_tokens, show_default=True,
+              help="Most tokens one step computes (a packed export): decoding rows go first, prompts fill the "
+                   "rest. Smaller keeps decoding rows' inter-token time steady while prompts join; larger "
+                   "gives new prompts their first token sooner.")
+@click.option("--prefill_chunk", type=click.IntRange(1, None), default=PREFILL_CHUNK, show_default=True,
+              help="Most prompt tokens one request feeds in a step; a longer prompt goes over several steps.")
+@click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
+              help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
+@click.option("--distributed", type=BOOL, default=False,
+              help="Set by the launcher: this process is one rank of a launched run; rank 0 serves.")
+@click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
+              help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
+                   "behind rank 0's endpoint.")
+def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, max_step_tokens,
+            prefill_chunk, shutdown_timeout, distributed, data_parallel):
+    """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
+    TGI's /generate and /generate_stream, /health, /metrics."""
+    import uvicorn
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.serve.app import create_app
+    from lite_runtime.serve.runs import ServedModel
+    from lite_runtime.serve.metrics import Metrics
+    from lite_runtime.serve import ranks
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    manifest = load_manifest(model_dir)
+    manifest.verify_files()
+    tokenizer = manifest.load_tokenizer()
+    if tokenizer is None:
+        raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
+    if not distributed and manifest.world_size > 1:
+        raise ToolchainError(f"{model_dir} has {manifest.world_size} ranks: serve it under the launcher, python -m "
+                             "lite_runtime.cli.launch --rank_table FILE -- -m lite_runtime.serve --model_dir ...")
+    channel = ranks.join(model_dir, manifest, data_parallel) if distributed else None
+    session = load_session(backend, manifest, rank=channel.rank % manifest.world_size if channel else 0,
+                           num_threads=num_threads)
+    if channel is not None and channel.rank > 0:
+        return ranks.serve_as_follower(session, channel)
+    metrics = Metrics()
+
+    def make_engine(session_of_a_replica):
+        return Engine(session_of_a_replica, max_waiting=max_waiting, prefill_chunk=prefill_chunk, metrics=metrics,
+                      max_step_tokens=max_step_tokens)
+    engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
+    metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
+    name = served_model_name or os.path.basename(os.path.abspath(model_dir))
+    served = ServedModel(engine, tokenizer, name, metrics)
+    app = create_app(served)
+    log = logging.getLogger("lite_runtime.serve")
+    log.info("serving %s (%s, %d cache rows, %s) on http://%s:%d; chats: %s", name, manifest.family,
+             manifest.batch_size, session.runtime, host, port, served.chat.describe())
+    why = chat_tuned_sign(tokenizer.path, os.path.basename(os.path.abspath(model_dir)))
+    if served.chat.published is None and why:
+        log.warning("the export's tokenizer looks chat-tuned (%s) but the export has no chat template: chats get "
+                    "the %s family's format, which the model may not follow; export it again from a folder with "
+                    "its template (chat_template.jinja)", why, manifest.family)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
+    server = uvicorn.Server(config)
+    # uvicorn stops on SIGTERM / Ctrl-C (no new connections, open ones get the timeout), then raises
+    # the signal again for the handler found before it: this one, so that a requested stop exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        engine.stop(timeout=shutdown_timeout)
+        for replica in getattr(engine, "engines", [engine]):
+            replica.session.close()
+        if channel is not None:
+            channel.close()
+
+
+main = entry_point(command, PROG)
+
+if __name__ == "__main__":
+    sys.exit(main())
