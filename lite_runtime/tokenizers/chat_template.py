@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Dict, List, Optional, Sequence, Union
 
 from lite_runtime.contract.errors import ArtifactError
+from lite_runtime.tokenizers.hf_json import read_json
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_JSON = "chat_template.json"
@@ -29,15 +30,6 @@ Template = Union[str, Dict[str, str]]
 # Special tokens that only a chat-tuned vocabulary has (ChatML, Llama 3, ChatGLM3, Gemma, Phi-3).
 CHAT_MARKERS = ("<|im_start|>", "<|start_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
                 "<start_of_turn>", "<|end|>")
-
-
-def _json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ArtifactError(f"chat template: cannot read {path}: {e}") from None
-    return data if isinstance(data, dict) else {}
 
 
 def _named(value, path: str) -> Optional[Template]:
@@ -64,7 +56,7 @@ def find_chat_template(folder: str, names: Optional[Sequence[str]] = None) -> Op
             raise ArtifactError(f"chat template: cannot read {path}: {e}") from None
     for name in (TEMPLATE_JSON, TOKENIZER_CONFIG):
         if present(name):
-            template = _named(_json(os.path.join(folder, name)).get("chat_template"), os.path.join(folder, name))
+            template = _named(read_json(os.path.join(folder, name)).get("chat_template"), os.path.join(folder, name))
             if template:
                 return name, template
     return None
@@ -74,7 +66,7 @@ def chat_tuned_sign(tokenizer_file: str, folder_name: str = "") -> Optional[str]
     """Why a tokenizer looks chat-tuned (a chat marker among its added tokens, or a folder named as an
     instruct model), or None."""
     if tokenizer_file.endswith(".json") and os.path.isfile(tokenizer_file):
-        added = {t.get("content") for t in _json(tokenizer_file).get("added_tokens") or [] if isinstance(t, dict)}
+        added = {t.get("content") for t in read_json(tokenizer_file).get("added_tokens") or [] if isinstance(t, dict)}
         found = [m for m in CHAT_MARKERS if m in added]
         if found:
             return f"its vocabulary has {found[0]}"
@@ -91,7 +83,7 @@ def special_token_strings(folder: str) -> Dict[str, str]:
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             continue
-        for key, value in _json(path).items():
+        for key, value in read_json(path).items():
             content = value.get("content") if isinstance(value, dict) else value
             if key in SPECIAL_TOKEN_NAMES and isinstance(content, str):
                 found.setdefault(key, content)

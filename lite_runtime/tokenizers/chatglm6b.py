@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.tokenizers.base import checked_special_tokens
-from lite_runtime.tokenizers.hf_json import _read_json
+from lite_runtime.tokenizers.hf_json import read_json
 from lite_runtime.tokenizers.sentencepiece_model import SentencePieceTokenizer
 
 VOCAB_FILE = "ice_text.model"
@@ -63,7 +63,7 @@ def num_image_tokens_beside(model_path: str) -> int:
     config = os.path.join(os.path.dirname(os.path.abspath(model_path)), "tokenizer_config.json")
     if not os.path.isfile(config):
         return 0
-    value = _read_json(config).get("num_image_tokens", 0)
+    value = read_json(config).get("num_image_tokens", 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ArtifactError(
             f"tokenizer: {config!r}: num_image_tokens must be a non-negative integer, got {value!r}")

@@ -26,7 +26,7 @@ GENERATION_CONFIG = "generation_config.json"
 _PROBE = "a"
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -55,7 +55,7 @@ class HFJsonTokenizer(Tokenizer):
         import tokenizers
 
         super().__init__(json_path)
-        data = _read_json(self.path)
+        data = read_json(self.path)
         try:
             tk = tokenizers.Tokenizer.from_file(self.path)
         except Exception as exc:  # the library raises plain Exception for bad files
@@ -80,7 +80,7 @@ class HFJsonTokenizer(Tokenizer):
             config_path = os.path.join(folder, name)
             if not os.path.isfile(config_path):
                 continue
-            config = _read_json(config_path)
+            config = read_json(config_path)
             for key in ("bos", "eos", "pad"):
                 value = config.get(f"{key}_token")
                 if f"{key}_token_id" not in found and f"{key}_token" in config:  # null counts
@@ -112,7 +112,7 @@ class HFJsonTokenizer(Tokenizer):
     def _generation_eos(self, config_path: str) -> List[int]:
         if not os.path.isfile(config_path):
             return []
-        value = _read_json(config_path).get("eos_token_id")
+        value = read_json(config_path).get("eos_token_id")
         values = value if isinstance(value, list) else [] if value is None else [value]
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self._vocab_size:
