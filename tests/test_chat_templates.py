@@ -5,7 +5,6 @@ ChatML with a default system prompt and tool calls), with a system message, with
 multi-turn; the template found wherever transformers keeps it."""
 import json
 import os
-import shutil
 
 import pytest
 
@@ -198,4 +197,5 @@ def test_without_a_template_the_familys_format_is_used_and_said(tmp_path):
     os.remove(os.path.join(folder, "chat_template.jinja"))
     chat = ChatFormat("qwen", folder, load_tokenizer(folder))
     assert chat.published is None and "qwen family's format" in chat.describe()
-    shutil.copy(os.path.join(tmp_path, "saved", "tokenizer.json"), tmp_path / "tokenizer_only.json")
+    prefix = chat.tokenizer.prefix_ids           # the family's format: the tokenizer's prefix, then ChatML
+    assert chat.encode(CHATS["user only"])[:len(prefix) + 1] == prefix + chat.tokenizer.encode("<|im_start|>")

@@ -4,13 +4,10 @@ special token itself, BOS included, and nothing is added around it), else the fa
 (the tokenizer's prefix, BOS or ChatGLM's [gMASK] sop, before it)."""
 from __future__ import annotations
 
-import logging
 import re
 from typing import Dict, List, Optional
 
 from lite_runtime.tokenizers.chat_template import ChatTemplate, find_chat_template, special_token_strings
-
-log = logging.getLogger("lite_runtime.serve")
 
 # The families' chat formats (BOS and ChatGLM's [gMASK] sop come from the tokenizer's own prefix).
 FAMILY_TEMPLATES: Dict[str, str] = {
