@@ -33,6 +33,9 @@ PROG = "python -m lite_runtime.serve"
                    "gives new prompts their first token sooner.")
 @click.option("--prefill_chunk", type=click.IntRange(1, None), default=PREFILL_CHUNK, show_default=True,
               help="Most prompt tokens one request feeds in a step; a longer prompt goes over several steps.")
+@click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=0.0, show_default=True,
+              help="Keep recent prompts' K/V up to this many GiB and reuse the prefix a new prompt shares with "
+                   "one (a chat's system prompt and history): only the rest is prefilled. 0: off.")
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
 @click.option("--distributed", type=BOOL, default=False,
@@ -41,7 +44,7 @@ PROG = "python -m lite_runtime.serve"
               help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
                    "behind rank 0's endpoint.")
 def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, max_step_tokens,
-            prefill_chunk, shutdown_timeout, distributed, data_parallel):
+            prefill_chunk, prefix_cache_gb, shutdown_timeout, distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     TGI's /generate and /generate_stream, /health, /metrics."""
     import uvicorn
@@ -70,7 +73,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
 
     def make_engine(session_of_a_replica):
         return Engine(session_of_a_replica, max_waiting=max_waiting, prefill_chunk=prefill_chunk, metrics=metrics,
-                      max_step_tokens=max_step_tokens)
+                      max_step_tokens=max_step_tokens, prefix_cache_bytes=int(prefix_cache_gb * 2 ** 30))
     engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
     metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))

@@ -26,10 +26,11 @@ from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from lite_runtime.backends.base import PackedKVCache
-from lite_runtime.contract.errors import UnsupportedError, ValidationError
+from lite_runtime.backends.base import PackedKVCache, Session
+from lite_runtime.contract.errors import ConfigError, UnsupportedError, ValidationError
 from lite_runtime.contract.families import STEP_MODES, get_family
 from lite_runtime.decode.inputs import InputOfInfer
+from lite_runtime.decode.prefix_cache import PrefixCache
 from lite_runtime.decode.sampling import Sampler, SamplingParams, token_logprobs
 
 log = logging.getLogger("lite_runtime.engine")
@@ -61,6 +62,7 @@ class EngineRequest:
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
     arrived: float = field(default_factory=time.perf_counter)
+    cached_tokens: int = 0           # prompt tokens whose K/V came from the prefix cache
     admitted: Optional[float] = None
     cancelled: bool = False
 
@@ -80,7 +82,9 @@ class Engine:
     """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
 
     def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = PREFILL_CHUNK, metrics=None,
-                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True):
+                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True, prefix_cache_bytes: int = 0):
+        """`prefix_cache_bytes` > 0 keeps recent prompts' K/V up to that size and reuses their shared
+        prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally."""
         m = session.manifest
         if m.kv_cache not in STEP_MODES:
             raise UnsupportedError(f"serving needs an export with kv_cache: packed or dynamic (one step graph with "
@@ -104,6 +108,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk    # most prompt tokens a row feeds in one step
         self.max_step_tokens = max_step_tokens    # most tokens a packed step computes
         self.metrics = metrics
+        self.prefix = self._prefix_cache(session, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.rows: List[Optional[_Row]] = [None] * self.batch
         self.waiting: Deque[EngineRequest] = collections.deque()
         self._wake = threading.Condition()
@@ -115,6 +120,15 @@ class Engine:
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
             self._thread.start()
+
+    def _prefix_cache(self, session, max_bytes: int) -> PrefixCache:
+        if not isinstance(session, Session):
+            raise ConfigError("prefix caching keeps the K/V of one rank's session; this engine drives several ranks "
+                              f"({session.runtime}): serve without --prefix_cache_gb")
+        if self.whole_prompts:
+            raise ConfigError(f"prefix caching needs prompts whose K/V depend only on the tokens before them; a "
+                              f"{session.manifest.family} prompt attends both ways: serve without --prefix_cache_gb")
+        return PrefixCache(session.cache, max_bytes)
 
     # --- called from any thread ------------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
@@ -206,10 +220,15 @@ class Engine:
                 continue
             request.admitted = time.perf_counter()
             slot = self.rows.index(None)
+            cached = self.prefix.load(slot, request.adapter_slot, request.prompt) if self.prefix else 0
+            request.cached_tokens = cached
             self.rows[slot] = _Row(request, Sampler(request.sampling, request.stop_ids), list(request.prompt),
-                                   pending=list(request.prompt), row_values=self._row_values(request.prompt))
+                                   past=cached, pending=list(request.prompt[cached:]),
+                                   row_values=self._row_values(request.prompt))
             if self.metrics is not None:
                 self.metrics.queue_time.observe(request.admitted - request.arrived)
+                if self.prefix is not None:
+                    self.metrics.prefix_cache(cached, self.prefix)
 
     def _row_values(self, prompt: List[int]) -> List[int]:
         rows = self.inputs.row_inputs(np.array([prompt], np.int32), np.array([len(prompt)], np.int32))
@@ -257,6 +276,10 @@ class Engine:
             del row.pending[:int(counts[i])]
             if row.pending:        # the prompt's next chunk comes at the next step
                 continue
+            if self.prefix is not None and row.generated == 0:      # the whole prompt is in the cache now
+                self.prefix.store(i, row.request.adapter_slot, row.request.prompt)
+                if self.metrics is not None:
+                    self.metrics.prefix_cache(0, self.prefix)
             token, logprob = self._pick(row, logits[i:i + 1])
             row.tokens.append(token)
             row.pending = [token]

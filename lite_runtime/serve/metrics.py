@@ -25,7 +25,20 @@ class Metrics:
         self.requests = Counter("lite_requests", "Finished requests by the finish reason of their first choice "
                                 "(cancelled: the client went away, or the server stopped)", ["finish_reason"],
                                 registry=r)
+        self.prefix_hits = Counter("lite_prefix_cache_hits", "Admitted prompts that reused a cached prefix", registry=r)
+        self.prefix_tokens = Counter("lite_prefix_cache_tokens", "Prompt tokens whose K/V came from the prefix cache",
+                                     registry=r)
+        self.prefix_evictions = Gauge("lite_prefix_cache_evictions", "Prompts dropped from the prefix cache so far",
+                                      registry=r)
+        self.prefix_bytes = Gauge("lite_prefix_cache_bytes", "Bytes the prefix cache holds", registry=r)
         self.registry, self.content_type = r, CONTENT_TYPE_LATEST
+
+    def prefix_cache(self, cached: int, cache) -> None:
+        if cached:
+            self.prefix_hits.inc()
+            self.prefix_tokens.inc(cached)
+        self.prefix_evictions.set(cache.evictions)
+        self.prefix_bytes.set(cache.bytes)
 
     def token(self, start: float, last: Optional[float], now: float) -> None:
         self.generation_tokens.inc()

@@ -196,7 +196,9 @@ class _Run:
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)        # each prompt once, whatever n
         completion = sum(len(c.tokens) for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(c.engine_request.cached_tokens for c in self.choices if c.index % self.body.n == 0)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _logprobs(self, tokens: List[int], logprobs: List[Optional[TokenLogprobs]]):
         """Tokens as their text (" Paris", not the vocabulary's piece), chat's with their UTF-8 bytes."""

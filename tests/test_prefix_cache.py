@@ -1,0 +1,98 @@
+"""Prefix caching on the engine's host-owned cache: prompts sharing a prefix get the greedy tokens they
+get without the cache (the demo model, `ms` and real Lite), the shared blocks are reused (and said in
+usage.prompt_tokens_details.cached_tokens and /metrics), and the store stays within its bytes."""
+import re
+import urllib.request
+
+import pytest
+
+from tiny_models import REPO
+
+SHARED = "An increasing sequence: one, two, three, four, five, six, seven, eight, nine, ten, one, two, three,"
+PROMPTS = [SHARED + " four, five,", SHARED + " Counting: seven, eight,", SHARED + " four, five,"]
+
+
+def _run(engine, prompts, tokens=8):
+    """Each prompt alone, one after the other: (new tokens, cached prompt tokens) per prompt."""
+    from lite_runtime.decode.engine import EngineRequest
+    out = []
+    for prompt in prompts:
+        got, ended = [], []
+        request = EngineRequest(prompt, tokens, on_token=lambda t, lp: got.append(t), on_finish=ended.append)
+        engine.submit(request)
+        engine.run_until_idle()
+        assert ended == ["length"], ended
+        out.append((got, request.cached_tokens))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["ms", "mslite"])
+def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backend, tmp_path):
+    from lite_runtime.decode.prefix_cache import BLOCK
+    if backend == "mslite":       # Lite's process must not import mindspore: the same check in a child
+        from tiny_models import run_cli
+        result = run_cli([__file__.replace("test_prefix_cache.py", "prefix_cache_runner.py"), demo_exports[backend]])
+        assert result.returncode == 0, result.stderr[-2000:]
+        plain, cached = eval(result.stdout)
+    else:
+        plain, cached = compare(demo_exports[backend])
+    tokenizer_ids = prompt_ids(demo_exports[backend])
+    assert [t for t, _ in cached] == [t for t, _ in plain]
+    assert [n for _, n in plain] == [0, 0, 0]
+    shared = len(tokenizer_ids[0]) - len(tokenizer_ids[0]) % BLOCK     # whole blocks both prompts hold
+    common = next(i for i, (a, b) in enumerate(zip(tokenizer_ids[0], tokenizer_ids[1])) if a != b)
+    assert cached[0][1] == 0 and cached[1][1] == common - common % BLOCK > 0
+    assert cached[2][1] == min(shared, (len(tokenizer_ids[2]) - 1) // BLOCK * BLOCK) > 0
+
+
+def prompt_ids(export):
+    from lite_runtime.contract.manifest import load_manifest
+    tokenizer = load_manifest(export).load_tokenizer()
+    return [tokenizer.encode(p, add_special_tokens=True) for p in PROMPTS]
+
+
+def compare(export, backend="ms"):
+    """(tokens, cached) of PROMPTS without and with the prefix cache."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.decode.engine import Engine
+    ids = prompt_ids(export)
+    session = load_session(backend, load_manifest(export))
+    plain = _run(Engine(session, threaded=False), ids)
+    cached = _run(Engine(session, threaded=False, prefix_cache_bytes=64 << 20), ids)
+    session.close()
+    return plain, cached
+
+
+def test_the_store_keeps_within_its_bytes_dropping_the_least_recent(demo_exports):
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.decode.engine import Engine
+    ids = prompt_ids(demo_exports["ms"])
+    session = load_session("ms", load_manifest(demo_exports["ms"]))
+    one = Engine(session, threaded=False, prefix_cache_bytes=64 << 20)
+    _run(one, ids[:1])
+    size = one.prefix.bytes            # one prompt's K/V
+    other = load_manifest(demo_exports["ms"]).load_tokenizer().encode(
+        "Counting down: ten, nine, eight, seven, six, five, four, three, two, one, ten, nine, eight, seven, six,",
+        add_special_tokens=True)
+    assert len(other) // 16 == len(ids[0]) // 16        # as many whole blocks: as many bytes
+    small = Engine(session, threaded=False, prefix_cache_bytes=int(size * 1.5))
+    _run(small, [ids[0], other])
+    assert small.prefix.bytes == size and small.prefix.evictions == 1     # ids[0]'s K/V made room for other's
+    assert _run(small, [ids[0]])[0][1] == 0 and small.prefix.evictions == 2
+    assert _run(small, [ids[1]])[0][1] > 0              # ids[0]'s again: what ids[1] shares with it is reused
+
+
+def test_the_server_reports_cached_tokens_and_counts_hits(demo_exports):
+    from openai import OpenAI
+    from served_process import served
+    with served(demo_exports["ms"], "ms", "demo", extra=["--prefix_cache_gb", "0.05"], cwd=REPO) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        first = client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+        second = client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+        metrics = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    assert second.choices[0].text == first.choices[0].text
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    assert re.search(r"^lite_prefix_cache_hits_total 1\.0$", metrics, re.M), metrics
