@@ -66,7 +66,11 @@ def chat_tuned_sign(tokenizer_file: str, folder_name: str = "") -> Optional[str]
     """Why a tokenizer looks chat-tuned (a chat marker among its added tokens, or a folder named as an
     instruct model), or None."""
     if tokenizer_file.endswith(".json") and os.path.isfile(tokenizer_file):
-        added = {t.get("content") for t in read_json(tokenizer_file).get("added_tokens") or [] if isinstance(t, dict)}
+        try:
+            added = read_json(tokenizer_file).get("added_tokens") or []
+        except ArtifactError:       # a damaged tokenizer is named by its own check
+            added = []
+        added = {t.get("content") for t in added if isinstance(t, dict)}
         found = [m for m in CHAT_MARKERS if m in added]
         if found:
             return f"its vocabulary has {found[0]}"
