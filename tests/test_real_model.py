@@ -104,3 +104,16 @@ def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
             assert answer.choices[0].finish_reason == ("stop" if new[-1] == tokenizer.eos_token_id else "length")
     said = log.read_text()
     assert "chats: the export's chat template (chat_template.jinja)" in said, said
+
+
+def test_run_infer_main_chat_answers_as_transformers(smollm2):
+    """`run_infer_main.py --chat True` (what `make demo` runs): the question through the template, the
+    answer only, as transformers' greedy answer to the same chat."""
+    export, model, tokenizer = smollm2
+    question, system = "What is the capital of France?", "Answer in one sentence."
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    new, _ = _greedy(model, _reference_ids(tokenizer, messages), 32, stop=tokenizer.eos_token_id)
+    result = run_cli(["run_infer_main.py", "--model_dir", export, "--chat", "True", "--system_prompt", system,
+                      "--predict_data", question, "--max_new_tokens", "32"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == f"user: {question}\nassistant: {tokenizer.decode(new, skip_special_tokens=True)}\n"

@@ -1,0 +1,103 @@
+"""Prefix caching, measured: a chat workload whose requests share one long system prompt, sent to the
+server with and without `--prefix_cache_gb`, side by side, with the answers checked equal.
+
+    python tools/bench_prefix.py --model_dir output/smollm2_2k [--requests 12] [--system_tokens 1000]
+                                 [--max_tokens 16] [--clients 1] [--backend mslite]
+
+Each request is the same system message (the words of a fixed text repeated to about
+`--system_tokens` tokens through the export's chat template) and its own question; greedy. The
+server runs in a process of its own, once without the cache and once with it (the first request
+fills it). Printed per side: TTFT p50 / p90 (from sending to the first streamed token), throughput
+(generated tokens per second over the run), the cached prompt tokens reported in usage; then the
+ratios. The export needs a context above the system prompt (e.g. `seq_length: 2048`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import click
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
+from lite_runtime.contract.errors import ToolchainError  # noqa: E402
+from served_process import served  # noqa: E402
+
+TEXT = ("The assistant answers questions about the city library. The library opens at nine in the morning and "
+        "closes at six in the evening, except on Sundays, when it opens at noon. Members may borrow up to ten "
+        "books for three weeks; rare books stay in the reading room. ")
+QUESTIONS = ["When does the library open?", "How many books may I borrow?", "Can I take rare books home?",
+             "Is the library open on Sunday morning?", "How long may I keep a book?", "When does it close?"]
+
+
+def chats(tokenizer, system_tokens: int, requests: int) -> list:
+    per = len(tokenizer.encode(TEXT))
+    system = TEXT * max(1, system_tokens // per)
+    return [[{"role": "system", "content": system}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+            for i in range(requests)]
+
+
+def run_side(model_dir, backend, extra, messages, max_tokens, clients) -> dict:
+    from openai import OpenAI
+    with served(model_dir, backend, "bench", extra=list(extra), cwd=REPO, start_timeout=300) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        def one(chat):
+            start, first, text, usage = time.perf_counter(), None, [], None
+            stream = client.chat.completions.create(model="bench", messages=chat, max_tokens=max_tokens,
+                                                    temperature=0, stream=True,
+                                                    stream_options={"include_usage": True})
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first or time.perf_counter()
+                    text.append(chunk.choices[0].delta.content)
+                usage = chunk.usage or usage
+            return first - start, "".join(text), usage
+        started = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            results = list(pool.map(one, messages))
+        seconds = time.perf_counter() - started
+    ttft = np.array([r[0] for r in results])
+    tokens = sum(r[2].completion_tokens for r in results if r[2] is not None)
+    cached = [getattr(getattr(r[2], "prompt_tokens_details", None), "cached_tokens", 0) for r in results]
+    return {"ttft_p50": float(np.median(ttft)), "ttft_p90": float(np.percentile(ttft, 90)),
+            "throughput": tokens / seconds, "texts": [r[1] for r in results], "cached": cached,
+            "prompt_tokens": results[0][2].prompt_tokens}
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--model_dir", required=True)
+@click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
+@click.option("--requests", type=click.IntRange(2, None), default=12, show_default=True)
+@click.option("--system_tokens", type=click.IntRange(16, None), default=1000, show_default=True)
+@click.option("--max_tokens", type=click.IntRange(1, None), default=16, show_default=True)
+@click.option("--clients", type=click.IntRange(1, None), default=1, show_default=True)
+@click.option("--cache_gb", type=float, default=1.0, show_default=True)
+def command(model_dir, backend, requests, system_tokens, max_tokens, clients, cache_gb):
+    """Time to first token and throughput of a shared-system-prompt chat workload, without and with the
+    prefix cache."""
+    from lite_runtime.contract.manifest import load_manifest
+    messages = chats(load_manifest(model_dir).load_tokenizer(), system_tokens, requests)
+    plain = run_side(model_dir, backend, [], messages, max_tokens, clients)
+    cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients)
+    if plain["texts"] != cached["texts"]:
+        differ = [i for i, (a, b) in enumerate(zip(plain["texts"], cached["texts"])) if a != b]
+        raise ToolchainError(f"the answers differ with the prefix cache (requests {differ})")
+    print(f"{requests} requests, {plain['prompt_tokens']} prompt tokens each (a shared system prompt), "
+          f"{max_tokens} new tokens, {clients} client(s), {backend}; answers equal: yes")
+    for name, side in (("no cache", plain), ("prefix cache", cached)):
+        print(f"  {name:13s} TTFT p50 {side['ttft_p50'] * 1e3:8.1f} ms  p90 {side['ttft_p90'] * 1e3:8.1f} ms  "
+              f"throughput {side['throughput']:6.2f} tokens/s  cached tokens {sum(side['cached'])}")
+    print(f"  ratios (cache / none): TTFT p50 {cached['ttft_p50'] / plain['ttft_p50']:.2f}x, "
+          f"throughput {cached['throughput'] / plain['throughput']:.2f}x")
+
+
+main = entry_point(command, "tools/bench_prefix.py")
+
+if __name__ == "__main__":
+    sys.exit(main())
