@@ -1,6 +1,6 @@
 """transformers' greedy tokens and logits of an HF folder with its linear layers' weights replaced by
-their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and embeddings kept:
-the reference a quantized export must give. Run in its own process (torch):
+their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
+in float32 as the exporter keeps them: the reference a quantized export must give. Run in its own process (torch):
     python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz
 """
 import os

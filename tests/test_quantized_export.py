@@ -15,7 +15,23 @@ from family_cases import BATCH, SEQ, STEPS, check_parity
 from test_families import lite_run
 from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
 
-SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments")]
+SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
+           ("int4", 128, "tied")]
+
+
+def tied_folder(folder):
+    """The tiny Llama with its head tied to the embedding (as SmolLM2's): lm_head.weight dropped."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    tied = folder / "hf_tied"
+    if not tied.exists():
+        shutil.copytree(folder / "hf", tied)
+        config = json.loads((tied / "config.json").read_text())
+        (tied / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=True)))
+        tensors = load_file(str(tied / "model.safetensors"))
+        tensors.pop("lm_head.weight")
+        save_file(tensors, str(tied / "model.safetensors"), metadata={"format": "pt"})
+    return tied
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +44,11 @@ def quantized(hf_family):
         if key not in made:
             name = f"q_{scheme}_g{group}_{form}"
             ref = folder / f"{name}_reference.npz"
-            result = run_cli([os.path.join(REPO, "tests", "quant_reference.py"), str(folder / "hf"), scheme,
+            hf = tied_folder(folder) if form == "tied" else folder / "hf"
+            result = run_cli([os.path.join(REPO, "tests", "quant_reference.py"), str(hf), scheme,
                               str(group), str(STEPS), str(ref)])
             assert result.returncode == 0, result.stderr[-3000:]
-            cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
+            cfg = {"model": {"hf_dir": str(hf)}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
                    "quantization": {"weights": scheme, "group_size": group}, "output_dir": str(folder / name)}
             if form == "segments":     # one rank's step as segments of whole layers, each a .ms
                 cfg["parallel"] = {"collectives": "host"}
@@ -47,7 +64,8 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    assert manifest.kernels == [{"int8": "LiteLinearI8", "int4": "LiteLinearI4"}[scheme]]
+    assert manifest.kernels == {"int8": ["LiteLinearI8"], "int4": ["LiteLinearI4"]}[scheme]
+    assert manifest.quantization["head"] == "float32"
     assert manifest.quantization["weights"] == scheme
     assert manifest.quantization.get("group_size", group) == group
     assert (manifest.collectives == "host") == (form == "segments")

@@ -5,7 +5,8 @@ any Build (the registry is the process's: one registration serves every model af
     register()                    # before the first Build; load_shim() then LiteModel do it
     linear(x, "int8", [q, scale]) # the kernels' product without Lite (tests, benchmarks)
 
-Standard library, numpy and the light contract modules only: the converter's Python 3.7 loads this
+The kernels use the thread count of Lite's context (`num_threads`); LITE_KERNELS_THREADS caps it (1: the
+kernels run on Lite's calling thread alone). Standard library, numpy and the light contract modules only: the converter's Python 3.7 loads this
 file too (lite_converter_main.py), with the library's path in LITE_KERNELS_LIB.
 """
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 KERNEL_LIBRARY = "liblite_kernels.so"
+# The float32 kernel is not offered: it decoded SmolLM2-135M slower than Lite's own MatMul (docs/quantization.md).
 WEIGHT_SCHEMES = ("none", "int8", "int4")
 GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
@@ -39,7 +40,7 @@ def quantization_record(scheme: str, group_size: int) -> Dict[str, object]:
     """The manifest's `quantization`: {} for float32 weights."""
     if scheme == "none":
         return {}
-    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "layers": "linear layers but the head"}
+    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": "float32"}
     if scheme == "int4":
         record.update(group_size=group_size, symmetric=True)
     return record

@@ -58,53 +58,66 @@ lk::RangeFn ChooseRange(const char **isa) {
 const char *g_isa = nullptr;
 const lk::RangeFn g_range = ChooseRange(&g_isa);
 
-// Worker threads made once for the process. A dispatch wakes them by a generation number; between
-// dispatches they spin briefly (a decode step calls a linear layer every few tens of microseconds), then
-// sleep. One dispatch at a time: a caller finding the pool busy runs its work on its own thread.
+// Worker threads made once for the process, sharing a call's work in chunks taken from a counter: the
+// calling thread takes chunks too and never waits for a worker that has not started (on a machine whose
+// cores are busy, a descheduled worker costs its chunk in flight at most, not its whole share).
+// Between calls workers spin briefly (a decode step calls a linear layer every few tens of
+// microseconds), then sleep. One call at a time: a caller finding the pool busy runs its work alone.
 class Pool {
  public:
-  // A decode step's linear layers come every few tens of microseconds; longer idle spins would take the
-  // core from Lite's own threads, which run the ops in between.
-  static constexpr int kSpinMicroseconds = 200;
+  // Longer idle spins would take the core from Lite's own threads, which run the ops in between.
+  static constexpr int kSpinMicroseconds = 100;
 
   static Pool &Get() {
     static Pool *pool = new Pool();   // never destroyed: workers may outlive static destruction
     return *pool;
   }
 
-  void Run(int n, const std::function<void(int)> &task) {
+  // Runs task(c) for every c in [0, chunks) on up to `threads` threads.
+  void Run(int threads, int64_t chunks, const std::function<void(int64_t)> &task) {
     std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
-    if (n <= 1 || n > 255 || !busy.owns_lock()) {
-      for (int t = 0; t < n; ++t) task(t);
+    if (threads <= 1 || chunks <= 1 || !busy.owns_lock()) {
+      for (int64_t c = 0; c < chunks; ++c) task(c);
       return;
     }
-    Grow(n - 1);
-    task_ = &task;
-    pending_.store(n - 1, std::memory_order_relaxed);
-    // The task count travels in the generation's low byte: a worker sees both in one load.
-    uint64_t next = ((generation_.load(std::memory_order_relaxed) >> 8) + 1) << 8 | static_cast<uint64_t>(n);
-    generation_.store(next, std::memory_order_seq_cst);
+    Grow(threads - 1);
+    Job job{&task, chunks};
+    job_.store(&job, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
     }
-    task(0);
-    for (int spin = 0; pending_.load(std::memory_order_acquire) > 0; ++spin) {
-      if (spin < 4096) _mm_pause(); else std::this_thread::yield();   // a worker descheduled: let it run
+    job.Take();
+    for (int spin = 0; job.done.load(std::memory_order_acquire) < chunks; ++spin) {
+      if (spin < 64) _mm_pause(); else std::this_thread::yield();   // a chunk in flight on a preempted worker
     }
+    job_.store(nullptr, std::memory_order_seq_cst);
+    while (inside_.load(std::memory_order_seq_cst) > 0) _mm_pause();   // a worker still looking at `job`
   }
 
  private:
+  struct Job {
+    const std::function<void(int64_t)> *task;
+    int64_t chunks;
+    std::atomic<int64_t> next{0}, done{0};
+    void Take() {
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+        (*task)(c);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+
   void Grow(int workers) {
     while (static_cast<int>(threads_.size()) < workers) {
-      int index = static_cast<int>(threads_.size()) + 1;
       uint64_t seen = generation_.load();
-      threads_.emplace_back([this, index, seen] { Work(index, seen); });
+      threads_.emplace_back([this, seen] { Work(seen); });
       threads_.back().detach();
     }
   }
 
-  void Work(int index, uint64_t seen) {
+  void Work(uint64_t seen) {
     for (;;) {
       uint64_t now = generation_.load(std::memory_order_acquire);
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
@@ -120,10 +133,9 @@ class Pool {
         sleeping_.fetch_sub(1, std::memory_order_relaxed);
       }
       seen = now;
-      if (index < static_cast<int>(now & 0xff)) {
-        (*task_)(index);
-        pending_.fetch_sub(1, std::memory_order_release);
-      }
+      inside_.fetch_add(1, std::memory_order_seq_cst);
+      if (Job *job = job_.load(std::memory_order_seq_cst)) job->Take();
+      inside_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
@@ -131,8 +143,8 @@ class Pool {
   std::condition_variable wake_;
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0}, sleeping_{0};
-  const std::function<void(int)> *task_ = nullptr;
+  std::atomic<int> sleeping_{0}, inside_{0};
+  std::atomic<Job *> job_{nullptr};
 };
 
 int Fail(const std::string &message) {
@@ -180,11 +192,12 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
+  const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
   const int64_t tile = lk::kBlockRows * a.K;
-  Pool::Get().Run(n, [&](int t) {
+  Pool::Get().Run(n, chunks, [&](int64_t c) {
     thread_local std::vector<float> scratch;
     if (static_cast<int64_t>(scratch.size()) < tile) scratch.resize(tile);
-    const int64_t b0 = blocks * t / n, b1 = blocks * (t + 1) / n;
+    const int64_t b0 = blocks * c / chunks, b1 = blocks * (c + 1) / chunks;
     g_range(a, b0 * lk::kBlockRows, std::min(N, b1 * lk::kBlockRows), scratch.data());
   });
   return 0;
@@ -242,6 +255,7 @@ class LinearKernel : public mindspore::kernel::Kernel {
     if (out == nullptr || x == nullptr || w == nullptr) return Report(std::string(type_info_.name) + ": no data");
     const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N : 0;
     int threads = context_ ? context_->GetThreadNum() : 1;
+    if (const char *cap = std::getenv("LITE_KERNELS_THREADS")) threads = std::max(1, std::atoi(cap));
     if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(),
                   static_cast<const float *>(scale.get()), static_cast<const float *>(mins.get()), N, G, out, threads))
       return Report(std::string(type_info_.name) + ": " + g_last_error);
@@ -341,12 +355,12 @@ int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
 // the kernels' weight streaming with); returns a checksum so the reads are not optimised away.
 uint64_t lk_read(const void *data, int64_t bytes, int threads) {
   const int n = std::max(1, threads);
-  std::vector<uint64_t> sums(n * 8, 0);
-  const int64_t words = bytes / 8;
-  Pool::Get().Run(n, [&](int t) {
+  const int64_t chunks = 8 * n, words = bytes / 8;
+  std::vector<uint64_t> sums(chunks * 8, 0);
+  Pool::Get().Run(n, chunks, [&](int64_t c) {
     const uint64_t *p = static_cast<const uint64_t *>(data);
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t i = words * t / n, end = words * (t + 1) / n;
+    int64_t i = words * c / chunks, end = words * (c + 1) / chunks;
     for (; i + 4 <= end; i += 4) {
       s0 += p[i];
       s1 += p[i + 1];
@@ -354,10 +368,10 @@ uint64_t lk_read(const void *data, int64_t bytes, int threads) {
       s3 += p[i + 3];
     }
     for (; i < end; ++i) s0 += p[i];
-    sums[t * 8] = s0 + s1 + s2 + s3;
+    sums[c * 8] = s0 + s1 + s2 + s3;
   });
   uint64_t total = 0;
-  for (int t = 0; t < n; ++t) total += sums[t * 8];
+  for (int64_t c = 0; c < chunks; ++c) total += sums[c * 8];
   return total;
 }
 

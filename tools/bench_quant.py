@@ -1,0 +1,193 @@
+"""Decode with quantized weights on Lite: one model exported per weight scheme, measured side by side.
+
+    .venv/bin/python tools/bench_quant.py [--gguf build/models/SmolLM2-135M-Instruct.Q4_1.gguf]
+        [--work_dir build/bench_quant] [--schemes none float32 int8 int4] [--batch 1 8] [--rounds 3]
+
+Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) once per scheme of
+`quantization.weights` (none: Lite's own MatMul; int8; int4 with --group_size), kept in --work_dir for
+later runs. Then, round after round, every scheme and batch in
+turn, each in a child process of its own under /usr/bin/time: a 31-token prompt per row, --new_tokens
+greedy tokens (EOS ignored) through `Session.step` (idle cache rows cost nothing), 2 threads. Prints
+per scheme and batch the median decode ms per step, TTFT, peak RSS, the same-round ratios to `none`, and
+how many greedy tokens of row 0 equal `none`'s before the first difference. `--accuracy TEXT_FILE`
+measures instead each scheme's top-1 agreement with the first one and its perplexity, teacher-forced
+over --accuracy_tokens tokens of the text (one slice per cache row).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MS20 = os.path.join(REPO, ".venv-ms20", "bin", "python")
+PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+          "combined movable metal type with an oil-based ink and a wooden press.")
+
+
+def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) -> str:
+    out = os.path.join(work, f"{scheme}" + (f"_g{group}" if scheme == "int4" else ""))
+    if os.path.isfile(os.path.join(out, "manifest.json")):
+        return out
+    yaml = out + ".yaml"
+    with open(yaml, "w") as f:
+        json.dump({"model": {"gguf": os.path.abspath(gguf)}, "target": "cpu", "seq_length": seq, "batch_size": batch,
+                   "quantization": {"weights": scheme, "group_size": group}, "output_dir": out}, f)
+    start = time.perf_counter()
+    subprocess.run([MS20, "-m", "exporter", "--config", yaml], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    print(f"exported {scheme} to {out} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return out
+
+
+def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
+    """Runs in its own process: prints one JSON line of timings and row 0's tokens."""
+    import numpy as np
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    manifest = load_manifest(export_dir)
+    ids = manifest.load_tokenizer().encode(PROMPT)[:31]
+    session = load_session("mslite", manifest, num_threads=threads)
+    rows = manifest.batch_size
+    counts = np.array([len(ids)] * batch + [0] * (rows - batch), np.int32)
+    tokens = np.zeros((rows, len(ids)), np.int32)
+    tokens[:batch] = ids
+    past = np.zeros(rows, np.int32)
+    start = time.perf_counter()
+    logits = session.step(tokens, counts, past)
+    ttft = time.perf_counter() - start
+    past = past + counts
+    ones = (counts > 0).astype(np.int32)
+    steps, out = [], [int(logits[0].argmax())]
+    for _ in range(new_tokens):
+        nxt = logits.argmax(-1).astype(np.int32).reshape(-1, 1)
+        start = time.perf_counter()
+        logits = session.step(nxt, ones, past)
+        steps.append(time.perf_counter() - start)
+        past = past + ones
+        out.append(int(logits[0].argmax()))
+    print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out}))
+
+
+def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -> None:
+    """Teacher-forced over `tokens` tokens of a text, cut into one slice per cache row: each position's
+    greedy choice and the negative log-likelihood of the text's next token."""
+    import numpy as np
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    manifest = load_manifest(export_dir)
+    ids = manifest.load_tokenizer().encode(open(text_file, encoding="utf-8").read())
+    rows = manifest.batch_size
+    length = min(tokens, len(ids) - 1) // rows
+    text = np.array(ids[: rows * length + 1], np.int64)
+    session = load_session("mslite", manifest, num_threads=threads)
+    ones, past = np.ones(rows, np.int32), np.zeros(rows, np.int32)
+    choices, nll = np.zeros((rows, length), np.int64), 0.0
+    for t in range(length):
+        feed = text[np.arange(rows) * length + t].astype(np.int32).reshape(-1, 1)
+        logits = session.step(feed, ones, past).astype(np.float64)
+        past = past + 1
+        choices[:, t] = logits.argmax(-1)
+        target = text[np.arange(rows) * length + t + 1]
+        top = logits.max(-1)
+        logz = top + np.log(np.exp(logits - top[:, None]).sum(-1))
+        nll += float((logz - logits[np.arange(rows), target]).sum())
+    print(json.dumps({"choices": choices.ravel().tolist(), "nll": nll / (rows * length), "tokens": rows * length}))
+
+
+def accuracy(exports: dict, text_file: str, tokens: int, threads: int) -> None:
+    got = {}
+    for name, folder in exports.items():
+        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--accuracy_child", folder, text_file,
+                                 str(tokens), str(threads)], cwd=REPO, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"error: teacher-forcing {folder} failed: {result.stderr.strip()[-500:]}")
+        got[name] = json.loads(result.stdout.strip().splitlines()[-1])
+    base = next(iter(got))
+    print(f"teacher-forced over {got[base]['tokens']} tokens of {os.path.basename(text_file)}:")
+    print(f"| weights | top-1 agreement with {base} | perplexity |")
+    print("|---|---|---|")
+    for name, g in got.items():
+        agree = sum(a == b for a, b in zip(g["choices"], got[base]["choices"])) / len(g["choices"])
+        print(f"| {name} | {100 * agree:.1f} % | {math.exp(g['nll']):.3f} |")
+
+
+def measure(export_dir: str, batch: int, new_tokens: int, threads: int) -> dict:
+    command = ["/usr/bin/time", "-f", "%M", sys.executable, os.path.abspath(__file__), "--child", export_dir,
+               str(batch), str(new_tokens), str(threads)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"error: measuring {export_dir} at batch {batch} failed: {result.stderr.strip()[-500:]}")
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    got["rss_mb"] = int(result.stderr.strip().splitlines()[-1]) / 1024
+    return got
+
+
+def same_prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gguf", default=os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    p.add_argument("--work_dir", default=os.path.join(REPO, "build", "bench_quant"))
+    p.add_argument("--schemes", nargs="+", default=["none", "int8", "int4"])
+    p.add_argument("--group_size", type=int, default=32)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--new_tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seq_length", type=int, default=256)
+    p.add_argument("--extra", nargs="*", default=[], metavar="NAME=DIR",
+                   help="more exports measured beside the schemes' (e.g. another head choice)")
+    p.add_argument("--accuracy", metavar="TEXT_FILE", help="instead of timing: top-1 agreement with the first "
+                   "scheme and perplexity, teacher-forced over --accuracy_tokens tokens of this text")
+    p.add_argument("--accuracy_tokens", type=int, default=1024)
+    p.add_argument("--accuracy_child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child or args.accuracy_child:
+        sys.path.insert(0, REPO)
+        if args.accuracy_child:
+            a = args.accuracy_child
+            return accuracy_child(a[0], a[1], int(a[2]), int(a[3]))
+        return child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]))
+    os.makedirs(args.work_dir, exist_ok=True)
+    exports = {s: export(args.gguf, args.work_dir, s, args.group_size, max(args.batch), args.seq_length)
+               for s in args.schemes}
+    exports.update(item.split("=", 1) for item in args.extra)
+    args.schemes = list(exports)
+    if args.accuracy:
+        return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads)
+    if args.rounds < 1:
+        return
+    results = {(s, b): [] for s in args.schemes for b in args.batch}
+    for r in range(args.rounds):
+        for b in args.batch:
+            for s in args.schemes:
+                results[(s, b)].append(measure(exports[s], b, args.new_tokens, args.threads))
+        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+    base = args.schemes[0]
+    print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after a 31-token prompt, {args.threads} "
+          f"threads, {args.rounds} rounds (medians; ratios to {base} of the same round)")
+    print("| weights | batch | decode ms/step | ratio | TTFT ms | peak RSS MB | tokens equal to " + base + " |")
+    print("|---|---|---|---|---|---|---|")
+    for b in args.batch:
+        for s in args.schemes:
+            runs, ref = results[(s, b)], results[(base, b)]
+            ratio = statistics.median(x["step_ms"] / y["step_ms"] for x, y in zip(runs, ref))
+            agree = same_prefix(runs[0]["tokens"], ref[0]["tokens"])
+            print(f"| {s} | {b} | {statistics.median(x['step_ms'] for x in runs):.2f} | {ratio:.2f}x | "
+                  f"{statistics.median(x['ttft_ms'] for x in runs):.1f} | "
+                  f"{statistics.median(x['rss_mb'] for x in runs):.0f} | {agree}/{len(ref[0]['tokens'])} |")
+
+
+if __name__ == "__main__":
+    main()
