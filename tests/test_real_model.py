@@ -3,10 +3,12 @@ Q4_1 GGUF; `make setup` links it into build/models/) exported from the GGUF with
 `make demo` does) and run on real MindSpore Lite, against transformers' own GGUF loader (float32):
 greedy tokens on 3 prompts (EOS ignored; logits within 2e-3: 30 layers of float32 in another order),
 chat prompt ids equal to `apply_chat_template`'s with and without a system message and multi-turn,
-and the server's chat answer equal to transformers' greedy answer to the same chat."""
+the server's chat answer equal to transformers' greedy answer to the same chat, and its JSON answers
+valid against their schema (response_format json_schema)."""
 import json
 import os
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -21,6 +23,13 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
          [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Say hello."}],
          [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
           {"role": "user", "content": "Another one, in one word."}]]
+
+
+# structured output (response_format json_schema): every answer parses and follows it
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                         "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+                                         "capital": {"type": "boolean"}},
+        "required": ["city", "population", "capital"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +111,12 @@ def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
             assert answer.usage.prompt_tokens == len(ids)
             assert answer.choices[0].message.content == expected
             assert answer.choices[0].finish_reason == ("stop" if new[-1] == tokenizer.eos_token_id else "length")
+        for question in ("What is the capital of France?", "Name a big city in Japan.", "Tell me about Berlin."):
+            answer = c.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=64, temperature=0,
+                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
+            assert answer.choices[0].finish_reason == "stop"          # the grammar's end: only EOS was allowed
+            jsonschema.validate(json.loads(answer.choices[0].message.content), CITY)
     said = log.read_text()
     assert "chats: the export's chat template (chat_template.jinja)" in said, said
 

@@ -58,6 +58,7 @@ class EngineRequest:
     stop_ids: frozenset = frozenset()
     adapter_slot: int = 0
     logprobs: Optional[int] = None   # k: report TokenLogprobs with the k most likely tokens (a softmax per step)
+    constraint: Optional[object] = None   # a grammar the answer must follow (constraints.JsonConstraint)
     on_token: Callable[[int, Optional[TokenLogprobs]], None] = lambda token, logprobs: None
     on_finish: Callable[[str], None] = lambda reason: None
     # set by the engine
@@ -222,9 +223,9 @@ class Engine:
             slot = self.rows.index(None)
             cached = self.prefix.load(slot, request.adapter_slot, request.prompt) if self.prefix else 0
             request.cached_tokens = cached
-            self.rows[slot] = _Row(request, Sampler(request.sampling, request.stop_ids), list(request.prompt),
-                                   past=cached, pending=list(request.prompt[cached:]),
-                                   row_values=self._row_values(request.prompt))
+            sampler = Sampler(request.sampling, request.stop_ids, request.constraint)
+            self.rows[slot] = _Row(request, sampler, list(request.prompt), past=cached,
+                                   pending=list(request.prompt[cached:]), row_values=self._row_values(request.prompt))
             if self.metrics is not None:
                 self.metrics.queue_time.observe(request.admitted - request.arrived)
                 if self.prefix is not None:

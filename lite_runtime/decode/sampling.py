@@ -412,10 +412,11 @@ class Sampler:
     calls continue one reproducible stream.
     """
 
-    def __init__(self, params: SamplingParams, stop_ids: Sequence[int] = ()) -> None:
+    def __init__(self, params: SamplingParams, stop_ids: Sequence[int] = (), constraint=None) -> None:
         if not isinstance(params, SamplingParams):
             raise ValidationError(f"params: expected SamplingParams, got {type(params).__name__}")
         self.params = params
+        self._constraint = constraint      # one row's grammar (constraints.py): its mask, then the choice told
         self._stop_ids = sorted(int(i) for i in stop_ids) if params.min_tokens else []
         self._needs_generated = bool(params.presence_penalty or params.frequency_penalty or self._stop_ids)
         self.rng = np.random.default_rng(params.seed)
@@ -454,13 +455,16 @@ class Sampler:
                 logits = apply_presence_frequency(logits, generated, p.presence_penalty, p.frequency_penalty)
         if p.logit_bias:
             logits = apply_logit_bias(logits, p.logit_bias)
+        if self._constraint is not None:
+            logits = self._constraint.mask(logits)
         if p.min_p > 0 and not self._greedy:
             logits = apply_min_p(logits, p.min_p)
         if self._penalty is not None:
             logits = apply_repetition_penalty(logits, token_ids, valid, self._penalty)
-        if self._greedy:
-            return greedy(logits)
-        return self._sample(np.asarray(logits, dtype=np.float32))
+        tokens = greedy(logits) if self._greedy else self._sample(np.asarray(logits, dtype=np.float32))
+        if self._constraint is not None:
+            self._constraint.advance(int(tokens[0]))
+        return tokens
 
     def _sample(self, logits: np.ndarray) -> np.ndarray:
         vocab = logits.shape[1]

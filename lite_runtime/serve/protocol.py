@@ -17,8 +17,8 @@ NOT_BUILT = {
     "tools": (lambda v: not v, "tool calls are not supported by this server; send the request without tools"),
     "tool_choice": (lambda v: v in (None, "none", "auto"),
                     "it needs tool calls, which this server does not support; allowed: none, auto"),
-    "response_format": (lambda v: not v or v.get("type") == "text",
-                        "only type text is supported (no constrained decoding)"),
+    "response_format": (lambda v: not v or v.get("type") in ("text", "json_object", "json_schema"),
+                        "allowed types: text, json_object, json_schema"),
     "suffix": (lambda v: not v, "insertion after the completion is not supported; send the request without suffix"),
     "best_of": (lambda v: v in (None, 1), "only 1 is supported (each choice generated is returned)"),
     # TGI's
@@ -78,6 +78,18 @@ class SamplingFields(BaseModel):
         """One per choice: with a seed, choice i samples with seed + i (reproducible, and not n copies)."""
         one = self.sampling()
         return [one if one.seed is None else dataclasses.replace(one, seed=one.seed + i) for i in range(self.n)]
+
+    def json_schema(self):
+        """(True, the schema or None for any JSON object) when the answer must be JSON, else (False, None)."""
+        fmt = self.response_format or {}
+        if fmt.get("type") == "json_object":
+            return True, None
+        if fmt.get("type") == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise ValueError("response_format.json_schema must be an object with the JSON schema under 'schema'")
+            return True, spec.get("schema")
+        return False, None
 
     def stop_strings(self) -> List[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

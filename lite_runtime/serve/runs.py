@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from typing import List, Optional
 
 from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.decode.constraints import JsonConstraint
 from lite_runtime.serve.chat import ChatFormat
 from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
 from lite_runtime.serve.metrics import Metrics
@@ -30,6 +32,27 @@ class ServedModel:
         self.context = m.seq_length
         self.vocab_size = m.vocab_size
         self.token_text = TokenText(tokenizer)
+
+    def constraint(self, body: SamplingFields):
+        """A new matcher of the JSON the request's response_format asks for, or None."""
+        try:
+            wanted, schema = body.json_schema()
+        except ValueError as e:
+            raise BadRequest(str(e), "response_format") from None
+        if not wanted:
+            return None
+        if not self.tokenizer.path.endswith(".json"):
+            raise BadRequest(f"response_format {body.response_format.get('type')!r} needs an export whose tokenizer "
+                             f"is a tokenizer.json; this one's is {os.path.basename(self.tokenizer.path)}",
+                             "response_format")
+        if body.ignore_eos:
+            raise BadRequest("response_format JSON ends the answer at the end of the JSON (the model's EOS); "
+                             "send it without ignore_eos", "ignore_eos")
+        try:
+            tables = JsonConstraint.tables(self.tokenizer.path, self.vocab_size, sorted(self.stop_ids))
+            return JsonConstraint.start(tables, schema, self.vocab_size)
+        except ToolchainError as e:
+            raise BadRequest(str(e), "response_format") from None
 
     def slot(self, model: str) -> int:
         if model == self.name:
@@ -56,6 +79,7 @@ def start_run(served: ServedModel, body: SamplingFields, prompts: List[List[int]
     if outside:
         raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
                           "logit_bias")
+    served.constraint(body)        # a schema that cannot be followed is refused before anything runs
     for i, prompt_ids in enumerate(prompts):
         _check_context(served, body, prompt_ids, "the prompt" if len(prompts) == 1 else f"prompt {i}", chat)
     run = _Run(served, body, prompts, slot, chat)
@@ -108,6 +132,7 @@ class _Choice:
         put = run.loop.call_soon_threadsafe
         self.engine_request = EngineRequest(
             prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot, top,
+            served.constraint(body),
             on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
             on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
 
