@@ -64,7 +64,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    assert manifest.kernels == {"int8": ["LiteLinearI8"], "int4": ["LiteLinearI4"]}[scheme]
+    assert manifest.kernels == {"int8": ["LiteLinearI8"], "int4": ["LiteLinearI4Min"]}[scheme]
     assert manifest.quantization["head"] == "float32"
     assert manifest.quantization["weights"] == scheme
     assert manifest.quantization.get("group_size", group) == group

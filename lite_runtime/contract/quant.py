@@ -33,7 +33,7 @@ def aot_func(op_type: str) -> str:
 
 def kernels_for(scheme: str) -> List[str]:
     """The Custom op types an export quantized by `scheme` runs (the manifest's `kernels`)."""
-    return {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4"]]}[scheme]
+    return {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4_min"]]}[scheme]
 
 
 def quantization_record(scheme: str, group_size: int) -> Dict[str, object]:
@@ -42,7 +42,7 @@ def quantization_record(scheme: str, group_size: int) -> Dict[str, object]:
         return {}
     record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": "float32"}
     if scheme == "int4":
-        record.update(group_size=group_size, symmetric=True)
+        record.update(group_size=group_size, symmetric=False)
     return record
 
 
@@ -125,13 +125,15 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, k: int, group: int,
 
 def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list, np.ndarray]:
     """(op storage name of OP_TYPES, the constant inputs after x, the dequantized weight) of `w` under
-    `scheme` (WEIGHT_SCHEMES; "none" keeps float32)."""
+    `scheme` (WEIGHT_SCHEMES; "none" keeps float32). int4 stores a min per group: symmetric int4 kept 58 %
+    of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is Q4_1:
+    the same grid), at 0.75 instead of 0.625 bytes a weight in groups of 32 (docs/quantization.md)."""
     if scheme == "int8":
         q, s = quantize_int8(w)
         return "int8", [q, s], dequantize_int8(q, s)
     if scheme == "int4":
-        packed, s, _ = quantize_int4(w, group)
-        return "int4", [packed, s], dequantize_int4(packed, s, w.shape[1], group)
+        packed, s, mins = quantize_int4(w, group, with_min=True)
+        return "int4_min", [packed, s, mins], dequantize_int4(packed, s, w.shape[1], group, mins)
     if scheme == "none":
         w = _rows(w)
         return "float32", [w], w
