@@ -32,7 +32,10 @@ struct LinearArgs {
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
 
-// Computes Y's columns [n0, n1); `scratch` holds at least kBlockRows * K floats.
+// Columns of W packed together for prefill-sized M.
+constexpr int64_t kTileCols = 16;
+
+// Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
 
 namespace avx2 {

@@ -193,7 +193,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
-  const int64_t tile = lk::kBlockRows * a.K;
+  const int64_t tile = lk::kTileCols * a.K;
   Pool::Get().Run(n, chunks, [&](int64_t c) {
     thread_local std::vector<float> scratch;
     if (static_cast<int64_t>(scratch.size()) < tile) scratch.resize(tile);
