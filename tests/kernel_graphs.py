@@ -1,4 +1,4 @@
-"""Graphs of one linear layer as a Custom node run by the project's Lite kernels, for tests/test_lite_kernels.py.
+"""Graphs of one linear layer as a Custom node run by the project's Lite kernels, for tests/lite_kernel_cases.py.
 
 Run with MindSpore 2.0 (the MindIR Lite 2.0 reads), from the repository:
     .venv-ms20/bin/python tests/kernel_graphs.py OUT_DIR

@@ -470,7 +470,7 @@ def test_glm_decode_loop_with_padding_rows_and_two_batches(hf_family, family_exp
     assert eos == [305]
     rows = [0, 1, 2, 0]
     got = generate_batches(load_session("ms", manifest), inputs, [prompts[r] for r in rows], [STEPS + 1] * 4, eos,
-                           manifest.pad_token_id, lambda logits, ids, lengths: logits.argmax(-1))
+                           manifest.pad_token_id, lambda logits, ids, lengths, prompt_lengths: logits.argmax(-1))
     for row, tokens in zip(rows, got):
         want = ref_tokens[row].tolist()
         stop = [i for i, t in enumerate(want) if t in eos]

@@ -321,7 +321,7 @@ def command(**options):
         raise click.UsageError(f"--num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)")
     if args.distributed:
         from lite_runtime.cli.run_infer_distributed import run_distributed
-        run_distributed(args)
+        run_distributed(args, run, make_generator, generation_options)
     else:
         run(args)
 

@@ -15,7 +15,6 @@ import sys
 import numpy as np
 
 from lite_runtime.api.generation_options import GenerationOptions
-from lite_runtime.cli.run_infer import generation_options, make_generator, run
 from lite_runtime.distributed.data_parallel import ReplicaLayout, split_in_order
 from lite_runtime.distributed.mirrored import MirroredSession, follow
 from lite_runtime.distributed.rank_channel import RankChannel
@@ -37,9 +36,9 @@ def _mirror(replica, made: list = None):
     return wrap
 
 
-def run_distributed(args) -> None:
-    """This rank's part of a launched run_infer_main (the single-process CLI's `run`, `make_generator`
-    and `generation_options` do the work)."""
+def run_distributed(args, run, make_generator, generation_options) -> None:
+    """This rank's part of a launched run_infer_main; the single-process CLI's `run`, `make_generator`
+    and `generation_options` do the work (given by the command, which imports this module)."""
     layout = ReplicaLayout.from_env(args.data_parallel)
     if args.backend == "ms" and layout.model_ranks > 1:
         from lite_runtime.backends.ms_backend import join_cluster
@@ -48,18 +47,18 @@ def run_distributed(args) -> None:
     replica = layout.replica_channel()
     try:
         if layout.model_rank > 0:
-            _follow(args, replica)
+            _follow(args, replica, make_generator)
         elif layout.rank == 0:
-            _lead(args, replicas, replica)
+            _lead(args, replicas, replica, run, generation_options)
         else:
-            _serve(args, replicas, replica)
+            _serve(args, replicas, replica, make_generator)
     finally:
         for channel in (replicas, replica):
             if channel is not None:
                 channel.close()
 
 
-def _lead(args, replicas, replica) -> None:
+def _lead(args, replicas, replica, run, generation_options) -> None:
     """Rank 0: the normal run, its session mirrored to its replica's other ranks. With replicas, each
     request's prompts are split in order over them; rank 0 answers replica 0's share, gathers the
     others' answers and prints all in order."""
@@ -86,7 +85,7 @@ def _lead(args, replicas, replica) -> None:
             replica.send_json({"stop": True})
 
 
-def _serve(args, replicas, replica) -> None:
+def _serve(args, replicas, replica, make_generator) -> None:
     """The first rank of replica r > 0: answer the share of each request rank 0 sends, its session
     mirrored to its replica's other ranks."""
     generator = make_generator(args, 0)
@@ -106,7 +105,7 @@ def _serve(args, replicas, replica) -> None:
         generator.close()        # a mirrored session tells its ranks to stop
 
 
-def _follow(args, channel: RankChannel) -> None:
+def _follow(args, channel: RankChannel, make_generator) -> None:
     """Other ranks of a replica: replay the calls of the replica's first rank until it stops."""
     generator = make_generator(args, channel.rank)
     try:

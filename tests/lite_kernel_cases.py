@@ -1,0 +1,140 @@
+"""The project's Lite kernels (liblite_kernels.so): weight-only linear products against numpy, directly and
+as Custom nodes of MindSpore 2.0 graphs that MindSpore Lite runs, as MindIR and as .ms (registered in
+the converter's process), on 1 and 2 threads, at decode and prefill row counts."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lite_runtime.backends import lite_kernels
+from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
+from lite_runtime.contract import quant
+from tiny_models import REPO, VENV_MS20_PYTHON
+
+ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
+CASES = ("f32", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
+TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
+
+
+def reference(x, w):
+    return x.astype(np.float64) @ w.astype(np.float64).T
+
+
+def assert_close(y, ref, what):
+    err = float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-6))
+    assert err < TOLERANCE, f"{what}: largest error {err:.3g} of max |y|"
+
+
+@pytest.fixture(scope="module")
+def library():
+    load_shim()
+    path = lite_kernels.library_path(shim_path())
+    assert path, "liblite_kernels.so is not beside the shim: run `make setup` (lite-setup)"
+    return path
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory, library):
+    """Each case as MindIR (MindSpore 2.0) and as .ms (Lite's converter with the kernels registered)."""
+    from exporter.writing.lite_convert import convert_graphs, converter_python
+    out = tmp_path_factory.mktemp("kernel_graphs")
+    subprocess.run([VENV_MS20_PYTHON, os.path.join(REPO, "tests", "kernel_graphs.py"), str(out)], check=True,
+                   cwd=REPO, timeout=600)
+    convert_graphs(str(out), {"step": [f"{case}.mindir" for case in CASES]}, converter_python("test"))
+    return out
+
+
+def test_the_library_registers_every_kernel_kind(library):
+    assert set(kernel_types()) == set(quant.OP_TYPES.values())
+    assert lite_kernels.isa() in ("avx2", "generic")
+
+
+@pytest.mark.parametrize("fmt", ["mindir", "ms"])
+@pytest.mark.parametrize("case", CASES)
+def test_a_custom_linear_on_lite_equals_numpy(graphs, case, fmt):
+    consts = np.load(graphs / f"{case}.npz")
+    w = consts["w"]
+    n, k = w.shape
+    rng = np.random.default_rng(len(case))
+    for threads in (1, 2):
+        model = LiteModel(str(graphs / f"{case}.{fmt}"), num_threads=threads)
+        try:
+            for rows in ROWS + (1,):     # back to one row: Resize shrinks as well as grows
+                x = rng.standard_normal((rows, k)).astype(np.float32)
+                model.resize([[rows, k]], [[rows, n]])
+                model.bind_inputs([x])
+                y, = model.predict()
+                assert y.shape == (rows, n)
+                assert_close(y, reference(x, w), f"{case}.{fmt}, {threads} threads, M={rows}")
+        finally:
+            model.close()
+
+
+SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
+          (130, 64, 70), (1, 4096, 9)]
+KINDS = [("float32", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32), ("int4_min", 128)]
+
+
+def _consts(storage, w, group):
+    if storage == "float32":
+        return [w], w
+    if storage == "int8":
+        q, s = quant.quantize_int8(w)
+        return [q, s], quant.dequantize_int8(q, s)
+    packed, s, mins = quant.quantize_int4(w, group, with_min=storage == "int4_min")
+    return [packed, s] + ([mins] if mins is not None else []), quant.dequantize_int4(packed, s, w.shape[1], group,
+                                                                                     mins)
+
+
+def check_direct():
+    """Every kind on odd shapes, 1 and 2 threads, through lk_linear (no Lite); returns the ISA used."""
+    rng = np.random.default_rng(3)
+    for m, k, n in SHAPES:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        for storage, group in KINDS:
+            consts, deq = _consts(storage, w, group)
+            ref = reference(x, deq)
+            for threads in (1, 2):
+                assert_close(lite_kernels.linear(x, storage, consts, threads), ref,
+                             f"{storage} g{group} M={m} K={k} N={n} threads={threads}")
+    return lite_kernels.isa()
+
+
+def test_the_kernels_equal_numpy_on_odd_shapes(library):
+    check_direct()
+
+
+def test_the_portable_loops_equal_numpy_too(library):
+    """LITE_KERNELS_ISA=generic: the fallback a CPU without AVX2 + FMA gets (chosen at load)."""
+    code = ("import sys; sys.path.insert(0, 'tests'); from lite_runtime.backends import lite_kernels as k; "
+            f"k.load({library!r}); import lite_kernel_cases as t; print(t.check_direct())")
+    env = dict(os.environ, LITE_KERNELS_ISA="generic")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("generic")
+
+
+def test_quantizers_round_to_nearest_within_half_a_step():
+    w = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
+    q, s = quant.quantize_int8(w)
+    assert np.abs(quant.dequantize_int8(q, s) - w).max() <= s.max() / 2 + 1e-7
+    for with_min in (False, True):
+        packed, s, mins = quant.quantize_int4(w, 32, with_min=with_min)
+        assert packed.shape == (5, 48) and s.shape == (5, 3)
+        err = np.abs(quant.dequantize_int4(packed, s, 70, 32, mins) - w)
+        assert (err <= np.repeat(s, 32, axis=1)[:, :70] / 2 + 1e-6).all()
+    assert (quant.unpack_u4(quant.pack_u4(np.arange(64, dtype=np.uint8).reshape(2, 32) % 16), 32)
+            == np.arange(64).reshape(2, 32) % 16).all()
+
+
+def test_a_weight_that_does_not_fit_x_is_refused_in_one_line(library):
+    with pytest.raises(ValueError, match=r"x \(\.\.\., 64\) does not fit a int8 weight of shape \(3, 32\)"):
+        lite_kernels.linear(np.zeros((1, 64), np.float32), "int8", [np.zeros((3, 32), np.int8),
+                                                                    np.ones(3, np.float32)])
+    with pytest.raises(ValueError, match="int4 scales have 5 groups per row"):
+        lite_kernels.linear(np.zeros((1, 64), np.float32), "int4", [np.zeros((3, 32), np.int8),
+                                                                    np.ones((3, 5), np.float32)])
