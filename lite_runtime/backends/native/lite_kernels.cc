@@ -36,7 +36,7 @@ thread_local std::string g_last_error;
 constexpr char kProvider[] = "llm_lite_export";
 constexpr char kAotLibrary[] = "liblite_kernels.so";   // the aot func's library part; never opened
 constexpr int kLiteError = -1;                         // mindspore::lite::RET_ERROR
-constexpr int64_t kDecodeRows = 2;                     // rows of X up to which a call runs on one thread
+constexpr int64_t kDecodeRows = 16;                    // rows of X up to which a call runs on one thread
 
 struct TypeInfo {
   const char *name;
@@ -193,9 +193,8 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
-  // One or two rows stream the weights on the calling thread: on SmolLM2-135M (2 cores, Lite on 2 threads)
-  // batch-1 int8 decode took 1.08x Lite's float32 step so, 1.32x with two kernel threads (idle machine);
-  // at batch 8 two threads were faster (1.33x against 1.45x).
+  // Decode-sized calls stream the weights on the calling thread: on SmolLM2-135M (2-core machine, Lite on 2
+  // threads) one kernel thread decoded at 0.81-0.94x Lite's float32 step, two at 1.10-1.21x.
   if (M <= kDecodeRows) n = 1;
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
   const int64_t tile = lk::kTileCols * a.K;
