@@ -14,9 +14,8 @@ MAX_CHOICES = 16
 # Fields of OpenAI's (and TGI's) requests that are not built here: (is the value one that changes
 # nothing?, what to say). Anything else is refused: ignoring it would answer something not asked for.
 NOT_BUILT = {
-    "tools": (lambda v: not v, "tool calls are not supported by this server; send the request without tools"),
-    "tool_choice": (lambda v: v in (None, "none", "auto"),
-                    "it needs tool calls, which this server does not support; allowed: none, auto"),
+    "tools": (lambda v: not v, "tools are for chat: send them to /v1/chat/completions"),
+    "tool_choice": (lambda v: v in (None, "none", "auto"), "tool_choice is for chat: send it to /v1/chat/completions"),
     "response_format": (lambda v: not v or v.get("type") in ("text", "json_object", "json_schema"),
                         "allowed types: text, json_object, json_schema"),
     "suffix": (lambda v: not v, "insertion after the completion is not supported; send the request without suffix"),
@@ -60,11 +59,9 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False                              # vLLM's: the model's EOS does not end the text
     min_tokens: int = Field(0, ge=0)                      # vLLM's: no EOS before this many new tokens
     logit_bias: Optional[Dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]]] = None   # token id -> added logit
-    tools: Optional[list] = None                          # refused when given (NOT_BUILT)
-    tool_choice: Optional[Union[str, dict]] = None
     response_format: Optional[Dict[str, Any]] = None
 
-    _not_built = not_built("tools", "tool_choice", "response_format")
+    _not_built_shared = not_built("response_format")     # its own name: a subclass's `_not_built` replaces one
 
     def sampling(self) -> SamplingParams:
         greedy = self.temperature == 0.0
@@ -94,6 +91,16 @@ class SamplingFields(BaseModel):
     def stop_strings(self) -> List[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    # tools are chat's (ChatRequest)
+    def template_tools(self) -> Optional[List[dict]]:
+        return None
+
+    def reads_tool_calls(self) -> bool:
+        return False
+
+    def forced_tools(self) -> List[dict]:
+        return []
+
 
 def _token_ids(value) -> bool:
     return isinstance(value, list) and bool(value) and \
@@ -109,8 +116,10 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    tools: Optional[Any] = None                  # chat's (refused here)
+    tool_choice: Optional[Any] = None
 
-    _not_built = not_built("suffix", "best_of")
+    _not_built = not_built("suffix", "best_of", "tools", "tool_choice")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -183,8 +192,34 @@ class ChatMessage(BaseModel):
         return message
 
 
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")      # OpenAI's rule for a function's name
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = None              # a JSON schema; none: the function takes nothing
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    """An entry of a chat request's `tools`, as the chat template sees it (`model_dump`)."""
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    @model_serializer(mode="wrap")
+    def _for_the_template(self, handler):
+        tool = handler(self)
+        tool["function"] = {k: v for k, v in tool["function"].items() if v is not None}
+        return tool
+
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
 class ChatRequest(SamplingFields):
     messages: List[ChatMessage] = Field(min_length=1)
+    tools: Optional[List[Tool]] = None
+    # none: the model is shown the tools but its answer is text; auto: its answer is read for calls;
+    # required or {"type": "function", "function": {"name": ...}}: the answer is held to one call
+    tool_choice: Optional[Union[str, dict]] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)   # with logprobs: the k most likely tokens too
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # OpenAI's newer name of max_tokens
@@ -196,6 +231,59 @@ class ChatRequest(SamplingFields):
         if limit is not None and given is not None and given != limit:
             raise ValueError(f"{limit} differs from max_tokens {given}; give one of them")
         return limit
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, tools):
+        names = [t.function.name for t in tools or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"function name {twice[0]!r} is given to more than one tool; each name once")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, choice, info):
+        if choice is None or choice in ("none", "auto"):
+            return choice
+        if isinstance(choice, str) and choice not in TOOL_CHOICES:
+            raise ValueError(f"{choice!r} is not a tool choice; allowed: none, auto, required, or "
+                             '{"type": "function", "function": {"name": ...}}')
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            if choice.get("type") != "function" or not isinstance(function, dict) or \
+                    not isinstance(function.get("name"), str):
+                raise ValueError(f"{choice!r} is not a tool choice; allowed: none, auto, required, or "
+                                 '{"type": "function", "function": {"name": ...}}')
+        if "tools" not in info.data:      # tools were refused already
+            return choice
+        names = [t.function.name for t in info.data["tools"] or ()]
+        if not names:
+            raise ValueError(f"{choice!r} needs tools; send the tools the model may call")
+        if isinstance(choice, dict) and choice["function"]["name"] not in names:
+            raise ValueError(f"function {choice['function']['name']!r} is not among the request's tools; "
+                             f"tools: {', '.join(names)}")
+        if (info.data.get("response_format") or {}).get("type", "text") != "text":
+            raise ValueError(f"{choice!r} holds the answer to a tool call, which cannot also follow "
+                             "response_format; send one of them")
+        return choice
+
+    def template_tools(self) -> Optional[List[dict]]:
+        """The tools as the chat template renders them (also with tool_choice none, as OpenAI)."""
+        return [t.model_dump() for t in self.tools] if self.tools else None
+
+    def reads_tool_calls(self) -> bool:
+        """Whether the answer is read for tool calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def forced_tools(self) -> List[dict]:
+        """The tools one of which the answer must call (tool_choice required or named), else []."""
+        if not self.tools or self.tool_choice in (None, "none", "auto"):
+            return []
+        tools = self.template_tools()
+        if isinstance(self.tool_choice, dict):
+            return [t for t in tools if t["function"]["name"] == self.tool_choice["function"]["name"]]
+        return tools
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):

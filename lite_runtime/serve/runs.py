@@ -18,6 +18,7 @@ from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLo
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import SamplingFields
 from lite_runtime.serve.text import RequestText, TokenText
+from lite_runtime.serve import tool_calls
 
 
 class ServedModel:
@@ -32,27 +33,35 @@ class ServedModel:
         self.context = m.seq_length
         self.vocab_size = m.vocab_size
         self.token_text = TokenText(tokenizer)
+        template = self.chat.published.templates if self.chat.published is not None else {}
+        self.tool_style = tool_calls.style_of(template.get("tool_use") or template.get("default"))
 
     def constraint(self, body: SamplingFields):
-        """A new matcher of the JSON the request's response_format asks for, or None."""
-        try:
-            wanted, schema = body.json_schema()
-        except ValueError as e:
-            raise BadRequest(str(e), "response_format") from None
-        if not wanted:
-            return None
+        """A new matcher of the JSON the request's response_format (or its forced tool call) asks for, or None."""
+        forced = body.forced_tools()
+        if forced:
+            field, what, schema = "tool_choice", f"tool_choice {body.tool_choice!r}", tool_calls.call_schema(forced)
+        else:
+            try:
+                wanted, schema = body.json_schema()
+            except ValueError as e:
+                raise BadRequest(str(e), "response_format") from None
+            if not wanted:
+                return None
+            field, what = "response_format", f"response_format {body.response_format.get('type')!r}"
         if not self.tokenizer.path.endswith(".json"):
-            raise BadRequest(f"response_format {body.response_format.get('type')!r} needs an export whose tokenizer "
-                             f"is a tokenizer.json; this one's is {os.path.basename(self.tokenizer.path)}",
-                             "response_format")
+            raise BadRequest(f"{what} needs an export whose tokenizer is a tokenizer.json (its answer is held to "
+                             f"a JSON schema); this one's is {os.path.basename(self.tokenizer.path)}", field)
         if body.ignore_eos:
-            raise BadRequest("response_format JSON ends the answer at the end of the JSON (the model's EOS); "
-                             "send it without ignore_eos", "ignore_eos")
+            raise BadRequest(f"{what} ends the answer at the end of its JSON (the model's EOS); send it without "
+                             "ignore_eos", "ignore_eos")
         try:
             tables = JsonConstraint.tables(self.tokenizer.path, self.vocab_size, sorted(self.stop_ids))
             return JsonConstraint.start(tables, schema, self.vocab_size)
         except ToolchainError as e:
-            raise BadRequest(str(e), "response_format") from None
+            if forced:
+                raise BadRequest(f"the tools' parameters: {e}", "tools") from None
+            raise BadRequest(str(e), field) from None
 
     def slot(self, model: str) -> int:
         if model == self.name:
@@ -80,6 +89,8 @@ def start_run(served: ServedModel, body: SamplingFields, prompts: List[List[int]
         raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
                           "logit_bias")
     served.constraint(body)        # a schema that cannot be followed is refused before anything runs
+    if chat and body.template_tools():
+        prompts = [chat_prompt_ids(served, body)]      # rendered with the tools (the route renders without)
     for i, prompt_ids in enumerate(prompts):
         _check_context(served, body, prompt_ids, "the prompt" if len(prompts) == 1 else f"prompt {i}", chat)
     run = _Run(served, body, prompts, slot, chat)
@@ -96,6 +107,14 @@ def start_run(served: ServedModel, body: SamplingFields, prompts: List[List[int]
         raise BadRequest(str(e), "prompt") from None
     served.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
     return run
+
+
+def chat_prompt_ids(served: ServedModel, body) -> List[int]:
+    """A chat request's prompt ids, its tools rendered by the chat template."""
+    try:
+        return served.chat.encode([m.model_dump() for m in body.messages], body.template_tools())
+    except ValueError as e:     # the template's own checks (raise_exception)
+        raise BadRequest(str(e), "messages") from None
 
 
 def _check_context(served: ServedModel, body: SamplingFields, prompt_ids: List[int], which: str, chat: bool):
@@ -153,6 +172,9 @@ class _Run:
         self.prompts = prompts
         self.start = time.perf_counter()
         self.counted = False        # in the metrics' finished requests
+        self.reads_tools = chat and body.reads_tool_calls()
+        # a forced call is the constrained JSON object itself, whatever the template's style
+        self.tool_style = "json" if self.reads_tools and body.forced_tools() else served.tool_style
         samplings = body.samplings()
         self.choices = [_Choice(self, i * len(samplings) + j, sampling, prompt_ids, slot)
                         for i, prompt_ids in enumerate(prompts) for j, sampling in enumerate(samplings)]
@@ -243,11 +265,22 @@ class _Run:
                 "top_logprobs": [{text(i): v for i, v in lp.top} for lp in logprobs] if self.body.logprobs else None,
                 "text_offset": None}
 
+    def _message(self, choice: _Choice) -> tuple:
+        """(the chat answer's message, its finish reason): with tools, the calls read from its text."""
+        text = "".join(choice.pieces)
+        if not self.reads_tools:
+            return {"role": "assistant", "content": text}, choice.reason()
+        names = [t.function.name for t in self.body.tools]
+        parsed = tool_calls.parse(text, self.tool_style, names)
+        if not parsed.calls:
+            return {"role": "assistant", "content": text}, choice.reason()
+        return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}, "tool_calls"
+
     def _whole_choice(self, choice: _Choice) -> dict:
         text, logprobs = "".join(choice.pieces), self._logprobs(choice.tokens, choice.logprobs)
         if self.chat:
-            return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": choice.reason()}
+            message, reason = self._message(choice)
+            return {"index": choice.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
         if getattr(self.body, "echo", False):
             text = self.served.tokenizer.decode(choice.prompt_ids) + text
         return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.reason()}
@@ -266,14 +299,29 @@ class _Run:
                 ready = [self._event(kind, {"index": c.index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}) for c in self.choices]
             async for choice, piece, token, logprob in self.items():
+                if self.reads_tools:
+                    # Tool calls are read from the whole answer: it is held back and sent as one delta at the
+                    # end (after the role), so a client never sees the text of a call as content.
+                    choice.pieces.append(piece)
+                    continue
                 lp = self._logprobs([token], [logprob]) if token is not None else None
                 text = {"delta": {"content": piece}} if self.chat else {"text": piece}
                 ready.append(self._event(kind, {"index": choice.index, **text, "logprobs": lp, "finish_reason": None}))
                 if self.queue.empty():
                     yield "".join(ready)
                     ready = []
+            reasons = {}
             for choice in self.choices:
-                end = {"index": choice.index, "finish_reason": choice.reason(), "logprobs": None}
+                reasons[choice.index] = choice.reason()
+                if self.reads_tools:
+                    message, reasons[choice.index] = self._message(choice)
+                    delta = {"content": message["content"]}
+                    if "tool_calls" in message:
+                        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(message["tool_calls"])]
+                    ready.append(self._event(kind, {"index": choice.index, "delta": delta, "finish_reason": None,
+                                                    "logprobs": self._logprobs(choice.tokens, choice.logprobs)}))
+            for choice in self.choices:
+                end = {"index": choice.index, "finish_reason": reasons[choice.index], "logprobs": None}
                 end.update({"delta": {}} if self.chat else {"text": ""})
                 ready.append(self._event(kind, end, usage=self.usage() if choice is self.choices[-1] else None))
             yield "".join(ready) + "data: [DONE]\n\n"
