@@ -67,7 +67,8 @@ class ParallelSection:
     pipeline_stage: int = 1
     # graph: in each rank's graphs (MindSpore, Ascend); host: each rank's step as segments, one per
     # attention or MLP block (Lite on CPU; on one rank too: each .ms far below Lite's 2 GB limit).
-    # None: chosen by the export's target (ExportConfig._choose_form)
+    # None: chosen by the export's target (ExportConfig._choose_form; target cpu on one rank may still
+    # be written as segments: the export plan, exporter/writing/export_plan.py, decides by the model's size)
     collectives: Optional[str] = None
 
 
@@ -179,8 +180,8 @@ class ExportConfig:
         """The keys not given, from `target`: on Ascend (and without a target, as upstream) the two
         graphs of kv_cache io, which the official API and GE run; on Lite CPU one step graph (one weight
         copy, prompts at their own length, each token computed once: kv_cache packed), converted to
-        .ms, as segments when there are several ranks or one rank's weights exceed a .ms (decided in
-        export, once the sizes are known).
+        .ms, as segments when there are several ranks or one rank's weights exceed a .ms (decided by
+        the export plan, once the sizes are known: `segments_by_size` hands the choice on).
         A yaml asking for upstream's two graph copies (infer: paths) keeps the two graphs."""
         if self.target is not None and self.target not in TARGETS:
             raise ConfigError(f"{self.source}: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")

@@ -1,4 +1,5 @@
-"""`export(config)`: trace the prefill and increment graphs of every rank and write the export.
+"""`export(config)`: decide the export plan, trace every rank's graphs, check and convert them and
+write the export.
 
 The export is assembled in a temporary folder beside `output_dir` and renamed into place at the
 end, so a failed export never leaves a half-written folder that looks valid. The temporary folder's
@@ -16,23 +17,24 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError
-from lite_runtime.contract.families import STEP, get_family, graph_kinds
+from lite_runtime.contract.families import STEP, get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
-from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE, SPLIT_GRAPH_SUFFIX
+from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.contract.quant import kernels_for, quantization_record
-from lite_runtime.contract.segments import segment_relpath, segment_specs
 from lite_runtime.contract.manifest import (MANIFEST_NAME, GraphEntry, Manifest, copy_manifest, copy_manifest_path,
                                            graph_relpath)
+from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
 from exporter.config.mindformers import MF_DEFAULT_OUTPUT_DIR
 from exporter.config.schema import ExportConfig
-from exporter.writing.forms import describe_form, mindir_kept, mindspore_version, removes_mindir, settle_form
+from exporter.writing.export_plan import ExportPlan, plan_export
+from exporter.writing.forms import mindspore_version
 from exporter.writing.lite_convert import convert_graphs, converter_python, lite_weights_name
 from exporter.writing.progress import check_interrupt, deferred_interrupts, stage
-from exporter.writing.trace import graph_dims, segment_layout, trace_rank, trace_segments
+from exporter.writing.trace import trace_rank, trace_segments
 from exporter.model_source import ModelSource, resolve_model
 from exporter.weights.adapters import adapter_record
 
@@ -50,68 +52,57 @@ def export(config: ExportConfig) -> str:
         source.config.check_world_size(config.world_size)
     except ConfigError as e:
         raise ConfigError(f"{config.source}: {e}") from None
-    settle_form(config, source.config)
-    _check_output_dir(config)
-    _check_infer_copies(config)
+    plan = plan_export(config, source)
+    check_output_dir(config)
+    check_infer_copies(config)
     if config.infer.ge_config_path and not os.path.isfile(config.infer.ge_config_path):
         raise ConfigError(f"{config.source}: infer.ge_config_path {config.infer.ge_config_path} does not exist")
-    converter = _lite_converter(config)
+    converter = _lite_converter(config, plan)
     special_ids = _special_ids(config, source)
     start = time.perf_counter()
-    parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
-    created = _missing_folders(parent)
     with deferred_interrupts():
-        tmp = _make_temp_dir(config, parent, created)
-        try:
-            removes = converter is not None and removes_mindir(config)
-            _trace_all(config, source, tmp, split=removes)
+        with export_folder(config) as tmp:
+            _trace_all(config, source, plan, tmp)
             with stage("checked the graphs' inputs"):
-                mindir_version, data_files = _check_graphs(config, source, tmp)
+                mindir_version, data_files = _check_graphs(plan, tmp)
             lite_files = {}
             if converter:
                 with stage("converted the graphs to MindSpore Lite's .ms format"
-                           + (", removed their MindIR (the converter's input only)" if removes else "")):
-                    lite_files = convert_graphs(tmp, _graph_files(config, source), converter)
-                    if removes:
+                           + (", removed their MindIR (the converter's input only)" if plan.removes_mindir else "")):
+                    lite_files = convert_graphs(tmp, plan.graph_files, converter)
+                    if plan.removes_mindir:
                         _remove_graphs(tmp, data_files)
                         data_files = {}
             with stage("hashed the files and wrote the manifest"):
-                manifest = _write_side_files(config, source, tmp, lite_files, special_ids, mindir_version, data_files)
-            _follow_umask(tmp)
-            _replace_dir(tmp, config.output_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            _remove_empty(created)
-            raise
-        finally:
-            _release(tmp)
-        _write_infer_copies(config, manifest)
+                manifest = _write_side_files(config, source, plan, tmp, lite_files, special_ids, mindir_version,
+                                             data_files)
+        write_infer_copies(config, manifest)
     if not source.tokenizer:
         where = f"model.hf_dir {config.model.hf_dir} has none and " if config.model.hf_dir else ""
         log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
                     "--tokenizer_path (tokenizer_path= in Python)", where)
     log.info("exported %s to %s (%d rank(s), %s; %.1f s%s)", source.family.name, config.output_dir, config.world_size,
-             describe_form(config, manifest) + _without_target(config), time.perf_counter() - start,
-             f"; {_default_output_note(config)}" if config.output_dir_default else "")
+             plan.describe(manifest), time.perf_counter() - start,
+             f"; {default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
 
 
-def _trace_all(config: ExportConfig, source: ModelSource, tmp: str, split: bool = False) -> None:
+def _trace_all(config: ExportConfig, source: ModelSource, plan: ExportPlan, tmp: str) -> None:
     """Every rank's graphs into `tmp`, rank after rank in this process (no distributed job: the
     collectives of rank graphs are built without a communication group, see `exporter.models.linear.world_group`).
     Each rank's memory is given back before the next rank is built, and before Lite's converter runs
-    beside this process. `split`: weights as external data, written tensor by tensor (a MindIR that
-    only the converter reads)."""
-    if config.parallel.collectives == "host":
-        trace_segments(config, source, tmp, split)
+    beside this process. A MindIR that only the converter reads has its weights as external data,
+    written tensor by tensor."""
+    if plan.segmented:
+        trace_segments(config, source, plan, tmp, plan.removes_mindir)
         return
     for rank in range(config.world_size):
-        trace_rank(config, source, rank, tmp, split)
+        trace_rank(config, source, plan, rank, tmp, plan.removes_mindir)
 
 
-def _lite_converter(config: ExportConfig):
-    """The converter's Python when the yaml asks for .ms models (checked before any tracing)."""
-    if not config.lite_ms:
+def _lite_converter(config: ExportConfig, plan: ExportPlan):
+    """The converter's Python when the plan has .ms models (checked before any tracing)."""
+    if not plan.lite_ms:
         return None
     if mindspore_version() >= FIRST_UNREADABLE_MINDSPORE:
         import mindspore as ms
@@ -121,37 +112,16 @@ def _lite_converter(config: ExportConfig):
     return converter_python(config.source)
 
 
-def _graph_files(config: ExportConfig, source: ModelSource):
-    """The MindIR files of the export per graph kind, or per segment in the segment form."""
-    ranks = range(config.world_size)
-    if config.parallel.collectives == "host":
-        return {name: [segment_relpath(name, r) for r in ranks] for name in _segment_specs(config, source)}
-    return {kind: [graph_relpath(kind, r) for r in ranks] for kind in graph_kinds(config.kv_cache)}
-
-
-def _segment_specs(config: ExportConfig, source: ModelSource):
-    return segment_specs(graph_dims(config, source), config.world_size, segment_layout(config, source))
-
-
-def _graph_io(config: ExportConfig, source: ModelSource):
-    """Each graph kind's (or segment's) (inputs, outputs) of the contract."""
-    if config.parallel.collectives == "host":
-        return _segment_specs(config, source)
-    spec, dims = get_family(source.family.name), graph_dims(config, source)
-    return {kind: (spec.inputs(kind, config.kv_cache, dims), spec.outputs(kind, config.kv_cache, dims))
-            for kind in graph_kinds(config.kv_cache)}
-
-
-def _check_graphs(config: ExportConfig, source: ModelSource, tmp: str):
+def _check_graphs(plan: ExportPlan, tmp: str):
     """Check every MindIR's inputs against the contract; returns (their MindIR version, {graph: the
     files holding its weights as external data, [] for none}), paths relative to `tmp`."""
     from lite_runtime.contract.mindir import read_mindir
-    io, version, data_files = _graph_io(config, source), "", {}
-    for kind, files in _graph_files(config, source).items():
-        for rel in files:
+    version, data_files = "", {}
+    for entry in plan.graphs.values():
+        for rel in entry.files:
             graph = read_mindir(os.path.join(tmp, rel))
             version = graph.version
-            check_graph_inputs(graph.inputs, io[kind][0], f"exported {rel}")
+            check_graph_inputs(graph.inputs, entry.inputs, f"exported {rel}")
             data_files[rel] = [os.path.normpath(os.path.join(os.path.dirname(rel), d)) for d in graph.data_files]
     return version, data_files
 
@@ -167,20 +137,15 @@ def _remove_graphs(tmp: str, data_files: Dict[str, List[str]]) -> None:
                     os.rmdir(os.path.join(tmp, folder))
 
 
-def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_files, special_ids,
-                      mindir_version: str, data_files: Dict[str, List[str]]) -> Manifest:
+def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPlan, tmp: str, lite_files,
+                      special_ids, mindir_version: str, data_files: Dict[str, List[str]]) -> Manifest:
     """The tokenizer and GE config copies and the manifest. `data_files`: the MindIR graphs the export
     keeps ({} when they were removed after their conversion), with their external data."""
     import mindspore as ms
 
-    spec, dims = get_family(source.family.name), graph_dims(config, source)
-    hashes = {}
-    segmented = config.parallel.collectives == "host"
-    io = _graph_io(config, source)
-    entries, external = {}, {}
-    for kind, files in _graph_files(config, source).items():
-        entry = GraphEntry(files, *io[kind])
-        kept = [rel for rel in files if rel in data_files]
+    hashes, external = {}, {}
+    for kind, entry in plan.graphs.items():
+        kept = [rel for rel in entry.files if rel in data_files]
         for rel in kept:
             if data_files[rel]:
                 external[rel] = data_files[rel]
@@ -191,11 +156,10 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
         for rel in kept + lite_files.get(kind, []):
             for name in [rel] + external.get(rel, []):
                 hashes[name] = file_sha256(os.path.join(tmp, name))
-        entries[kind] = entry
     # The segment form's step has no file of its own: the decode loop's contract, run as segments.
-    graphs = entries
-    if segmented:
-        kv = config.kv_cache
+    graphs = plan.graphs
+    if plan.segmented:
+        spec, kv, dims = get_family(source.family.name), plan.kv_cache, plan.dims
         graphs = {STEP: GraphEntry([], spec.inputs(STEP, kv, dims), spec.outputs(STEP, kv, dims))}
     tokenizer = None
     bos, eos = special_ids
@@ -208,16 +172,16 @@ def _write_side_files(config: ExportConfig, source: ModelSource, tmp: str, lite_
         ge_config = GE_CONFIG_NAME
         shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
     model_config = dict(source.config.to_json(), **source.token_ids)     # the runtime's feed builder reads the ids
-    manifest = Manifest(family=source.family.name, model_config=model_config, graph_dims=dims.to_json(),
-                        kv_cache=config.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
+    manifest = Manifest(family=source.family.name, model_config=model_config, graph_dims=plan.dims.to_json(),
+                        kv_cache=plan.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
                         bos_token_id=bos, eos_token_id=eos, pad_token_id=source.pad_token_id, tokenizer=tokenizer,
                         tokenizer_files=[os.path.basename(p) for p in source.tokenizer_side_files],
                         tokenizer_options=source.family.tokenizer_options() if tokenizer else {},
                         adapters=adapter_record(source), lite_files=lite_files, external_data=external,
-                        collectives=config.parallel.collectives, segments=entries if segmented else {},
+                        collectives=plan.collectives, segments=plan.graphs if plan.segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
-                        ge_config=ge_config, mindir_kept=mindir_kept(config) if lite_files else "",
+                        ge_config=ge_config, mindir_kept=plan.mindir_kept,
                         quantization=quantization_record(config.quantization.weights, config.quantization.group_size),
                         kernels=kernels_for(config.quantization.weights))
     manifest.save(tmp)
@@ -246,24 +210,34 @@ def _special_ids(config: ExportConfig, source: ModelSource):
     return bos, eos
 
 
-def _without_target(config: ExportConfig) -> str:
-    """The last line's words on the target when the yaml gives none (`describe_form` names a given one):
-    upstream's two graphs are Ascend's form, which a newcomer on a CPU machine should not get unawares."""
-    if config.target:
-        return ""
-    if config.kv_cache == "io" and not config.lite_ms:
-        return ", for target ascend (no target given; target: cpu writes the form for MindSpore Lite on CPU)"
-    return ", no target given (target: cpu writes the form for MindSpore Lite on CPU)"
+@contextlib.contextmanager
+def export_folder(config: ExportConfig) -> Iterator[str]:
+    """A temporary folder to write the export into (made first, so a folder that cannot be written is
+    found before any tracing); moved to `output_dir` when the block ends, removed with the parent
+    folders it made when the block fails."""
+    parent = os.path.dirname(os.path.abspath(config.output_dir)) or "."
+    created = _missing_folders(parent)
+    tmp = _make_temp_dir(config, parent, created)
+    try:
+        yield tmp
+        _follow_umask(tmp)
+        _replace_dir(tmp, config.output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
+        raise
+    finally:
+        _release(tmp)
 
 
-def _default_output_note(config: ExportConfig) -> str:
+def default_output_note(config: ExportConfig) -> str:
     return (f"MindFormers' default output_dir {MF_DEFAULT_OUTPUT_DIR} of the working directory: "
             f"{config.source} sets no output_dir")
 
 
-def _check_output_dir(config: ExportConfig) -> None:
+def check_output_dir(config: ExportConfig) -> None:
     path = config.output_dir
-    where = f" ({_default_output_note(config)})" if config.output_dir_default else ""
+    where = f" ({default_output_note(config)})" if config.output_dir_default else ""
     fix = "set output_dir in the yaml or give --output_dir" if config.output_dir_default else \
         "choose another folder or empty it"
     if os.path.isfile(path):
@@ -273,7 +247,7 @@ def _check_output_dir(config: ExportConfig) -> None:
                           f"refusing to overwrite it: {fix}")
 
 
-def _check_infer_copies(config: ExportConfig) -> None:
+def check_infer_copies(config: ExportConfig) -> None:
     """The `infer:` copy paths can be written: found before the tracing, not after it."""
     for key in ("prefill_model_path", "increment_model_path"):
         dest = getattr(config.infer, key)
@@ -419,7 +393,7 @@ def _replace_dir(tmp: str, target: str) -> None:
 
 
 def _move_entries(tmp: str, target: str) -> None:
-    """Replace the entries of `target` (an older export, checked by `_check_output_dir`) by those of `tmp`.
+    """Replace the entries of `target` (an older export, checked by `check_output_dir`) by those of `tmp`.
     The manifest goes out first and in last, so a folder left half-moved is never taken for an export."""
     for name in sorted(os.listdir(target), key=lambda n: n != MANIFEST_NAME):
         path = os.path.join(target, name)
@@ -432,7 +406,7 @@ def _move_entries(tmp: str, target: str) -> None:
     os.rmdir(tmp)
 
 
-def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
+def write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
     """Upstream `infer.prefill_model_path` / `increment_model_path`: copies of the rank-0 graphs (with
     their weight data files, if any), each with `<copy>.manifest.json` beside it: the export's
     manifest with paths relative to that folder (the copies for their graphs, the export's files for
@@ -469,7 +443,7 @@ def _write_infer_copies(config: ExportConfig, manifest: Manifest) -> None:
 
 
 def _remove_copies(copies: dict) -> None:
-    """The copies `_write_infer_copies` began (graphs, data files, their `.tmp` and `.manifest.json`)."""
+    """The copies `write_infer_copies` began (graphs, data files, their `.tmp` and `.manifest.json`)."""
     for path in copies.values():
         for leftover in (path, path + ".tmp", copy_manifest_path(path), copy_manifest_path(path) + ".tmp"):
             if os.path.lexists(leftover):

@@ -11,42 +11,13 @@ from typing import Dict
 import numpy as np
 
 from lite_runtime.contract.errors import WeightError
-from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, get_family, graph_kinds
-from lite_runtime.contract.manifest import graph_relpath
+from lite_runtime.contract.families import DYNAMIC, STEP
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
-from lite_runtime.contract.segments import SegmentLayout, segment_relpath, segment_specs
-from exporter.writing import forms
+from exporter.writing.export_plan import ExportPlan, lora_fields
 from exporter.writing.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
 from exporter.weights import checkpoints as W
-
-
-def graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
-    cfg = source.config
-    return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
-                     cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size,
-                     source.slora.slots if source.slora else 0, cfg.hidden_size,
-                     int(cfg.positions in ("rotary", "rotary_2d")))
-
-
-def _lora(source: ModelSource) -> dict:
-    """SLoRA's BuildContext fields: every adapter side by side, each padded to the largest rank."""
-    if not source.slora:
-        return {}
-    from exporter.weights.slora import targets
-    return dict(lora_width=source.slora.slots * source.slora.rank, lora_rank=source.slora.rank,
-                lora_targets=targets(source.slora))
-
-
-def segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
-    """What of this model shapes its step segments' I/O (lite_runtime/contract/segments.py)."""
-    cfg, lora = source.config, _lora(source)
-    adapted = tuple(part for part in ("attn", "mlp")
-                    if any(t.startswith(part + ".") for t in lora.get("lora_targets", ())))
-    return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
-                         cfg.top_query, lora.get("lora_width", 0), adapted,
-                         forms.blocks_per_segment(cfg, config.world_size), config.kv_cache == "packed")
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
@@ -89,7 +60,8 @@ def _dummy(spec):
     return Tensor(np.zeros(spec.shape, spec.dtype))
 
 
-def _build_rank(config: ExportConfig, source: ModelSource, rank: int, graph_collectives: bool = True):
+def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, rank: int,
+                graph_collectives: bool = True):
     """Rank `rank`'s network with its weights loaded."""
     import mindspore as ms
     from lite_runtime.contract.mindir import cpu_graph_mode
@@ -99,8 +71,8 @@ def _build_rank(config: ExportConfig, source: ModelSource, rank: int, graph_coll
 
     cpu_graph_mode(ms)
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
-    ctx = BuildContext(config.world_size, rank, config.kv_cache, config.batch_size, config.seq_length, dtype,
-                       **_lora(source), graph_collectives=graph_collectives)
+    ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
+                       **lora_fields(source), graph_collectives=graph_collectives)
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
@@ -174,36 +146,35 @@ def release_traced() -> None:
         pass
 
 
-def trace_rank(config: ExportConfig, source: ModelSource, rank: int, folder: str, split: bool = False) -> None:
+def trace_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, rank: int, folder: str,
+               split: bool = False) -> None:
     """Build rank `rank`'s network, load its weights and write its graphs into `folder` (`split`: with
     the weights as external data), then give back its memory."""
     from exporter.models.decoder import Graph, PackedGraph, StepGraph
 
-    net = _build_rank(config, source, rank)
-    spec, dims = get_family(source.family.name), graph_dims(config, source)
-    for kind in graph_kinds(config.kv_cache):
-        inputs = spec.inputs(kind, config.kv_cache, dims)
+    net = _build_rank(config, source, plan, rank)
+    for kind, entry in plan.graphs.items():
         with stage(f"traced the {kind} graph{_where(config, rank)}"):
-            cls = Graph if kind != STEP else PackedGraph if config.kv_cache == "packed" else StepGraph
-            _export(cls(net, kind, [t.name for t in inputs]), inputs,
-                    os.path.join(folder, graph_relpath(kind, rank)), split)
+            cls = Graph if kind != STEP else PackedGraph if plan.kv_cache == "packed" else StepGraph
+            _export(cls(net, kind, [t.name for t in entry.inputs]), entry.inputs,
+                    os.path.join(folder, entry.files[rank]), split)
     del net
     release_traced()
 
 
-def trace_segments(config: ExportConfig, source: ModelSource, folder: str, split: bool = False) -> None:
+def trace_segments(config: ExportConfig, source: ModelSource, plan: ExportPlan, folder: str,
+                   split: bool = False) -> None:
     """Every rank's step as segments without collectives (`parallel.collectives: host`), traced
     rank after rank in this process: no distributed job is needed; each rank's memory is given back
     before the next is built. `split` as in `trace_rank`."""
     from exporter.models.segments import keep_row_biases_on_rank0, segment_cells
 
-    layout = segment_layout(config, source)
-    specs = segment_specs(graph_dims(config, source), config.world_size, layout)
     for rank in range(config.world_size):
-        net = _build_rank(config, source, rank, graph_collectives=False)
+        net = _build_rank(config, source, plan, rank, graph_collectives=False)
         keep_row_biases_on_rank0(net, rank)
-        with stage(f"traced {len(specs)} step segments{_where(config, rank)}"):
-            for name, cell in segment_cells(net, layout).items():
-                _export(cell, specs[name][0], os.path.join(folder, segment_relpath(name, rank)), split)
+        with stage(f"traced {len(plan.graphs)} step segments{_where(config, rank)}"):
+            for name, cell in segment_cells(net, plan.layout).items():
+                entry = plan.graphs[name]
+                _export(cell, entry.inputs, os.path.join(folder, entry.files[rank]), split)
         net = cell = None
         release_traced()
