@@ -304,9 +304,9 @@ class CausalLM(nn.Cell):
     def packed_step(self, input_ids, token_rows, token_positions, past_length, last_token, kv, adapter_ids=None,
                     context=None, mask_position=None):
         """N tokens of any rows (the packed kv mode, lite_runtime/contract/families.py): input_ids,
-        token_rows, token_positions (N,); past_length, last_token and the family's row inputs (B,);
-        the caches as in `step`. Returns each row's logits at its `last_token` and every token's new
-        K and V (N, kv, hd) per layer."""
+        token_rows, token_positions (N,); past_length and the family's row inputs (B,); last_token (L,)
+        the indices of the tokens whose logits are returned; the caches as in `step`. Returns the
+        logits (L, vocab) and every token's new K and V (N, kv, hd) per layer."""
         x, cos, sin, tokens, select = self.packed_start(input_ids, token_rows, token_positions, past_length,
                                                         adapter_ids, context, mask_position)
         x, new_kv, biases = self.packed_blocks(self.layers, x, cos, sin, kv, tokens, None, select)
@@ -358,13 +358,13 @@ class CausalLM(nn.Cell):
         return top.finish(x, attn), k, v
 
     def packed_logits(self, x, last_token):
-        """Logits of each row's `last_token` (B,) from the hidden states x (N, H), picked by a product
-        with a one-hot (B, N): Lite 2.0 gets a Gather of a graph input by a (1,)-shaped index wrong
+        """Logits of the tokens at `last_token` (L,) from the hidden states x (N, H), picked by a product
+        with a one-hot (L, N): Lite 2.0 gets a Gather of a graph input by a (1,)-shaped index wrong
         (the head segment at batch 1 gave other logits than MindSpore does from the same MindIR)."""
         d = self.dyn
         tokens = self.cumsum(self.ones_like(self.sum_last(x, -1)), 0) - 1.0            # 0 .. N-1
         pick = self.cast(self.equal(self.reshape(tokens, d.row_of_tokens),
-                                    self.reshape(self.cast(last_token, ms.float32), d.column)), self.dtype)
+                                    self.reshape(self.cast(last_token, ms.float32), d.flat_column)), self.dtype)
         return self._logits(self.matmul(pick, x))
 
     def packed_attention(self, attn, h, cos, sin, k_cache, v_cache, tokens, biases, select, query=None):

@@ -13,7 +13,7 @@ from typing import Callable, List, Sequence
 import numpy as np
 
 from lite_runtime.contract.errors import UnsupportedError
-from lite_runtime.contract.families import STEP, get_family
+from lite_runtime.contract.families import DYNAMIC, STEP, get_family
 from lite_runtime.contract.manifest import Manifest
 
 Run = Callable[[str, List[np.ndarray]], List[np.ndarray]]    # (graph kind, feeds) -> outputs
@@ -201,6 +201,7 @@ class PackedKVCache(BucketedKVCache):
     def __init__(self, manifest: Manifest):
         super().__init__(manifest)
         self.whole_prompts = get_family(manifest.family).whole_prompts
+        self.max_picks = fixed_picks(manifest)
 
     def _run_tokens(self, run, ids, rows, positions, past, last, extra):
         self.ensure(max(int(past.max()), 1))
@@ -231,16 +232,36 @@ class PackedKVCache(BucketedKVCache):
         past = (valid_length - 1).astype(np.int32)
         return self._run_tokens(run, np.ascontiguousarray(input_ids[:, 0], np.int32), rows, past, past, rows, extra)
 
-    def step(self, run, tokens, counts, past, extra):
-        """Row r's first counts[r] tokens, at positions past[r] on; a row with none gets meaningless logits."""
+    def step(self, run, tokens, counts, past, extra, picks=None):
+        """Row r's first counts[r] tokens, at positions past[r] on. Returns the logits of each row's last
+        token (B, vocab; a row with none gets meaningless logits), or with `picks` (B,) those of row r's
+        last picks[r] tokens, row after row (sum(picks), vocab)."""
         counts = np.asarray(counts, np.int64)
         rows = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
         ends = np.cumsum(counts)
         index = np.arange(int(ends[-1])) - np.repeat(ends - counts, counts)    # each token's index in its row
         positions = (past[rows] + index).astype(np.int32)
-        last = np.maximum(ends - 1, 0).astype(np.int32)
-        return self._run_tokens(run, np.ascontiguousarray(tokens[rows, index], np.int32), rows, positions,
-                                np.asarray(past, np.int32), last, extra)
+        if picks is None:
+            last = np.maximum(ends - 1, 0)
+        else:
+            picks = np.asarray(picks, np.int64)
+            last = np.arange(int(picks.sum())) - np.repeat(np.cumsum(picks) - picks, picks) + \
+                np.repeat(ends - picks, picks)
+        wanted = len(last)
+        if self.max_picks is not None and wanted != self.max_picks:
+            if wanted > self.max_picks:
+                raise UnsupportedError(f"this export returns {self.max_picks} logits a step, {wanted} were asked "
+                                       "for (speculative decoding): export it again")
+            last = np.concatenate([last, np.zeros(self.max_picks - wanted, last.dtype)])
+        logits = self._run_tokens(run, np.ascontiguousarray(tokens[rows, index], np.int32), rows, positions,
+                                  np.asarray(past, np.int32), last.astype(np.int32), extra)
+        return logits[:wanted]
+
+
+def fixed_picks(manifest: Manifest):
+    """How many logits a packed step returns when that is fixed (B, exports before L was chosen per call), else None."""
+    picked = next(s for s in manifest.graphs[STEP].inputs if s.name == "last_token").shape[0]
+    return None if picked == DYNAMIC else picked
 
 
 class Session:
@@ -275,6 +296,16 @@ class Session:
         after the `past[r]` tokens in its cache and gets the logits of its last one; rows with
         counts 0 are idle (their cache is left as it is, their logits are meaningless)."""
         return self.cache.step(self._timed_run, tokens, counts, past, extra)
+
+    def verify(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, picks: np.ndarray,
+               *extra: np.ndarray) -> np.ndarray:
+        """`step`, returning the logits of row r's last picks[r] tokens, row after row (sum(picks), vocab):
+        a row feeding its last token and k speculated ones gets the k + 1 distributions that verify them
+        (packed exports)."""
+        if not isinstance(self.cache, PackedKVCache):
+            raise UnsupportedError(f"speculative decoding needs an export with kv_cache: packed; this one has "
+                                   f"kv_cache {self.manifest.kv_cache!r}: export again with kv_cache: packed")
+        return self.cache.step(self._timed_run, tokens, counts, past, extra, picks)
 
     def close(self) -> None:
         """Release the graphs. Sessions are also context managers."""

@@ -115,6 +115,8 @@ class NativeStepGraph(_NativeGraphs):
     def __init__(self, model: LiteModel, manifest: Manifest):
         super().__init__({STEP: model}, STEP)
         self._outputs = manifest.graphs[STEP].outputs
+        names = [spec.name for spec in manifest.graphs[STEP].inputs]
+        self._picks = names.index("last_token") if "last_token" in names else None
         self._caches = 2 * manifest.dims.num_layers
         self._bound: List[np.ndarray] = []
 
@@ -123,8 +125,10 @@ class NativeStepGraph(_NativeGraphs):
         first_cache = len(feeds) - self._caches
         if [np.shape(f) for f in feeds] != [b.shape for b in bound]:
             tokens = np.shape(feeds[0])[-1]         # the dimension chosen per call: T (dynamic) or N (packed)
+            picks = len(feeds[self._picks]) if self._picks else 0     # packed: the L tokens given logits
+            per_call = lambda spec: picks if spec.name == "logits" else tokens
             model.resize([np.shape(f) for f in feeds],
-                         [tuple(tokens if d == DYNAMIC else d for d in spec.shape) for spec in self._outputs])
+                         [tuple(per_call(spec) if d == DYNAMIC else d for d in spec.shape) for spec in self._outputs])
             self._bound = [f if i >= first_cache else np.array(f, dtype=spec.dtype)
                            for i, (f, spec) in enumerate(zip(feeds, model.inputs))]
             model.bind_inputs(self._bound)

@@ -74,7 +74,8 @@ class SegmentChain(LiteRunner):
         or (N,) packed, first), the caches last; returns logits (B, vocab) and the new keys and
         values of every layer."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
-        shape = (np.shape(given[0])[-1], caches[1].shape[2])     # (T, P) or, packed, (N, P)
+        picks = len(given[self._step_names.index("last_token")]) if self.packed else 0
+        shape = (np.shape(given[0])[-1], caches[1].shape[2], picks)     # (T, P, 0) or, packed, (N, P, L)
         if shape != self._shape:
             self._resize(*shape, caches)
         for name, array in zip(self._step_names, given):
@@ -119,8 +120,8 @@ class SegmentChain(LiteRunner):
         self.collective_seconds += time.perf_counter() - start
         return logits
 
-    def _resize(self, steps: int, positions: int, caches: List[np.ndarray]) -> None:
-        shape = lambda spec: call_shape(spec, self.dims.batch_size, steps, positions, self.packed)
+    def _resize(self, steps: int, positions: int, picks: int, caches: List[np.ndarray]) -> None:
+        shape = lambda spec: call_shape(spec, self.dims.batch_size, steps, positions, self.packed, picks)
         segments = [self.manifest.segments[name] for name in self.names]
         self._buffers = {s.name: np.zeros(shape(s), s.dtype)
                          for entry in segments for s in entry.inputs if s.name not in CACHE_INPUTS}
@@ -134,7 +135,7 @@ class SegmentChain(LiteRunner):
             self._models[name].resize([shape(s) for s in entry.inputs], [shape(s) for s in entry.outputs])
             self._models[name].bind_inputs([cache_of[(name, i)] if s.name in CACHE_INPUTS else self._buffers[s.name]
                                            for i, s in enumerate(entry.inputs)])
-        self._shape = (steps, positions)
+        self._shape = (steps, positions, picks)
 
     def bare_predict(self) -> float:
         """Seconds of one Predict of every segment on the inputs as bound now, no host work between

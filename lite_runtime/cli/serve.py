@@ -13,6 +13,7 @@ from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.decode.engine import PREFILL_CHUNK, Engine
+from lite_runtime.decode.speculation import Speculation
 from lite_runtime.tokenizers.chat_template import chat_tuned_sign
 
 PROG = "python -m lite_runtime.serve"
@@ -36,6 +37,10 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=0.0, show_default=True,
               help="Keep recent prompts' K/V up to this many GiB and reuse the prefix a new prompt shares with "
                    "one (a chat's system prompt and history): only the rest is prefilled. 0: off.")
+@click.option("--speculative", default=None, metavar="ngram[:K]",
+              help="Speculative decoding: each decoding row also feeds up to K (default 4) tokens guessed from "
+                   "its own text (prompt lookup) and keeps those the model confirms; the text is the same. "
+                   "Helps answers that quote their input (edits, summaries). Packed exports.")
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
 @click.option("--distributed", type=BOOL, default=False,
@@ -44,7 +49,7 @@ PROG = "python -m lite_runtime.serve"
               help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
                    "behind rank 0's endpoint.")
 def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, max_step_tokens,
-            prefill_chunk, prefix_cache_gb, shutdown_timeout, distributed, data_parallel):
+            prefill_chunk, prefix_cache_gb, speculative, shutdown_timeout, distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     TGI's /generate and /generate_stream, /health, /metrics."""
     import uvicorn
@@ -56,6 +61,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     from lite_runtime.serve import ranks
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    speculation = Speculation.parse(speculative) if speculative else None
     manifest = load_manifest(model_dir)
     manifest.verify_files()
     tokenizer = manifest.load_tokenizer()
@@ -73,7 +79,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
 
     def make_engine(session_of_a_replica):
         return Engine(session_of_a_replica, max_waiting=max_waiting, prefill_chunk=prefill_chunk, metrics=metrics,
-                      max_step_tokens=max_step_tokens, prefix_cache_bytes=int(prefix_cache_gb * 2 ** 30))
+                      max_step_tokens=max_step_tokens, prefix_cache_bytes=int(prefix_cache_gb * 2 ** 30),
+                      speculation=speculation)
     engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
     metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))

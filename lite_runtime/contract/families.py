@@ -27,9 +27,10 @@ The `packed` kv mode's one `step` graph takes N tokens of any rows in one list (
 so a call computes each token once, whichever rows it belongs to (continuous batching: a prompt
 joining rows that decode costs its own tokens, an idle row nothing):
   step: input_ids (N,) int32, token_rows (N,) int32 (each token's row), token_positions (N,) int32,
-        past_length (B,) int32, last_token (B,) int32 (index in the list of the token whose logits
-        the row gets), the caches as in `dynamic`
-  outputs: logits (B, vocab), key_new_{l} and value_new_{l} (N, kv_heads_per_rank, head_dim)
+        past_length (B,) int32, last_token (L,) int32 (indices in the list of the L tokens whose
+        logits are returned: each row's last, and several of a row's to verify speculated tokens;
+        exports before this contract take exactly B), the caches as in `dynamic`
+  outputs: logits (L, vocab), key_new_{l} and value_new_{l} (N, kv_heads_per_rank, head_dim)
 A token sees its row's first `past_length` cached positions and the call's tokens of its row at
 positions up to its own; the host writes each token's new K/V at its row and position.
 
@@ -131,9 +132,9 @@ class FamilySpec:
         adapters = [TensorSpec("adapter_ids", "int32", (dims.batch_size,))] if dims.adapter_slots else []
         rows = [TensorSpec(name, "int32", (dims.batch_size,)) for name in self.row_inputs]
         if kind == STEP and kv_mode == "packed":
-            per_token = ("token_rows", "token_positions")
+            per_call = ("token_rows", "token_positions", "last_token")
             return [TensorSpec(self.token_input, "int32", (DYNAMIC,))] + \
-                [TensorSpec(n, "int32", (DYNAMIC,) if n in per_token else (dims.batch_size,)) for n in PACKED_INPUTS] \
+                [TensorSpec(n, "int32", (DYNAMIC,) if n in per_call else (dims.batch_size,)) for n in PACKED_INPUTS] \
                 + rows + adapters + self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
         if kind == STEP:
             return [TensorSpec(self.token_input, "int32", (dims.batch_size, DYNAMIC)),
@@ -152,7 +153,7 @@ class FamilySpec:
         specs = [TensorSpec("logits", "float32", (dims.batch_size, dims.vocab_size))]
         if kind == STEP and kv_mode == "packed":
             token = (DYNAMIC, dims.kv_heads_per_rank, dims.head_dim)
-            specs += [TensorSpec(f"{part}_new_{layer}", "float32", token)
+            specs = [TensorSpec("logits", "float32", (DYNAMIC, dims.vocab_size))] + [TensorSpec(f"{part}_new_{layer}", "float32", token)
                       for layer in range(dims.num_layers) for part in ("key", "value")]
         elif kind == STEP:
             specs += self._cache_specs("new", dims, DYNAMIC, keys_transposed=True)

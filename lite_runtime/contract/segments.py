@@ -29,7 +29,8 @@ any rows): embed takes input_ids, token_rows, token_positions (N,) and past_leng
 besides hidden and cos/sin, what each token's attention reads: `past` (N, 1, 1, 1), `row` and
 `position` (N,) float32, [context (N,)]; the attention segments take token_rows, past, row, position
 (and the top query layer token_positions) and return key_new / value_new (N, kv, hd); head takes
-hidden and last_token (B,).
+hidden and last_token (L,) and gives logits_part (L, vocab / ranks): the L picked tokens' logits
+(families.py; exports before it pick exactly B).
 
 What the runtime does with a segment's tensors follows from their names alone, so its chain knows
 no family: inputs named `key_cache` / `value_cache` take the step's caches in the order of the
@@ -98,7 +99,7 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     cache = [TensorSpec(CACHE_INPUTS[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(CACHE_INPUTS[1], f32, (b, kv, DYNAMIC, hd))]
     if layout.packed:     # per token: its row, its row's past, as float its row and position; GLM's context
         ids = [TensorSpec(name, i32, (n,)) for name in ("input_ids", "token_rows", "token_positions")]
-        past_length, last = TensorSpec("past_length", i32, (b,)), TensorSpec("last_token", i32, (b,))
+        past_length, last = TensorSpec("past_length", i32, (b,)), TensorSpec("last_token", i32, (n,))
         tokens = [ids[1], TensorSpec("past", f32, (n, 1, 1, 1)), TensorSpec("row", f32, (n,)),
                   TensorSpec("position", f32, (n,))]
         context = [TensorSpec("context", f32, (n,))] if layout.prefix_attention else []
@@ -135,7 +136,8 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     if layout.top_query:
         specs["top_query.attn"] = ([x] + positions + tokens + cache + rotary, [part["attn_part"]] + residual + new)
         specs["top_query.mlp"] = ([x], [part["mlp_part"]])
-    specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (b, dims.vocab_size // world_size))])
+    picked = n if layout.packed else b
+    specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (picked, dims.vocab_size // world_size))])
     return specs
 
 
@@ -151,12 +153,18 @@ def run_order(names) -> List[str]:
     return sorted(names, key=key)
 
 
-def call_shape(spec: TensorSpec, batch: int, steps: int, positions: int, packed: bool = False) -> Tuple[int, ...]:
-    """A segment tensor's shape in a call of `steps` new tokens per row (packed: `steps` tokens in all)
-    against `positions` cache rows: DYNAMIC is P in the caches, N = B*T (packed: `steps`) as the first
-    dimension (token-major tensors), T elsewhere."""
+PICKED = ("last_token", LOGITS_PART)     # per picked token (the packed step's L)
+
+
+def call_shape(spec: TensorSpec, batch: int, steps: int, positions: int, packed: bool = False,
+               picks: int = 0) -> Tuple[int, ...]:
+    """A segment tensor's shape in a call of `steps` new tokens per row (packed: `steps` tokens in all,
+    `picks` of them giving logits) against `positions` cache rows: DYNAMIC is P in the caches, L in
+    PICKED, N = B*T (packed: `steps`) as the first dimension (token-major tensors), T elsewhere."""
     def size(axis: int) -> int:
         if spec.name in CACHE_INPUTS:
             return positions
+        if spec.name in PICKED:
+            return picks
         return (steps if packed else batch * steps) if axis == 0 else steps
     return tuple(size(axis) if d == DYNAMIC else d for axis, d in enumerate(spec.shape))

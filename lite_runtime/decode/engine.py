@@ -13,7 +13,9 @@ Served, the engine runs in one thread of its own; `submit` and `cancel` may be c
 together, then `run_until_idle()` steps in the caller's thread until each has finished.
 A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called from
 the engine thread (the server hands them on to its event loop). Choosing a token is the request's
-`Sampler` (decode/sampling.py: every logits processor lives there).
+`Sampler` (decode/sampling.py: every logits processor lives there). With `speculation` (packed
+exports), a decoding row also feeds tokens guessed from its own text and keeps those its sampler
+confirms (speculation.py).
 """
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from lite_runtime.backends.base import PackedKVCache, Session
+from lite_runtime.backends.base import PackedKVCache, Session, fixed_picks
 from lite_runtime.contract.errors import ConfigError, UnsupportedError, ValidationError
 from lite_runtime.contract.families import STEP_MODES, get_family
 from lite_runtime.decode.inputs import InputOfInfer
 from lite_runtime.decode.prefix_cache import PrefixCache
 from lite_runtime.decode.sampling import Sampler, SamplingParams, token_logprobs
+from lite_runtime.decode.speculation import Speculation, SpeculationStats
 
 log = logging.getLogger("lite_runtime.engine")
 
@@ -75,6 +78,7 @@ class _Row:
     tokens: List[int]            # prompt, then generated tokens
     past: int = 0                # tokens in the cache
     pending: List[int] = field(default_factory=list)   # tokens to feed at the next step
+    guesses: List[int] = field(default_factory=list)   # speculated tokens fed after them
     generated: int = 0
     row_values: List[int] = field(default_factory=list)   # the family's per-row graph inputs
 
@@ -83,9 +87,11 @@ class Engine:
     """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
 
     def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = PREFILL_CHUNK, metrics=None,
-                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True, prefix_cache_bytes: int = 0):
+                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True, prefix_cache_bytes: int = 0,
+                 speculation: Optional[Speculation] = None):
         """`prefix_cache_bytes` > 0 keeps recent prompts' K/V up to that size and reuses their shared
-        prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally."""
+        prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally.
+        `speculation` guesses tokens by prompt lookup and verifies them in the step (speculation.py)."""
         m = session.manifest
         if m.kv_cache not in STEP_MODES:
             raise UnsupportedError(f"serving needs an export with kv_cache: packed or dynamic (one step graph with "
@@ -110,6 +116,11 @@ class Engine:
         self.max_step_tokens = max_step_tokens    # most tokens a packed step computes
         self.metrics = metrics
         self.prefix = self._prefix_cache(session, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        if speculation is not None and not self.packed:
+            raise ConfigError(f"speculative decoding verifies guesses in a packed step; {m.root} has kv_cache "
+                              f"{m.kv_cache!r}: export it again with kv_cache: packed, or serve without --speculative")
+        self.speculation, self.speculated = speculation, SpeculationStats()
+        self.max_picks = fixed_picks(m) if self.packed else None
         self.rows: List[Optional[_Row]] = [None] * self.batch
         self.waiting: Deque[EngineRequest] = collections.deque()
         self._wake = threading.Condition()
@@ -250,17 +261,24 @@ class Engine:
         # A longer prompt is fed in chunks over several steps (chunked prefill), which also bounds how
         # long the rows that decode wait.
         room = self.seq_length if self.packed else int(self.seq_length - past[live].max())
-        width = min(max(len(self.rows[i].pending) for i in live), room,
+        self._guess(live)
+        width = min(max(len(self.rows[i].pending) + len(self.rows[i].guesses) for i in live), room,
                     room if self.whole_prompts else self.prefill_chunk)
         counts = np.zeros(self.batch, np.int32)
         tokens = np.full((self.batch, width), self.pad_id, np.int32)
         left = self.max_step_tokens if self.packed else self.batch * width
+        spare = left if self.max_picks is None else self.max_picks - len(live)    # logits left for guesses
         for i in sorted(live, key=lambda i: len(self.rows[i].pending)):    # decoding rows first
             feed = self.rows[i].pending[:width]
             if not self.whole_prompts:
                 feed = feed[:left]
             elif len(feed) < len(self.rows[i].pending) or len(feed) > left and counts.any():
                 continue      # a whole prompt waits for room (alone in a step, it may pass the budget)
+            if len(feed) == len(self.rows[i].pending):      # a decoding row's guesses, within the budget
+                fits = max(0, min(left, width, len(feed) + spare) - len(feed))
+                guesses = self.rows[i].guesses = self.rows[i].guesses[:fits]
+                spare -= len(guesses)
+                feed = feed + guesses
             left -= len(feed)
             counts[i] = len(feed)
             tokens[i, :len(feed)] = feed
@@ -269,30 +287,63 @@ class Engine:
                  for k in range(len(idle))]
         if self.adapters:
             extra.append(np.array([row.request.adapter_slot if row else 0 for row in self.rows], np.int32))
-        logits = self.session.step(tokens, counts, past, *extra)
+        # Rows whose fed tokens end their pending ones get logits: one each, or one per guess more.
+        picks = np.array([len(self.rows[i].guesses) + 1 if self.rows[i] and counts[i] >= len(self.rows[i].pending)
+                          else 0 for i in range(self.batch)], np.int64)
+        guessing = any(self.rows[i].guesses for i in live)
+        if guessing:
+            logits = self.session.verify(tokens, counts, past, picks, *extra)
+            first = np.cumsum(picks) - picks
+        else:
+            logits, first = self.session.step(tokens, counts, past, *extra), np.arange(self.batch)
         self.steps += 1
         for i in live:
             row = self.rows[i]
-            row.past += int(counts[i])
-            del row.pending[:int(counts[i])]
-            if row.pending:        # the prompt's next chunk comes at the next step
+            if not picks[i]:        # the prompt's next chunk comes at the next step (or the row's turn)
+                row.past += int(counts[i])
+                del row.pending[:int(counts[i])]
+                row.guesses = []
                 continue
+            row.past += len(row.pending)
             if self.prefix is not None and row.generated == 0:      # the whole prompt is in the cache now
                 self.prefix.store(i, row.request.adapter_slot, row.request.prompt)
                 if self.metrics is not None:
                     self.metrics.prefix_cache(0, self.prefix)
-            token, logprob = self._pick(row, logits[i:i + 1])
-            row.tokens.append(token)
-            row.pending = [token]
-            row.generated += 1
-            row.request.on_token(token, logprob)
-            reason = None
-            if token in row.request.stop_ids:
-                reason = "stop"
-            elif row.generated >= row.request.max_tokens or row.past >= self.seq_length:   # no slot left
-                reason = "length"
-            if reason:
-                self._finish(i, reason)
+            guesses, row.guesses, confirmed = row.guesses, [], 0
+            for j in range(int(picks[i])):
+                row.past += j > 0               # the guess confirmed last is in the cache
+                token, logprob = self._pick(row, logits[first[i] + j:first[i] + j + 1])
+                hit = j < len(guesses) and token == guesses[j]
+                confirmed += hit
+                if self._emit(i, token, logprob) or not hit:
+                    break
+            self.speculated.add(len(guesses), confirmed, self.metrics)
+
+    def _guess(self, live: List[int]) -> None:
+        """Each decoding row's guesses for this step (none for a row whose grammar must see each token)."""
+        if self.speculation is None:
+            return
+        for i in live:
+            row = self.rows[i]
+            if row.generated and row.request.constraint is None:
+                room = min(self.seq_length - row.past - 1, row.request.max_tokens - row.generated - 1)
+                row.guesses = self.speculation.propose(row.tokens, room)
+
+    def _emit(self, slot: int, token: int, logprob) -> bool:
+        """Hand the row's next token to its request; True when that finished it."""
+        row = self.rows[slot]
+        row.tokens.append(token)
+        row.pending = [token]
+        row.generated += 1
+        row.request.on_token(token, logprob)
+        reason = None
+        if token in row.request.stop_ids:
+            reason = "stop"
+        elif row.generated >= row.request.max_tokens or row.past >= self.seq_length:   # no slot left
+            reason = "length"
+        if reason:
+            self._finish(slot, reason)
+        return reason is not None
 
     def _pick(self, row: _Row, logits: np.ndarray):
         """The row's next token, and its TokenLogprobs when the request asks for them."""

@@ -2,7 +2,7 @@
 session calls.
 
 A replica of an mp-rank export is mp processes, each holding its part of the model. The replica's
-first rank drives it like a one-rank session: every `prefill`, `decode` or `step` call (their
+first rank drives it like a one-rank session: every `prefill`, `decode`, `step` or `verify` call (their
 arrays fix what every rank computes) is sent to the replica's other ranks before it runs its own
 part, and each of them runs the same call on its part; the collectives inside the call (MPI
 between Lite segments, a MindSpore cluster on `ms`) join the parts. Only the first rank chooses
@@ -17,7 +17,7 @@ import numpy as np
 
 from lite_runtime.distributed.rank_channel import RankChannel
 
-CALLS = ("prefill", "decode", "step")
+CALLS = ("prefill", "decode", "step", "verify")
 
 
 def _message(call: str, arrays) -> dict:
@@ -51,6 +51,9 @@ class MirroredSession:
     def step(self, *arrays: np.ndarray) -> np.ndarray:
         return self._mirrored("step", *arrays)
 
+    def verify(self, *arrays: np.ndarray) -> np.ndarray:
+        return self._mirrored("verify", *arrays)
+
     def close(self) -> None:
         try:
             self.channel.send_json_to(self.ranks, {"stop": True})
@@ -67,8 +70,14 @@ class RemoteSession:
         self.runtime = f"ranks {self.ranks[0]}-{self.ranks[-1]}" if len(self.ranks) > 1 else f"rank {self.ranks[0]}"
 
     def step(self, *arrays: np.ndarray) -> np.ndarray:
-        self.channel.send_json_to(self.ranks, _message("step", arrays))
-        return np.frombuffer(self.channel.recv_bytes_from(self.ranks[0]), np.float32).reshape(len(arrays[0]), -1)
+        return self._remote("step", arrays, len(arrays[0]))
+
+    def verify(self, *arrays: np.ndarray) -> np.ndarray:
+        return self._remote("verify", arrays, int(np.sum(arrays[3])))      # sum(picks) rows
+
+    def _remote(self, call: str, arrays, rows: int) -> np.ndarray:
+        self.channel.send_json_to(self.ranks, _message(call, arrays))
+        return np.frombuffer(self.channel.recv_bytes_from(self.ranks[0]), np.float32).reshape(rows, -1)
 
     def close(self) -> None:
         self.channel.send_json_to(self.ranks, {"stop": True})

@@ -31,6 +31,12 @@ class Metrics:
         self.prefix_evictions = Gauge("lite_prefix_cache_evictions", "Prompts dropped from the prefix cache so far",
                                       registry=r)
         self.prefix_bytes = Gauge("lite_prefix_cache_bytes", "Bytes the prefix cache holds", registry=r)
+        self.guessed = Counter("lite_speculative_proposed_tokens", "Guessed tokens fed to verification steps "
+                               "(--speculative)", registry=r)
+        self.confirmed = Counter("lite_speculative_accepted_tokens", "Guessed tokens the sampler confirmed",
+                                 registry=r)
+        self.acceptance = Gauge("lite_speculative_acceptance_rate", "Accepted / proposed guessed tokens so far",
+                                registry=r)
         self.registry, self.content_type = r, CONTENT_TYPE_LATEST
 
     def prefix_cache(self, cached: int, cache) -> None:
@@ -39,6 +45,11 @@ class Metrics:
             self.prefix_tokens.inc(cached)
         self.prefix_evictions.set(cache.evictions)
         self.prefix_bytes.set(cache.bytes)
+
+    def speculation(self, proposed: int, accepted: int, rate: float) -> None:
+        self.guessed.inc(proposed)
+        self.confirmed.inc(accepted)
+        self.acceptance.set(rate)
 
     def token(self, start: float, last: Optional[float], now: float) -> None:
         self.generation_tokens.inc()

@@ -1,0 +1,68 @@
+"""Speculative decoding by prompt lookup: guesses of a row's next tokens, verified in one packed step.
+
+A decoding row feeds its last token and up to k guessed ones; the step returns the logits after each
+of them (`Session.verify`). The row's own sampler then chooses token after token as plain decoding
+would, and keeps going while its choice equals the guess that was fed next: every accepted guess is a
+token whose K/V the step already wrote. The first choice that differs (or the one after the last
+guess) is kept too, so a step yields 1 .. k + 1 tokens, and the cache positions past the accepted
+ones are simply overwritten later (the graph reads a row only below its past length).
+
+The guess is a distribution with all its mass on one token, for which this rule is the standard
+rejection rule: the guess is accepted with the target's probability of it, and a rejection samples
+the target without it. A seeded sampler draws the same numbers in the same order, so the text equals
+plain decoding's, sampled or greedy.
+
+Guesses come from the row's own text (n-gram prompt lookup): the longest recent n-gram (n = 3 .. 1)
+ending the text that also occurred earlier, and the tokens that followed it there. Edits, summaries
+and answers that quote their input repeat long runs of it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import numpy as np
+
+from lite_runtime.contract.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """`ngram` with `k` guesses a step, looked up by n-grams of `max_ngram` .. 1 tokens."""
+    k: int = 4
+    max_ngram: int = 3
+
+    @classmethod
+    def parse(cls, text: str, where: str = "--speculative") -> "Speculation":
+        """`ngram` or `ngram:K`."""
+        method, _, k = text.partition(":")
+        if method != "ngram" or (k and not (k.isdigit() and 1 <= int(k) <= 16)):
+            raise ConfigError(f"{where} {text!r}: allowed: ngram or ngram:K with K guessed tokens a step, 1 to 16 "
+                              "(prompt lookup; a draft model is not supported)")
+        return cls(k=int(k) if k else cls.k)
+
+    def propose(self, tokens: Sequence[int], limit: int) -> List[int]:
+        """At most min(k, limit) tokens that followed the latest earlier occurrence of the text's last n-gram."""
+        limit = min(self.k, limit)
+        if limit <= 0 or len(tokens) < 2:
+            return []
+        text = np.asarray(tokens)
+        ends = np.flatnonzero(text[:-1] == text[-1])[::-1]     # earlier places of the last token, latest first
+        for n in range(min(self.max_ngram, len(text) - 1), 0, -1):
+            for end in ends:
+                if end >= n - 1 and np.array_equal(text[end - n + 1:end + 1], text[-n:]):
+                    return text[end + 1:end + 1 + limit].tolist()
+        return []
+
+
+@dataclass
+class SpeculationStats:
+    """Guessed tokens fed to verification steps and those accepted (the acceptance rate)."""
+    proposed: int = 0
+    accepted: int = 0
+
+    def add(self, proposed: int, accepted: int, metrics=None) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        if metrics is not None and proposed:
+            metrics.speculation(proposed, accepted, self.accepted / self.proposed)
