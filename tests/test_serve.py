@@ -153,8 +153,8 @@ def test_n_choices_are_each_their_own_generation(server, pipeline_texts):
     ({"suffix": " and so on"}, 400, "suffix"),
     ({"best_of": 3}, 400, "best_of"),
     # what is not built is refused, never ignored: the answer would not be what was asked for
-    ({"messages": [{"role": "user", "content": "one,"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "tools"),
+    ({"messages": [{"role": "user", "content": "one,"}], "tools": [{"type": "function", "function": {}}]},
+     400, "tools.0.function.name"),
     ({"messages": [{"role": "user", "content": "one,"}], "tool_choice": "required"}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "one,"}], "response_format": {"type": "json_object"}},
      400, "response_format"),       # JSON output needs a tokenizer.json; the demo model's is sentencepiece

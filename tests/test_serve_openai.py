@@ -227,10 +227,10 @@ def test_developer_messages_are_system_messages_and_tool_call_history_is_accepte
                              "messages.0.tool_calls.0.function")):
         status, answer = _request(url, "/v1/chat/completions", {"model": "demo", "messages": messages})
         assert status == 400 and answer["error"]["param"] == param, (messages, answer)
-    # tools themselves are still refused
+    # a tool without a name is refused, naming the field
     status, answer = _request(url, "/v1/chat/completions", {"model": "demo", "messages": ask, "tools": [
-        {"type": "function", "function": {"name": "add"}}]})
-    assert status == 400 and answer["error"]["param"] == "tools"
+        {"type": "function", "function": {}}]})
+    assert status == 400 and answer["error"]["param"] == "tools.0.function.name", answer
 
 
 def test_chat_templates_see_tool_calls_as_transformers_passes_them():

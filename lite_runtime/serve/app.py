@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from lite_runtime.decode.engine import QueueFull
 from lite_runtime.serve.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                                          TokenizeRequest, error_body)
-from lite_runtime.serve.runs import BadRequest, ServedModel, start_run
+from lite_runtime.serve.runs import BadRequest, ServedModel, chat_prompt_ids, start_run
 from lite_runtime.serve.tgi import add_tgi_routes
 
 
@@ -109,7 +109,7 @@ def create_app(served: ServedModel) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        return await _answer(served, body, [_chat_ids(body.messages)], request, chat=True)
+        return await _answer(served, body, [chat_prompt_ids(served, body)], request, chat=True)
 
     def _chat_ids(messages) -> List[int]:
         try:

@@ -89,8 +89,6 @@ def start_run(served: ServedModel, body: SamplingFields, prompts: List[List[int]
         raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
                           "logit_bias")
     served.constraint(body)        # a schema that cannot be followed is refused before anything runs
-    if chat and body.template_tools():
-        prompts = [chat_prompt_ids(served, body)]      # rendered with the tools (the route renders without)
     for i, prompt_ids in enumerate(prompts):
         _check_context(served, body, prompt_ids, "the prompt" if len(prompts) == 1 else f"prompt {i}", chat)
     run = _Run(served, body, prompts, slot, chat)
