@@ -148,7 +148,7 @@ def _assert_replaced_in_place(tmp, target, inode):
 def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypatch):
     """An output_dir that is a mount point cannot be renamed: the new export's entries replace the old
     one's inside it (os.path.ismount monkeypatched: tests cannot mount)."""
-    from exporter.writing.export import _replace_dir
+    from exporter.writing.output_folder import _replace_dir
     tmp, target = _old_and_new_export(tmp_path)
     inode = os.stat(target).st_ino
     real_ismount = os.path.ismount
@@ -160,7 +160,7 @@ def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypa
 def test_replace_dir_fills_a_folder_whose_rename_is_busy_simulated_ebusy(tmp_path, monkeypatch):
     """Renaming the old export away fails with EBUSY (as for a mount point os.path.ismount misses):
     the entries are moved instead (os.rename monkeypatched to fail so)."""
-    from exporter.writing.export import _replace_dir
+    from exporter.writing.output_folder import _replace_dir
     tmp, target = _old_and_new_export(tmp_path)
     inode = os.stat(target).st_ino
     real_rename = os.rename
@@ -176,7 +176,7 @@ def test_replace_dir_fills_a_folder_whose_rename_is_busy_simulated_ebusy(tmp_pat
 
 STOPPED_WHILE_COPYING = """
 import os, runpy, signal, sys
-import exporter.writing.export as export
+import exporter.writing.output_folder as export
 link_or_copy = export._link_or_copy
 def copy_then_stop(src, dest):      # a service manager's SIGTERM arriving during the first infer: copy
     link_or_copy(src, dest)
