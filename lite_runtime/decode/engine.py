@@ -323,11 +323,13 @@ class Engine:
         """Each decoding row's guesses for this step (none for a row whose grammar must see each token)."""
         if self.speculation is None:
             return
+        asked = {}
         for i in live:
             row = self.rows[i]
             if row.generated and row.request.constraint is None:
-                room = min(self.seq_length - row.past - 1, row.request.max_tokens - row.generated - 1)
-                row.guesses = self.speculation.propose(row.tokens, room)
+                asked[i] = (row.tokens, min(self.seq_length - row.past - 1, row.request.max_tokens - row.generated - 1))
+        for i, guesses in self.speculation.guess(asked).items():
+            self.rows[i].guesses = guesses
 
     def _emit(self, slot: int, token: int, logprob) -> bool:
         """Hand the row's next token to its request; True when that finished it."""

@@ -19,7 +19,7 @@ and answers that quote their input repeat long runs of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +40,10 @@ class Speculation:
             raise ConfigError(f"{where} {text!r}: allowed: ngram or ngram:K with K guessed tokens a step, 1 to 16 "
                               "(prompt lookup; a draft model is not supported)")
         return cls(k=int(k) if k else cls.k)
+
+    def guess(self, rows: Dict[int, Tuple[Sequence[int], int]]) -> Dict[int, List[int]]:
+        """The guesses of the rows asking this step: row -> (its text, the most guesses it has room for)."""
+        return {row: self.propose(tokens, limit) for row, (tokens, limit) in rows.items()}
 
     def propose(self, tokens: Sequence[int], limit: int) -> List[int]:
         """At most min(k, limit) tokens that followed the latest earlier occurrence of the text's last n-gram."""
