@@ -132,3 +132,36 @@ def test_run_infer_main_chat_answers_as_transformers(smollm2):
                       "--predict_data", question, "--max_new_tokens", "32"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == f"user: {question}\nassistant: {tokenizer.decode(new, skip_special_tokens=True)}\n"
+
+
+def test_run_infer_main_answers_follow_a_json_schema(smollm2, tmp_path):
+    """`--json_schema FILE` (pipeline()'s json_schema): each chat answer is JSON valid against it."""
+    export = smollm2[0]
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps(CITY))
+    questions = tmp_path / "questions.txt"
+    questions.write_text("What is the capital of France?\nName a big city in Japan.\n")
+    result = run_cli(["run_infer_main.py", "--model_dir", export, "--chat", "True", "--predict_data", str(questions),
+                      "--max_new_tokens", "64", "--json_schema", str(schema)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    answers = [line.split("assistant: ", 1)[1] for line in result.stdout.splitlines() if line.startswith("assistant: ")]
+    assert len(answers) == 2, result.stdout
+    for answer in answers:
+        jsonschema.validate(json.loads(answer), CITY)
+
+
+def test_speculation_on_the_real_model_keeps_transformers_tokens(smollm2, tmp_path):
+    """Prompt lookup on a chat that asks to repeat code: the greedy answer with guesses is transformers'
+    (EOS ignored, 36 tokens: the code's length), and most guesses are accepted."""
+    export, model, tokenizer = smollm2
+    code = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))\n"
+    ids = _reference_ids(tokenizer, [{"role": "user", "content": f"Repeat this code exactly:\n{code}"}])
+    expected, _ = _greedy(model, ids, 36)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([ids]))
+    result = run_cli([os.path.join(REPO, "tests", "speculative_runner.py"), "mslite", export, str(prompts), "36"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["ngram"] == [expected] and got["plain"] == [expected]
+    proposed, accepted = got["ngram_stats"]
+    assert accepted >= 0.5 * proposed > 0, got["ngram_stats"]

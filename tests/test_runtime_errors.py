@@ -362,3 +362,16 @@ def test_pipeline_yaml_says_exactly_what_is_missing(tmp_path, yaml_text, facts):
         pipeline(model=str(yaml_path), backend="ms")
     for fact in facts:
         assert fact in str(info.value), (fact, str(info.value))
+
+
+def test_a_json_schema_the_export_cannot_follow_is_one_line(export_dir, tokenizer_model, demo_exports, tmp_path):
+    """--json_schema: a file that is not a schema; a two-graph export (no engine); a sentencepiece tokenizer."""
+    schema = tmp_path / "schema.json"
+    schema.write_text("[1, 2]")
+    assert_one_line_error(infer_cli(export_dir, tokenizer_model, "--predict_data", "hi", "--json_schema", str(schema)),
+                          "--json_schema", "not a JSON schema")
+    schema.write_text('{"type": "object"}')
+    assert_one_line_error(infer_cli(export_dir, tokenizer_model, "--predict_data", "hi", "--json_schema", str(schema)),
+                          "json_schema", "kv_cache packed", "'io'")
+    assert_one_line_error(infer_cli(demo_exports["ms"], None, "--predict_data", "hi", "--json_schema", str(schema)),
+                          "json_schema", "tokenizer.json", "tokenizer.model")

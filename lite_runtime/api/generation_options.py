@@ -33,9 +33,13 @@ class GenerationOptions:
     adapter_id: Union[str, List[str], None] = None      # SLoRA adapter name(s); None: the base model
     strict_adapter: bool = False         # refuse an unknown adapter_id instead of running the base model
     is_sample_acceleration: bool = False    # accepted as upstream passes it; sampling is always on the host
+    json_schema: Optional[dict] = None   # each answer is JSON following this schema ({}: any JSON object)
 
     def __post_init__(self):
         self.sampling()
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ValidationError(f"json_schema must be a JSON schema (a dict; {{}} for any JSON object), got "
+                                  f"{self.json_schema!r}")
         for name in ("max_length", "max_new_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

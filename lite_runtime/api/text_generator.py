@@ -14,6 +14,7 @@ import numpy as np
 from lite_runtime.backends import load_session
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.contract.families import STEP_MODES, family_from_model_name, get_family
+from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.decode.engine import Engine, EngineRequest
 from lite_runtime.decode.generation import Step, check_prompts, generate_batches, row_budgets
 from lite_runtime.api.generation_options import GenerationOptions
@@ -135,6 +136,10 @@ class TextGeneratorInfer:
             forward = _stream_to(streamer, prompts) if streamer is not None else None
             if self.manifest.kv_cache in STEP_MODES:
                 return prompts, self._on_engine(prompts, budgets, eos, options, adapters, on_step)
+            if options.json_schema is not None:
+                raise ConfigError(f"json_schema holds each answer to a grammar on the engine, which runs exports of "
+                                  f"kv_cache packed; this one's is {self.manifest.kv_cache!r}: export again with "
+                                  "kv_cache: packed")
             # The two-graph forms (kv_cache io / in_graph: upstream's prefill + increment pair that GE
             # runs on Ascend) have fixed batch shapes and no step over any tokens of any rows, so they
             # keep the static batch loop (the same Sampler picks in both loops).
@@ -162,8 +167,11 @@ class TextGeneratorInfer:
         sampling = options.sampling()
         for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
             own = sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + i)
+            constraint = None if options.json_schema is None else json_matcher(
+                getattr(self.tokenizer, "path", ""), self.manifest.vocab_size, eos, options.json_schema or None,
+                "json_schema")
             self._engine.submit(EngineRequest(list(prompt), budget, own, frozenset(eos), adapters[i] if adapters else 0,
-                                              on_token=lambda token, _, i=i: on_token(i, token)))
+                                              constraint=constraint, on_token=lambda token, _, i=i: on_token(i, token)))
 
         def after_step():
             active[:] = False

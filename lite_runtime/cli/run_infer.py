@@ -6,6 +6,7 @@ interactive loop reads prompts from stdin until EOF or Ctrl-C.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -100,8 +101,25 @@ OPTIONS = (
     _option("--seed", type=int, help="seed of sampling, for the same text every run; default: a fresh random seed"),
     _option("--num_threads", type=int, default=2, help="CPU threads of the runtime"),
     _option("--truncate", type=BOOL, default=False, help="keep the tail of over-long prompts instead of failing"),
+    _option("--json_schema", callback=lambda ctx, param, path: _read_schema(path),
+            help="a .json file with a JSON schema each answer follows ({} for any JSON object); packed exports "
+                 "with a tokenizer.json; default: free text"),
     _option("--verbose", is_flag=True, default=False, help="log loading and generation details"),
 )
+
+
+def _read_schema(path: Optional[str]) -> Optional[dict]:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--json_schema {path}: not a readable JSON file ({e}); give a .json file with a JSON "
+                          "schema") from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f"--json_schema {path}: holds {type(schema).__name__}, not a JSON schema (an object)")
+    return schema
 
 
 def read_prompts(predict_data: str, template: Optional[str]) -> List[str]:

@@ -10,6 +10,7 @@ before choosing and tells the chosen token after.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Dict, Optional, Sequence
 
@@ -19,6 +20,17 @@ from lite_runtime.contract.errors import ConfigError, ValidationError
 
 _TABLES: Dict[tuple, object] = {}
 _LOCK = threading.Lock()
+
+
+def json_matcher(tokenizer_path: str, vocab_size: int, eos_ids: Sequence[int], schema: Optional[dict],
+                 what: str) -> "JsonConstraint":
+    """A new matcher of `schema` (None: any JSON object) over the vocabulary of `tokenizer_path`, which must
+    be a tokenizer.json (ConfigError naming `what`, the option that asked for it)."""
+    if not tokenizer_path.endswith(".json"):
+        raise ConfigError(f"{what} needs an export whose tokenizer is a tokenizer.json (its answer is held to a "
+                          f"JSON schema); this one's is {os.path.basename(tokenizer_path)}")
+    tables = JsonConstraint.tables(tokenizer_path, vocab_size, sorted(eos_ids))
+    return JsonConstraint.start(tables, schema, vocab_size)
 
 
 class JsonConstraint:

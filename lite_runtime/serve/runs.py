@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
 from typing import List, Optional
 
 from lite_runtime.contract.errors import ToolchainError
-from lite_runtime.decode.constraints import JsonConstraint
+from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.serve.chat import ChatFormat
 from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
 from lite_runtime.serve.metrics import Metrics
@@ -49,17 +48,13 @@ class ServedModel:
             if not wanted:
                 return None
             field, what = "response_format", f"response_format {body.response_format.get('type')!r}"
-        if not self.tokenizer.path.endswith(".json"):
-            raise BadRequest(f"{what} needs an export whose tokenizer is a tokenizer.json (its answer is held to "
-                             f"a JSON schema); this one's is {os.path.basename(self.tokenizer.path)}", field)
         if body.ignore_eos:
             raise BadRequest(f"{what} ends the answer at the end of its JSON (the model's EOS); send it without "
                              "ignore_eos", "ignore_eos")
         try:
-            tables = JsonConstraint.tables(self.tokenizer.path, self.vocab_size, sorted(self.stop_ids))
-            return JsonConstraint.start(tables, schema, self.vocab_size)
+            return json_matcher(self.tokenizer.path, self.vocab_size, self.stop_ids, schema, what)
         except ToolchainError as e:
-            if forced:
+            if forced and self.tokenizer.path.endswith(".json"):
                 raise BadRequest(f"the tools' parameters: {e}", "tools") from None
             raise BadRequest(str(e), field) from None
 
