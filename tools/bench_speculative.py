@@ -77,7 +77,7 @@ def command(model_dir, k, max_tokens, rounds, num_threads):
     for workload, questions in (("quote", QUOTE), ("free", FREE)):
         prompts = [chat.encode([{"role": "user", "content": q}]) for q in questions]
         totals = {side: [0, 0.0, 0] for side in sides}
-        texts, stats = {}, None
+        texts, guessed = {}, [0, 0]
         for _ in range(rounds):
             for side, speculation in sides.items():
                 engine = Engine(session, threaded=False, speculation=speculation)
@@ -86,14 +86,16 @@ def command(model_dir, k, max_tokens, rounds, num_threads):
                 totals[side][1] += time.perf_counter() - start
                 totals[side][0] += sum(map(len, texts[side]))
                 totals[side][2] += engine.steps
-                stats = engine.speculated if speculation else stats
+                if speculation:
+                    guessed[0] += engine.speculated.proposed
+                    guessed[1] += engine.speculated.accepted
         if texts["plain"] != texts[f"ngram:{k}"]:
             raise ToolchainError(f"{workload}: the answers with guesses differ from the plain ones")
         rate = {side: tokens / seconds for side, (tokens, seconds, _) in totals.items()}
         for side, (tokens, seconds, steps) in totals.items():
             print(f"  {workload:5s} {side:8s} {tokens:5d} tokens {rate[side]:6.1f} tok/s {steps:5d} steps")
-        print(f"  {workload:5s} ratio {rate[f'ngram:{k}'] / rate['plain']:.2f}x, accepted {stats.accepted} of "
-              f"{stats.proposed} guesses ({stats.accepted / max(stats.proposed, 1):.0%}); answers equal")
+        print(f"  {workload:5s} ratio {rate[f'ngram:{k}'] / rate['plain']:.2f}x, accepted {guessed[1]} of "
+              f"{guessed[0]} guesses ({guessed[1] / max(guessed[0], 1):.0%}); answers equal")
 
 
 main = entry_point(command, "tools/bench_speculative.py")
