@@ -11,9 +11,10 @@ import click
 
 from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
-from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.contract.errors import ConfigError, ToolchainError
 from lite_runtime.decode.engine import PREFILL_CHUNK, Engine
-from lite_runtime.decode.speculation import Speculation
+from lite_runtime.decode.draft import DraftModel
+from lite_runtime.decode.speculation import DraftSpec, Speculation
 from lite_runtime.tokenizers.chat_template import chat_tuned_sign
 
 PROG = "python -m lite_runtime.serve"
@@ -37,10 +38,11 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=0.0, show_default=True,
               help="Keep recent prompts' K/V up to this many GiB and reuse the prefix a new prompt shares with "
                    "one (a chat's system prompt and history): only the rest is prefilled. 0: off.")
-@click.option("--speculative", default=None, metavar="ngram[:K]",
-              help="Speculative decoding: each decoding row also feeds up to K (default 4) tokens guessed from "
-                   "its own text (prompt lookup) and keeps those the model confirms; the text is the same. "
-                   "Helps answers that quote their input (edits, summaries). Packed exports.")
+@click.option("--speculative", default=None, metavar="ngram[:K] | draft:DIR[:K]",
+              help="Speculative decoding: each decoding row also feeds up to K (default 4) guessed tokens and "
+                   "keeps those the model confirms; the text is the same. ngram: guessed from the row's own text "
+                   "(prompt lookup), helps answers that quote their input (edits, summaries); draft:DIR: by a "
+                   "small export with the same tokenizer (its cache rows cost memory too). Packed exports.")
 @click.option("--shutdown_timeout", type=float, default=10.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM / Ctrl-C.")
 @click.option("--distributed", type=BOOL, default=False,
@@ -62,8 +64,13 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     speculation = Speculation.parse(speculative) if speculative else None
+    if distributed and isinstance(speculation, DraftSpec):
+        raise ConfigError(f"--speculative {speculative!r}: a draft model runs on one process; under the launcher "
+                          "use --speculative ngram[:K]")
     manifest = load_manifest(model_dir)
     manifest.verify_files()
+    if isinstance(speculation, DraftSpec):     # checked against the target's manifest, loaded once
+        speculation = DraftModel.load(speculation, manifest, backend, num_threads)
     tokenizer = manifest.load_tokenizer()
     if tokenizer is None:
         raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
@@ -106,6 +113,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
         engine.stop(timeout=shutdown_timeout)
         for replica in getattr(engine, "engines", [engine]):
             replica.session.close()
+        if isinstance(speculation, DraftModel):
+            speculation.close()
         if channel is not None:
             channel.close()
 

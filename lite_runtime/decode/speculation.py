@@ -14,16 +14,35 @@ plain decoding's, sampled or greedy.
 
 Guesses come from the row's own text (n-gram prompt lookup): the longest recent n-gram (n = 3 .. 1)
 ending the text that also occurred earlier, and the tokens that followed it there. Edits, summaries
-and answers that quote their input repeat long runs of it.
+and answers that quote their input repeat long runs of it. Or from a small draft export with the same
+tokenizer (`draft:DIR`, draft.py), which guesses greedily whatever the text.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
+import os
+
 import numpy as np
 
 from lite_runtime.contract.errors import ConfigError
+
+ALLOWED = ("allowed: ngram[:K] (prompt lookup) or draft:DIR[:K] (DIR: a packed export with the target's "
+           "tokenizer), K guessed tokens a step, 1 to 16 (default 4)")
+
+
+def _guesses(text: str, k: str, where: str) -> int:
+    if k and not (k.isdigit() and 1 <= int(k) <= 16):
+        raise ConfigError(f"{where} {text!r}: K {k!r} is not a number from 1 to 16; {ALLOWED}")
+    return int(k) if k else 4
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """`draft:DIR[:K]`, parsed: the draft export is loaded once the target is (draft.DraftModel.load)."""
+    folder: str
+    k: int = 4
 
 
 @dataclass(frozen=True)
@@ -33,13 +52,17 @@ class Speculation:
     max_ngram: int = 3
 
     @classmethod
-    def parse(cls, text: str, where: str = "--speculative") -> "Speculation":
-        """`ngram` or `ngram:K`."""
-        method, _, k = text.partition(":")
-        if method != "ngram" or (k and not (k.isdigit() and 1 <= int(k) <= 16)):
-            raise ConfigError(f"{where} {text!r}: allowed: ngram or ngram:K with K guessed tokens a step, 1 to 16 "
-                              "(prompt lookup; a draft model is not supported)")
-        return cls(k=int(k) if k else cls.k)
+    def parse(cls, text: str, where: str = "--speculative"):
+        """`ngram`, `ngram:K` (a Speculation), `draft:DIR` or `draft:DIR:K` (a DraftSpec)."""
+        method, _, rest = text.partition(":")
+        if method == "ngram":
+            return cls(k=_guesses(text, rest, where))
+        if method == "draft" and rest:
+            folder, _, k = rest.rpartition(":") if rest.rpartition(":")[2].isdigit() else (rest, "", "")
+            if not os.path.isdir(folder):
+                raise ConfigError(f"{where} {text!r}: the draft export {folder} is not a folder; {ALLOWED}")
+            return DraftSpec(folder, _guesses(text, k, where))
+        raise ConfigError(f"{where} {text!r}: {ALLOWED}")
 
     def guess(self, rows: Dict[int, Tuple[Sequence[int], int]]) -> Dict[int, List[int]]:
         """The guesses of the rows asking this step: row -> (its text, the most guesses it has room for)."""
