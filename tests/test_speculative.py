@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from family_cases import FAMILIES, reference
-from test_serve import PROMPTS, client, served
+from test_serve import PROMPTS, client, pipeline_texts  # noqa: F401 (a fixture)
 from tiny_models import REPO, run_cli
 
 
@@ -58,19 +58,58 @@ def test_speculation_keeps_the_reference_tokens(hf_family, family_export, family
     assert got["sampled_ngram"] == got["sampled_plain"]
 
 
-def test_the_server_speculates_with_the_same_text(demo_exports, pipeline_texts):
-    """The demo model continues counting: its guesses from the prompt's words are mostly right."""
+# The demo model continues counting: from the second round on, prompt lookup guesses the words
+COUNTING = "Counting: one, two, three, four, five, six, seven, eight, nine, ten, one, two, three,"
+
+
+@pytest.fixture(scope="module")
+def prompts_and_texts(demo_exports, pipeline_texts):
+    """PROMPTS + [COUNTING] and their plain greedy continuations by pipeline() on `ms`."""
+    from lite_runtime import pipeline
+    pipe = pipeline("text_generation", model=demo_exports["ms"], backend="ms")
+    counted = pipe(COUNTING, max_new_tokens=10, add_special_tokens=True)[0]["text_generation_text"][0]
+    return PROMPTS + [COUNTING], pipeline_texts + [counted[len(COUNTING):]]
+
+
+def test_the_server_speculates_with_the_same_text(demo_exports, prompts_and_texts):
     from served_process import served as serve_process
     from lite_process import ensure_lite_installed
     ensure_lite_installed()
+    prompts, expected = prompts_and_texts
     with serve_process(demo_exports["mslite"], "mslite", "demo", cwd=REPO, extra=["--speculative", "ngram:3"]) as server:
         api = client(server.url)
         texts = [api.completions.create(model="demo", prompt=p, max_tokens=10, temperature=0).choices[0].text
-                 for p in PROMPTS]
+                 for p in prompts]
         streamed = "".join(c.choices[0].text for c in api.completions.create(
-            model="demo", prompt=PROMPTS[0], max_tokens=10, temperature=0, stream=True) if c.choices)
+            model="demo", prompt=COUNTING, max_tokens=10, temperature=0, stream=True) if c.choices)
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
-    assert texts == pipeline_texts and streamed == pipeline_texts[0]
+    assert texts == expected and streamed == expected[-1]
     proposed = float(re.search(r"^lite_speculative_proposed_tokens_total (\S+)", metrics, re.M).group(1))
     accepted = float(re.search(r"^lite_speculative_accepted_tokens_total (\S+)", metrics, re.M).group(1))
     assert 0 < accepted <= proposed, (accepted, proposed)
+
+
+def test_pipeline_speculates_with_the_same_text_streamed_or_not(demo_exports, prompts_and_texts):
+    """pipeline(speculative=...) on the demo model: its texts, and a streamer given each confirmed token
+    in its own step (transformers' TextStreamer prints the same text)."""
+    from transformers import TextStreamer
+    from lite_runtime import pipeline
+    prompts, expected = prompts_and_texts
+    pipe = pipeline("text_generation", model=demo_exports["ms"], backend="ms", speculative="ngram:3")
+    answers = pipe(prompts, max_new_tokens=10, add_special_tokens=True)
+    assert [a["text_generation_text"][0][len(p):] for a, p in zip(answers, prompts)] == expected
+    assert pipe._engine.speculated.accepted > 0
+    printed = []
+
+    class Collect(TextStreamer):
+        def on_finalized_text(self, text, stream_end=False):
+            printed.append(text)
+    pipe(COUNTING, max_new_tokens=10, add_special_tokens=True, streamer=Collect(pipe.tokenizer, skip_prompt=True))
+    assert "".join(printed).strip() == expected[-1].strip()
+
+
+def test_a_bad_speculative_keyword_is_refused_naming_it():
+    from lite_runtime.api.generation_options import GenerationOptions
+    from lite_runtime.contract.errors import ToolchainError
+    with pytest.raises(ToolchainError, match="speculative 'lookup'.*ngram"):
+        GenerationOptions(speculative="lookup")

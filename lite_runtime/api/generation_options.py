@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Union
 
 from lite_runtime.contract.errors import ConfigError, ValidationError
 from lite_runtime.decode.sampling import SamplingParams
+from lite_runtime.decode.speculation import Speculation
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,15 @@ class GenerationOptions:
     strict_adapter: bool = False         # refuse an unknown adapter_id instead of running the base model
     is_sample_acceleration: bool = False    # accepted as upstream passes it; sampling is always on the host
     json_schema: Optional[dict] = None   # each answer is JSON following this schema ({}: any JSON object)
+    speculative: Optional[str] = None    # "ngram" / "ngram:K": guesses by prompt lookup, verified (same text)
 
     def __post_init__(self):
         self.sampling()
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise ValidationError(f"json_schema must be a JSON schema (a dict; {{}} for any JSON object), got "
                                   f"{self.json_schema!r}")
+        if self.speculative is not None:
+            Speculation.parse(self.speculative, "speculative")
         for name in ("max_length", "max_new_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -16,6 +16,7 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationE
 from lite_runtime.contract.families import STEP_MODES, family_from_model_name, get_family
 from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.decode.engine import Engine, EngineRequest
+from lite_runtime.decode.speculation import Speculation
 from lite_runtime.decode.generation import Step, check_prompts, generate_batches, row_budgets
 from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.api.infer_config import InferConfig
@@ -136,10 +137,10 @@ class TextGeneratorInfer:
             forward = _stream_to(streamer, prompts) if streamer is not None else None
             if self.manifest.kv_cache in STEP_MODES:
                 return prompts, self._on_engine(prompts, budgets, eos, options, adapters, on_step)
-            if options.json_schema is not None:
-                raise ConfigError(f"json_schema holds each answer to a grammar on the engine, which runs exports of "
-                                  f"kv_cache packed; this one's is {self.manifest.kv_cache!r}: export again with "
-                                  "kv_cache: packed")
+            for name in ("json_schema", "speculative"):
+                if getattr(options, name) is not None:
+                    raise ConfigError(f"{name} runs on the engine, which runs exports of kv_cache packed; this one's "
+                                      f"is {self.manifest.kv_cache!r}: export again with kv_cache: packed")
             # The two-graph forms (kv_cache io / in_graph: upstream's prefill + increment pair that GE
             # runs on Ascend) have fixed batch shapes and no step over any tokens of any rows, so they
             # keep the static batch loop (the same Sampler picks in both loops).
@@ -153,8 +154,9 @@ class TextGeneratorInfer:
     def _on_engine(self, prompts, budgets, eos, options: GenerationOptions, adapters, on_step) -> List[List[int]]:
         """The prompts as requests of the engine, submitted together and stepped here until each has
         finished; each prompt samples with its own seed (seed + its index), as a server's choices do."""
-        if self._engine is None:
-            self._engine = Engine(self.session, max_waiting=1 << 30, threaded=False)
+        speculation = Speculation.parse(options.speculative, "speculative") if options.speculative else None
+        if self._engine is None or self._engine.speculation != speculation:
+            self._engine = Engine(self.session, max_waiting=1 << 30, threaded=False, speculation=speculation)
         results: List[List[int]] = [[] for _ in prompts]
         active = np.zeros(len(prompts), bool)
         tokens = np.zeros(len(prompts), np.int32)
@@ -173,12 +175,21 @@ class TextGeneratorInfer:
             self._engine.submit(EngineRequest(list(prompt), budget, own, frozenset(eos), adapters[i] if adapters else 0,
                                               constraint=constraint, on_token=lambda token, _, i=i: on_token(i, token)))
 
-        def after_step():
-            active[:] = False
-            for i, token in produced:
-                active[i], tokens[i] = True, token
+        def after_step():      # a row's k-th token of the step (speculation gives several) in Step k
+            pending = list(produced)
             produced.clear()
-            on_step(0, Step(tokens.copy(), active.copy()))
+            while True:
+                active[:] = False
+                later = []
+                for i, token in pending:
+                    if active[i]:
+                        later.append((i, token))
+                    else:
+                        active[i], tokens[i] = True, token
+                on_step(0, Step(tokens.copy(), active.copy()))
+                if not later:
+                    return
+                pending = later
         self._engine.run_until_idle(after_step)
         return results
 

@@ -101,6 +101,9 @@ OPTIONS = (
     _option("--seed", type=int, help="seed of sampling, for the same text every run; default: a fresh random seed"),
     _option("--num_threads", type=int, default=2, help="CPU threads of the runtime"),
     _option("--truncate", type=BOOL, default=False, help="keep the tail of over-long prompts instead of failing"),
+    _option("--speculative", help="ngram or ngram:K: each step also feeds up to K (default 4) tokens guessed from "
+            "the text so far and keeps those the model confirms (the same text; faster when answers quote their "
+            "input); packed exports; default: off"),
     _option("--json_schema", callback=lambda ctx, param, path: _read_schema(path),
             help="a .json file with a JSON schema each answer follows ({} for any JSON object); packed exports "
                  "with a tokenizer.json; default: free text"),
