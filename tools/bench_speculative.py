@@ -1,13 +1,15 @@
-"""Speculative decoding (prompt lookup), measured: chats answered one at a time (batch 1) by the engine
-with and without guesses, side by side, the answers checked equal.
+"""Speculative decoding (prompt lookup, and a draft model with --draft), measured: chats answered one at a
+time (batch 1) by the engine with and without guesses, side by side, the answers checked equal.
 
     python tools/bench_speculative.py --model_dir output/smollm2 [--k 4] [--max_tokens 128] [--rounds 2]
+                                      [--draft DIR]
 
 Two workloads through the export's chat template, greedy, stopping at the model's end of turn: `quote`
 (the answer repeats or edits code given in the question: prompt lookup's case) and `free` (questions
-whose answers quote nothing: guesses mostly fail, and must not cost much). Rounds alternate the sides.
-Printed per workload and side: generated tokens, tokens per second, steps; then the ratio and the
-acceptance rate (accepted / proposed guesses).
+whose answers quote nothing: guesses mostly fail, and must not cost much). Rounds alternate the sides:
+`plain`, `ngram:K` and, with --draft DIR (an export with the same tokenizer, loaded once), `draft`.
+Printed per workload and side: generated tokens, tokens per second, steps; then each guessing side's
+ratio to plain and acceptance rate (accepted / proposed guesses).
 """
 from __future__ import annotations
 
@@ -58,10 +60,12 @@ def answer(engine, prompt, max_tokens, stop_ids):
 @click.option("--max_tokens", type=click.IntRange(1, None), default=128, show_default=True)
 @click.option("--rounds", type=click.IntRange(1, None), default=2, show_default=True)
 @click.option("--num_threads", type=click.IntRange(1, None), default=2, show_default=True)
-def command(model_dir, k, max_tokens, rounds, num_threads):
+@click.option("--draft", default=None, metavar="DIR", help="Also a third side: guesses by this draft export.")
+def command(model_dir, k, max_tokens, rounds, num_threads, draft):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.engine import Engine
+    from lite_runtime.decode.draft import DraftModel
     from lite_runtime.decode.speculation import Speculation
     from lite_runtime.serve.chat import ChatFormat
 
@@ -73,11 +77,14 @@ def command(model_dir, k, max_tokens, rounds, num_threads):
     stop_ids = frozenset(manifest.eos_token_id)
     session = load_session("mslite", manifest, num_threads=num_threads)
     sides = {"plain": None, f"ngram:{k}": Speculation(k=k)}
+    if draft:
+        sides["draft"] = DraftModel.load(Speculation.parse(f"draft:{draft}:{k}", "--draft"), manifest, "mslite",
+                                         num_threads)
     print(f"{model_dir}: batch 1, {max_tokens} tokens at most, {rounds} round(s), {session.runtime}")
     for workload, questions in (("quote", QUOTE), ("free", FREE)):
         prompts = [chat.encode([{"role": "user", "content": q}]) for q in questions]
         totals = {side: [0, 0.0, 0] for side in sides}
-        texts, guessed = {}, [0, 0]
+        texts, guessed = {}, {side: [0, 0] for side, speculation in sides.items() if speculation}
         for _ in range(rounds):
             for side, speculation in sides.items():
                 engine = Engine(session, threaded=False, speculation=speculation)
@@ -87,15 +94,17 @@ def command(model_dir, k, max_tokens, rounds, num_threads):
                 totals[side][0] += sum(map(len, texts[side]))
                 totals[side][2] += engine.steps
                 if speculation:
-                    guessed[0] += engine.speculated.proposed
-                    guessed[1] += engine.speculated.accepted
-        if texts["plain"] != texts[f"ngram:{k}"]:
-            raise ToolchainError(f"{workload}: the answers with guesses differ from the plain ones")
+                    guessed[side][0] += engine.speculated.proposed
+                    guessed[side][1] += engine.speculated.accepted
+        for side in guessed:
+            if texts[side] != texts["plain"]:
+                raise ToolchainError(f"{workload}: the answers of {side} differ from the plain ones")
         rate = {side: tokens / seconds for side, (tokens, seconds, _) in totals.items()}
         for side, (tokens, seconds, steps) in totals.items():
             print(f"  {workload:5s} {side:8s} {tokens:5d} tokens {rate[side]:6.1f} tok/s {steps:5d} steps")
-        print(f"  {workload:5s} ratio {rate[f'ngram:{k}'] / rate['plain']:.2f}x, accepted {guessed[1]} of "
-              f"{guessed[0]} guesses ({guessed[1] / max(guessed[0], 1):.0%}); answers equal")
+        for side, (proposed, accepted) in guessed.items():
+            print(f"  {workload:5s} {side:8s} ratio {rate[side] / rate['plain']:.2f}x, accepted {accepted} of "
+                  f"{proposed} guesses ({accepted / max(proposed, 1):.0%}); answers equal")
 
 
 main = entry_point(command, "tools/bench_speculative.py")
