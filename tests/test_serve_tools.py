@@ -251,7 +251,8 @@ def test_a_forced_call_needs_a_tokenizer_the_constraint_reads():
     from types import SimpleNamespace
     from lite_runtime.serve.protocol import ChatRequest
     from lite_runtime.serve.runs import BadRequest, ServedModel
-    served = SimpleNamespace(tokenizer=SimpleNamespace(path="/export/tokenizer.model"))
+    served = SimpleNamespace(tokenizer=SimpleNamespace(path="/export/tokenizer.model"), vocab_size=100,
+                             stop_ids=frozenset({2}))     # a stand-in: what constraint() reads
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
         body = ChatRequest(model="m", messages=ASK, tools=TOOLS, tool_choice=choice)
         with pytest.raises(BadRequest) as e:
