@@ -1,7 +1,8 @@
 """Speculative decoding with a draft model (`--speculative draft:DIR[:K]`, lite_runtime/decode/draft.py) keeps
 the text: on llama's tiny model, on `ms` and on real Lite (a process without mindspore), the target's own
 export as its draft has every guess accepted, another model with the same tokenizer (the same folder with
-noise added to its weights) has some rejected, and both give transformers' greedy tokens and the plain run's seeded samples.
+noise added to its weights) has some rejected, and both give transformers' greedy tokens and the plain
+run's seeded samples.
 Drafts that cannot guess for the target are refused in one line."""
 import dataclasses
 import json

@@ -78,8 +78,8 @@ def command(model_dir, k, max_tokens, rounds, num_threads, draft):
     session = load_session("mslite", manifest, num_threads=num_threads)
     sides = {"plain": None, f"ngram:{k}": Speculation(k=k)}
     if draft:
-        sides["draft"] = DraftModel.load(Speculation.parse(f"draft:{draft}:{k}", "--draft"), manifest, "mslite",
-                                         num_threads)
+        spec = Speculation.parse(f"draft:{draft}:{k}", "--draft", drafts=True)
+        sides["draft"] = DraftModel.load(spec, manifest, "mslite", num_threads)
     print(f"{model_dir}: batch 1, {max_tokens} tokens at most, {rounds} round(s), {session.runtime}")
     for workload, questions in (("quote", QUOTE), ("free", FREE)):
         prompts = [chat.encode([{"role": "user", "content": q}]) for q in questions]

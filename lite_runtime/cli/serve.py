@@ -63,7 +63,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     from lite_runtime.serve import ranks
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    speculation = Speculation.parse(speculative) if speculative else None
+    speculation = Speculation.parse(speculative, drafts=True) if speculative else None
     if distributed and isinstance(speculation, DraftSpec):
         raise ConfigError(f"--speculative {speculative!r}: a draft model runs on one process; under the launcher "
                           "use --speculative ngram[:K]")

@@ -52,11 +52,15 @@ class Speculation:
     max_ngram: int = 3
 
     @classmethod
-    def parse(cls, text: str, where: str = "--speculative"):
-        """`ngram`, `ngram:K` (a Speculation), `draft:DIR` or `draft:DIR:K` (a DraftSpec)."""
+    def parse(cls, text: str, where: str = "--speculative", drafts: bool = False):
+        """`ngram`, `ngram:K` (a Speculation), and with `drafts` (a caller that loads them:
+        draft.DraftModel.load) `draft:DIR` or `draft:DIR:K` (a DraftSpec)."""
         method, _, rest = text.partition(":")
         if method == "ngram":
             return cls(k=_guesses(text, rest, where))
+        if method == "draft" and not drafts:
+            raise ConfigError(f"{where} {text!r}: a draft model is served by lite-serve --speculative draft:DIR "
+                              "only; allowed here: ngram or ngram:K, K guessed tokens a step, 1 to 16")
         if method == "draft" and rest:
             folder, _, k = rest.rpartition(":") if rest.rpartition(":")[2].isdigit() else (rest, "", "")
             if not os.path.isdir(folder):
