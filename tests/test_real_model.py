@@ -3,10 +3,14 @@ Q4_1 GGUF; `make setup` links it into build/models/) exported from the GGUF with
 `make demo` does) and run on real MindSpore Lite, against transformers' own GGUF loader (float32):
 greedy tokens on 3 prompts (EOS ignored; logits within 2e-3: 30 layers of float32 in another order),
 chat prompt ids equal to `apply_chat_template`'s with and without a system message and multi-turn,
-the server's chat answer equal to transformers' greedy answer to the same chat, and its JSON answers
-valid against their schema (response_format json_schema)."""
+the server's chat answer equal to transformers' greedy answer to the same chat, its JSON answers
+valid against their schema (response_format json_schema, TGI's grammar; regexes: TGI's and vLLM's
+guided_regex), the same from run_infer_main --json_schema, and prompt lookup keeping transformers' tokens."""
 import json
 import os
+import re
+import urllib.error
+import urllib.request
 
 import jsonschema
 import numpy as np
@@ -117,8 +121,32 @@ def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
                 response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
             assert answer.choices[0].finish_reason == "stop"          # the grammar's end: only EOS was allowed
             jsonschema.validate(json.loads(answer.choices[0].message.content), CITY)
+        # TGI's grammar (a JSON schema, a regex) and vLLM's guided_regex hold the answer the same way
+        generate = lambda parameters: _post(server.url + "/generate", {"inputs": "The capital of France is",
+                                                                      "parameters": parameters})
+        status, out = generate({"max_new_tokens": 64, "grammar": {"type": "json", "value": CITY}})
+        assert status == 200, out
+        jsonschema.validate(json.loads(out["generated_text"]), CITY)
+        status, out = generate({"max_new_tokens": 8, "grammar": {"type": "regex", "value": "(Paris|Lyon)[.]"}})
+        assert status == 200 and out["generated_text"] in ("Paris.", "Lyon."), out
+        text = c.completions.create(model="smollm2", prompt="Three digits: ", max_tokens=8, temperature=0,
+                                    extra_body={"guided_regex": "[0-9]{3}"}).choices[0].text
+        assert re.fullmatch("[0-9]{3}", text), text
+        status, out = generate({"grammar": {"type": "lark", "value": "start: x"}})
+        assert status == 422 and "parameters.grammar.type" in out["error"], out
+        status, out = generate({"grammar": {"type": "regex", "value": {"a": 1}}})
+        assert status == 422 and "parameters.grammar.value" in out["error"], out
     said = log.read_text()
     assert "chats: the export's chat template (chat_template.jinja)" in said, said
+
+
+def _post(url, body):
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def test_run_infer_main_chat_answers_as_transformers(smollm2):

@@ -23,13 +23,16 @@ _LOCK = threading.Lock()
 
 
 def json_matcher(tokenizer_path: str, vocab_size: int, eos_ids: Sequence[int], schema: Optional[dict],
-                 what: str) -> "JsonConstraint":
-    """A new matcher of `schema` (None: any JSON object) over the vocabulary of `tokenizer_path`, which must
-    be a tokenizer.json (ConfigError naming `what`, the option that asked for it)."""
+                 what: str, regex: Optional[str] = None) -> "JsonConstraint":
+    """A new matcher of `schema` (None: any JSON object), or of the regular expression `regex` when given,
+    over the vocabulary of `tokenizer_path`, which must be a tokenizer.json (ConfigError naming `what`,
+    the option that asked for it)."""
     if not tokenizer_path.endswith(".json"):
         raise ConfigError(f"{what} needs an export whose tokenizer is a tokenizer.json (its answer is held to a "
                           f"JSON schema); this one's is {os.path.basename(tokenizer_path)}")
     tables = JsonConstraint.tables(tokenizer_path, vocab_size, sorted(eos_ids))
+    if regex is not None:
+        return JsonConstraint.start_regex(tables, regex, vocab_size)
     return JsonConstraint.start(tables, schema, vocab_size)
 
 
@@ -43,7 +46,7 @@ class JsonConstraint:
         self._matcher = llguidance.LLMatcher(tables, grammar)
         error = self._matcher.get_error()
         if error:
-            raise ValidationError(f"the JSON schema cannot be followed: {error}")
+            raise ValidationError(f"the grammar cannot be followed: {error}")
         self._bits = llg_numpy.allocate_token_bitmask(1, tables.vocab_size)
         self._tokens, self._vocab = tables.vocab_size, vocab_size
 
@@ -74,6 +77,16 @@ class JsonConstraint:
                                                                     defaults={"whitespace_flexible": False})
         except (ValueError, TypeError) as e:
             raise ValidationError(f"the JSON schema is not valid: {e}") from None
+        return cls(tables, grammar, vocab_size)
+
+    @classmethod
+    def start_regex(cls, tables, pattern: str, vocab_size: int) -> "JsonConstraint":
+        """A matcher of the text the regular expression `pattern` matches whole."""
+        import llguidance
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+        except (ValueError, TypeError) as e:
+            raise ValidationError(f"the regular expression is not valid: {e}") from None
         return cls(tables, grammar, vocab_size)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:

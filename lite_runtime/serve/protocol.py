@@ -23,7 +23,6 @@ NOT_BUILT = {
     # TGI's
     "typical_p": (lambda v: v in (None, 1.0), "typical sampling is not supported by this server"),
     "top_n_tokens": (lambda v: not v, "the most likely tokens are not reported by these routes"),
-    "grammar": (lambda v: not v, "constrained decoding is not supported by this server"),
     "watermark": (lambda v: not v, "watermarking is not supported by this server"),
 }
 
@@ -60,6 +59,7 @@ class SamplingFields(BaseModel):
     min_tokens: int = Field(0, ge=0)                      # vLLM's: no EOS before this many new tokens
     logit_bias: Optional[Dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]]] = None   # token id -> added logit
     response_format: Optional[Dict[str, Any]] = None
+    guided_regex: Optional[str] = None                    # vLLM's: the answer is text this regex matches whole
 
     _not_built_shared = not_built("response_format")     # its own name: a subclass's `_not_built` replaces one
 

@@ -40,19 +40,29 @@ class ServedModel:
         forced = body.forced_tools()
         if forced:
             field, what, schema = "tool_choice", f"tool_choice {body.tool_choice!r}", tool_calls.call_schema(forced)
+            if body.guided_regex is not None:
+                raise BadRequest(f"{what} holds the answer to a tool call, which cannot also follow guided_regex; "
+                                 "send one of them", "guided_regex")
         else:
             try:
                 wanted, schema = body.json_schema()
             except ValueError as e:
                 raise BadRequest(str(e), "response_format") from None
-            if not wanted:
+            if wanted and body.guided_regex is not None:
+                raise BadRequest("guided_regex and response_format both hold the answer; send one of them",
+                                 "guided_regex")
+            if body.guided_regex is not None:
+                field = what = "guided_regex"
+            elif not wanted:
                 return None
-            field, what = "response_format", f"response_format {body.response_format.get('type')!r}"
+            else:
+                field, what = "response_format", f"response_format {body.response_format.get('type')!r}"
         if body.ignore_eos:
             raise BadRequest(f"{what} ends the answer at the end of its JSON (the model's EOS); send it without "
                              "ignore_eos", "ignore_eos")
         try:
-            return json_matcher(self.tokenizer.path, self.vocab_size, self.stop_ids, schema, what)
+            return json_matcher(self.tokenizer.path, self.vocab_size, self.stop_ids, schema, what,
+                                None if forced else body.guided_regex)
         except ToolchainError as e:
             if forced and self.tokenizer.path.endswith(".json"):
                 raise BadRequest(f"the tools' parameters: {e}", "tools") from None

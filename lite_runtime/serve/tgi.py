@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from importlib.metadata import PackageNotFoundError, version
-from typing import List, Optional
+from typing import List, Literal, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,6 +18,29 @@ from lite_runtime.serve.protocol import CompletionRequest, not_built
 from lite_runtime.serve.runs import BadRequest, start_run
 
 FINISH = {"stop": "eos_token", "length": "length"}     # the engine's reasons; a stop string is stop_sequence
+
+
+class Grammar(BaseModel):
+    """TGI's `grammar`: {"type": "json", "value": a JSON schema (or its text)} or {"type": "regex", "value": ...}."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json", "regex"]
+    value: Union[dict, str]
+
+    def fields(self) -> dict:
+        """The completion request's fields that hold the answer to it."""
+        if self.type == "regex":
+            if not isinstance(self.value, str):
+                raise ValueError("parameters.grammar.value: a regex grammar's value is the expression's text")
+            return {"guided_regex": self.value}
+        schema = self.value
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise ValueError(f"parameters.grammar.value: not a JSON schema ({e})") from None
+        if not isinstance(schema, dict):
+            raise ValueError("parameters.grammar.value: a JSON schema is an object")
+        return {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
 
 
 class TgiParameters(BaseModel):
@@ -37,14 +60,14 @@ class TgiParameters(BaseModel):
     details: bool = False
     decoder_input_details: bool = False
     adapter_id: Optional[str] = None                   # an SLoRA adapter of the export, by name
+    grammar: Optional[Grammar] = None                  # the answer held to a JSON schema or a regex
     # TGI's, not built here: refused when they would change the answer
     best_of: Optional[int] = None
     typical_p: Optional[float] = None
     watermark: bool = False
-    grammar: Optional[dict] = None
     top_n_tokens: Optional[int] = None
 
-    _not_built = not_built("best_of", "typical_p", "top_n_tokens", "grammar", "watermark")
+    _not_built = not_built("best_of", "typical_p", "top_n_tokens", "watermark")
 
     def sampled(self) -> bool:
         return self.do_sample or self.temperature not in (None, 1.0) or bool(self.top_k) or \
@@ -84,15 +107,20 @@ def add_tgi_routes(app: FastAPI, served) -> None:
             prompt_ids = prompt_ids[-p.truncate:]
         sampled = p.sampled()
         given = {"max_tokens"} if "max_new_tokens" in p.model_fields_set else set()   # else cut to what fits
+        try:
+            grammar = p.grammar.fields() if p.grammar else {}
+        except ValueError as e:
+            return _error(str(e))
         body = CompletionRequest.model_construct(
             given, model=p.adapter_id or served.name, prompt=tgi.inputs, max_tokens=p.max_new_tokens,
             temperature=(p.temperature or 1.0) if sampled else 0.0, top_p=p.top_p or 1.0, top_k=p.top_k or -1,
             repetition_penalty=p.repetition_penalty or 1.0, frequency_penalty=p.frequency_penalty or 0.0,
-            seed=p.seed, stop=p.stop or [], logprobs=0)
+            seed=p.seed, stop=p.stop or [], logprobs=0, **grammar)
         try:
             run = start_run(served, body, [prompt_ids], chat=False)
         except BadRequest as e:
-            field = {"model": "parameters.adapter_id", "max_tokens": "parameters.max_new_tokens"}.get(e.param, "inputs")
+            field = {"model": "parameters.adapter_id", "max_tokens": "parameters.max_new_tokens",
+                     "response_format": "parameters.grammar", "guided_regex": "parameters.grammar"}.get(e.param, "inputs")
             return _error(f"{field}: {str(e).replace('max_tokens', 'max_new_tokens')}")
         except QueueFull as e:
             return _error(str(e), 429, "overloaded")
