@@ -3,11 +3,13 @@ batches of pipeline(), side by side, with the texts checked equal; with --peers 
 GenAI's ContinuousBatchingPipeline, on a model every runtime builds from one Hugging Face folder.
 
     python tools/bench_serve.py --model_dir output/demo [--backend mslite] [--requests 64] [--clients 16]
-                                [--rate 8] [--seed 0] [--threads 2]      (make bench-serve ARGS="...")
+                                [--rate 8] [--seed 0] [--threads 2] [--lengths uniform|longtail]
+                                                                         (make bench-serve ARGS="...")
     python tools/bench_serve.py --peers [--shape small] ...               (make bench-serve-peers ARGS="...")
 
 Requests arrive as a Poisson process (`--rate` per second; 0: all at once) with prompt and output
-lengths drawn per request; greedy. The server is driven by `--clients` concurrent streaming clients
+lengths drawn per request (outputs `uniform` from 8 to half of seq_length, or `longtail`: four in five
+short, up to a sixteenth of seq_length, one in five long, from a quarter to a half); greedy. The server is driven by `--clients` concurrent streaming clients
 (the official `openai` client); pipeline() takes, whenever it is idle, up to the graph's batch of the
 requests that have arrived and runs them to the end. Printed: throughput (generated tokens per second
 of the whole run), time to first token and inter-token latency p50 / p99 from each request's arrival,
@@ -55,7 +57,16 @@ PEER_SHAPES = {"small": BENCH_MODELS["llama"], **{k: v for k, v in SHAPES.items(
 CACHE_ROWS = 8      # the --peers export's batch, and OpenVINO GenAI's max_num_seqs
 
 
-def workload(tokenizer, room: int, requests: int, rate: float, seed: int) -> list:
+def output_length(rng, room: int, lengths: str) -> int:
+    top = max(9, room // 2)
+    if lengths == "uniform":
+        return int(rng.integers(8, top))
+    if rng.random() < 0.2:        # longtail: a chat service's mix, most answers short, a few long
+        return int(rng.integers(max(8, top // 2), top))
+    return int(rng.integers(8, max(9, top // 8)))
+
+
+def workload(tokenizer, room: int, requests: int, rate: float, seed: int, lengths: str = "uniform") -> list:
     """[{arrival s, prompt text, its ids, max_tokens}], prompts made of the tokenizer's own pieces;
     `room`: the export's seq_length."""
     rng = np.random.default_rng(seed)
@@ -67,7 +78,7 @@ def workload(tokenizer, room: int, requests: int, rate: float, seed: int) -> lis
         prompt_len = int(rng.integers(4, max(5, room // 4)))
         ids = [int(i) for i in rng.choice(pieces, prompt_len)]
         jobs.append({"arrival": float(arrival), "prompt": tokenizer.decode(ids), "ids": ids,
-                     "max_tokens": int(rng.integers(8, max(9, room // 2)))})
+                     "max_tokens": output_length(rng, room, lengths)})
     return jobs
 
 
@@ -236,6 +247,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 @click.option("--clients", type=int, default=16, show_default=True)
 @click.option("--rate", type=float, default=8.0, show_default=True, help="arrivals per second (0: all at once)")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--lengths", type=click.Choice(["uniform", "longtail"]), default="uniform", show_default=True,
+              help="how output lengths are drawn")
 @click.option("--threads", type=click.IntRange(1, None), default=2, show_default=True, help="CPU threads of every side")
 @click.option("--work_dir", default=os.path.join(REPO, "build", "bench_serve"), show_default=True)
 def command(**options):
@@ -248,7 +261,7 @@ def command(**options):
     model_dir, ov_dir = build_peers(args) if args.peers else (args.model_dir, None)
     manifest = load_manifest(model_dir)
     tokenizer = manifest.load_tokenizer()
-    jobs = workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed)
+    jobs = workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed, args.lengths)
     if args.peers:
         check_round_trip(tokenizer, jobs)
 
@@ -291,28 +304,30 @@ def command(**options):
         at_eos = [sum(len(t) < j["max_tokens"] for t, j in zip(side, jobs)) for side in (ours, [r["ids"] for r in ov_rows])]
         agree.append(f"; requests ended by EOS before max_tokens: server {at_eos[0]}, OpenVINO {at_eos[1]}")
     print(*agree)
-    print(step_bound(jobs, static_rows, tokens, manifest.batch_size))
+    bound = step_bound(jobs, static_rows, tokens, manifest.batch_size)
     print(f"{'':36} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}  most at once")
     for r in rows:
         print(f"{r['name']:36} {r['tok_s']:8.1f} {r['ttft50'] * 1e3:7.0f}ms {r['ttft99'] * 1e3:7.0f}ms "
               f"{r['itl50'] * 1e3:6.1f}ms {r['itl99'] * 1e3:6.1f}ms  {r['busy']:>12}")
     for peer in rows[1:]:
         print(ratios(rows[0], peer))
+    gain = rows[0]["tok_s"] / rows[1]["tok_s"]
+    print(f"decode steps: static batches {bound[0]}, continuous batching at least {bound[1]}: {bound[0] / bound[1]:.2f}x "
+          f"at most, at a step time independent of its rows; the server's {gain:.2f}x over pipeline() is "
+          f"{gain * bound[1] / bound[0]:.2f} of it")
     if len(rows) == 4:
         print(ratios(rows[2], rows[3]))
     return 0 if same == len(jobs) else 1
 
 
-def step_bound(jobs: list, static_rows: list, tokens: list, rows: int) -> str:
+def step_bound(jobs: list, static_rows: list, tokens: list, rows: int) -> tuple:
     """The decode steps each of our sides needs: a static batch runs to its longest max_tokens, continuous
     batching at best keeps every row busy. Their ratio is the most continuous batching can gain where
     a step costs the same whatever its rows (on a CPU a batch-8 step of a large model costs more)."""
     batches = {}
     for job, row in zip(jobs, static_rows):
         batches.setdefault(row["begun"], []).append(job["max_tokens"])
-    static, continuous = sum(max(b) for b in batches.values()), -(-sum(tokens) // rows)
-    return (f"decode steps: static batches {static}, continuous batching at least {continuous}: "
-            f"{static / continuous:.2f}x at most, at a step time independent of its rows")
+    return sum(max(b) for b in batches.values()), -(-sum(tokens) // rows)
 
 
 def ratios(mine: dict, peer: dict) -> str:
