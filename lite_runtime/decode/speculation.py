@@ -19,10 +19,9 @@ tokenizer (`draft:DIR`, draft.py), which guesses greedily whatever the text.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
-
-import os
 
 import numpy as np
 
