@@ -49,14 +49,42 @@ def request_state(m, inputs, prompts, new_tokens: int):
                          inputs)
 
 
+def request_steps(session, inputs, prompts, new_tokens: int):
+    """One greedy request of `new_tokens` per row, EOS ignored, run as the product runs it: on the
+    engine for a packed export (pipeline(), run_infer_main and the server), in the static batch loop
+    for the two-graph forms. Returns (an iterator of `Step`s, one after each step that gave tokens,
+    and a function giving the seconds spent in the samplers so far)."""
+    from lite_runtime.decode.generation import Step, generate_steps
+    from lite_runtime.decode.sampling import Sampler, SamplingParams
+
+    m = session.manifest
+    if m.kv_cache != "packed":
+        pick = TimedPick(Sampler(SamplingParams()))
+        return generate_steps(session, inputs, request_state(m, inputs, prompts, new_tokens), pick), \
+            lambda: pick.seconds
+    from lite_runtime.decode.engine import Engine, EngineRequest
+
+    engine, slots, produced = Engine(session, threaded=False, max_waiting=len(prompts)), m.dims.adapter_slots, {}
+    for i, prompt in enumerate(prompts):     # the rows of an SLoRA export take its adapters in turn
+        engine.submit(EngineRequest(list(prompt), new_tokens, adapter_slot=1 + i % (slots - 1) if slots else 0,
+                                    on_token=lambda token, _, i=i: produced.__setitem__(i, token)))
+
+    def steps():
+        tokens = np.zeros(len(prompts), np.int32)
+        while engine.step():
+            if produced:          # a step of prompt chunks only counts with the step that ends them
+                active = np.zeros(len(prompts), bool)
+                for i, token in produced.items():
+                    tokens[i], active[i] = token, True
+                produced.clear()
+                yield Step(tokens.copy(), active)
+    return steps(), lambda: engine.pick_seconds
+
+
 def step_by_step(session, inputs, prompts, new_tokens: int) -> Callable[[], float]:
     """One greedy request on `session`, prefilled here, then advanced by one decode step per call of
     the function returned (which returns that step's seconds): `run_request`'s `between`."""
-    from lite_runtime.decode.generation import generate_steps
-    from lite_runtime.decode.sampling import Sampler, SamplingParams
-
-    steps = generate_steps(session, inputs, request_state(session.manifest, inputs, prompts, new_tokens),
-                           Sampler(SamplingParams()))
+    steps, _ = request_steps(session, inputs, prompts, new_tokens)
     next(steps)
 
     def step() -> float:
@@ -68,7 +96,7 @@ def step_by_step(session, inputs, prompts, new_tokens: int) -> Callable[[], floa
 
 def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
                 between: Optional[Callable[[], float]] = None) -> Dict[str, np.ndarray]:
-    """One greedy request of `new_tokens` per row, EOS ignored; per-step timings in seconds.
+    """One greedy request of `new_tokens` per row, EOS ignored (`request_steps`); per-step timings in seconds.
 
     Entry 0 of every array is the first token (prefill + sampling + detokenisation), the others are
     decode steps. `graph` is the time inside graph calls, `sample` inside the sampler, `detok` in
@@ -76,17 +104,14 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
     Predict, returning its seconds) runs after each decode step, outside the step's time, so both
     are measured side by side under the same machine load; its results are under `between`.
     """
-    from lite_runtime.decode.generation import generate_steps
-    from lite_runtime.decode.sampling import Sampler, SamplingParams
     from lite_runtime.decode.streamers import RowDetokenizer
 
-    state = request_state(session.manifest, inputs, prompts, new_tokens)
-    pick = TimedPick(Sampler(SamplingParams()))
+    steps, sampled = request_steps(session, inputs, prompts, new_tokens)
     detoks = [RowDetokenizer(tokenizer) for _ in prompts] if tokenizer is not None else []
     wall, graph, sample, detok, extra, tokens = [], [], [], [], [], []
     clock = time.perf_counter
-    start, g0, s0 = clock(), session.graph_seconds, pick.seconds
-    for step in generate_steps(session, inputs, state, pick):
+    start, g0, s0 = clock(), session.graph_seconds, sampled()
+    for step in steps:
         d0 = clock()
         tokens.append(step.tokens[:len(prompts)].copy())
         for row, decoder in enumerate(detoks):
@@ -95,12 +120,12 @@ def run_request(session, inputs, prompts, new_tokens: int, tokenizer=None,
         end = clock()
         wall.append(end - start)
         graph.append(session.graph_seconds - g0)
-        sample.append(pick.seconds - s0)
+        sample.append(sampled() - s0)
         detok.append(end - d0)
         if between is not None and len(wall) > 1:
             extra.append(between())
             end = clock()
-        start, g0, s0 = end, session.graph_seconds, pick.seconds
+        start, g0, s0 = end, session.graph_seconds, sampled()
     for decoder in detoks:
         decoder.flush()
     return {k: np.asarray(v) for k, v in (("wall", wall), ("graph", graph), ("sample", sample), ("detok", detok),

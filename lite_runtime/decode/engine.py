@@ -127,6 +127,7 @@ class Engine:
         self._stopping = False     # no new requests
         self._exit = False         # the engine thread ends
         self.steps = 0
+        self.pick_seconds = 0.0    # host time in the rows' samplers (benchmarks)
         self.counted = self        # whose rows and queue the metrics report (Replicas: all of them)
         self._thread = None
         if threaded:
@@ -213,13 +214,17 @@ class Engine:
     def run_until_idle(self, after_step: Optional[Callable[[], None]] = None) -> None:
         """Without a thread: admit and step until no request is running or waiting (a failing step
         raises here, to the caller)."""
-        while True:
-            self._admit()
-            if not any(row is not None for row in self.rows):
-                return
-            self._step()
+        while self.step():
             if after_step is not None:
                 after_step()
+
+    def step(self) -> bool:
+        """Without a thread: admit what waits and run one step; False when no request was running."""
+        self._admit()
+        if not any(row is not None for row in self.rows):
+            return False
+        self._step()
+        return True
 
     def _has_work(self) -> bool:
         return any(row is not None for row in self.rows) or (self.waiting and None in self.rows)
@@ -354,7 +359,9 @@ class Engine:
         if row.sampler.reads_tokens:
             ids = np.asarray(row.tokens, np.int32)[None]
             valid, prompt = np.array([ids.shape[1]], np.int32), np.array([len(request.prompt)], np.int32)
+        start = time.perf_counter()
         token = int(row.sampler(logits, ids, valid, prompt)[0])
+        self.pick_seconds += time.perf_counter() - start
         if request.logprobs is None:
             return token, None
         return token, TokenLogprobs(*token_logprobs(logits[0], token, request.logprobs))
