@@ -63,12 +63,12 @@ def tp_setup(tiny_ckpt, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def lite_tp(tp_setup, tiny_ckpt):
-    """MindSpore 2.0 exports in the dynamic kv mode: 2 ranks as step segments (collectives on the host;
+    """MindSpore 2.0 exports in the packed kv mode: 2 ranks as step segments (collectives on the host;
     converted to .ms, which the runtime prefers) and 1 rank (MindIR), with the tokenizer."""
     folder, _, _ = tp_setup
     out = {}
     for name, parallel in (("tp2", {"model_parallel": 2, "collectives": "host"}), ("tp1", {"model_parallel": 1})):
-        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="dynamic",
+        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="packed",
                                  lite_ms=name == "tp2")
         cfg["model"]["tokenizer"] = os.path.join(folder, "tokenizer.model")
         out[name] = export_in_subprocess(write_yaml(str(folder / f"lite_{name}.yaml"), cfg), python=str(VENV_MS20_PYTHON))
@@ -105,10 +105,10 @@ def hf_family(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def family_export(hf_family, tmp_path_factory):
-    """(family, variant) -> export folder. Variants: io, in_graph, dynamic, packed (MindSpore 2.10), lite,
-    lite_dynamic, lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
-    lite_tp2 (MindSpore 2.0, 2 ranks as step segments), lite_segments (one rank as step segments, .ms);
-    lite_tp2_packed, lite_segments_packed: the same of the packed step; a `_b1` suffix: batch size 1."""
+    """(family, variant) -> export folder. Variants: io, in_graph, packed (MindSpore 2.10), lite,
+    lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
+    lite_tp2_packed (MindSpore 2.0, 2 ranks as step segments), lite_segments_packed (one rank as step
+    segments, .ms); a `_b1` suffix: batch size 1."""
     made = {}
 
     def get(family, variant):
@@ -119,10 +119,7 @@ def family_export(hf_family, tmp_path_factory):
             if variant == "mindformers":
                 cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
             else:
-                kv_cache = {"in_graph": "in_graph", "dynamic": "dynamic", "lite_dynamic": "dynamic",
-                            "lite_tp2": "dynamic", "lite_segments": "dynamic"}.get(variant, "io")
-                if "packed" in variant:
-                    kv_cache = "packed"
+                kv_cache = "packed" if "packed" in variant else "in_graph" if variant == "in_graph" else "io"
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                        "kv_cache": kv_cache, "output_dir": out}
                 if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
@@ -134,7 +131,7 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
                 if variant.startswith("lite_segments"):   # one rank's step as segments, each its own .ms
                     cfg["parallel"], cfg["lite_ms"] = {"collectives": "host"}, True
-                if variant.startswith(("lite_dynamic", "lite_packed")):
+                if variant.startswith("lite_packed"):
                     cfg["lite_ms"] = True
                 if variant.endswith("_b1"):      # one cache row: tensors of (1,) shape
                     cfg["batch_size"] = 1
@@ -146,8 +143,7 @@ def family_export(hf_family, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_exports(tmp_path_factory):
-    """The demo yaml (kv_cache packed) for ms and mslite, and for ms in the dynamic step's layout and the
-    two-graph io layout."""
+    """The demo yaml (kv_cache packed) for ms and mslite, and for ms in the two-graph io layout."""
     folder = tmp_path_factory.mktemp("demo")
     with open(DEMO_YAML) as f:
         io_config = yaml.safe_load(f)
@@ -155,10 +151,9 @@ def demo_exports(tmp_path_factory):
     io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
     io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
     io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
-    dynamic_yaml = write_yaml(str(folder / "demo_dynamic.yaml"), dict(io_config, kv_cache="dynamic"))
     out = {}
     for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
-                                 ("ms_io", None, io_yaml), ("ms_dynamic", None, dynamic_yaml)):
+                                 ("ms_io", None, io_yaml)):
         args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
         result = run_cli(args, python=python) if python else run_cli(args)
         assert result.returncode == 0, result.stderr[-2000:]

@@ -18,7 +18,7 @@ FORMS = {   # name -> (yaml keys over the tiny config, the exporter's script)
     "cpu_segments": ({"target": "cpu"}, LOWERED_LIMIT_EXPORT),
     "cpu_infer_copies": ({"target": "cpu", "infer": {"prefill_model_path": "COPIES/tiny_prefill_graph.mindir",
                                                      "increment_model_path": "COPIES/tiny_inc_graph.mindir"}}, None),
-    "lite_ms": ({"kv_cache": "dynamic", "lite_ms": True}, None),
+    "lite_ms": ({"kv_cache": "packed", "lite_ms": True}, None),
 }
 
 

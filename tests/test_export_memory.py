@@ -45,7 +45,7 @@ def make_source(kind: str, hidden: int, folder) -> tuple:
 
 def export_peak_rss(source: dict, out: str, yaml: str) -> int:
     """Peak RSS in bytes of one MindSpore 2.0 export of `source`, in a child process of its own."""
-    write_yaml(yaml, dict(source, seq_length=64, batch_size=1, kv_cache="dynamic", output_dir=out))
+    write_yaml(yaml, dict(source, seq_length=64, batch_size=1, kv_cache="packed", output_dir=out))
     code = ("import resource, subprocess, sys; "
             "r = subprocess.run(sys.argv[1:]); "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")

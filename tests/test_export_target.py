@@ -46,7 +46,6 @@ def test_for_cpu_the_export_is_one_step_graph_and_several_ranks_are_segments():
 def test_keys_the_yaml_gives_win_over_the_target():
     assert form(target="cpu", kv_cache="io", lite_ms=False) == ("io", "graph", False, False)
     assert form(target="cpu", parallel={"collectives": "graph"}) == ("packed", "graph", True, False)
-    assert form(target="cpu", kv_cache="dynamic") == ("dynamic", "graph", True, True)
     assert form(target="cpu", compute_dtype="float16") == ("io", "graph", True, False)   # Lite CPU: float16 io only
     copies = {"prefill_model_path": "a_prefill_graph.mindir", "increment_model_path": "a_inc_graph.mindir"}
     assert form(target="cpu", infer=copies)[0] == "io"
@@ -55,7 +54,7 @@ def test_keys_the_yaml_gives_win_over_the_target():
 @pytest.mark.parametrize("keys, words", [
     ({"target": "gpu"}, "target 'gpu' is not allowed; allowed: cpu, ascend"),
     ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
-     "target cpu with parallel.model_parallel 2 needs kv_cache packed or dynamic and compute_dtype float32"),
+     "target cpu with parallel.model_parallel 2 needs kv_cache packed and compute_dtype float32"),
 ])
 def test_a_target_that_cannot_be_met_is_refused_in_one_line(tmp_path, keys, words):
     yaml = write_yaml(str(tmp_path / "x.yaml"), {"output_dir": str(tmp_path / "out"), "seq_length": 32,

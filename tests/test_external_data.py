@@ -25,7 +25,7 @@ serialization.TOTAL_SAVE = 0      # KiB; above it MindSpore writes the weights a
 sys.argv = ["exporter"] + sys.argv[1:]
 runpy.run_module("exporter", run_name="__main__")
 """
-VARIANTS = {"lite": ("io", False), "lite_dynamic": ("dynamic", True), "io": ("io", False)}
+VARIANTS = {"lite": ("io", False), "lite_packed": ("packed", True), "io": ("io", False)}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def lite_greedy(export, folder, name, cwd):
     return got["logits"], got["tokens"]
 
 
-@pytest.mark.parametrize("variant", ["lite", "lite_dynamic"])
+@pytest.mark.parametrize("variant", ["lite", "lite_packed"])
 def test_split_export_equals_the_unsplit_one_on_lite_from_another_directory(
         hf_family, family_export, split_export, variant, tmp_path):
     ensure_lite_installed()

@@ -24,7 +24,7 @@ from test_distributed import rank_table
 from tiny_models import REPO, run_cli
 
 
-@pytest.mark.parametrize("kv_mode", ["io", "in_graph", "dynamic", "packed"])
+@pytest.mark.parametrize("kv_mode", ["io", "in_graph", "packed"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mode):
     prompts, ref_logits, ref_tokens = reference(hf_family(family))
@@ -43,13 +43,12 @@ def lite_run(folder, export, name, *options):
     return got["logits"], got["tokens"]
 
 
-@pytest.mark.parametrize("variant", ["lite", "lite_dynamic", "lite_packed", "lite_segments", "lite_segments_packed"])
+@pytest.mark.parametrize("variant", ["lite", "lite_packed", "lite_segments_packed"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lite_matches_transformers(hf_family, family_export, family, variant):
-    """The Lite layouts: static MindIR pair; the dynamic and the packed step graph converted to .ms
-    (`lite_ms`), whose cache grows through buckets of 16 rows (seq_length 48); one rank's step as
-    segments of whole layers, each a .ms (what target cpu writes for a model too large for one .ms),
-    of either step."""
+    """The Lite layouts: static MindIR pair; the packed step graph converted to .ms (`lite_ms`), whose
+    cache grows through buckets of 16 rows (seq_length 48); one rank's step as segments of whole
+    layers, each a .ms (what target cpu writes for a model too large for one .ms)."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
     logits, tokens = lite_run(folder, family_export(family, variant), f"{variant}_run")
@@ -70,7 +69,7 @@ def test_lite_packed_step_at_batch_1_matches_transformers(hf_family, family_expo
 def test_lite_ms_model_equals_its_mindir(hf_family, family_export, family):
     """The converter's .ms and the MindIR it came from give the same logits (rotary and ALiBi)."""
     folder = hf_family(family)
-    export = family_export(family, "lite_dynamic")
+    export = family_export(family, "lite_packed")
     assert load_manifest(export).lite_files["step"] == ["mindir_step/rank_0_graph.ms"]
     ms_logits, ms_tokens = lite_run(folder, export, "as_ms", "lite_format=ms")
     ir_logits, ir_tokens = lite_run(folder, export, "as_mindir", "lite_format=mindir")
@@ -91,7 +90,7 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
 
 # llama's ms TP=2: test_distributed.py
 TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
-    [(family, variant) for family in FAMILIES for variant in ("lite_tp2", "lite_tp2_packed")]
+    [(family, variant) for family in FAMILIES for variant in ("lite_tp2_packed",)]
 
 
 @pytest.mark.parametrize("family, variant", TP2_CASES)

@@ -219,14 +219,14 @@ def segment_io(export):
 
 def test_pangualpha_top_query_layer_is_its_own_segments(family_export):
     """Lite TP (`collectives: host`): the top query layer runs as two segments after the blocks, its
-    query reading the tokens' positions and its residual the final norm's output (returned)."""
-    io = segment_io(family_export("pangualpha", "lite_tp2"))
-    layers = load_manifest(family_export("pangualpha", "lite_tp2")).dims.num_layers
+    query reading the tokens' positions (a step input) and its residual the final norm's output (returned)."""
+    io = segment_io(family_export("pangualpha", "lite_tp2_packed"))
+    layers = load_manifest(family_export("pangualpha", "lite_tp2_packed")).dims.num_layers
     assert sorted(io) == sorted(["embed", "head", "top_query.attn", "top_query.mlp"] +
                                 [f"layer{l}.{p}" for l in range(layers - 1) for p in ("attn", "mlp")])
-    assert io["top_query.attn"] == (["hidden", "positions", "past", "key_cache", "value_cache"],
-                                    ["attn_part", "residual", "key_new", "value_new"])
-    assert io["top_query.mlp"] == (["hidden"], ["mlp_part"]) and "positions" in io["embed"][1]
+    assert io["top_query.attn"] == (["hidden", "token_positions", "token_rows", "past", "row", "position",
+                                     "key_cache", "value_cache"], ["attn_part", "residual", "key_new", "value_new"])
+    assert io["top_query.mlp"] == (["hidden"], ["mlp_part"])
 
 
 def test_pangualpha_run_yaml_with_use_past_false_exports_the_incremental_graphs(hf_family, family_export, tmp_path):
@@ -340,14 +340,14 @@ def test_glm_float16_run_yaml_matches_the_float64_reference(hf_family, family_ex
 
 def test_glm_segments_take_the_row_inputs_where_they_are_used(family_export):
     """Lite TP (`collectives: host`): GLM's row inputs are inputs of embed alone (its 2-D positions),
-    which hands each row's context length to the attention segments (prefix attention); DeepNorm's
+    which hands each token's row's context length to the attention segments (prefix attention); DeepNorm's
     segments return their residual (alpha x the normed input)."""
-    io = segment_io(family_export("glm", "lite_tp2"))
-    assert io["embed"] == (["input_ids", "past_length", "context_length", "mask_position"],
-                           ["hidden", "cos", "sin", "past", "context"])
+    io = segment_io(family_export("glm", "lite_tp2_packed"))
+    assert io["embed"] == (["input_ids", "token_rows", "token_positions", "past_length", "context_length",
+                            "mask_position"], ["hidden", "cos", "sin", "past", "row", "position", "context"])
     assert [n for n, (inputs, _) in io.items() if {"context_length", "mask_position"} & set(inputs)] == ["embed"]
-    assert io["layer0.attn"] == (["hidden", "past", "key_cache", "value_cache", "cos", "sin", "context"],
-                                 ["attn_part", "residual", "key_new", "value_new"])
+    assert io["layer0.attn"] == (["hidden", "token_rows", "past", "row", "position", "key_cache", "value_cache",
+                                  "cos", "sin", "context"], ["attn_part", "residual", "key_new", "value_new"])
     assert io["layer0.mlp"] == (["hidden"], ["mlp_part", "residual"])
 
 
@@ -454,7 +454,7 @@ def test_glm_6b_text_generation_with_ice_text_model(glm_6b_export, backend):
     assert result.stdout.splitlines()[0] == prompt + upstream_text(sp, expected)
 
 
-@pytest.mark.parametrize("kv_mode", ["io", "dynamic"])
+@pytest.mark.parametrize("kv_mode", ["io", "packed"])
 def test_glm_decode_loop_with_padding_rows_and_two_batches(hf_family, family_export, kv_mode):
     """The runtime's decode loop (generate_batches, the feed builder made from the manifest): 4 prompts
     on a batch of 3 (the second batch padded with inert rows, which have no <sop>) give the reference's

@@ -20,8 +20,8 @@ def test_row_inputs_follow_the_lengths_in_every_graph_kind():
         ["adapter_ids"]
     assert [s.name for s in GLM.inputs("increment", "io", dims)][:5] == ["input_ids", "batch_valid_length"] + rows + \
         ["adapter_ids"]
-    assert [s.name for s in GLM.inputs("step", "dynamic", dims)][:6] == \
-        ["input_ids", "batch_valid_length", "past_length"] + rows + ["adapter_ids"]
+    assert [s.name for s in GLM.inputs("step", "packed", dims)][:8] == \
+        ["input_ids", "token_rows", "token_positions", "past_length", "last_token"] + rows + ["adapter_ids"]
     assert all(s.shape == (3,) and s.dtype == "int32" for s in GLM.inputs("increment", "in_graph", dims)[2:4])
     assert GLM.input_names("prefill") == ("input_ids", "batch_valid_length", "context_length", "mask_position")
 

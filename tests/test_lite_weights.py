@@ -48,7 +48,7 @@ def run(export, out, release: bool, monkeypatch):
     return np.load(out)
 
 
-@pytest.mark.parametrize("variant", ["lite_dynamic", "lite_segments"])
+@pytest.mark.parametrize("variant", ["lite_packed", "lite_segments_packed"])
 def test_release_keeps_tokens_and_logits(family_export, variant, tmp_path, monkeypatch):
     ensure_lite_installed()
     export = family_export("llama", variant)
@@ -60,14 +60,14 @@ def test_release_keeps_tokens_and_logits(family_export, variant, tmp_path, monke
     names, sizes = list(released["names"]), dict(zip(released["names"], released["released"]))
     with_matmuls = [n for n in names if n != "embed"]     # the embedding segment has only a Gather
     assert with_matmuls and all(sizes[n] > 0 for n in with_matmuls), sizes
-    if variant == "lite_segments":
+    if variant == "lite_segments_packed":
         assert sizes["embed"] == 0
 
 
 def test_one_rank_segments_equal_the_step_graph(family_export, tmp_path, monkeypatch):
     ensure_lite_installed()
-    step = run(family_export("llama", "lite_dynamic"), tmp_path / "step.npz", True, monkeypatch)
-    segments = run(family_export("llama", "lite_segments"), tmp_path / "segments.npz", True, monkeypatch)
+    step = run(family_export("llama", "lite_packed"), tmp_path / "step.npz", True, monkeypatch)
+    segments = run(family_export("llama", "lite_segments_packed"), tmp_path / "segments.npz", True, monkeypatch)
     assert list(segments["names"]) == ["embed", "head", "layer0.blocks"]     # the two layers in one segment
     np.testing.assert_array_equal(segments["tokens"], step["tokens"])
     assert np.abs(segments["logits"] - step["logits"]).max() <= 1e-5
@@ -76,7 +76,7 @@ def test_one_rank_segments_equal_the_step_graph(family_export, tmp_path, monkeyp
 def test_released_pages_cannot_be_read(family_export):
     """Given back and made inaccessible: a read Lite was not expected to make fails loudly."""
     ensure_lite_installed()
-    path = os.path.join(family_export("llama", "lite_segments"), "segments", "rank_0", "layer0.blocks.ms")
+    path = os.path.join(family_export("llama", "lite_segments_packed"), "segments", "rank_0", "layer0.blocks.ms")
     result = run_cli(["-c", TOUCH, path])
     assert "released" in result.stdout and "read a released page" not in result.stdout, result.stdout
     assert result.returncode == -signal.SIGSEGV, (result.returncode, result.stderr[-2000:])

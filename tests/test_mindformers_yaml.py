@@ -48,18 +48,18 @@ def test_mindformers_yaml_exports_the_same_model(tiny_ckpt, tiny_exports, tmp_pa
 
 def test_run_yaml_chooses_kv_cache_and_lite_ms_at_its_top_level(tiny_ckpt, tiny_exports, tmp_path):
     """`kv_cache` and `lite_ms`, the export yaml's own top-level keys, are read from a run yaml too: kv_cache
-    dynamic writes the step graph, whose greedy tokens are the io export's."""
+    packed writes the step graph, whose greedy tokens are the io export's."""
     from exporter.config.schema import load_config
     from parity_runner import greedy_prompts
-    data = dict(mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out")), kv_cache="dynamic")
-    path = write_yaml(str(tmp_path / "run_llama_dynamic.yaml"), data)
+    data = dict(mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out")), kv_cache="packed")
+    path = write_yaml(str(tmp_path / "run_llama_packed.yaml"), data)
     assert load_config(write_yaml(str(tmp_path / "run_llama_ms.yaml"), dict(data, lite_ms=True))).lite_ms is True
     result = run_cli(["-m", "exporter", "--config", path])
     assert result.returncode == 0, result.stderr[-2000:]
     unused = [line for line in result.stderr.splitlines() if "not used by export" in line]
     assert len(unused) == 1 and "kv_cache" not in unused[0].split("not used by export")[1], result.stderr
     mine = load_manifest(str(tmp_path / "out"))
-    assert mine.kv_cache == "dynamic" and sorted(mine.graphs) == ["step"]
+    assert mine.kv_cache == "packed" and sorted(mine.graphs) == ["step"]
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [1, 2, 3, 4]]
     got = greedy_prompts(load_session("ms", mine), prompts, 8)
     want = greedy_prompts(load_session("ms", load_manifest(tiny_exports["io"])), prompts, 8)

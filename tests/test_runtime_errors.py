@@ -99,6 +99,14 @@ def test_unknown_manifest_format_version(export_dir, tokenizer_model):
                           "format_version 3")
 
 
+def test_export_of_the_retired_dynamic_kv_mode_is_refused_with_the_command_that_exports_it_again(
+        export_dir, tokenizer_model):
+    edit_manifest(export_dir, lambda m: m.update(kv_cache="dynamic"))
+    result = infer_cli(export_dir, tokenizer_model, "--predict_data", "hello world")
+    assert_one_line_error(result, export_dir, "kv_cache dynamic", "retired", "kv_cache: packed",
+                          "python -m exporter --config <your yaml>")
+
+
 def _retype_caches(manifest):
     inputs = manifest["graphs"]["increment"]["inputs"]
     inputs[3]["dtype"] = "float16"     # value_cache_0: the first mismatch
@@ -155,14 +163,14 @@ def test_lite_compatible_export_on_backend_ms_is_refused_before_loading(tiny_ckp
 
 
 def test_float16_step_graphs_are_refused_on_lite_cpu_before_loading(tiny_ckpt, tokenizer_model, tmp_path):
-    """Lite 2.0 on CPU fails every float16 kv_cache dynamic graph at Predict ("Common error code")."""
+    """Lite 2.0 on CPU fails every float16 step graph at Predict ("Common error code")."""
     from lite_process import ensure_lite_installed
     ensure_lite_installed()
     out = str(tmp_path / "f16")
-    cfg = tiny_export_config(tiny_ckpt[0], out, kv_cache="dynamic", compute_dtype="float16")
+    cfg = tiny_export_config(tiny_ckpt[0], out, kv_cache="packed", compute_dtype="float16")
     export_in_subprocess(write_yaml(str(tmp_path / "f16.yaml"), cfg), python=VENV_MS20_PYTHON)
     result = infer_cli(out, tokenizer_model, "--predict_data", "hello world", "--backend", "mslite")
-    assert_one_line_error(result, out, "float16 with kv_cache dynamic", "compute_dtype float32", "kv_cache io")
+    assert_one_line_error(result, out, "float16 with kv_cache packed", "compute_dtype float32", "kv_cache io")
 
 
 def test_unknown_backend(export_dir, tokenizer_model):
@@ -305,9 +313,9 @@ def test_infer_config_unknown_keyword():
     assert "allowed:" in message and "model_dir" in message and "tokenizer_path" in message
 
 
-def test_dynamic_true_needs_a_dynamic_export(export_dir, tokenizer_model):
+def test_dynamic_true_needs_a_packed_export(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--dynamic", "True", "--predict_data", "hello")
-    assert_one_line_error(result, "dynamic=True needs an export with kv_cache dynamic", "kv_cache io")
+    assert_one_line_error(result, "dynamic=True needs an export with kv_cache packed", "kv_cache io")
 
 
 @pytest.mark.parametrize("model", ["no/such/dir", "no/such/llama2_7b", "missing.mindir"])

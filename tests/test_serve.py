@@ -273,20 +273,19 @@ def test_metrics_parse_and_count_the_requests(server):
             "lite_requests_waiting", "lite_prompt_tokens", "lite_generation_tokens"} <= set(families)
 
 
-@pytest.mark.parametrize("export", ["ms", "ms_dynamic"])
-def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports, export):
+def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports):
     """Seven requests on the 4 cache rows with budgets of 2 to 12, three of them submitted while the
     first runs (at its 3rd and 6th token): each gets the tokens it gets alone; rows freed by short
     requests are taken while the first continues; fewer steps than tokens (requests share steps).
-    The packed step (the demo's kv_cache) computes each token once: its calls' tokens add up to the
-    prompts and the fed-back tokens; the dynamic step's rectangles compute more."""
+    The packed step computes each token once: its calls' tokens add up to the prompts and the fed-back
+    tokens."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.generation import generate_batches
     from lite_runtime.decode.inputs import InputOfInfer
     from lite_runtime.decode.sampling import Sampler, SamplingParams
     from lite_runtime.decode.engine import Engine, EngineRequest
-    m = load_manifest(demo_exports[export])
+    m = load_manifest(demo_exports["ms"])
     tokenizer = m.load_tokenizer()
     texts = PROMPTS + ["Counting down: ten, nine,", "The capital of France is", "one,", "a, b, c, d, e, f,"]
     prompts = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
@@ -324,7 +323,7 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     assert all(r.admitted < ended[0][1] for r in requests[4:])
     assert engine.steps < sum(budgets)
     fed = sum(len(p) + n - 1 for p, n in zip(prompts, budgets))     # the last token is not fed back
-    assert (sum(computed) == fed) == (m.kv_cache == "packed"), (m.kv_cache, sum(computed), fed)
+    assert sum(computed) == fed, (sum(computed), fed)
 
 
 def test_a_packed_prefill_in_windows_gives_the_logits_of_one_call(demo_exports):
@@ -598,7 +597,7 @@ def test_glm_prompts_are_served_whole_with_their_row_inputs(family_export, hf_fa
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.engine import Engine, EngineRequest
     prompts, _, expected = reference(hf_family("glm"))
-    session = load_session("ms", load_manifest(family_export("glm", "dynamic")))
+    session = load_session("ms", load_manifest(family_export("glm", "packed")))
     engine = Engine(session, prefill_chunk=2)
     got, ended = [[] for _ in prompts], []
     requests = [EngineRequest(list(p), STEPS + 1, on_finish=lambda reason: ended.append(reason)) for p in prompts]

@@ -1,7 +1,7 @@
 """SLoRA: one export serving two LoRA adapters of different ranks (and the base model), chosen per
 row, against Hugging Face peft on a tiny random Llama (tests/slora_models.py). Each adapter, and
-the base, gives peft's greedy tokens for 32 steps and logits within 1e-4 on `ms` (io and dynamic)
-and on real Lite (dynamic, .ms); a batch mixing adapters gives, row by row, each prompt's own
+the base, gives peft's greedy tokens for 32 steps and logits within 1e-4 on `ms` (io and packed)
+and on real Lite (packed, .ms); a batch mixing adapters gives, row by row, each prompt's own
 result; MindFormers adapter folders with a MindFormers run yaml give the same; run_infer_main.py
 --adapter_id picks the adapter; bad adapters are refused in one line with nothing written."""
 import json
@@ -64,17 +64,14 @@ def slora_exports(slora_model):
             elif variant == "tp2":
                 cfg = slora_yaml(folder, out, parallel={"model_parallel": 2})
             elif variant.startswith("lite_tp2"):    # Lite TP: step segments, adapters on the blocks' segments
-                cfg = slora_yaml(folder, out, "packed" if variant.endswith("packed") else "dynamic",
-                                 parallel={"model_parallel": 2, "collectives": "host"})
+                cfg = slora_yaml(folder, out, "packed", parallel={"model_parallel": 2, "collectives": "host"})
                 if variant == "lite_tp2_a1":
                     cfg["model"]["pet_config"]["adapter_path"] = str(folder / "lora_adapter_a1.json")
             elif variant.startswith("lite_segments"):      # one rank's step as segments of whole layers
-                cfg = slora_yaml(folder, out, "packed" if variant.endswith("packed") else "dynamic", lite_ms=True,
-                                 parallel={"collectives": "host"})
-            elif variant.endswith("packed"):      # each token's adapter columns by its row
-                cfg = slora_yaml(folder, out, "packed", lite_ms=variant == "lite_packed")
-            else:
-                cfg = slora_yaml(folder, out, "dynamic" if variant != "io" else "io", lite_ms=variant == "lite")
+                cfg = slora_yaml(folder, out, "packed", lite_ms=True, parallel={"collectives": "host"})
+            else:      # packed: each token's adapter columns by its row
+                cfg = slora_yaml(folder, out, "packed" if variant.endswith("packed") else "io",
+                                 lite_ms=variant == "lite_packed")
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[variant] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[variant]
@@ -90,7 +87,7 @@ def run_slots(folder, export, backend, slots, name):
     return got["logits"], got["tokens"]
 
 
-@pytest.mark.parametrize("variant, backend", [("io", "ms"), ("dynamic", "ms"), ("lite", "mslite"),
+@pytest.mark.parametrize("variant, backend", [("io", "ms"), ("packed", "ms"), ("lite_packed", "mslite"),
                                               ("mindformers", "ms")])
 @pytest.mark.parametrize("adapter", ["base", "a1", "a2"])
 def test_each_adapter_matches_peft(slora_model, slora_exports, variant, backend, adapter):
@@ -102,8 +99,7 @@ def test_each_adapter_matches_peft(slora_model, slora_exports, variant, backend,
     check_parity(logits, tokens, ref["logits"], ref["tokens"], f"SLoRA {adapter} on {backend} ({variant})")
 
 
-@pytest.mark.parametrize("variant, backend", [("io", "ms"), ("lite", "mslite"), ("lite_segments", "mslite"),
-                                              ("packed", "ms"), ("lite_packed", "mslite"),
+@pytest.mark.parametrize("variant, backend", [("io", "ms"), ("packed", "ms"), ("lite_packed", "mslite"),
                                               ("lite_segments_packed", "mslite")])
 def test_rows_of_one_batch_use_their_own_adapters(slora_model, slora_exports, variant, backend):
     """Prompts 0, 1, 2 with adapters a1, base, a2 in one batch: each row is peft's result for that adapter."""
@@ -131,7 +127,7 @@ def tp1_mixed(slora_model, slora_exports):
     return run_slots(slora_model, slora_exports("io"), "ms", [1, 0, 2], "tp1_mixed")
 
 
-@pytest.mark.parametrize("variant, backend", [("tp2", "ms"), ("lite_tp2", "mslite"), ("lite_tp2_packed", "mslite")])
+@pytest.mark.parametrize("variant, backend", [("tp2", "ms"), ("lite_tp2_packed", "mslite")])
 def test_tp2_with_adapters_equals_tp1(slora_model, slora_exports, tp1_mixed, tmp_path, variant, backend):
     """Adapters split with their base layers (B by output rows under column parallel, A by input
     columns under row parallel): a mixed batch on 2 ranks gives the single-rank logits, with the
@@ -160,7 +156,7 @@ def test_lite_tp2_adapter_columns_reach_only_the_adapted_segments(slora_model, s
 def test_run_infer_adapter_id(slora_model, slora_exports):
     """--adapter_id picks the adapter; an unknown id runs the base model with a warning naming the known
     ones, or is refused with --strict_adapter."""
-    export = slora_exports("lite")
+    export = slora_exports("lite_packed")
     common = ["run_infer_main.py", "--model_dir", export, "--backend", "mslite", "--predict_data", "one, two,",
               "--max_new_tokens", "8"]
     runs = {name: run_cli(common + (["--adapter_id", name] if name else [])) for name in ("a1", "a2", "", "a9")}
@@ -241,7 +237,7 @@ def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slo
     from test_serve import client, served
     ensure_lite_installed()
     prompts = json.loads((slora_model / "prompts.json").read_text())
-    with served(slora_exports("lite"), "mslite", "base") as (url, _):
+    with served(slora_exports("lite_packed"), "mslite", "base") as (url, _):
         c = client(url)
         assert sorted(m.id for m in c.models.list().data) == ["a1", "a2", "base"]
         jobs = [(name, i) for name in ("base", "a1", "a2") for i in range(len(prompts))]
@@ -257,7 +253,7 @@ def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slo
                                                       details=True).details.tokens] for a in ("a2", None)}
         by_model = c.completions.create(model="a2", prompt="one two three", max_tokens=6, temperature=0,
                                         logprobs=0).choices[0].logprobs.tokens
-    text = TokenText(load_manifest(slora_exports("lite")).load_tokenizer()).text    # logprobs name tokens by text
+    text = TokenText(load_manifest(slora_exports("lite_packed")).load_tokenizer()).text    # logprobs name tokens by text
     for (name, i), pieces in answers.items():
         expected = np.load(slora_model / f"reference_{name}.npz")["tokens"][i][:len(pieces)]
         assert pieces == [text(int(t)) for t in expected], (name, i)

@@ -110,7 +110,7 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
     """Export the benchmark models; returns {(family, backend, batch, ranks, adapters): dir}.
 
     Multi-rank (tensor-parallel) exports: for ms with the collectives in the graphs (kv modes io and
-    in_graph); for mslite as step segments reduced on the host (kv_cache dynamic: Lite on CPU has no
+    in_graph); for mslite as step segments reduced on the host (kv_cache packed: Lite on CPU has no
     collectives).
     `slora` adds the Llama's SLoRA exports (one rank; adapters = len(SLORA_ADAPTERS), 0 elsewhere).
     Exports whose recorded recipe matches are reused; `rebuild` redoes them.
@@ -142,7 +142,7 @@ def make_bench_model(work_dir: str, backends, batches, kv_cache: str = "io", reb
         for backend in backends:
             mode = "io" if backend == "mslite" and kv_cache == "in_graph" else kv_cache
             for batch, ranks in [(b, r) for b in batches for r in world_sizes
-                                 if r == 1 or (backend == "ms") == (mode != "dynamic")]:
+                                 if r == 1 or (backend == "ms") == (mode != "packed")]:
                 name = f"{'ms20' if backend == 'mslite' else 'ms'}_{mode}_b{batch}" + (f"_tp{ranks}" if ranks > 1 else "")
                 parallel = {"model_parallel": ranks, **({"collectives": "host"} if backend == "mslite" and ranks > 1
                                                         else {})}
@@ -306,8 +306,8 @@ def format_slora(summary: Dict[Tuple[str, int], dict]) -> str:
 @click.option("--rebuild", is_flag=True, help="re-export the benchmark model even if cached")
 @click.option("--family", cls=SpacedList, type=click.Choice(list(BENCH_MODELS)), default=list(BENCH_MODELS),
               help="families of the benchmark model (same sizes in each family's shape; default: all)")
-@click.option("--kv_cache", type=click.Choice(["io", "in_graph", "dynamic"]), default="io", show_default=True,
-              help="kv mode of the benchmark model's exports (mslite runs io or dynamic: in_graph gives io there)")
+@click.option("--kv_cache", type=click.Choice(["io", "in_graph", "packed"]), default="io", show_default=True,
+              help="kv mode of the benchmark model's exports (mslite runs io or packed: in_graph gives io there)")
 @click.option("--backend", cls=SpacedList, type=click.Choice(list(BACKENDS)), default=[],
               help="default: ms and mslite")
 @click.option("--batch", cls=SpacedList, type=int, default=[],
@@ -320,7 +320,7 @@ def format_slora(summary: Dict[Tuple[str, int], dict]) -> str:
 @click.option("--slora_rounds", type=int, default=5, help="requests per export in the --slora comparison (default 5)")
 @click.option("--tp", cls=SpacedList, type=int, default=[1],
               help="rank counts of the benchmark model (tensor parallel; e.g. --tp 1 2; mslite with --kv_cache "
-                   "dynamic: step segments with host all-reduces); the ranks share --threads")
+                   "packed: step segments with host all-reduces); the ranks share --threads")
 @click.option("--steps", type=int, default=128,
               help="new tokens per row (decode steps = steps - 1; default 128; capped to fit seq_length)")
 @click.option("--prompt_len", type=int, default=32, show_default=True)

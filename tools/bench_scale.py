@@ -3,16 +3,14 @@
 One random Hugging Face Llama of a named real shape (`1b`: TinyLlama-1.1B's, fp32, safetensors in
 2 GB shards, a 32000-piece sentencepiece tokenizer; made in the peers venv, one copy of the weights
 in memory) is cached under --work_dir and run from that folder by
-  - mslite:        this project's export (MindSpore 2.0, kv_cache dynamic, lite_ms): Lite's .ms + .msw;
-  - mslite_packed: the packed step graph (kv_cache packed, lite_ms): each token computed once, the
-                   form serving uses (not by default);
+  - mslite:        this project's export (MindSpore 2.0, kv_cache packed, lite_ms): Lite's .ms + .msw;
   - mslite_mindir: the same export's MindIR + external data (rank_0_variables/) on Lite;
   - mslite_io:     the static io export (prefill + increment MindIR) on Lite;
   - mslite_io_ms:  the static io export converted to .ms (lite_ms) on Lite (not by default);
-  - mslite_segments: the dynamic step as one rank's segments (`parallel.collectives: host`), one .ms
-                   per group of whole layers (each far below Lite's 2 GB limit) on Lite (not by default);
-  - mslite_packed_segments: the packed step so (what `target: cpu` writes at this size; not by default);
-  - ms:            a MindSpore 2.10 export (kv_cache dynamic) on backend ms (not by default);
+  - mslite_segments: the step as one rank's segments (`parallel.collectives: host`), one .ms per group
+                   of whole layers (each far below Lite's 2 GB limit; what `target: cpu` writes at this
+                   size) on Lite (not by default);
+  - ms:            a MindSpore 2.10 export (kv_cache packed) on backend ms (not by default);
   - ort, openvino: ONNX Runtime GenAI (its model builder, fp32) and OpenVINO GenAI (stateful f32 IR),
                    built from the same folder (tools/peer_runtimes.py);
   - transformers:  generate() on torch (not by default: slow at this size).
@@ -64,25 +62,18 @@ SHAPES = {
 # (the worst step; the io form's two graphs were killed at 20.1 GB, 4.9x), the export with lite_ms, the .ms
 # load (the io form's two: 4.1x), the peers' builds; one rank's segments: their export (1.39x; their load 1.15x).
 RSS_MULTIPLE = {"mslite_mindir": 3.9, "mslite_io": 5.0, "mslite_io_ms": 4.1, "mslite": 3.4, "ms": 2.4, "ort": 1.3, "openvino": 2.0,
-                "transformers": 1.1, "mslite_segments": 1.4, "mslite_packed": 3.4, "mslite_packed_segments": 1.4}
-OURS = ("mslite", "mslite_packed", "mslite_mindir", "mslite_io", "mslite_io_ms", "mslite_segments",
-        "mslite_packed_segments", "ms")
+                "transformers": 1.1, "mslite_segments": 1.4}
+OURS = ("mslite", "mslite_mindir", "mslite_io", "mslite_io_ms", "mslite_segments", "ms")
 PEERS = ("ort", "openvino", "transformers")
 # Our forms -> (export kind, backend, lite_format); forms of one kind share its export.
-FORMS = {"mslite": ("lite_dynamic", "mslite", "ms"), "mslite_packed": ("lite_packed", "mslite", "ms"),
-         "mslite_mindir": ("lite_dynamic", "mslite", "mindir"),
+FORMS = {"mslite": ("lite_packed", "mslite", "ms"), "mslite_mindir": ("lite_packed", "mslite", "mindir"),
          "mslite_io": ("lite_io", "mslite", "mindir"), "mslite_io_ms": ("lite_io_ms", "mslite", "ms"),
-         "mslite_segments": ("lite_segments", "mslite", "ms"),
-         "mslite_packed_segments": ("lite_packed_segments", "mslite", "ms"),
-         "ms": ("ms_dynamic", "ms", None)}
-EXPORTS = {"lite_dynamic": (VENV_MS20_PYTHON, dict(kv_cache="dynamic", lite_ms=True)),
-           "lite_packed": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True)),
+         "mslite_segments": ("lite_segments", "mslite", "ms"), "ms": ("ms_packed", "ms", None)}
+EXPORTS = {"lite_packed": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True)),
            "lite_io": (VENV_MS20_PYTHON, dict(kv_cache="io")),
            "lite_io_ms": (VENV_MS20_PYTHON, dict(kv_cache="io", lite_ms=True)),
-           "lite_segments": (VENV_MS20_PYTHON, dict(kv_cache="dynamic", lite_ms=True, parallel=dict(collectives="host"))),
-           "lite_packed_segments": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True,
-                                                           parallel=dict(collectives="host"))),
-           "ms_dynamic": (VENV_PYTHON, dict(kv_cache="dynamic"))}
+           "lite_segments": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True, parallel=dict(collectives="host"))),
+           "ms_packed": (VENV_PYTHON, dict(kv_cache="packed"))}
 GB = 2 ** 30
 
 

@@ -190,7 +190,7 @@ def build_peers(args) -> tuple:
     if not os.path.isfile(PEERS_PYTHON):
         raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    ours = "mslite_cpu" if args.kv_cache == "packed" else "mslite"
+    ours = "mslite_cpu"
     folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], [ours, "openvino"],
                       args.threads, False, log, shape=PEER_SHAPES[args.shape])
     return folders[(ours, CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
@@ -235,13 +235,11 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 
 
 @click.command(context_settings=CONTEXT, help=__doc__.split("\n")[0])
-@click.option("--model_dir", default=None, help="an export with kv_cache: packed or dynamic (not with --peers)")
+@click.option("--model_dir", default=None, help="an export with kv_cache: packed (not with --peers)")
 @click.option("--peers", is_flag=True, help="build a model from one HF folder for us and OpenVINO GenAI, and run "
               "the workload through its ContinuousBatchingPipeline too")
 @click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,
               help="the --peers model")
-@click.option("--kv_cache", type=click.Choice(["packed", "dynamic"]), default="packed", show_default=True,
-              help="the step graph of our --peers export (packed: as `target: cpu` writes it)")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)

@@ -2,8 +2,7 @@
 
 One random Llama (the benchmark sizes: hidden 256, 4 layers, 4 heads, ffn 1024, vocab 32000, fp32,
 untied) is made as a Hugging Face folder and run by every runtime from that folder:
-  - mslite: this project's export (MindSpore 2.0, one dynamic step graph, Lite's .ms) on real Lite 2.0;
-  - mslite_packed: the packed step graph (kv_cache packed, .ms), the form serving uses (not by default);
+  - mslite: this project's export (MindSpore 2.0, the packed step graph, Lite's .ms) on real Lite 2.0;
   - ort: ONNX Runtime GenAI (its model builder, fp32, CPU);
   - openvino: OpenVINO GenAI (a stateful f32 IR, f32 KV cache);
   - transformers: Hugging Face `generate` on torch (the tokens reference).
@@ -37,10 +36,10 @@ from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
-OURS = ("mslite", "mslite_packed", "mslite_io")   # the project's forms (see above) and the static io pair
+OURS = ("mslite", "mslite_io")   # the project's forms (see above) and the static io pair
 # each form's export keys; mslite_cpu is whatever `target: cpu` writes (the packed step, as segments
 # above 2 GiB of weights): what tools/bench_serve.py serves
-EXPORTS = {"mslite": dict(kv_cache="dynamic", lite_ms=True), "mslite_packed": dict(kv_cache="packed", lite_ms=True),
+EXPORTS = {"mslite": dict(kv_cache="packed", lite_ms=True),
            "mslite_io": dict(kv_cache="io", lite_ms=False), "mslite_cpu": dict(target="cpu")}
 PEERS = ("ort", "openvino", "transformers")
 REFERENCE = "transformers"

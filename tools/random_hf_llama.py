@@ -6,7 +6,7 @@ in memory: each safetensors shard is made and written on its own.
     .venv/bin/python tools/bench_export.py --python .venv-ms20/bin/python --config DIR/export.yaml -n 1
 
 Writes config.json (transformers' LlamaForCausalLM), model-0000k-of-0000n.safetensors with their index,
-and export.yaml (compute_dtype float16, kv_cache dynamic, the folder as hf_dir) beside them. Weights are
+and export.yaml (compute_dtype float16, kv_cache packed, the folder as hf_dir) beside them. Weights are
 normal(0, 0.02), norms 1; the folder has no tokenizer (the export warns; measurements need none).
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def command(shape, out, shard_gb, seed, seq_length):
     total = write_shards(out, sizes, int(shard_gb * 2**30), seed)
     with open(os.path.join(out, "export.yaml"), "w") as f:
         f.write(f"model:\n  hf_dir: {os.path.abspath(out)}\nseq_length: {seq_length}\nbatch_size: 1\n"
-                f"kv_cache: dynamic\ncompute_dtype: float16\noutput_dir: {os.path.abspath(out)}_export\n")
+                f"kv_cache: packed\ncompute_dtype: float16\noutput_dir: {os.path.abspath(out)}_export\n")
     print(f"{out}: a random {shape} Llama, {total / 2**30:.2f} GiB of float16 weights; export.yaml beside them")
     return 0
 

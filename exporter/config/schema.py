@@ -15,7 +15,7 @@ from typing import Optional, Union
 import yaml
 
 from lite_runtime.contract.errors import ConfigError
-from lite_runtime.contract.families import KV_MODES, STEP_MODES
+from lite_runtime.contract.families import KV_MODES
 from lite_runtime.contract.quant import GROUP_SIZES, WEIGHT_SCHEMES
 from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
@@ -112,7 +112,7 @@ class ExportConfig:
     batch_size: int = 1
     use_past: bool = True
     target: Optional[str] = None                 # cpu | ascend: where it will run; chooses the three keys below
-    kv_cache: Optional[str] = None               # io | in_graph | dynamic | packed; None: by target
+    kv_cache: Optional[str] = None               # io | in_graph | packed; None: by target
     compute_dtype: str = "float32"
     lite_ms: Optional[bool] = None               # also write Lite's own .ms model of each graph; None: by target
     parallel: ParallelSection = field(default_factory=ParallelSection)
@@ -124,6 +124,9 @@ class ExportConfig:
 
     def __post_init__(self):
         where = self.source
+        if self.kv_cache == "dynamic":
+            raise ConfigError(f"{where}: kv_cache dynamic is retired: kv_cache packed does the same for every family, "
+                              f"form and runtime; allowed: {', '.join(KV_MODES)}")
         self._choose_form()
         if self.kv_cache not in KV_MODES:
             raise ConfigError(f"{where}: kv_cache {self.kv_cache!r} is not allowed; allowed: {', '.join(KV_MODES)}")
@@ -150,19 +153,18 @@ class ExportConfig:
                 raise ConfigError(f"{where}: parallel.{key} {getattr(self.parallel, key)} is not supported "
                                   "for inference export; allowed: 1 (use model_parallel to split a model)")
         self._check_collectives()
-        if self.kv_cache in STEP_MODES and self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
+        if self.kv_cache == "packed" and self.parallel.model_parallel > 1 and self.parallel.collectives == "graph":
             raise ConfigError(f"{where}: kv_cache {self.kv_cache} with parallel.model_parallel "
                               f"{self.parallel.model_parallel} needs parallel.collectives: host (segments for "
                               "MindSpore Lite on CPU); or use kv_cache io")
-        if self.kv_cache in STEP_MODES:
+        if self.kv_cache == "packed":
             for key in ("prefill_model_path", "increment_model_path"):
                 if getattr(self.infer, key):
                     raise ConfigError(f"{where}: infer.{key} needs the two graphs of kv_cache io or in_graph; "
                                       f"kv_cache {self.kv_cache} writes one graph (mindir_step/rank_0_graph.mindir)")
         if self.lite_ms and (self.kv_cache == "in_graph" or self.parallel.collectives == "graph"
                              and self.parallel.model_parallel > 1):
-            raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io, dynamic "
-                              "or packed "
+            raise ConfigError(f"{where}: lite_ms: true is for MindSpore Lite on CPU, which runs kv_cache io or packed "
                               f"on one rank or as segments (parallel.collectives: host); this config has kv_cache "
                               f"{self.kv_cache} and model_parallel {self.parallel.model_parallel}")
         self._check_quantization()
@@ -189,13 +191,13 @@ class ExportConfig:
         two_graphs = bool(self.infer.prefill_model_path or self.infer.increment_model_path)
         if self.kv_cache is None:
             self.kv_cache = "packed" if cpu and self.compute_dtype == "float32" and not two_graphs else "io"
-        if cpu and self.parallel.model_parallel > 1 and self.kv_cache not in STEP_MODES:
+        if cpu and self.parallel.model_parallel > 1 and self.kv_cache != "packed":
             raise ConfigError(f"{self.source}: target cpu with parallel.model_parallel {self.parallel.model_parallel} "
-                              "needs kv_cache packed or dynamic and compute_dtype float32 (MindSpore Lite on CPU runs "
+                              "needs kv_cache packed and compute_dtype float32 (MindSpore Lite on CPU runs "
                               "several ranks only as step segments); this config has kv_cache "
                               f"{self.kv_cache} and compute_dtype {self.compute_dtype}")
         if self.parallel.collectives is None:
-            step_on_cpu = cpu and self.kv_cache in STEP_MODES
+            step_on_cpu = cpu and self.kv_cache == "packed"
             self.parallel.collectives = "host" if step_on_cpu and self.parallel.model_parallel > 1 else "graph"
             self.segments_by_size = step_on_cpu and self.parallel.model_parallel == 1
         if self.lite_ms is None:
@@ -208,11 +210,11 @@ class ExportConfig:
                               f"{', '.join(COLLECTIVE_FORMS)}")
         if form == "host":
             needs = [f"{key} {value}" for key, value, allowed in (
-                ("kv_cache", self.kv_cache, self.kv_cache in STEP_MODES),
+                ("kv_cache", self.kv_cache, self.kv_cache == "packed"),
                 ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
             if needs:
                 raise ConfigError(f"{where}: parallel.collectives: host cuts each rank's step into segments "
-                                  "and needs kv_cache packed or dynamic and compute_dtype float32; this "
+                                  "and needs kv_cache packed and compute_dtype float32; this "
                                   f"config has {', '.join(needs)}")
 
     def _check_quantization(self) -> None:

@@ -2,14 +2,10 @@
 a call's new keys and (a decode step) the past ones (`Attention._attend`), with grouped query heads
 (GQA/MQA: no repeated K/V) and one additive score bias description shared by all layers
 (`ScoreBias`: causal masking, ALiBi, prefix attention, the cache rows each row may see). Prefill
-has no past; the `io` decode step (host-owned cache in, new rows out) is the T = 1 case of the
-`dynamic` step (T new tokens per row against P past rows, T and P chosen per call) in the static
-graphs' layout; `in_graph` is the io step reading, then writing, Parameter caches. Positions that
-rotate q/k come in as cos/sin.
-
-The dynamic step follows what MindSpore Lite 2.0 accepts in graphs with dynamic dimensions:
-reshapes name at most one unknown dimension (-1), nothing slices or asks for a shape at run time,
-and index ranges come from `CumSum` over a tensor of ones of the right shape.
+has no past; the `io` decode step (host-owned cache in, new rows out) is one new token per row
+against the past rows; `in_graph` is the io step reading, then writing, Parameter caches. The
+packed step's attention is packed.py's, on the projections made here (`project_tokens`). Positions
+that rotate q/k come in as cos/sin.
 """
 from __future__ import annotations
 
@@ -19,8 +15,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from lite_runtime.contract.errors import ConfigError
-from lite_runtime.contract.families import STEP_MODES
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear, zeros_param
 from exporter.models.positions import Rotary, alibi_slopes
@@ -34,7 +28,7 @@ class BuildContext(NamedTuple):
     """What one rank's graph is built for."""
     world_size: int
     rank: int
-    kv_mode: str          # io | in_graph | dynamic | packed
+    kv_mode: str          # io | in_graph | packed
     batch: int
     seq: int
     dtype: object         # compute dtype (ms.float32 / ms.float16)
@@ -45,8 +39,8 @@ class BuildContext(NamedTuple):
 
     @property
     def flat(self) -> bool:
-        """Hidden states are (tokens, hidden): the step graphs' layout."""
-        return self.kv_mode in STEP_MODES
+        """Hidden states are (tokens, hidden): the packed step's layout."""
+        return self.kv_mode == "packed"
 
 
 class ScoreBias(nn.Cell):
@@ -60,9 +54,6 @@ class ScoreBias(nn.Cell):
         n_local, self.n_kv, self.group = cfg.n_heads // ctx.world_size, cfg.n_kv_heads // ctx.world_size, cfg.group
         seq = ctx.seq
         self.alibi = cfg.alibi
-        if self.alibi and self.group > 1 and ctx.kv_mode == "dynamic":
-            raise ConfigError("kv_cache dynamic does not support ALiBi with grouped KV heads (n_kv_heads "
-                              f"{cfg.n_kv_heads} < n_heads {cfg.n_heads}); use kv_cache io")
         self.key_pos = Tensor(np.arange(seq, dtype=np.float32).reshape(1, 1, 1, seq))
         self.query_pos = Tensor(np.tile(np.arange(seq, dtype=np.float32), self.group).reshape(self.group * seq, 1))
         self.first = Tensor(np.zeros((1, 1, 1, 1), np.float32))     # the one new key's index in a decode step
@@ -76,10 +67,6 @@ class ScoreBias(nn.Cell):
         self.greater = ops.Greater()
         self.greater_equal = ops.GreaterEqual()
         self.reshape = ops.Reshape()
-        self.ones_like = ops.OnesLike()
-        self.cumsum = ops.CumSum()
-        self.floor_mod = ops.FloorMod()
-        self.sum = ops.ReduceSum(keep_dims=True)
 
     def _bias(self, key, hidden, slopes, context=None):
         """`key`: the keys' positions, `hidden` 1 where the query may not see the key; `context`
@@ -104,30 +91,16 @@ class ScoreBias(nn.Cell):
         not the row's (later positions, a dummy row, or room left in a bucket)."""
         return self._bias(key, self.cast(self.greater_equal(key, past), ms.float32), self.slopes_step)
 
-    def new_keys(self, key, query, past, context=None):
+    def new_keys(self, key, query, past):
         """Bias of the call's new keys: causal among its tokens (`key`, `query`: their indices in the
-        call), at positions `past` (B, 1, 1, 1) float on. Padding tokens past a row's valid count
-        only precede padding queries."""
-        return self._bias(key + past, self.cast(self.greater(key, query), ms.float32), self.slopes_step, context)
+        call), at positions `past` (B, 1, 1, 1) float on."""
+        return self._bias(key + past, self.cast(self.greater(key, query), ms.float32), self.slopes_step)
 
     def step(self, pos):
         """(cache bias (B, 1 | kv, group, S), bias of the new key) for one decode token per row at
-        `pos` (B, 1) int32, the T = 1 case of `dynamic`: the cache rows before pos are the row's."""
+        `pos` (B, 1) int32: the cache rows before pos are the row's."""
         pos = self.reshape(self.cast(pos, ms.float32), (-1, 1, 1, 1))
         return self.past_keys(self.key_pos, pos), self.new_keys(self.first, self.first, pos)
-
-    def _index(self, scores, axis):
-        """0, 1, 2, ... along `axis` of `scores`, as float32 of its shape."""
-        return self.cumsum(self.ones_like(scores), axis) - 1.0
-
-    def dynamic(self, s_past, s_new, past, context=None):
-        """Biases of the past keys (B, kv, g*T, P) and of the new ones (B, kv, g*T, T) for T new
-        tokens per row (row g*T + t is token t) after `past` (B, 1, 1, 1) float positions."""
-        query = self._index(s_new, -2)
-        if self.group > 1:
-            query = self.floor_mod(query, self.sum(self.ones_like(s_new), -1))
-        return (self.past_keys(self._index(s_past, -1), past),
-                self.new_keys(self._index(s_new, -1), query, past, context))
 
 
 def shape_tensor(*dims) -> Tensor:
@@ -135,18 +108,14 @@ def shape_tensor(*dims) -> Tensor:
     return Tensor(np.array(dims, np.int32))
 
 
-class DynamicShapes(nn.Cell):
-    """The reshape targets of the dynamic step: one unknown dimension (-1) each."""
+class TokenShapes(nn.Cell):
+    """The reshape targets of the packed step's projections: one unknown dimension (-1) each."""
 
-    def __init__(self, batch: int, n_heads: int, n_kv: int, hd: int):
+    def __init__(self, n_heads: int, n_kv: int, hd: int):
         super().__init__()
         self.rows = shape_tensor(-1, hd)
         self.tokens_q, self.tokens_kv = shape_tensor(-1, n_heads, hd), shape_tensor(-1, n_kv, hd)
-        self.heads_q, self.heads_kv = shape_tensor(batch, -1, n_heads, hd), shape_tensor(batch, -1, n_kv, hd)
-        self.grouped = shape_tensor(batch, n_kv, -1, hd)
         self.tokens_grouped = shape_tensor(-1, n_kv, n_heads // n_kv, hd)
-        self.heads_out = shape_tensor(batch, n_heads, -1, hd)
-        self.merged = shape_tensor(-1, n_heads * hd)
 
 
 class Attention(nn.Cell):
@@ -169,9 +138,9 @@ class Attention(nn.Cell):
         self.use_rotary = cfg.positions in ("rotary", "rotary_2d")
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype,
                              blocks=2 if cfg.positions == "rotary_2d" else 1)
-        self.in_graph, self.dynamic = ctx.kv_mode == "in_graph", ctx.kv_mode == "dynamic"
+        self.in_graph = ctx.kv_mode == "in_graph"
         if flat:
-            self.dyn = DynamicShapes(ctx.batch, self.n_heads, self.n_kv, self.hd)
+            self.dyn = TokenShapes(self.n_heads, self.n_kv, self.hd)
         if self.in_graph:
             shape = (ctx.batch, self.n_kv, ctx.seq, self.hd)
             self.key_cache = zeros_param(shape, ms.float32, "key_cache")
@@ -208,9 +177,9 @@ class Attention(nn.Cell):
         o = self.reshape(self.transpose(o, (0, 2, 1, 3)), (batch, steps, self.n_heads * self.hd))
         return self.o(o, select)
 
-    def _score(self, q, k, keys_transposed: bool):
-        """q (B, kv, g*T, hd) against keys (B, kv, N, hd), or (B, kv, hd, N) transposed: (B, kv, g*T, N)."""
-        return (self.bmm(q, k) if keys_transposed else self.bmm_t(q, k)) * self.scale
+    def _score(self, q, k):
+        """q (B, kv, g*T, hd) against keys (B, kv, N, hd): (B, kv, g*T, N)."""
+        return self.bmm_t(q, k) * self.scale
 
     def _attend(self, s_new, v_new, s_past=None, v_past=None):
         """The attention of every kv mode: one softmax over the scores of the call's keys and (a decode
@@ -229,63 +198,27 @@ class Attention(nn.Cell):
         embedding of each token's position), of x's shape; None: x (as in every method here)."""
         batch, steps, _ = x.shape
         q, k, v = self._project(x, cos, sin, batch, steps, select, query)
-        out = self._merge(self._attend(self._score(q, k, False) + bias, v), batch, steps, select)
+        out = self._merge(self._attend(self._score(q, k) + bias, v), batch, steps, select)
         if self.in_graph:
             out = self.depend(out, self.assign(self.key_cache, k))
             out = self.depend(out, self.assign(self.value_cache, v))
         return out, k, v
 
-    def step(self, x, cos, sin, k_past, v_past, past, bias: ScoreBias, biases=None, select=None, query=None,
-             context=None, row=None):
-        """New tokens against past keys and values. Returns the output, the new keys and values and
-        the score biases of past and new keys (ScoreBias.step / .dynamic), which every layer shares:
-        the first layer of a dynamic step makes them (`biases` None, from `past` (B, 1, 1, 1) float
-        and prefix attention's `context`, ScoreBias.new_keys), the others reuse them.
-
-        dynamic: x (B*T, H), T new tokens per row; past keys (B, kv, hd, P) transposed and values
-        (B, kv, P, hd) whose first `past` positions are the row's; cos/sin (B*T, 1, hd); output
-        (B*T, H), new keys (B, kv, hd, T) and values (B, kv, T, hd).
-        io / in_graph: the T = 1 case in the static graphs' layout: x (B, 1, H), caches (B, kv, S, hd)
+    def step(self, x, cos, sin, k_past, v_past, biases, select=None, query=None, row=None):
+        """One new token per row against past keys and values: x (B, 1, H), caches (B, kv, S, hd)
         (in_graph: None, the Parameter caches, into which the new row goes at `row` (B, 1, S, 1)
-        one-hot; what the cache held there is masked), new rows (B, kv, 1, hd)."""
-        # What io keeps apart from the dynamic step is its layout, not its attention: its graphs are
-        # static, with hidden states (B, T, H) from the embedding through every residual and tuple
-        # reshapes, and the contract's io caches hold keys untransposed; the dynamic step's are (B*T, H)
-        # with shape-tensor reshapes (Lite 2.0's rule for dynamic dimensions) and transposed keys.
-        dynamic = self.dynamic
-        if dynamic:
-            q, k, v = self._project_dynamic(x, cos, sin, select, query)
-        else:
-            q, k, v = self._project(x, cos, sin, x.shape[0], 1, select, query)
+        one-hot; what the cache held there is masked), `biases` of past and new keys
+        (ScoreBias.step), which every layer shares. Returns the output and the new rows (B, kv, 1, hd)."""
+        q, k, v = self._project(x, cos, sin, x.shape[0], 1, select, query)
         if self.in_graph:
             k_past, v_past = self.key_cache, self.value_cache
-        s_past, s_new = self._score(q, k_past, dynamic), self._score(q, k, dynamic)
-        if biases is None:
-            biases = bias.dynamic(s_past, s_new, past, context)
-        o = self._attend(s_new + biases[1], v, s_past + biases[0], v_past)
-        if dynamic:
-            o = self.transpose(self.cast(self.reshape(o, self.dyn.heads_out), self.dtype), (0, 2, 1, 3))
-            return self.o(self.reshape(o, self.dyn.merged), select), k, v, biases
+        o = self._attend(self._score(q, k) + biases[1], v, self._score(q, k_past) + biases[0], v_past)
         out = self._merge(o, x.shape[0], 1, select)
         if self.in_graph:
             keep = 1.0 - row
             out = self.depend(out, self.assign(self.key_cache, self.key_cache * keep + k * row))
             out = self.depend(out, self.assign(self.value_cache, self.value_cache * keep + v * row))
-        return out, k, v, biases
-
-    def _project_dynamic(self, x, cos, sin, select, query):
-        """The dynamic step's q (B, kv, g*T, hd), keys (B, kv, hd, T) and values (B, kv, T, hd),
-        float32, from x (B*T, H): static shapes become shape tensors with one unknown dimension."""
-        d = self.dyn
-        q = self._heads_dynamic(self.q(x if query is None else query, select), d.tokens_q, d.heads_q, cos, sin)
-        k = self._heads_dynamic(self.k(x, select), d.tokens_kv, d.heads_kv, cos, sin)
-        v = self.transpose(self.reshape(self.v(x, select), d.heads_kv), (0, 2, 1, 3))
-        q = self.cast(self.reshape(q, d.grouped), ms.float32)
-        return q, self.transpose(self.cast(k, ms.float32), (0, 1, 3, 2)), self.cast(v, ms.float32)
-
-    def _heads_dynamic(self, x, tokens_shape, heads_shape, cos, sin):
-        """(B*T, n*hd) -> rotated (B, n, T, hd)."""
-        return self.transpose(self.reshape(self._rotate(x, tokens_shape, cos, sin), heads_shape), (0, 2, 1, 3))
+        return out, k, v
 
     def _rotate(self, x, tokens_shape, cos, sin):
         """(N, n*hd) -> (N, n, hd), rotated by cos/sin (N, 1, hd)."""

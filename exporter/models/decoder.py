@@ -1,6 +1,6 @@
 """`CausalLM`: one rank's share of a decoder-only model, assembled from blocks chosen by the
 config's features, with its graph entry points: `prefill` and `increment` (kv modes io and
-in_graph), or the one `step` of the dynamic kv mode (prefill and decode alike). With
+in_graph), or the one `packed_step` of the packed kv mode (prefill and decode alike). With
 `top_query` (PanGu-α) the last of num_layers is the top query layer (models/top_query.py), run
 after the final norm, its K/V cache the last pair.
 
@@ -15,7 +15,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from lite_runtime.contract.families import PACKED_INPUTS, STEP
+from lite_runtime.contract.families import PACKED_INPUTS
 from exporter.models.attention import Attention, BuildContext, ScoreBias, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
@@ -48,15 +48,12 @@ class DecoderLayer(nn.Cell):
 
 
 class StepShapes(nn.Cell):
-    """Reshape targets and the gather axis of the dynamic step (Lite 2.0 builds graphs with dynamic
+    """Reshape targets and the gather axis of the packed step (Lite 2.0 builds graphs with dynamic
     dimensions only with these as tensors)."""
 
-    def __init__(self, batch: int, hidden: int, head_dim: int):
+    def __init__(self, head_dim: int):
         super().__init__()
-        self.flat, self.column = shape_tensor(-1), shape_tensor(batch, 1)
-        self.per_token, self.per_row = shape_tensor(-1, 1, head_dim), shape_tensor(batch, 1, 1, 1)
-        self.pick, self.rows, self.hidden = shape_tensor(batch, 1, -1), shape_tensor(batch, -1, hidden), \
-            shape_tensor(batch, hidden)
+        self.flat, self.per_token = shape_tensor(-1), shape_tensor(-1, 1, head_dim)
         self.flat_column = shape_tensor(-1, 1)
         self.token_column = shape_tensor(-1, 1, 1, 1)
         self.row_of_tokens = shape_tensor(1, -1)
@@ -70,17 +67,16 @@ class CausalLM(nn.Cell):
         cfg.check_seq_length(ctx.seq)
         self.cfg = cfg
         self.batch, self.seq, self.kv_mode, self.dtype = ctx.batch, ctx.seq, ctx.kv_mode, ctx.dtype
-        dynamic = ctx.flat
-        if dynamic:
-            self.dyn = StepShapes(ctx.batch, cfg.hidden_size, cfg.head_dim)
-        if ctx.kv_mode == "packed":
+        packed = ctx.flat
+        if packed:
+            self.dyn = StepShapes(cfg.head_dim)
             self.packed_bias = PackedBias(cfg, ctx)
             self.attend = PackedAttend(cfg.n_kv_heads // ctx.world_size, cfg.group, cfg.head_dim,
                                        1.0 / float(np.sqrt(cfg.head_dim)))
-        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype, dynamic)
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype, packed)
         self.learned_positions = cfg.positions == "learned"
         if self.learned_positions:
-            self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype, dynamic)
+            self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype, packed)
         self.use_embed_norm = cfg.embed_norm
         if cfg.embed_norm:
             self.embed_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
@@ -94,7 +90,7 @@ class CausalLM(nn.Cell):
         self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
-                                             flat=dynamic)
+                                             flat=packed)
         self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
                                                      cfg.vocab_size // ctx.world_size)
@@ -126,7 +122,6 @@ class CausalLM(nn.Cell):
         self.equal = ops.Equal()
         self.ones_like = ops.OnesLike()
         self.cumsum = ops.CumSum()
-        self.bmm = ops.BatchMatMul()
         self.greater_equal = ops.GreaterEqual()
         self.sum_last = ops.ReduceSum()
         self.matmul = ops.MatMul()
@@ -209,71 +204,34 @@ class CausalLM(nn.Cell):
         x = self._embed(input_ids, pos)
         row = self.reshape(self.cast(self.equal(self.positions, pos), ms.float32), (self.batch, 1, self.seq, 1))
         select = self._select(input_ids, adapter_ids, (self.batch, 1), (-1, 1))
-        x, new_kv = self._step_layers(x, cos, sin, kv, None, self.bias.step(pos), select, None, pos, row)
+        x, new_kv = self._step_layers(x, cos, sin, kv, self.bias.step(pos), select, pos, row)
         logits = self._logits(self.reshape(x, (self.batch, -1)))
         return (logits,) + new_kv if self.kv_mode == "io" else logits
 
-    def step(self, input_ids, batch_valid_length, past_length, kv, adapter_ids=None, context=None,
-             mask_position=None):
-        """T new tokens per row (B, T) after `past_length` (B,) positions of the host cache `kv`
-        (per layer K (B, kv, hd, P), V (B, kv, P, hd)); `batch_valid_length` (B,) = past + the row's
-        valid new tokens. Returns logits of each row's last valid token and the new K (B, kv, hd, T)
-        and V (B, kv, T, hd). `context`, `mask_position` (B,) int32: GLM's row inputs."""
-        x, cos, sin, past, select = self.step_start(input_ids, past_length, adapter_ids, context, mask_position)
-        prefix = None
-        if self.prefix:
-            prefix = self.prefix_context(context)
-        x, new_kv = self._step_layers(x, cos, sin, kv, past, None, select, prefix,
-                                      self.step_positions(input_ids, past_length))
-        return (self.step_logits(x, input_ids, batch_valid_length, past_length),) + new_kv
-
-    def _step_layers(self, x, cos, sin, kv, past, biases, select, prefix, positions, row=None):
-        """The layers of a decode step (io, in_graph: `biases` from ScoreBias.step, `row` the one-hot
-        of the new rows) or of the dynamic step (`biases` None: the first layer makes them); `kv` the
-        past K/V per layer (none in_graph), `positions` the tokens' (the top query layer's input).
-        Returns the last hidden states and the new K/V rows of every layer."""
-        x, new_kv, biases = self.step_blocks(self.layers, x, cos, sin, kv, past, biases, select, prefix, row)
-        if self.use_top_query:
-            k_past, v_past = self._past(kv, len(self.layers))
-            x, k, v = self.top_query.step(self.final_norm(x), positions, cos, sin, k_past, v_past, past, self.bias,
-                                          biases, row)
-            new_kv = new_kv + (k, v)
-        return x, new_kv
-
-    def step_blocks(self, layers, x, cos, sin, kv, past, biases, select, prefix, row=None):
-        """Blocks `layers` of a step (see _step_layers); kv: their past K/V pairs. Returns the hidden
-        states, the blocks' new K/V rows and the score biases."""
+    def _step_layers(self, x, cos, sin, kv, biases, select, positions, row):
+        """The layers of a decode step (io, in_graph): `biases` from ScoreBias.step, `row` the one-hot
+        of the new rows, `kv` the past K/V per layer (none in_graph), `positions` the tokens' (the top
+        query layer's input). Returns the last hidden states and the new K/V rows of every layer."""
         new_kv = ()
         i = 0
-        for layer in layers:
+        for layer in self.layers:
             h = layer.attn_norm(x)
             k_past, v_past = self._past(kv, i)
-            attn, k, v, biases = layer.attn.step(h, cos, sin, k_past, v_past, past, self.bias, biases, select,
-                                                 context=prefix, row=row)
+            attn, k, v = layer.attn.step(h, cos, sin, k_past, v_past, biases, select, row=row)
             x = layer.finish(x, attn, select, h)
             new_kv = new_kv + (k, v)
             i = i + 1
-        return x, new_kv, biases
+        if self.use_top_query:
+            k_past, v_past = self._past(kv, len(self.layers))
+            x, k, v = self.top_query.step(self.final_norm(x), positions, cos, sin, k_past, v_past, biases, row)
+            new_kv = new_kv + (k, v)
+        return x, new_kv
 
     def _past(self, kv, i):
         """Layer i's past keys and values: none in_graph (the Parameter caches)."""
         if self.kv_mode == "in_graph":
             return None, None
         return kv[2 * i], kv[2 * i + 1]
-
-    def step_start(self, input_ids, past_length, adapter_ids=None, context=None, mask_position=None):
-        """The dynamic step up to the first layer: the tokens' hidden states (B*T, H), their rotary
-        cos/sin (B*T, 1, hd), each row's past length (B, 1, 1, 1) as float and the SLoRA columns."""
-        d = self.dyn
-        pos = self.step_positions(input_ids, past_length)
-        if self.two_d:
-            t = self._steps(input_ids) + self.cast(self.reshape(past_length, d.column), ms.float32)
-            cos, sin = self._rotary_2d(t, context, mask_position, d.column, d.flat, d.per_token, d.axis0)
-        else:
-            cos, sin = self._rotary_at(pos)
-        x = self._embed(self.reshape(input_ids, d.flat), pos)
-        past = self.reshape(self.cast(past_length, ms.float32), d.per_row)
-        return x, cos, sin, past, self._select(input_ids, adapter_ids, d.column, d.flat_column)
 
     def _rotary_at(self, positions):
         """cos, sin (N, 1, hd) of tokens at `positions` (N,) int32."""
@@ -282,30 +240,12 @@ class CausalLM(nn.Cell):
         sin = self.cast(self.reshape(self.gather(self.sin_table, positions, d.axis0), d.per_token), self.dtype)
         return cos, sin
 
-    def prefix_context(self, context):
-        """GLM's context lengths (B,) int32 as prefix attention reads them, (B, 1, 1, 1) float."""
-        return self.reshape(self.cast(context, ms.float32), self.dyn.per_row)
-
-    def step_positions(self, input_ids, past_length):
-        """Each token's position (B*T,) int32: its row's past length + its step."""
-        d = self.dyn
-        return self.reshape(self.cast(self._steps(input_ids) + self.cast(self.reshape(past_length, d.column),
-                                                                         ms.float32), ms.int32), d.flat)
-
-    def step_logits(self, x, input_ids, batch_valid_length, past_length):
-        """Logits of each row's last valid token from the final hidden states x (B*T, H)."""
-        d = self.dyn
-        steps = self._steps(input_ids)
-        last = self.reshape(self.cast(batch_valid_length - past_length, ms.float32) - 1.0, d.column)
-        pick = self.reshape(self.cast(self.equal(steps, last), self.dtype), d.pick)         # (B, 1, T)
-        hidden = self.bmm(pick, self.reshape(x, d.rows))
-        return self._logits(self.reshape(hidden, d.hidden))
-
     def packed_step(self, input_ids, token_rows, token_positions, past_length, last_token, kv, adapter_ids=None,
                     context=None, mask_position=None):
         """N tokens of any rows (the packed kv mode, lite_runtime/contract/families.py): input_ids,
         token_rows, token_positions (N,); past_length and the family's row inputs (B,); last_token (L,)
-        the indices of the tokens whose logits are returned; the caches as in `step`. Returns the
+        the indices of the tokens whose logits are returned; the caches per layer K (B, kv, hd, P) and
+        V (B, kv, P, hd). Returns the
         logits (L, vocab) and every token's new K and V (N, kv, hd) per layer."""
         x, cos, sin, tokens, select = self.packed_start(input_ids, token_rows, token_positions, past_length,
                                                         adapter_ids, context, mask_position)
@@ -377,13 +317,9 @@ class CausalLM(nn.Cell):
         o = self.attend(s_past + biases[0], s_new + biases[1], v, v_cache, tokens[ROWS])
         return attn.output(o, select), k, v, biases
 
-    def _steps(self, input_ids):
-        """0 .. T-1 along each row of input_ids (B, T), float32."""
-        return self.cumsum(self.cast(self.ones_like(input_ids), ms.float32), 1) - 1.0
-
 
 class Graph(nn.Cell):
-    """One exported graph (prefill, increment or a step kv mode's step) with the contract's inputs
+    """One exported graph (prefill or increment; PackedGraph: the packed step) with the contract's inputs
     (lite_runtime/contract/families.py), bound by their names in `names`, the contract's order.
     MindSpore 2.0 records construct's argument names as the graph's input names: the leading ones are
     named here, the rest come as `*kv` (recorded kv0, kv1 ...)."""
@@ -391,7 +327,7 @@ class Graph(nn.Cell):
     def __init__(self, net: CausalLM, kind: str, names):
         super().__init__(auto_prefix=False)
         self.net, self.kind = net, kind
-        leading = 1 + len(PACKED_INPUTS) if net.kv_mode == "packed" else 3 if kind == STEP else 2
+        leading = 1 + len(PACKED_INPUTS) if net.kv_mode == "packed" else 2
         rest = list(names[leading:])
         first_cache = [i for i, n in enumerate(rest) if n.startswith("key_cache_")]
         self.i_cache = first_cache[0] if first_cache else len(rest)
@@ -399,7 +335,7 @@ class Graph(nn.Cell):
                                                        ("context_length", "mask_position", "adapter_ids"))
 
     def construct(self, input_ids, batch_valid_length, *kv):
-        return self.bind(input_ids, batch_valid_length, None, kv)
+        return self.bind(input_ids, batch_valid_length, kv)
 
     def row_args(self, kv):
         """The adapter ids and GLM's context_length and mask_position among the inputs after the
@@ -411,22 +347,12 @@ class Graph(nn.Cell):
             adapter_ids = kv[self.i_adapter]
         return adapter_ids, context, mask_position
 
-    def bind(self, input_ids, batch_valid_length, past_length, kv):
+    def bind(self, input_ids, batch_valid_length, kv):
         adapter_ids, context, mask_position = self.row_args(kv)
-        if self.kind == STEP:
-            return self.net.step(input_ids, batch_valid_length, past_length, kv[self.i_cache:], adapter_ids,
-                                 context, mask_position)
         if self.kind == "prefill":
             return self.net.prefill(input_ids, batch_valid_length, adapter_ids, context, mask_position)
         return self.net.increment(input_ids, batch_valid_length, kv[self.i_cache:], adapter_ids, context,
                                   mask_position)
-
-
-class StepGraph(Graph):
-    """The dynamic step's graph: past_length is its third named input."""
-
-    def construct(self, input_ids, batch_valid_length, past_length, *kv):
-        return self.bind(input_ids, batch_valid_length, past_length, kv)
 
 
 class PackedGraph(Graph):

@@ -42,7 +42,7 @@ class Linear(nn.Cell):
     def __init__(self, in_features: int, out_features: int, dtype, bias: bool = False,
                  reduce: Optional[nn.Cell] = None, flat: bool = False, lora_width: int = 0):
         super().__init__()
-        self.flat = flat          # inputs are (tokens, in): the dynamic graph's layout, no reshapes
+        self.flat = flat          # inputs are (tokens, in): the packed step's layout, no reshapes
         self.in_features = in_features
         self.out_features = out_features
         self.weight = weight_param((out_features, in_features), dtype, "weight")

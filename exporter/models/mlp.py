@@ -63,7 +63,7 @@ class GeluMLP(nn.Cell):
 
 def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool,
              flat: bool = False, lora=None, reduce: bool = True) -> nn.Cell:
-    """`flat`: inputs are (tokens, hidden), the dynamic graph's layout; `lora`: SLoRA width per
+    """`flat`: inputs are (tokens, hidden), the packed step's layout; `lora`: SLoRA width per
     adapted layer name (gate, up, down); `reduce` False: no all-reduce in the graph (segment form)."""
     if kind == "swiglu":
         return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora, reduce)

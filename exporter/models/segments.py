@@ -1,4 +1,4 @@
-"""One rank's step (dynamic or packed) cut at its collectives (`parallel.collectives: host`), for runtimes
+"""One rank's packed step cut at its collectives (`parallel.collectives: host`), for runtimes
 without collectives (MindSpore Lite on CPU). The segments and their I/O are the runtime contract's
 (lite_runtime/contract/segments.py); each is a thin view of the same `CausalLM` the whole step uses,
 so the two forms cannot compute different things. Optional inputs come as `*kv` in the contract's
@@ -48,108 +48,10 @@ class _Segment(nn.Cell):
         return cos, sin, context, select
 
 
+# What the attention reads about the tokens (packed.py: ROWS .. CONTEXT) passes between the segments
+# as token_rows (a step input), past, row, position and GLM's context.
+
 class EmbedSegment(_Segment):
-    """kv: the family's row inputs (GLM: context_length, mask_position), then adapter_ids (SLoRA)."""
-
-    def construct(self, input_ids, past_length, *kv):
-        context = mask_position = adapter_ids = None
-        if self.net.two_d:
-            context, mask_position = kv[0], kv[1]
-        if self.net.lora:
-            adapter_ids = kv[self.i_adapter]
-        x, cos, sin, past, select = self.net.step_start(input_ids, past_length, adapter_ids, context, mask_position)
-        out = (x,)
-        if self.rotary:
-            out = out + (cos, sin)
-        out = out + (past,)
-        if self.net.prefix:
-            out = out + (self.net.prefix_context(context),)
-        if self.net.use_top_query:
-            out = out + (self.net.step_positions(input_ids, past_length),)
-        if self.net.lora:
-            out = out + (select,)
-        return out
-
-
-class AttentionSegment(_Segment):
-    """A block's attention up to (not including) the all-reduce of its output projection, with its
-    own score biases (the whole step shares them across layers). kv: [cos, sin], [context],
-    [adapter columns]. DeepNorm also returns its residual, alpha x the normed input."""
-
-    def __init__(self, net: CausalLM, layout: SegmentLayout, layer: int):
-        super().__init__(net, layout)
-        self.layer = net.layers[layer]
-        self.adapted, self.deepnorm = "attn" in layout.adapted, layout.deepnorm
-
-    def construct(self, hidden, past, key_cache, value_cache, *kv):
-        cos, sin, context, select = self.attention_inputs(kv, self.adapted)
-        h = self.layer.attn_norm(hidden)
-        out, k, v, _ = self.layer.attn.step(h, cos, sin, key_cache, value_cache, past, self.net.bias,
-                                                    None, select, context=context)
-        if self.deepnorm:
-            return out, h * self.layer.alpha, k, v
-        return out, k, v
-
-
-class BlocksSegment(_Segment):
-    """Whole blocks from layer `first` (one rank: no partial sums), returning the hidden state. kv:
-    the blocks' past K/V pairs, then [cos, sin], [context], [adapter columns]."""
-
-    def __init__(self, net: CausalLM, layout: SegmentLayout, first: int, count: int):
-        super().__init__(net, layout)
-        # a tuple: an nn.CellList renames the parameters of the cells put in it (the network's own)
-        self.blocks = tuple(net.layers[l] for l in range(first, first + count))
-        self.caches = 2 * count
-        self.adapted = bool(layout.adapted)
-
-    def construct(self, hidden, past, *kv):
-        cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
-        x, new_kv, _ = self.net.step_blocks(self.blocks, hidden, cos, sin, kv, past, None, select, context)
-        return (x,) + new_kv
-
-
-class MlpSegment(_Segment):
-    """A block's (or the top query layer's) MLP up to the all-reduce; kv: [adapter columns]."""
-
-    def __init__(self, net: CausalLM, layout: SegmentLayout, layer, block: bool = True):
-        super().__init__(net, layout)
-        self.layer = layer
-        self.adapted = block and "mlp" in layout.adapted
-        self.deepnorm = block and layout.deepnorm
-
-    def construct(self, hidden, *kv):
-        m = self.layer.mlp_norm(hidden)
-        part = self.layer.mlp(m, kv[0]) if self.adapted else self.layer.mlp(m)
-        if self.deepnorm:
-            return part, m * self.layer.alpha
-        return part
-
-
-class TopQueryAttentionSegment(_Segment):
-    """PanGu-alpha's top query layer's attention on the final norm's output, which is its residual;
-    kv: [cos, sin]."""
-
-    def construct(self, hidden, positions, past, key_cache, value_cache, *kv):
-        cos = sin = None
-        if self.rotary:
-            cos, sin = kv[0], kv[1]
-        layer = self.net.top_query
-        h = self.net.final_norm(hidden)
-        out, k, v, _ = layer.attn.step(layer.attn_norm(h), cos, sin, key_cache, value_cache, past,
-                                               self.net.bias, None, query=layer.query_embed(positions))
-        return out, h, k, v
-
-
-class HeadSegment(_Segment):
-    def construct(self, hidden, input_ids, batch_valid_length, past_length):
-        return self.net.step_logits(hidden, input_ids, batch_valid_length, past_length)
-
-
-# The packed step's segments (layout.packed): the same cuts, each token with its row and position;
-# what the attention reads about the tokens (packed.py: ROWS .. CONTEXT) passes between them as
-# token_rows (a step input), past, row, position and GLM's context.
-
-class PackedEmbedSegment(_Segment):
     """kv: the family's row inputs (GLM: context_length, mask_position), then adapter_ids (SLoRA)."""
 
     def construct(self, input_ids, token_rows, token_positions, past_length, *kv):
@@ -176,15 +78,16 @@ def _tokens(token_rows, past, row, position, context):
     return token_rows, row, position, past, context
 
 
-class PackedBlocksSegment(BlocksSegment):
-    def construct(self, hidden, token_rows, past, row, position, *kv):
-        cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
-        tokens = _tokens(token_rows, past, row, position, context)
-        x, new_kv, _ = self.net.packed_blocks(self.blocks, hidden, cos, sin, kv, tokens, None, select)
-        return (x,) + new_kv
+class AttentionSegment(_Segment):
+    """A block's attention up to (not including) the all-reduce of its output projection, with its
+    own score biases (the whole step shares them across layers). kv: [cos, sin], [context],
+    [adapter columns]. DeepNorm also returns its residual, alpha x the normed input."""
 
+    def __init__(self, net: CausalLM, layout: SegmentLayout, layer: int):
+        super().__init__(net, layout)
+        self.layer = net.layers[layer]
+        self.adapted, self.deepnorm = "attn" in layout.adapted, layout.deepnorm
 
-class PackedAttentionSegment(AttentionSegment):
     def construct(self, hidden, token_rows, past, row, position, key_cache, value_cache, *kv):
         cos, sin, context, select = self.attention_inputs(kv, self.adapted)
         h = self.layer.attn_norm(hidden)
@@ -195,8 +98,44 @@ class PackedAttentionSegment(AttentionSegment):
         return out, k, v
 
 
-class PackedTopQueryAttentionSegment(_Segment):
-    """The top query layer's attention; its residual is the final norm's output. kv: [cos, sin]."""
+class BlocksSegment(_Segment):
+    """Whole blocks from layer `first` (one rank: no partial sums), returning the hidden state. kv:
+    the blocks' past K/V pairs, then [cos, sin], [context], [adapter columns]."""
+
+    def __init__(self, net: CausalLM, layout: SegmentLayout, first: int, count: int):
+        super().__init__(net, layout)
+        # a tuple: an nn.CellList renames the parameters of the cells put in it (the network's own)
+        self.blocks = tuple(net.layers[l] for l in range(first, first + count))
+        self.caches = 2 * count
+        self.adapted = bool(layout.adapted)
+
+    def construct(self, hidden, token_rows, past, row, position, *kv):
+        cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
+        tokens = _tokens(token_rows, past, row, position, context)
+        x, new_kv, _ = self.net.packed_blocks(self.blocks, hidden, cos, sin, kv, tokens, None, select)
+        return (x,) + new_kv
+
+
+class MlpSegment(_Segment):
+    """A block's (or the top query layer's) MLP up to the all-reduce; kv: [adapter columns]."""
+
+    def __init__(self, net: CausalLM, layout: SegmentLayout, layer, block: bool = True):
+        super().__init__(net, layout)
+        self.layer = layer
+        self.adapted = block and "mlp" in layout.adapted
+        self.deepnorm = block and layout.deepnorm
+
+    def construct(self, hidden, *kv):
+        m = self.layer.mlp_norm(hidden)
+        part = self.layer.mlp(m, kv[0]) if self.adapted else self.layer.mlp(m)
+        if self.deepnorm:
+            return part, m * self.layer.alpha
+        return part
+
+
+class TopQueryAttentionSegment(_Segment):
+    """PanGu-alpha's top query layer's attention on the final norm's output, which is its residual;
+    kv: [cos, sin]."""
 
     def construct(self, hidden, token_positions, token_rows, past, row, position, key_cache, value_cache, *kv):
         cos = sin = None
@@ -210,25 +149,23 @@ class PackedTopQueryAttentionSegment(_Segment):
         return out, h, k, v
 
 
-class PackedHeadSegment(_Segment):
+class HeadSegment(_Segment):
     def construct(self, hidden, last_token):
         return self.net.packed_logits(hidden, last_token)
 
 
 def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
     """The cells to export, by segment name (the contract's order)."""
-    packed = layout.packed
-    cells = {"embed": (PackedEmbedSegment if packed else EmbedSegment)(net, layout)}
+    cells = {"embed": EmbedSegment(net, layout)}
     group = layout.blocks_per_segment
     for l, layer in enumerate(net.layers):
         if group and l % group == 0:
-            blocks = PackedBlocksSegment if packed else BlocksSegment
-            cells[f"layer{l}.blocks"] = blocks(net, layout, l, min(group, len(net.layers) - l))
+            cells[f"layer{l}.blocks"] = BlocksSegment(net, layout, l, min(group, len(net.layers) - l))
         elif not group:
-            cells[f"layer{l}.attn"] = (PackedAttentionSegment if packed else AttentionSegment)(net, layout, l)
+            cells[f"layer{l}.attn"] = AttentionSegment(net, layout, l)
             cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
     if net.use_top_query:
-        cells["top_query.attn"] = (PackedTopQueryAttentionSegment if packed else TopQueryAttentionSegment)(net, layout)
+        cells["top_query.attn"] = TopQueryAttentionSegment(net, layout)
         cells["top_query.mlp"] = MlpSegment(net, layout, net.top_query, block=False)
-    cells["head"] = (PackedHeadSegment if packed else HeadSegment)(net, layout)
+    cells["head"] = HeadSegment(net, layout)
     return cells

@@ -23,13 +23,12 @@ class TopQueryLayer(nn.Cell):
     def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
         super().__init__()
         ctx = ctx._replace(lora_width=0, lora_rank=0, lora_targets=frozenset())
-        dynamic = ctx.flat
-        self.query_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype, dynamic)
+        self.query_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype, ctx.flat)
         self.attn_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
         self.attn = Attention(cfg, ctx)
         self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
         self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
-                            dynamic, None, ctx.graph_collectives)
+                            ctx.flat, None, ctx.graph_collectives)
 
     def finish(self, x, attn_out):
         h = x + attn_out
@@ -42,7 +41,7 @@ class TopQueryLayer(nn.Cell):
         attn, k, v = self.attn.prefill(self.attn_norm(x), cos, sin, bias, query=self.query_embed(positions))
         return self.finish(x, attn), k, v
 
-    def step(self, x, positions, cos, sin, k_past, v_past, past, bias, biases, row=None):
-        attn, k, v, _ = self.attn.step(self.attn_norm(x), cos, sin, k_past, v_past, past, bias, biases,
-                                       query=self.query_embed(positions), row=row)
+    def step(self, x, positions, cos, sin, k_past, v_past, biases, row=None):
+        attn, k, v = self.attn.step(self.attn_norm(x), cos, sin, k_past, v_past, biases,
+                                    query=self.query_embed(positions), row=row)
         return self.finish(x, attn), k, v

@@ -23,14 +23,13 @@ from exporter.writing import forms
 
 _KV_WORDS = {"io": "kv_cache io: prefill + increment graphs, each with its own copy of the weights",
              "in_graph": "kv_cache in_graph: prefill + increment graphs holding the cache",
-             "dynamic": "kv_cache dynamic: one step graph",
              "packed": "kv_cache packed: one step graph over a list of tokens of any rows"}
 
 
 @dataclass(frozen=True)
 class ExportPlan:
     target: Optional[str]           # cpu | ascend; None: the yaml gives none
-    kv_cache: str                   # io | in_graph | dynamic | packed
+    kv_cache: str                   # io | in_graph | packed
     collectives: str                # graph: in each rank's graphs; host: each rank's step as segments
     lite_ms: bool                   # every graph converted to Lite's .ms
     removes_mindir: bool            # the MindIR is only the converter's input, removed once converted
@@ -142,4 +141,4 @@ def _segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
                     if any(t.startswith(part + ".") for t in lora.get("lora_targets", ())))
     return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
                          cfg.top_query, lora.get("lora_width", 0), adapted,
-                         forms.blocks_per_segment(cfg, config.world_size), config.kv_cache == "packed")
+                         forms.blocks_per_segment(cfg, config.world_size))

@@ -150,12 +150,12 @@ def trace_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, rank
                split: bool = False) -> None:
     """Build rank `rank`'s network, load its weights and write its graphs into `folder` (`split`: with
     the weights as external data), then give back its memory."""
-    from exporter.models.decoder import Graph, PackedGraph, StepGraph
+    from exporter.models.decoder import Graph, PackedGraph
 
     net = _build_rank(config, source, plan, rank)
     for kind, entry in plan.graphs.items():
         with stage(f"traced the {kind} graph{_where(config, rank)}"):
-            cls = Graph if kind != STEP else PackedGraph if plan.kv_cache == "packed" else StepGraph
+            cls = PackedGraph if kind == STEP else Graph
             _export(cls(net, kind, [t.name for t in entry.inputs]), entry.inputs,
                     os.path.join(folder, entry.files[rank]), split)
     del net

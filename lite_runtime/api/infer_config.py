@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
-from lite_runtime.contract.families import STEP_MODES
 from lite_runtime.contract.manifest import (GRAPH_FOLDERS, MANIFEST_NAME, Manifest, copy_manifest_path, load_manifest,
                                            load_manifest_file)
 
@@ -54,7 +53,7 @@ class InferConfig:
             raise ConfigError(f"InferConfig: target {self.target!r} is not allowed; allowed: {', '.join(TARGETS)}")
         if self.paged_attention:
             raise UnsupportedError("InferConfig: paged_attention=True is not supported: exports have an io, "
-                                   "in-graph or dynamic KV cache; leave it False")
+                                   "in-graph or packed KV cache; leave it False")
         if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
             raise ConfigError(f"InferConfig: data_parallel must be a positive integer, got {self.data_parallel!r}")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):
@@ -82,8 +81,8 @@ class InferConfig:
                 if os.path.realpath(expected) != os.path.realpath(path):
                     raise ConfigError(f"InferConfig: {kind}_model_path {path} is not the {kind} graph of rank "
                                       f"{self.rank_id} of its export ({expected})")
-        if self.dynamic and manifest.kv_cache not in STEP_MODES:
-            raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache dynamic or packed; "
+        if self.dynamic and manifest.kv_cache != "packed":
+            raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache packed; "
                               f"{manifest.root or 'this export'} has kv_cache {manifest.kv_cache}: export again "
                               "with kv_cache: packed, or leave dynamic False")
         if self.infer_seq_length not in (None, manifest.seq_length):

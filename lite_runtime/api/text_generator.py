@@ -13,7 +13,7 @@ import numpy as np
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
-from lite_runtime.contract.families import STEP_MODES, family_from_model_name, get_family
+from lite_runtime.contract.families import family_from_model_name, get_family
 from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.decode.engine import Engine, EngineRequest
 from lite_runtime.decode.speculation import Speculation
@@ -135,7 +135,7 @@ class TextGeneratorInfer:
                 forward(offset, step)
         try:
             forward = _stream_to(streamer, prompts) if streamer is not None else None
-            if self.manifest.kv_cache in STEP_MODES:
+            if self.manifest.kv_cache == "packed":
                 return prompts, self._on_engine(prompts, budgets, eos, options, adapters, on_step)
             for name in ("json_schema", "speculative"):
                 if getattr(options, name) is not None:

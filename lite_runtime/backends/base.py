@@ -35,7 +35,7 @@ class KVCache:
         raise NotImplementedError
 
     def step(self, run: Run, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, extra: Sequence[np.ndarray]):
-        raise UnsupportedError("continuous batching needs an export with kv_cache: packed or dynamic; this one "
+        raise UnsupportedError("continuous batching needs an export with kv_cache: packed; this one "
                                f"has kv_cache {self.kv_mode!r}: export again with kv_cache: packed")
 
 
@@ -84,16 +84,25 @@ class HostKVCache(KVCache):
             cache[rows, :, positions, :] = new[:, :, 0, :]
 
 
-class BucketedKVCache(KVCache):
-    """Per-layer key/value buffers of the `dynamic` kv mode, sized to a bucket of positions.
+class PackedKVCache(KVCache):
+    """The `packed` kv mode: per-layer key/value buffers fed a list of tokens of any rows per call.
 
-    The graph reads all `capacity` positions (those past each row's length are masked), so the
-    buffers are as small as the longest row allows, rounded up to a bucket so that the graph's
+    Every call (a prefill, a decode step, a continuous-batching step) is one list: each token's id,
+    row and position, each row's past length and the index of its last token. The graph reads the
+    cache only below each row's past length, so the cache grows after the call, to hold the new
+    positions, which are written token by token (one fancy-indexed assignment per layer).
+
+    The buffers are as small as the longest row allows, rounded up to a bucket so that the graph's
     shapes (and Lite's Resize, ≈0.15 ms plus a slower first call) change only every bucket: a
     quarter of seq_length, within 16..64 positions. Growing reallocates and copies once; the arrays
     are contiguous so a backend binds them without copying. Keys are stored transposed
     (B, kv, hd, P), values (B, kv, P, hd): `arrays` alternates them, layer by layer.
-    """
+
+    A call's new keys are scored against each other (N x N per head), so a prefill of many long rows
+    goes in calls of at most `max_tokens` tokens: windows of positions, each reading the last one's
+    keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole."""
+
+    max_tokens = 512
 
     def __init__(self, manifest: Manifest):
         super().__init__(manifest)
@@ -101,10 +110,11 @@ class BucketedKVCache(KVCache):
         self.bucket = min(64, max(16, d.seq_length // 4))
         self._b, self._kv, self._hd = d.batch_size, d.kv_heads_per_rank, d.head_dim
         self._limit = d.seq_length
-        self._rows = np.arange(d.batch_size)
-        self.arrays: List[np.ndarray] = []
         self._layers = d.num_layers
+        self.arrays: List[np.ndarray] = []
         self.reset()
+        self.whole_prompts = get_family(manifest.family).whole_prompts
+        self.max_picks = fixed_picks(manifest)
 
     @property
     def capacity(self) -> int:
@@ -116,7 +126,7 @@ class BucketedKVCache(KVCache):
         return [a.copy() for _ in range(self._layers) for a in (key, value)]
 
     def reset(self) -> None:
-        """One masked dummy position: a prefill's past (Lite refuses zero-size dimensions)."""
+        """One masked dummy position (Lite refuses zero-size dimensions)."""
         self.arrays = self._new(1)
 
     def ensure(self, positions: int) -> None:
@@ -131,77 +141,6 @@ class BucketedKVCache(KVCache):
             else:
                 new[..., :old.shape[3]] = old
         self.arrays = grown
-
-    def prefill(self, run, input_ids, valid_length, extra):
-        """At the prompt's own length: the longest row, not seq_length."""
-        steps = int(valid_length.max())
-        self.reset()
-        feeds = [np.ascontiguousarray(input_ids[:, :steps]), valid_length, np.zeros_like(valid_length), *extra]
-        outputs = run(STEP, feeds + self.arrays)
-        self.write_prefill(outputs[1:])
-        return outputs[0]
-
-    def decode(self, run, input_ids, valid_length, extra):
-        past = valid_length - 1
-        self.ensure(int(past.max()) + 1)      # room for this step's row
-        outputs = run(STEP, [input_ids, valid_length, past, *extra, *self.arrays])
-        self.write_step(outputs[1:], past)
-        return outputs[0]
-
-    def step(self, run, tokens, counts, past, extra):
-        lengths = (past + np.maximum(counts, 1)).astype(np.int32)   # an idle row reads one padding token
-        self.ensure(int(lengths.max()))
-        outputs = run(STEP, [tokens, lengths, past.astype(np.int32), *extra, *self.arrays])
-        self.write_rows(outputs[1:], past, counts)
-        return outputs[0]
-
-    def write_prefill(self, new_rows: List[np.ndarray]) -> None:
-        steps = new_rows[1].shape[2]
-        self.reset()
-        self.ensure(steps + 1)
-        for i, (cache, new) in enumerate(zip(self.arrays, new_rows)):
-            if i % 2:
-                cache[:, :, :steps] = new
-            else:
-                cache[..., :steps] = new
-
-    def write_step(self, new_rows: List[np.ndarray], positions: np.ndarray) -> None:
-        rows = self._rows
-        for i, (cache, new) in enumerate(zip(self.arrays, new_rows)):
-            if i % 2:
-                cache[rows, :, positions, :] = new[:, :, 0, :]
-            else:
-                cache[rows, :, :, positions] = new[:, :, :, 0]
-
-    def write_rows(self, new_rows: List[np.ndarray], past: np.ndarray, counts: np.ndarray) -> None:
-        """Row r's first `counts[r]` new positions go to positions past[r].. (rows with 0 keep theirs)."""
-        for row in np.flatnonzero(counts):
-            start, n = int(past[row]), int(counts[row])
-            for i, (cache, new) in enumerate(zip(self.arrays, new_rows)):
-                if i % 2:
-                    cache[row, :, start:start + n] = new[row, :, :n]
-                else:
-                    cache[row, ..., start:start + n] = new[row, ..., :n]
-
-
-class PackedKVCache(BucketedKVCache):
-    """The `packed` kv mode: the dynamic mode's buffers, fed a list of tokens of any rows per call.
-
-    Every call (a prefill, a decode step, a continuous-batching step) is one list: each token's id,
-    row and position, each row's past length and the index of its last token. The graph reads the
-    cache only below each row's past length, so the cache grows after the call, to hold the new
-    positions, which are written token by token (one fancy-indexed assignment per layer).
-
-    A call's new keys are scored against each other (N x N per head), so a prefill of many long rows
-    goes in calls of at most `max_tokens` tokens: windows of positions, each reading the last one's
-    keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole."""
-
-    max_tokens = 512
-
-    def __init__(self, manifest: Manifest):
-        super().__init__(manifest)
-        self.whole_prompts = get_family(manifest.family).whole_prompts
-        self.max_picks = fixed_picks(manifest)
 
     def _run_tokens(self, run, ids, rows, positions, past, last, extra):
         self.ensure(max(int(past.max()), 1))
@@ -291,7 +230,7 @@ class Session:
         return self.cache.decode(self._timed_run, input_ids, valid_length, extra)
 
     def step(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, *extra: np.ndarray) -> np.ndarray:
-        """One call of the step graph (dynamic or packed) in which each row moves on by its own number of
+        """One call of the step graph in which each row moves on by its own number of
         tokens (continuous batching: a prompt joining rows that decode). Row r feeds `tokens[r, :counts[r]]`
         after the `past[r]` tokens in its cache and gets the logits of its last one; rows with
         counts 0 are idle (their cache is left as it is, their logits are meaningless)."""
@@ -327,7 +266,7 @@ class Session:
         return outputs
 
 
-KV_CACHES = {"io": HostKVCache, "dynamic": BucketedKVCache, "in_graph": InGraphCache, "packed": PackedKVCache}
+KV_CACHES = {"io": HostKVCache, "in_graph": InGraphCache, "packed": PackedKVCache}
 
 
 def require_kv_mode(manifest: Manifest, backend: str, allowed: tuple) -> None:

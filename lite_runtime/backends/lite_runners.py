@@ -5,7 +5,7 @@
 `lite_models` (the native `LiteModel`s by graph kind or segment, for tools), `collective_seconds`
 and `close()`. The session picks one at load (mslite_backend.py):
 - `NativeStaticGraphs`: the `io` kv mode's prefill and increment graphs through the native binding;
-- `NativeStepGraph`: the `dynamic` kv mode's step graph through the native binding;
+- `NativeStepGraph`: the `packed` kv mode's step graph through the native binding;
 - `SegmentChain` (segment_chain.py): a `collectives: host` export's segments, reductions on the host;
 - `OfficialLiteGraphs` (mslite_official.py): the official `mindspore_lite` Python API.
 
@@ -107,16 +107,15 @@ class NativeStaticGraphs(_NativeGraphs):
 
 
 class NativeStepGraph(_NativeGraphs):
-    """The step graph of the `dynamic` and `packed` kv modes: Resize when the shapes change (prefill
-    to decode, another token count, a cache bucket growing), then rebind; otherwise copy the small
+    """The step graph of the `packed` kv mode: Resize when the shapes change (another token count,
+    another number of logits, a cache bucket growing), then rebind; otherwise copy the small
     inputs into the bound arrays. Lite 2.0 reports output shapes one call late, so they are given to
     Resize from the contract."""
 
     def __init__(self, model: LiteModel, manifest: Manifest):
         super().__init__({STEP: model}, STEP)
         self._outputs = manifest.graphs[STEP].outputs
-        names = [spec.name for spec in manifest.graphs[STEP].inputs]
-        self._picks = names.index("last_token") if "last_token" in names else None
+        self._picks = [spec.name for spec in manifest.graphs[STEP].inputs].index("last_token")
         self._caches = 2 * manifest.dims.num_layers
         self._bound: List[np.ndarray] = []
 
@@ -124,8 +123,7 @@ class NativeStepGraph(_NativeGraphs):
         model, bound = self._models[STEP], self._bound
         first_cache = len(feeds) - self._caches
         if [np.shape(f) for f in feeds] != [b.shape for b in bound]:
-            tokens = np.shape(feeds[0])[-1]         # the dimension chosen per call: T (dynamic) or N (packed)
-            picks = len(feeds[self._picks]) if self._picks else 0     # packed: the L tokens given logits
+            tokens, picks = len(feeds[0]), len(feeds[self._picks])     # N tokens, L of them given logits
             per_call = lambda spec: picks if spec.name == "logits" else tokens
             model.resize([np.shape(f) for f in feeds],
                          [tuple(per_call(spec) if d == DYNAMIC else d for d in spec.shape) for spec in self._outputs])

@@ -4,7 +4,7 @@ Two ways to reach Lite:
 - the official `mindspore_lite` Python package when it imports (Ascend servers; GE provider,
   config.ini, ModelGroup for `in_graph` exports): `mslite_official.py`;
 - otherwise the project's ctypes binding to Lite 2.0's C++ libraries (`lite_native.py`, CPU).
-  Lite keeps no state between calls there, so `kv_cache: io`, `dynamic` and `packed` exports run,
+  Lite keeps no state between calls there, so `kv_cache: io` and `packed` exports run,
   the host owning the cache (base.py) and Lite reading its arrays in place.
 `MSLiteSession` checks the export, picks one runner for it at load (lite_runners.py: native
 static graphs, the native step graph, the segment chain, or the official API) and delegates.
@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
-from lite_runtime.contract.families import GRAPH_KINDS, STEP, STEP_MODES, graph_kinds
+from lite_runtime.contract.families import GRAPH_KINDS, STEP, graph_kinds
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
 from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
@@ -166,14 +166,14 @@ class MSLiteSession(Session):
 
     def _load_native(self, paths, present, num_threads, lite_format) -> LiteRunner:
         m = self.manifest
-        require_kv_mode(m, "mslite (CPU)", ("io",) + STEP_MODES)
-        if m.compute_dtype == "float16" and m.kv_cache in STEP_MODES:
+        require_kv_mode(m, "mslite (CPU)", ("io", "packed"))
+        if m.compute_dtype == "float16" and m.kv_cache == "packed":
             raise UnsupportedError(f"{m.root} computes in float16 with kv_cache {m.kv_cache}: MindSpore Lite 2.0 "
                                    "on CPU fails to run such step graphs (Predict: Common error code); export with "
                                    "compute_dtype float32, or kv_cache io for float16 on CPU")
         if m.world_size > 1 and m.collectives != "host":
             raise UnsupportedError(f"this export has {m.world_size} ranks with collectives in their graphs; MindSpore "
-                                   "Lite on CPU has none. Export with parallel.collectives: host (kv_cache dynamic) "
+                                   "Lite on CPU has none. Export with parallel.collectives: host (kv_cache packed) "
                                    "for Lite on CPU, or run it with backend 'ms' (CPU) or mslite on Ascend")
         check_mindir_readable(m)
         check_kernels(m)
@@ -190,7 +190,7 @@ class MSLiteSession(Session):
             models[kind] = self._open(path, m.lite_path(kind, self.rank), paths.get(kind, paths["increment"]),
                                       num_threads, lite_format)
             check_graph_inputs(models[kind].inputs, m.graphs[kind].inputs, path)
-        if m.kv_cache in STEP_MODES:
+        if m.kv_cache == "packed":
             return NativeStepGraph(models[STEP], m)
         return NativeStaticGraphs(models, m, self.cache.arrays)
 

@@ -1,4 +1,4 @@
-"""One rank's step (dynamic or packed) run as segments (lite_runtime/contract/segments.py) with
+"""One rank's packed step run as segments (lite_runtime/contract/segments.py) with
 MindSpore Lite on CPU, the all-reduces and the vocabulary gather done on the host in between.
 
 The chain is driven by the manifest's segment specs alone: what it does with each tensor follows
@@ -6,7 +6,7 @@ from its name (the contract's rules), so no family is known here. Every segment 
 the caches is one host buffer of its name (the step's own inputs, the hidden state, state made by
 earlier segments), which Lite reads in place; each segment's partial sum is all-reduced into a
 scratch buffer and added to the hidden state (one rank's groups of whole layers return the hidden
-state itself). Inputs are bound once per shape (T new tokens, P cache positions) and rebound only
+state itself). Inputs are bound once per shape (N tokens, P cache positions, L picked) and rebound only
 when the shapes or the cache arrays change.
 """
 from __future__ import annotations
@@ -60,7 +60,6 @@ class SegmentChain(LiteRunner):
             raise ArtifactError(f"{manifest.file or 'the manifest'}: its segments read {len(self._cache_inputs)} "
                                 f"caches but the model has {self.dims.num_layers} layers (2 each); export again")
         self._step_names = [s.name for s in manifest.graphs[STEP].inputs[:-len(self._cache_inputs)]]
-        self.packed = manifest.kv_cache == "packed"
         self._shape = None
         self._caches: List[np.ndarray] = []
         self.collective_seconds = 0.0      # time in host collectives (waiting for the other ranks included)
@@ -70,12 +69,11 @@ class SegmentChain(LiteRunner):
         return dict(self._models)
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
-        """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (B, T),
-        or (N,) packed, first), the caches last; returns logits (B, vocab) and the new keys and
-        values of every layer."""
+        """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (N,)
+        first), the caches last; returns logits (L, vocab) and the new keys and values of every layer."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
-        picks = len(given[self._step_names.index("last_token")]) if self.packed else 0
-        shape = (np.shape(given[0])[-1], caches[1].shape[2], picks)     # (T, P, 0) or, packed, (N, P, L)
+        picks = len(given[self._step_names.index("last_token")])
+        shape = (len(given[0]), caches[1].shape[2], picks)     # (N, P, L)
         if shape != self._shape:
             self._resize(*shape, caches)
         for name, array in zip(self._step_names, given):
@@ -120,8 +118,8 @@ class SegmentChain(LiteRunner):
         self.collective_seconds += time.perf_counter() - start
         return logits
 
-    def _resize(self, steps: int, positions: int, picks: int, caches: List[np.ndarray]) -> None:
-        shape = lambda spec: call_shape(spec, self.dims.batch_size, steps, positions, self.packed, picks)
+    def _resize(self, tokens: int, positions: int, picks: int, caches: List[np.ndarray]) -> None:
+        shape = lambda spec: call_shape(spec, tokens, positions, picks)
         segments = [self.manifest.segments[name] for name in self.names]
         self._buffers = {s.name: np.zeros(shape(s), s.dtype)
                          for entry in segments for s in entry.inputs if s.name not in CACHE_INPUTS}
@@ -135,7 +133,7 @@ class SegmentChain(LiteRunner):
             self._models[name].resize([shape(s) for s in entry.inputs], [shape(s) for s in entry.outputs])
             self._models[name].bind_inputs([cache_of[(name, i)] if s.name in CACHE_INPUTS else self._buffers[s.name]
                                            for i, s in enumerate(entry.inputs)])
-        self._shape = (steps, positions, picks)
+        self._shape = (tokens, positions, picks)
 
     def bare_predict(self) -> float:
         """Seconds of one Predict of every segment on the inputs as bound now, no host work between

@@ -74,7 +74,7 @@ OPTIONS = (
     _option("--system_prompt", help="with --chat: a system message before each input; default: none (a "
             "template may add its own)"),
     _option("--dynamic", type=BOOL, default=False, help="upstream's dynamic shapes: True requires an export with "
-            "kv_cache dynamic or packed (one graph; prompts at their own length); such exports run dynamic either way"),
+            "kv_cache packed (one graph; prompts at their own length); such exports run dynamic either way"),
     _option("--paged_attention", type=BOOL, default=False, help="upstream's paged attention: not supported (the "
             "KV cache is a graph input or parameter); leave it False"),
     _option("--pa_block_size", type=int, default=16, help="upstream's paged-attention block size; accepted, unused"),

@@ -13,24 +13,19 @@ Outputs: logits (B, vocab) float32, then (io mode) key_new_{l}, value_new_{l} pe
 (B, kv_heads_per_rank, S, head_dim) from prefill, (B, kv_heads_per_rank, 1, head_dim) from increment.
 In `in_graph` mode the cache is graph state and neither graph has cache inputs or outputs.
 
-The `dynamic` kv mode has one graph, `step`, for prefill and decode alike (-1: chosen per call):
-  step: input_ids (B, T) int32, batch_valid_length (B,) int32, past_length (B,) int32,
-        key_cache_{l} (B, kv_heads_per_rank, head_dim, P), value_cache_{l} (B, kv_heads_per_rank, P, head_dim)
-  outputs: logits (B, vocab), key_new_{l} (B, kv_heads_per_rank, head_dim, T),
-           value_new_{l} (B, kv_heads_per_rank, T, head_dim)
-Keys are stored transposed: scores are then a plain matrix product, which Lite 2.0 runs several times
-faster than one that transposes the cache on every call. The first `past_length` positions of each
-row's cache are its past; P may be larger (a bucket) and is at least 1 (a prefill passes one masked
-dummy position: Lite refuses zero-size dimensions).
-
-The `packed` kv mode's one `step` graph takes N tokens of any rows in one list (N chosen per call),
-so a call computes each token once, whichever rows it belongs to (continuous batching: a prompt
-joining rows that decode costs its own tokens, an idle row nothing):
+The `packed` kv mode has one graph, `step`, for prefill and decode alike; it takes N tokens of any
+rows in one list (N chosen per call, -1 below), so a call computes each token once, whichever rows it
+belongs to (continuous batching: a prompt joining rows that decode costs its own tokens, an idle row
+nothing):
   step: input_ids (N,) int32, token_rows (N,) int32 (each token's row), token_positions (N,) int32,
         past_length (B,) int32, last_token (L,) int32 (indices in the list of the L tokens whose
         logits are returned: each row's last, and several of a row's to verify speculated tokens;
-        exports before this contract take exactly B), the caches as in `dynamic`
+        exports before this contract take exactly B),
+        key_cache_{l} (B, kv_heads_per_rank, head_dim, P), value_cache_{l} (B, kv_heads_per_rank, P, head_dim)
   outputs: logits (L, vocab), key_new_{l} and value_new_{l} (N, kv_heads_per_rank, head_dim)
+Keys are stored transposed: scores are then a plain matrix product, which Lite 2.0 runs several times
+faster than one that transposes the cache on every call. P may be larger than any row's past (a
+bucket) and is at least 1 (Lite refuses zero-size dimensions).
 A token sees its row's first `past_length` cached positions and the call's tokens of its row at
 positions up to its own; the host writes each token's new K/V at its row and position.
 
@@ -43,7 +38,7 @@ query, and tokens from it on take the 2-D positions of generated text) and `mask
 
 SLoRA exports (graph_dims.adapter_slots > 0) take `adapter_ids (B,) int32` after those (right after
 the lengths for other families), before the caches: each row's adapter slot, 0 = the base model.
-The one order: input_ids, batch_valid_length, [past_length], row inputs, [adapter_ids], caches
+The one order: input_ids, batch_valid_length, row inputs, [adapter_ids], caches
 (packed: input_ids, token_rows, token_positions, past_length, last_token, row inputs, [adapter_ids], caches).
 """
 from __future__ import annotations
@@ -53,17 +48,16 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from lite_runtime.contract.errors import UnsupportedError
 
-KV_MODES = ("io", "in_graph", "dynamic", "packed")
-STEP_MODES = ("dynamic", "packed")    # the kv modes of one step graph, hidden states (tokens, hidden) in it
+KV_MODES = ("io", "in_graph", "packed")
 GRAPH_KINDS = ("prefill", "increment")
-STEP = "step"                 # the one graph of the step kv modes
+STEP = "step"                 # the one graph of the packed kv mode
 DYNAMIC = -1                  # a dimension chosen per call
 PACKED_INPUTS = ("token_rows", "token_positions", "past_length", "last_token")   # after input_ids
 
 
 def graph_kinds(kv_mode: str) -> Tuple[str, ...]:
     """The graphs an export of this kv mode has."""
-    return (STEP,) if kv_mode in STEP_MODES else GRAPH_KINDS
+    return (STEP,) if kv_mode == "packed" else GRAPH_KINDS
 
 
 @dataclass(frozen=True)
@@ -131,16 +125,11 @@ class FamilySpec:
         _check_kind(kind, kv_mode)
         adapters = [TensorSpec("adapter_ids", "int32", (dims.batch_size,))] if dims.adapter_slots else []
         rows = [TensorSpec(name, "int32", (dims.batch_size,)) for name in self.row_inputs]
-        if kind == STEP and kv_mode == "packed":
+        if kind == STEP:
             per_call = ("token_rows", "token_positions", "last_token")
             return [TensorSpec(self.token_input, "int32", (DYNAMIC,))] + \
                 [TensorSpec(n, "int32", (DYNAMIC,) if n in per_call else (dims.batch_size,)) for n in PACKED_INPUTS] \
                 + rows + adapters + self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
-        if kind == STEP:
-            return [TensorSpec(self.token_input, "int32", (dims.batch_size, DYNAMIC)),
-                    TensorSpec(self.length_input, "int32", (dims.batch_size,)),
-                    TensorSpec("past_length", "int32", (dims.batch_size,))] + rows + adapters + \
-                self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
         steps = dims.seq_length if kind == "prefill" else 1
         specs = [TensorSpec(self.token_input, "int32", (dims.batch_size, steps)),
                  TensorSpec(self.length_input, "int32", (dims.batch_size,))] + rows + adapters
@@ -151,21 +140,17 @@ class FamilySpec:
     def outputs(self, kind: str, kv_mode: str, dims: GraphDims) -> List[TensorSpec]:
         _check_kind(kind, kv_mode)
         specs = [TensorSpec("logits", "float32", (dims.batch_size, dims.vocab_size))]
-        if kind == STEP and kv_mode == "packed":
+        if kind == STEP:
             token = (DYNAMIC, dims.kv_heads_per_rank, dims.head_dim)
             specs = [TensorSpec("logits", "float32", (DYNAMIC, dims.vocab_size))] + [TensorSpec(f"{part}_new_{layer}", "float32", token)
                       for layer in range(dims.num_layers) for part in ("key", "value")]
-        elif kind == STEP:
-            specs += self._cache_specs("new", dims, DYNAMIC, keys_transposed=True)
         elif kv_mode == "io":
             rows = dims.seq_length if kind == "prefill" else 1
             specs += self._cache_specs("new", dims, rows)
         return specs
 
     def input_names(self, kind: str) -> Tuple[str, ...]:
-        """The non-cache input names, in graph order (the upstream-style input maps)."""
-        if kind == STEP:
-            return (self.token_input, self.length_input, "past_length") + self.row_inputs
+        """The non-cache input names of the two-graph forms, in graph order (the upstream-style input maps)."""
         return (self.token_input, self.length_input) + self.row_inputs
 
     @staticmethod

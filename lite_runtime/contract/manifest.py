@@ -15,8 +15,9 @@ from lite_runtime.contract.hashes import CheckedHashes
 from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
 
 FORMAT_VERSION = 3   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files;
-                     # 3: the dynamic kv mode stores keys transposed (B, kv, head_dim, P)
+                     # 3: step graphs store keys transposed (B, kv, head_dim, P)
 MANIFEST_NAME = "manifest.json"
+RETIRED_KV_MODE = "dynamic"   # one step graph over B rows x T tokens, superseded by packed
 COPY_MANIFEST_SUFFIX = ".manifest.json"   # beside an upstream infer.*_model_path graph copy
 GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint", "step": "mindir_step"}
 
@@ -217,6 +218,10 @@ def load_manifest_file(path: str) -> Manifest:
                   and version < FORMAT_VERSION else "export the model again with the matching exporter")
         raise ArtifactError(f"{path} has format_version {version!r}; this runtime reads format_version "
                             f"{FORMAT_VERSION}: {advice}")
+    if data.get("kv_cache") == RETIRED_KV_MODE:
+        raise ArtifactError(f"{folder or '.'}: this export has kv_cache dynamic, which is retired (kv_cache packed does "
+                            "the same for every family, form and runtime): export it again with kv_cache: packed in "
+                            "its yaml: python -m exporter --config <your yaml>")
     _check_keys(data, path)
     try:
         if data.get("kv_cache") not in KV_MODES:

@@ -1,36 +1,30 @@
-"""The segment form of a tensor-parallel export: each rank's dynamic step cut at its collectives.
+"""The segment form of a tensor-parallel export: each rank's packed step cut at its collectives.
 
 MindSpore Lite on CPU has no collectives (Lite 2.0 drops AllReduce with a warning), so an export
 with `parallel.collectives: host` holds, per rank, the step graph in pieces that contain none; the
-runtime runs them in this order and does the reductions on the host between them
-(N = B*T tokens; [..]: only where the layout has it):
+runtime runs them in this order and does the reductions on the host between them (N tokens of any
+rows, L of them picked for logits, P cache positions; [..]: only where the layout has it):
 
-    embed          input_ids (B, T), past_length, [the family's row inputs], [adapter_ids]
-                   -> hidden (N, H), [cos, sin (N, 1, hd)], past (B, 1, 1, 1) float32,
-                      [context (B, 1, 1, 1) float32], [positions (N,) int32], [adapter_columns (N, slots*r)]
-    layer{l}.attn  hidden, past, key_cache (B, kv, hd, P), value_cache (B, kv, P, hd) of layer l,
-                   [cos, sin], [context], [adapter_columns]
-                   -> attn_part (N, H), [residual (N, H)], key_new (B, kv, hd, T), value_new (B, kv, T, hd)
+    embed          input_ids, token_rows, token_positions (N,), past_length (B,), [the family's row
+                   inputs], [adapter_ids]
+                   -> hidden (N, H), [cos, sin (N, 1, hd)], past (N, 1, 1, 1), row, position (N,)
+                      float32, [context (N,)], [adapter_columns (N, slots*r)]
+    layer{l}.attn  hidden, token_rows, past, row, position, key_cache (B, kv, hd, P),
+                   value_cache (B, kv, P, hd) of layer l, [cos, sin], [context], [adapter_columns]
+                   -> attn_part (N, H), [residual (N, H)], key_new, value_new (N, kv, hd)
     layer{l}.mlp   hidden, [adapter_columns] -> mlp_part (N, H), [residual]
-    top_query.attn hidden, positions, past, key_cache, value_cache of the last layer, [cos, sin]
-                   -> attn_part, residual, key_new, value_new
+    top_query.attn hidden, token_positions, token_rows, past, row, position, key_cache, value_cache
+                   of the last layer, [cos, sin] -> attn_part, residual, key_new, value_new
     top_query.mlp  hidden -> mlp_part
-    head           hidden, input_ids, batch_valid_length, past_length -> logits_part (B, vocab / ranks)
+    head           hidden, last_token (L,) -> logits_part (L, vocab / ranks): the picked tokens'
+                   logits (families.py; exports before it pick exactly B)
 
 One rank has nothing to reduce, so its blocks go in groups of whole layers instead (fewer, larger
 models: a 1.1B model's step is 10 Lite calls instead of 46, each with its own per-call and load cost):
 
-    layer{l}.blocks hidden, past, key_cache, value_cache of each layer from l on (pair after pair),
-                   [cos, sin], [context], [adapter_columns]
+    layer{l}.blocks hidden, token_rows, past, row, position, key_cache, value_cache of each layer from
+                   l on (pair after pair), [cos, sin], [context], [adapter_columns]
                    -> hidden (N, H), key_new, value_new of each of its layers
-
-The packed step (kv_cache packed) is cut at the same places; its tensors are per token (N tokens of
-any rows): embed takes input_ids, token_rows, token_positions (N,) and past_length (B,) and gives,
-besides hidden and cos/sin, what each token's attention reads: `past` (N, 1, 1, 1), `row` and
-`position` (N,) float32, [context (N,)]; the attention segments take token_rows, past, row, position
-(and the top query layer token_positions) and return key_new / value_new (N, kv, hd); head takes
-hidden and last_token (L,) and gives logits_part (L, vocab / ranks): the L picked tokens' logits
-(families.py; exports before it pick exactly B).
 
 What the runtime does with a segment's tensors follows from their names alone, so its chain knows
 no family: inputs named `key_cache` / `value_cache` take the step's caches in the order of the
@@ -44,8 +38,8 @@ rank 0 only, so the sum adds it once.
 Where the families differ: positions that rotate q/k pass cos/sin; GLM v1 (prefix attention, 2-D
 positions) gives its row inputs to embed, which passes each row's context length on as `context`,
 and its DeepNorm blocks return the residual (alpha x the normed input) as the network does; PanGu-alpha's
-top query layer is two segments of its own after the blocks (its query reads the tokens'
-`positions`; its residual is the final norm's output); SLoRA exports give `adapter_ids` to embed,
+top query layer is two segments of its own after the blocks (its query reads the
+`token_positions`; its residual is the final norm's output); SLoRA exports give `adapter_ids` to embed,
 which makes each token's adapter column mask for the segments whose layers carry adapters. Lite
 drops graph inputs a graph does not use, so no segment lists an input it does not read.
 """
@@ -77,7 +71,6 @@ class SegmentLayout:
     adapter_columns: int = 0           # SLoRA: slots x rank, the width of the per-token adapter mask
     adapted: Tuple[str, ...] = ()      # "attn", "mlp": the block parts whose layers carry adapters
     blocks_per_segment: int = 0        # one rank: whole layers per `blocks` segment (0: attn and mlp apart)
-    packed: bool = False               # the packed step (kv_cache packed): tokens of any rows in one list
 
 
 def segment_relpath(name: str, rank: int) -> str:
@@ -85,35 +78,24 @@ def segment_relpath(name: str, rank: int) -> str:
 
 
 def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = SegmentLayout()) -> Dict[str, Specs]:
-    """(inputs, outputs) of every segment, in the order they run; T, P and N are DYNAMIC (`call_shape`)."""
+    """(inputs, outputs) of every segment, in the order they run; N, L and P are DYNAMIC (`call_shape`)."""
     b, kv, hd, hidden, n = dims.batch_size, dims.kv_heads_per_rank, dims.head_dim, dims.hidden_size, DYNAMIC
     f32, i32 = "float32", "int32"
     x = TensorSpec(HIDDEN, f32, (n, hidden))
     rotary = [TensorSpec("cos", f32, (n, 1, hd)), TensorSpec("sin", f32, (n, 1, hd))] if dims.rotary else []
-    past = TensorSpec("past", f32, (b, 1, 1, 1))
-    context = [TensorSpec("context", f32, (b, 1, 1, 1))] if layout.prefix_attention else []
-    positions = [TensorSpec("positions", i32, (n,))] if layout.top_query else []
     columns = [TensorSpec("adapter_columns", f32, (n, layout.adapter_columns))] if layout.adapter_columns else []
     rows = [TensorSpec(name, i32, (b,)) for name in layout.row_inputs]
     adapter_ids = [TensorSpec("adapter_ids", i32, (b,))] if layout.adapter_columns else []
     cache = [TensorSpec(CACHE_INPUTS[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(CACHE_INPUTS[1], f32, (b, kv, DYNAMIC, hd))]
-    if layout.packed:     # per token: its row, its row's past, as float its row and position; GLM's context
-        ids = [TensorSpec(name, i32, (n,)) for name in ("input_ids", "token_rows", "token_positions")]
-        past_length, last = TensorSpec("past_length", i32, (b,)), TensorSpec("last_token", i32, (n,))
-        tokens = [ids[1], TensorSpec("past", f32, (n, 1, 1, 1)), TensorSpec("row", f32, (n,)),
-                  TensorSpec("position", f32, (n,))]
-        context = [TensorSpec("context", f32, (n,))] if layout.prefix_attention else []
-        new = [TensorSpec(name, f32, (n, kv, hd)) for name in NEW_CACHE]
-        embed = (ids + [past_length] + rows + adapter_ids, [x] + rotary + tokens[1:] + context + columns)
-        positions, head = ids[2:3], [x, last]
-    else:
-        ids = [TensorSpec("input_ids", i32, (b, DYNAMIC)), TensorSpec("batch_valid_length", i32, (b,)),
-               TensorSpec("past_length", i32, (b,))]
-        tokens = [past]
-        new = [TensorSpec(NEW_CACHE[0], f32, (b, kv, hd, DYNAMIC)),
-               TensorSpec(NEW_CACHE[1], f32, (b, kv, DYNAMIC, hd))]
-        embed = ([ids[0], ids[2]] + rows + adapter_ids, [x] + rotary + [past] + context + positions + columns)
-        head = [x] + ids
+    # per token: its row, its row's past, as float its row and position; GLM's context
+    ids = [TensorSpec(name, i32, (n,)) for name in ("input_ids", "token_rows", "token_positions")]
+    past_length, last = TensorSpec("past_length", i32, (b,)), TensorSpec("last_token", i32, (n,))
+    tokens = [ids[1], TensorSpec("past", f32, (n, 1, 1, 1)), TensorSpec("row", f32, (n,)),
+              TensorSpec("position", f32, (n,))]
+    context = [TensorSpec("context", f32, (n,))] if layout.prefix_attention else []
+    new = [TensorSpec(name, f32, (n, kv, hd)) for name in NEW_CACHE]
+    embed = (ids + [past_length] + rows + adapter_ids, [x] + rotary + tokens[1:] + context + columns)
+    positions, head = ids[2:3], [x, last]
     residual = [TensorSpec(RESIDUAL, f32, (n, hidden))]
     part = {name: TensorSpec(name, f32, (n, hidden)) for name in PARTIAL_SUMS}
     specs = {"embed": embed}
@@ -136,8 +118,7 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     if layout.top_query:
         specs["top_query.attn"] = ([x] + positions + tokens + cache + rotary, [part["attn_part"]] + residual + new)
         specs["top_query.mlp"] = ([x], [part["mlp_part"]])
-    picked = n if layout.packed else b
-    specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (picked, dims.vocab_size // world_size))])
+    specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (n, dims.vocab_size // world_size))])
     return specs
 
 
@@ -153,18 +134,14 @@ def run_order(names) -> List[str]:
     return sorted(names, key=key)
 
 
-PICKED = ("last_token", LOGITS_PART)     # per picked token (the packed step's L)
+PICKED = ("last_token", LOGITS_PART)     # per picked token (the step's L)
 
 
-def call_shape(spec: TensorSpec, batch: int, steps: int, positions: int, packed: bool = False,
-               picks: int = 0) -> Tuple[int, ...]:
-    """A segment tensor's shape in a call of `steps` new tokens per row (packed: `steps` tokens in all,
-    `picks` of them giving logits) against `positions` cache rows: DYNAMIC is P in the caches, L in
-    PICKED, N = B*T (packed: `steps`) as the first dimension (token-major tensors), T elsewhere."""
-    def size(axis: int) -> int:
+def call_shape(spec: TensorSpec, tokens: int, positions: int, picks: int) -> Tuple[int, ...]:
+    """A segment tensor's shape in a call of `tokens` tokens, `picks` of them giving logits, against
+    `positions` cache rows: DYNAMIC is P in the caches, L in PICKED, N elsewhere."""
+    def size() -> int:
         if spec.name in CACHE_INPUTS:
             return positions
-        if spec.name in PICKED:
-            return picks
-        return (steps if packed else batch * steps) if axis == 0 else steps
-    return tuple(size(axis) if d == DYNAMIC else d for axis, d in enumerate(spec.shape))
+        return picks if spec.name in PICKED else tokens
+    return tuple(size() if d == DYNAMIC else d for d in spec.shape)

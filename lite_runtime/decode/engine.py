@@ -4,8 +4,7 @@ Each of the graph's B rows holds one request or is idle. Every step is one call 
 in which each row moves on by its own number of tokens: a request admitted since the last step
 feeds its prompt (in chunks of `prefill_chunk` tokens), the others their last token (`Session.step`).
 So a request joins at the next step instead of waiting for a batch to end, and a finished request
-frees its row at once. A `packed` export computes each fed token once; a `dynamic` one computes a
-rectangle of B rows x the most tokens a row feeds, so there a joining prompt costs every row its length.
+frees its row at once. The packed step computes each fed token once, whichever row it belongs to.
 Each row keeps its own sampler (seeded per request), penalties, token budget and stop ids.
 
 Served, the engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
@@ -13,8 +12,7 @@ Served, the engine runs in one thread of its own; `submit` and `cancel` may be c
 together, then `run_until_idle()` steps in the caller's thread until each has finished.
 A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called from
 the engine thread (the server hands them on to its event loop). Choosing a token is the request's
-`Sampler` (decode/sampling.py: every logits processor lives there). With `speculation` (packed
-exports), a decoding row also feeds tokens guessed from its own text and keeps those its sampler
+`Sampler` (decode/sampling.py: every logits processor lives there). With `speculation`, a decoding row also feeds tokens guessed from its own text and keeps those its sampler
 confirms (speculation.py).
 """
 from __future__ import annotations
@@ -30,7 +28,7 @@ import numpy as np
 
 from lite_runtime.backends.base import PackedKVCache, Session, fixed_picks
 from lite_runtime.contract.errors import ConfigError, UnsupportedError, ValidationError
-from lite_runtime.contract.families import STEP_MODES, get_family
+from lite_runtime.contract.families import get_family
 from lite_runtime.decode.inputs import InputOfInfer
 from lite_runtime.decode.prefix_cache import PrefixCache
 from lite_runtime.decode.sampling import Sampler, SamplingParams, token_logprobs
@@ -84,7 +82,7 @@ class _Row:
 
 
 class Engine:
-    """Owns `session` (a dynamic-kv export's session) and schedules requests onto its rows."""
+    """Owns `session` (a packed export's session) and schedules requests onto its rows."""
 
     def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = PREFILL_CHUNK, metrics=None,
                  max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True, prefix_cache_bytes: int = 0,
@@ -93,12 +91,11 @@ class Engine:
         prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally.
         `speculation` guesses tokens by prompt lookup and verifies them in the step (speculation.py)."""
         m = session.manifest
-        if m.kv_cache not in STEP_MODES:
-            raise UnsupportedError(f"serving needs an export with kv_cache: packed or dynamic (one step graph with "
-                                   f"per-row lengths); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
+        if m.kv_cache != "packed":
+            raise UnsupportedError(f"serving needs an export with kv_cache: packed (one step graph over a list of "
+                                   f"tokens of any rows); {m.root} has kv_cache {m.kv_cache!r}: export it again with "
                                    "kv_cache: packed")
-        self.packed = m.kv_cache == "packed"
-        if self.packed and max_step_tokens < m.batch_size:
+        if max_step_tokens < m.batch_size:
             raise ValidationError(f"max_step_tokens {max_step_tokens} is below the export's {m.batch_size} cache rows: "
                                   f"each decoding row feeds a token per step; allowed: {m.batch_size} or more")
         # A family's own per-row graph inputs (GLM v1's context_length, mask_position) come from each
@@ -113,14 +110,11 @@ class Engine:
         self.adapters = m.dims.adapter_slots > 0
         self.max_waiting = max_waiting
         self.prefill_chunk = prefill_chunk    # most prompt tokens a row feeds in one step
-        self.max_step_tokens = max_step_tokens    # most tokens a packed step computes
+        self.max_step_tokens = max_step_tokens    # most tokens a step computes
         self.metrics = metrics
         self.prefix = self._prefix_cache(session, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        if speculation is not None and not self.packed:
-            raise ConfigError(f"speculative decoding verifies guesses in a packed step; {m.root} has kv_cache "
-                              f"{m.kv_cache!r}: export it again with kv_cache: packed, or serve without --speculative")
         self.speculation, self.speculated = speculation, SpeculationStats()
-        self.max_picks = fixed_picks(m) if self.packed else None
+        self.max_picks = fixed_picks(m)
         self.rows: List[Optional[_Row]] = [None] * self.batch
         self.waiting: Deque[EngineRequest] = collections.deque()
         self._wake = threading.Condition()
@@ -261,17 +255,14 @@ class Engine:
         past = np.zeros(self.batch, np.int32)
         for i in live:
             past[i] = self.rows[i].past
-        # A dynamic step's rows all read positions past..past+T-1 of the graph's tables, so there T
-        # stays within the room the fullest row has left (a packed step's tokens each have their own).
-        # A longer prompt is fed in chunks over several steps (chunked prefill), which also bounds how
-        # long the rows that decode wait.
-        room = self.seq_length if self.packed else int(self.seq_length - past[live].max())
+        # A longer prompt is fed in chunks over several steps (chunked prefill), which bounds how long
+        # the rows that decode wait.
         self._guess(live)
-        width = min(max(len(self.rows[i].pending) + len(self.rows[i].guesses) for i in live), room,
-                    room if self.whole_prompts else self.prefill_chunk)
+        width = min(max(len(self.rows[i].pending) + len(self.rows[i].guesses) for i in live), self.seq_length,
+                    self.seq_length if self.whole_prompts else self.prefill_chunk)
         counts = np.zeros(self.batch, np.int32)
         tokens = np.full((self.batch, width), self.pad_id, np.int32)
-        left = self.max_step_tokens if self.packed else self.batch * width
+        left = self.max_step_tokens
         spare = left if self.max_picks is None else self.max_picks - len(live)    # logits left for guesses
         for i in sorted(live, key=lambda i: len(self.rows[i].pending)):    # decoding rows first
             feed = self.rows[i].pending[:width]
