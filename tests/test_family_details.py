@@ -14,6 +14,7 @@ from family_cases import (BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformer
                           reference)
 from parity_runner import greedy_prompts
 from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from lite_runtime.tokenizers import export_tokenizer
 
 
 def test_internlm_config_json_bias_and_dynamic_rotary():
@@ -132,7 +133,7 @@ def test_chatglm_prompt_prefix_role_tokens_and_stop_ids(hf_family, family_export
     n = sp.get_piece_size()
     gmask, sop, user, observation = n + 1, n + 3, n + 6, n + 8    # ChatGLM's order of special tokens
     manifest = load_manifest(family_export("glm2", "io"))
-    tok = manifest.load_tokenizer()
+    tok = export_tokenizer(manifest)
     prompt = "An increasing sequence: one, two,"
     ids = [gmask, sop] + sp.encode(prompt)
     assert tok.encode(prompt, add_special_tokens=True) == ids and tok.encode(prompt) == ids[2:]
@@ -196,7 +197,7 @@ def test_pangualpha_text_generation_with_vocab_model(hf_family, family_export, b
     assert manifest.tokenizer == "vocab.model" and manifest.eos_token_id == [sp.piece_to_id("<eot>")]
     prompt, new = "上联：欢天喜地度佳节 下联：", 12
     ids = pangu_encode(sp, prompt)
-    assert manifest.load_tokenizer().encode(prompt) == ids
+    assert export_tokenizer(manifest).encode(prompt) == ids
     _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
     expected = tokens[0][:new].tolist()
     stops = [i for i, t in enumerate(expected) if t in manifest.eos_token_id]
@@ -443,7 +444,7 @@ def test_glm_6b_text_generation_with_ice_text_model(glm_6b_export, backend):
     assert manifest.family == "glm" and manifest.tokenizer == "ice_text.model" and manifest.eos_token_id == [130005]
     prompt, new = "中国的首都是哪个城市？", 8
     ids = upstream_ids(sp, prompt) + [130001, 130004]
-    assert manifest.load_tokenizer().encode(prompt, add_special_tokens=True) == ids
+    assert export_tokenizer(manifest).encode(prompt, add_special_tokens=True) == ids
     _, tokens = greedy_prompts(load_session("ms", manifest), [ids], new)
     expected = tokens[0][:new].tolist()
     stops = [i for i, t in enumerate(expected) if t in manifest.eos_token_id]

@@ -7,6 +7,7 @@ import urllib.request
 import pytest
 
 from tiny_models import REPO
+from lite_runtime.tokenizers import export_tokenizer
 
 SHARED = "An increasing sequence: one, two, three, four, five, six, seven, eight, nine, ten, one, two, three,"
 PROMPTS = [SHARED + " four, five,", SHARED + " Counting: seven, eight,", SHARED + " four, five,"]
@@ -47,7 +48,7 @@ def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backen
 
 def prompt_ids(export):
     from lite_runtime.contract.manifest import load_manifest
-    tokenizer = load_manifest(export).load_tokenizer()
+    tokenizer = export_tokenizer(load_manifest(export))
     return [tokenizer.encode(p, add_special_tokens=True) for p in PROMPTS]
 
 
@@ -73,7 +74,7 @@ def test_the_store_keeps_within_its_bytes_dropping_the_least_recent(demo_exports
     one = Engine(session, threaded=False, prefix_cache_bytes=64 << 20)
     _run(one, ids[:1])
     size = one.prefix.bytes            # one prompt's K/V
-    other = load_manifest(demo_exports["ms"]).load_tokenizer().encode(
+    other = export_tokenizer(load_manifest(demo_exports["ms"])).encode(
         "Counting down: ten, nine, eight, seven, six, five, four, three, two, one, ten, nine, eight, seven, six,",
         add_special_tokens=True)
     assert len(other) // 16 == len(ids[0]) // 16        # as many whole blocks: as many bytes

@@ -18,6 +18,7 @@ import pytest
 
 from test_serve import client
 from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
+from lite_runtime.tokenizers import export_tokenizer
 
 GGUF = os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
@@ -93,7 +94,7 @@ def test_chat_prompt_ids_equal_apply_chat_template(smollm2):
     from lite_runtime.serve.chat import ChatFormat
     export, _, tokenizer = smollm2
     manifest = load_manifest(export)
-    ours = manifest.load_tokenizer()
+    ours = export_tokenizer(manifest)
     chat = ChatFormat(manifest.family, export, ours)
     assert chat.published is not None and chat.published.source == "chat_template.jinja"
     for messages in CHATS:

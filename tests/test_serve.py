@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tiny_models import REPO
+from lite_runtime.tokenizers import export_tokenizer
 
 PROMPTS = ["An increasing sequence: one,", "Counting: seven, eight,", "The alphabet: a, b,"]
 
@@ -108,7 +109,7 @@ def test_top_logprobs_are_the_models_most_likely_tokens(server, demo_exports):
     answer = client(url).completions.create(model="demo", prompt=prompt, max_tokens=1, temperature=0, logprobs=3)
     got = answer.choices[0].logprobs
     from lite_runtime.serve.text import TokenText
-    text = TokenText(manifest.load_tokenizer()).text       # a token as its text, " two" (not "▁two")
+    text = TokenText(export_tokenizer(manifest)).text       # a token as its text, " two" (not "▁two")
     assert list(got.top_logprobs[0]) == [text(int(i)) for i in best]
     np.testing.assert_allclose(list(got.top_logprobs[0].values()), expected[best], atol=1e-4)
     assert got.token_logprobs[0] == pytest.approx(expected[best[0]], abs=1e-4)
@@ -179,7 +180,7 @@ def test_logit_bias_max_completion_tokens_and_text_parts(server, demo_exports):
     url, *_ = server
     c = client(url)
     from lite_runtime.contract.manifest import load_manifest
-    tokenizer = load_manifest(demo_exports["ms"]).load_tokenizer()
+    tokenizer = export_tokenizer(load_manifest(demo_exports["ms"]))
     ask = dict(model="demo", prompt=PROMPTS[0], max_tokens=3, temperature=0, logprobs=0)
     greedy = c.completions.create(**ask).choices[0].logprobs.tokens     # each token's text
     from lite_runtime.serve.text import TokenText
@@ -286,7 +287,7 @@ def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_expor
     from lite_runtime.decode.sampling import Sampler, SamplingParams
     from lite_runtime.decode.engine import Engine, EngineRequest
     m = load_manifest(demo_exports["ms"])
-    tokenizer = m.load_tokenizer()
+    tokenizer = export_tokenizer(m)
     texts = PROMPTS + ["Counting down: ten, nine,", "The capital of France is", "one,", "a, b, c, d, e, f,"]
     prompts = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
     budgets = [12, 2, 9, 3, 12, 5, 7]
@@ -375,7 +376,7 @@ def test_min_tokens_holds_a_stop_id_back(demo_exports):
     from lite_runtime.decode.engine import Engine, EngineRequest
     from lite_runtime.decode.sampling import SamplingParams
     m = load_manifest(demo_exports["ms"])
-    prompt = m.load_tokenizer().encode(PROMPTS[0], add_special_tokens=True)
+    prompt = export_tokenizer(m).encode(PROMPTS[0], add_special_tokens=True)
     engine = Engine(load_session("ms", m))
 
     def run(**options):

@@ -14,6 +14,7 @@ import pytest
 
 from test_serve import PROMPTS, _disconnect_mid_stream, client, served
 from tiny_models import REPO, run_cli
+from lite_runtime.tokenizers import export_tokenizer
 
 CONTEXT = 128       # the demo export's seq_length
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
@@ -27,7 +28,7 @@ def demo(tmp_path_factory):
     result = run_cli(["-m", "exporter", "--config", DEMO_YAML, "--output_dir", out])
     assert result.returncode == 0, result.stderr[-2000:]
     with served(out, "ms") as (url, _pid):
-        yield url, load_manifest(out).load_tokenizer()
+        yield url, export_tokenizer(load_manifest(out))
 
 
 def _request(url, route, body, method="POST"):

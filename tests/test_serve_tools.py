@@ -14,6 +14,7 @@ import pytest
 from test_chat_templates import QWEN25
 from test_serve import client, served
 from tiny_models import export_in_subprocess, write_yaml
+from lite_runtime.tokenizers import export_tokenizer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
                                             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -178,7 +179,7 @@ def test_a_tool_call_round_trip_renders_the_call_and_the_tools_answer(tool_serve
     assert answer.choices[0].message.role == "assistant" and answer.choices[0].finish_reason in ("stop", "length")
     # the prompt the server ran is the template's rendering of the call and of the tool's answer
     manifest = load_manifest(tool_export)
-    chat = ChatFormat(manifest.family, tool_export, manifest.load_tokenizer())
+    chat = ChatFormat(manifest.family, tool_export, export_tokenizer(manifest))
     sent = [ASK[0], {"role": "assistant", "content": None,
                      "tool_calls": [{"id": call.id, "type": "function",
                                      "function": {"name": "get_weather", "arguments": call.function.arguments}}]},

@@ -14,6 +14,7 @@ import pytest
 from family_cases import check_parity
 from test_distributed import rank_table
 from tiny_models import VENV_MS20_PYTHON, REPO, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from lite_runtime.tokenizers import export_tokenizer
 
 STEPS = 32
 ADAPTERS = {"a1": 1, "a2": 2}          # name -> slot: the order of lora_adapter.json
@@ -253,7 +254,7 @@ def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slo
                                                       details=True).details.tokens] for a in ("a2", None)}
         by_model = c.completions.create(model="a2", prompt="one two three", max_tokens=6, temperature=0,
                                         logprobs=0).choices[0].logprobs.tokens
-    text = TokenText(load_manifest(slora_exports("lite_packed")).load_tokenizer()).text    # logprobs name tokens by text
+    text = TokenText(export_tokenizer(load_manifest(slora_exports("lite_packed")))).text    # logprobs name tokens by text
     for (name, i), pieces in answers.items():
         expected = np.load(slora_model / f"reference_{name}.npz")["tokens"][i][:len(pieces)]
         assert pieces == [text(int(t)) for t in expected], (name, i)

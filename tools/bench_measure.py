@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.tokenizers import export_tokenizer
 
 
 class TimedPick:
@@ -159,7 +160,7 @@ def measure(job: dict) -> dict:
     load_s = time.perf_counter() - start
     tokenizer = None
     if manifest.tokenizer_path() and not job.get("no_detok"):
-        tokenizer = manifest.load_tokenizer()
+        tokenizer = export_tokenizer(manifest)
     vocab = manifest.dims.vocab_size if tokenizer is None else min(manifest.dims.vocab_size, tokenizer.vocab_size)
     prompts = job.get("prompts") or bench_prompts(batch, prompt_len, vocab)
     inputs = InputOfInfer.get_inputs(manifest.family, manifest)

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from served_process import served  # noqa: E402
+from lite_runtime.tokenizers import export_tokenizer  # noqa: E402
 
 TEXT = ("The assistant answers questions about the city library. The library opens at nine in the morning and "
         "closes at six in the evening, except on Sundays, when it opens at noon. Members may borrow up to ten "
@@ -82,7 +83,7 @@ def command(model_dir, backend, requests, system_tokens, max_tokens, clients, ca
     """Time to first token and throughput of a shared-system-prompt chat workload, without and with the
     prefix cache."""
     from lite_runtime.contract.manifest import load_manifest
-    messages = chats(load_manifest(model_dir).load_tokenizer(), system_tokens, requests)
+    messages = chats(export_tokenizer(load_manifest(model_dir)), system_tokens, requests)
     plain = run_side(model_dir, backend, [], messages, max_tokens, clients)
     cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients)
     if plain["texts"] != cached["texts"]:

@@ -49,8 +49,9 @@ def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
     import numpy as np
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.tokenizers import export_tokenizer
     manifest = load_manifest(export_dir)
-    ids = manifest.load_tokenizer().encode(PROMPT)[:31]
+    ids = export_tokenizer(manifest).encode(PROMPT)[:31]
     session = load_session("mslite", manifest, num_threads=threads)
     rows = manifest.batch_size
     counts = np.array([len(ids)] * batch + [0] * (rows - batch), np.int32)
@@ -79,8 +80,9 @@ def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -
     import numpy as np
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.tokenizers import export_tokenizer
     manifest = load_manifest(export_dir)
-    ids = manifest.load_tokenizer().encode(open(text_file, encoding="utf-8").read())
+    ids = export_tokenizer(manifest).encode(open(text_file, encoding="utf-8").read())
     rows = manifest.batch_size
     length = min(tokens, len(ids) - 1) // rows
     text = np.array(ids[: rows * length + 1], np.int64)

@@ -52,6 +52,7 @@ from compare_peers import BENCH_MODELS, BENCH_SEQ_LENGTH, PEER_TOOL, PEERS_PYTHO
 from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import load_manifest  # noqa: E402
+from lite_runtime.tokenizers import export_tokenizer  # noqa: E402
 
 PEER_SHAPES = {"small": BENCH_MODELS["llama"], **{k: v for k, v in SHAPES.items() if k != "tiny"}}
 CACHE_ROWS = 8      # the --peers export's batch, and OpenVINO GenAI's max_num_seqs
@@ -258,7 +259,7 @@ def command(**options):
     os.makedirs(args.work_dir, exist_ok=True)
     model_dir, ov_dir = build_peers(args) if args.peers else (args.model_dir, None)
     manifest = load_manifest(model_dir)
-    tokenizer = manifest.load_tokenizer()
+    tokenizer = export_tokenizer(manifest)
     jobs = workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed, args.lengths)
     if args.peers:
         check_round_trip(tokenizer, jobs)

@@ -23,6 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
+from lite_runtime.tokenizers import export_tokenizer  # noqa: E402
 
 CODE = '''def merge_sorted(left, right):
     result = []
@@ -70,7 +71,7 @@ def command(model_dir, k, max_tokens, rounds, num_threads, draft):
     from lite_runtime.serve.chat import ChatFormat
 
     manifest = load_manifest(model_dir)
-    tokenizer = manifest.load_tokenizer()
+    tokenizer = export_tokenizer(manifest)
     if tokenizer is None:
         raise ToolchainError(f"{model_dir} has no tokenizer; the benchmark's chats need one")
     chat = ChatFormat(manifest.family, model_dir, tokenizer)

@@ -23,7 +23,7 @@ from lite_runtime.api.infer_config import InferConfig
 from lite_runtime.decode.inputs import InputOfInfer
 from lite_runtime.decode.sampling import Sampler
 from lite_runtime.decode.streamers import CONTEXT_TOKENS, continuation_text
-from lite_runtime.tokenizers import Tokenizer, load_tokenizer
+from lite_runtime.tokenizers import Tokenizer, export_tokenizer, load_tokenizer
 
 log = logging.getLogger("lite_runtime")
 
@@ -311,4 +311,4 @@ def _resolve_tokenizer(tokenizer, manifest) -> Tokenizer:
         return tokenizer
     if manifest.tokenizer is None:
         raise ArtifactError(f"the export {manifest.root} ships no tokenizer; give tokenizer_path")
-    return manifest.load_tokenizer()
+    return export_tokenizer(manifest)

@@ -16,6 +16,7 @@ from lite_runtime.decode.engine import PREFILL_CHUNK, Engine
 from lite_runtime.decode.draft import DraftModel
 from lite_runtime.decode.speculation import DraftSpec, Speculation
 from lite_runtime.tokenizers.chat_template import chat_tuned_sign
+from lite_runtime.tokenizers import export_tokenizer
 
 PROG = "python -m lite_runtime.serve"
 
@@ -71,7 +72,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     manifest.verify_files()
     if isinstance(speculation, DraftSpec):     # checked against the target's manifest, loaded once
         speculation = DraftModel.load(speculation, manifest, backend, num_threads)
-    tokenizer = manifest.load_tokenizer()
+    tokenizer = export_tokenizer(manifest)
     if tokenizer is None:
         raise ToolchainError(f"{model_dir} has no tokenizer; serving needs one (export with a tokenizer)")
     if not distributed and manifest.world_size > 1:

@@ -103,11 +103,6 @@ class Manifest:
     def tokenizer_path(self) -> Optional[str]:
         return os.path.join(self.root, self.tokenizer) if self.tokenizer else None
 
-    def load_tokenizer(self):
-        """The export's tokenizer as its family uses it (special tokens, prompt prefix), or None."""
-        from lite_runtime.tokenizers import load_tokenizer
-        return load_tokenizer(self.tokenizer_path(), **self.tokenizer_options) if self.tokenizer else None
-
     def ge_config_path(self) -> Optional[str]:
         return os.path.join(self.root, self.ge_config) if self.ge_config else None
 

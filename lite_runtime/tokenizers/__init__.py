@@ -121,3 +121,10 @@ def load_tokenizer(
         raise ArtifactError(f"tokenizer: file {path!r} is not readable")
     return cls(path, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                add_bos=add_bos, prefix_tokens=prefix_tokens, special_tokens=special_tokens)
+
+
+def export_tokenizer(manifest) -> Optional[Tokenizer]:
+    """An export's tokenizer as its family uses it (special tokens, prompt prefix, from the manifest), or None."""
+    if not manifest.tokenizer:
+        return None
+    return load_tokenizer(manifest.tokenizer_path(), **manifest.tokenizer_options)
