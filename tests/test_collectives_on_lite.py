@@ -83,4 +83,5 @@ def test_segments_run_in_the_contracts_order_whatever_the_manifests_key_order():
     one_rank = segment_specs(dims, 1, SegmentLayout(blocks_per_segment=5))       # 12 layers in 5 + 5 + 2
     assert run_order(sorted(one_rank)) == list(one_rank) == ["embed", "layer0.blocks", "layer5.blocks",
                                                               "layer10.blocks", "head"]
-    assert [s.name for s in one_rank["layer10.blocks"][0]][:6] == ["hidden", "past"] + ["key_cache", "value_cache"] * 2
+    assert [s.name for s in one_rank["layer10.blocks"][0]][:9] == ["hidden", "token_rows", "past", "row", "position"] + \
+        ["key_cache", "value_cache"] * 2
