@@ -20,10 +20,12 @@ def test_guesses_follow_the_latest_earlier_ngram():
     from lite_runtime.decode.speculation import Speculation
     guess = Speculation(k=4)
     assert guess.propose([1, 2, 3, 4, 5, 9, 2, 3, 4], 10) == [5, 9, 2, 3]     # the 3-gram 2 3 4
-    assert guess.propose([1, 2, 3, 7, 3], 10) == [7, 3]                      # only the 1-gram 3
-    assert guess.propose([7, 1, 8, 1, 9, 1], 10) == [9, 1]                   # the latest 1
+    assert guess.propose([6, 2, 3, 8, 1, 3], 10) == []                       # no 2-gram: 1 3 is new
+    assert guess.propose([6, 1, 3, 8, 1, 3], 10) == [8, 1, 3]                # the 2-gram 1 3
+    assert guess.propose([7, 1, 8, 7, 1, 9, 7, 1], 10) == [9, 7, 1]          # the latest 7 1
     assert guess.propose([1, 2, 3, 4, 5, 9, 2, 3, 4], 2) == [5, 9]           # the room left
     assert guess.propose([1, 2, 3], 10) == [] and guess.propose([5], 10) == []
+    assert Speculation(k=4, min_ngram=1).propose([1, 2, 3, 7, 3], 10) == [7, 3]    # single tokens, if asked
 
 
 @pytest.mark.parametrize("value", ["draft:out/small", "ngram:0", "ngram:x", "lookup"])
