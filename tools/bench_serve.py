@@ -136,7 +136,7 @@ while pending:
         continue
     begun = time.perf_counter() - start
     answers = pipe([jobs[i]["prompt"] for i in ready], add_special_tokens=True,
-                   max_new_tokens=max(jobs[i]["max_tokens"] for i in ready))
+                   max_new_tokens=max(jobs[i]["max_tokens"] for i in ready), max_length=None)
     ended = time.perf_counter() - start
     first = pipe.last_timing.first - start
     for i, answer in zip(ready, answers):
