@@ -12,8 +12,8 @@ Served, the engine runs in one thread of its own; `submit` and `cancel` may be c
 together, then `run_until_idle()` steps in the caller's thread until each has finished.
 A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called from
 the engine thread (the server hands them on to its event loop). Choosing a token is the request's
-`Sampler` (decode/sampling.py: every logits processor lives there). With `speculation`, a decoding row also feeds tokens guessed from its own text and keeps those its sampler
-confirms (speculation.py).
+`Sampler` (decode/sampling.py: every logits processor lives there). With `speculation`, a decoding
+row also feeds guessed tokens and keeps those its sampler confirms (speculation.py, draft.py).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Engine:
                  speculation: Optional[Speculation] = None):
         """`prefix_cache_bytes` > 0 keeps recent prompts' K/V up to that size and reuses their shared
         prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally.
-        `speculation` guesses tokens by prompt lookup and verifies them in the step (speculation.py)."""
+        `speculation` guesses tokens (prompt lookup or a draft export), verified in the step (speculation.py)."""
         m = session.manifest
         if m.kv_cache != "packed":
             raise UnsupportedError(f"serving needs an export with kv_cache: packed (one step graph over a list of "

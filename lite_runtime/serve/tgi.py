@@ -120,7 +120,8 @@ def add_tgi_routes(app: FastAPI, served) -> None:
             run = start_run(served, body, [prompt_ids], chat=False)
         except BadRequest as e:
             field = {"model": "parameters.adapter_id", "max_tokens": "parameters.max_new_tokens",
-                     "response_format": "parameters.grammar", "guided_regex": "parameters.grammar"}.get(e.param, "inputs")
+                     "response_format": "parameters.grammar",
+                     "guided_regex": "parameters.grammar"}.get(e.param, "inputs")
             return _error(f"{field}: {str(e).replace('max_tokens', 'max_new_tokens')}")
         except QueueFull as e:
             return _error(str(e), 429, "overloaded")
