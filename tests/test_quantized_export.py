@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from lite_runtime.contract.errors import ConfigError, UnsupportedError
+from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
 from lite_runtime.contract.manifest import load_manifest
 from family_cases import BATCH, SEQ, STEPS, check_parity
 from test_families import lite_run
@@ -65,7 +65,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    assert manifest.kernels == {"int8": ["LiteLinearI8"], "int4": ["LiteLinearI4Min"]}[scheme]
+    assert manifest.kernels == {"int8": ["LiteLinearI8P4"], "int4": ["LiteLinearI4Min"]}[scheme]
     assert manifest.quantization["head"] == "float32"
     assert manifest.quantization["weights"] == scheme
     assert manifest.quantization.get("group_size", group) == group
@@ -118,3 +118,17 @@ def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quan
                      r"runtime lacks .*run `lite-setup` again$", said.stdout.strip()), said.stdout
     with pytest.raises(UnsupportedError, match="only the project's kernels on MindSpore Lite run; use backend 'mslite'"):
         load_session("ms", load_manifest(export))
+
+
+def test_an_int8_export_of_the_retired_row_layout_is_refused_with_the_command_that_exports_it_again(quantized,
+                                                                                                     tmp_path):
+    import shutil
+    export = str(tmp_path / "export")
+    shutil.copytree(quantized("int8", 32, "packed")[0], export)
+    path = os.path.join(export, "manifest.json")
+    data = json.load(open(path))
+    data["kernels"] = ["LiteLinearI8"]
+    json.dump(data, open(path, "w"))
+    with pytest.raises(ArtifactError, match=r"linear layers run the kernel LiteLinearI8 \(int8 rows stored whole.*\), which is "
+                                            r"retired: export it again with this version: python -m exporter"):
+        load_manifest(export)

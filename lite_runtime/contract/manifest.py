@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.hashes import CheckedHashes
 from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
+from lite_runtime.contract.quant import RETIRED_OP_TYPES
 
 FORMAT_VERSION = 3   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files;
                      # 3: step graphs store keys transposed (B, kv, head_dim, P)
@@ -217,6 +218,11 @@ def load_manifest_file(path: str) -> Manifest:
         raise ArtifactError(f"{folder or '.'}: this export has kv_cache dynamic, which is retired (kv_cache packed does "
                             "the same for every family, form and runtime): export it again with kv_cache: packed in "
                             "its yaml: python -m exporter --config <your yaml>")
+    retired = [k for k in data.get("kernels") or [] if k in RETIRED_OP_TYPES]
+    if retired:
+        raise ArtifactError(f"{folder or '.'}: this export's linear layers run the kernel {retired[0]} "
+                            f"({RETIRED_OP_TYPES[retired[0]]}), which is retired: export it again with this version: "
+                            "python -m exporter --config <your yaml>")
     _check_keys(data, path)
     try:
         if data.get("kv_cache") not in KV_MODES:

@@ -3,7 +3,8 @@
 types that run them on MindSpore Lite, and numpy quantizers / dequantizers. numpy only.
 
 Storage of a linear weight W (N, K) (out, in):
-  int8          q int8 (N, K), scale float32 (N,): w = q * scale[n]; q in [-127, 127]
+  int8          q int8 (N, K) stored in panels of 4 rows (pack_int8: the kernel reads a panel as one stream),
+                scale float32 (N,): w = q * scale[n]; q in [-127, 127]
   int4          u in [0, 15] packed two to a byte, int8 (N, Kp / 2), Kp = K rounded up to 32; in each run of
                 32 weights along K byte j holds weight j (low nibble) and j + 16 (high nibble);
                 scale float32 (N, G), G = ceil(K / group): w = (u - 8) * scale[n, g]
@@ -22,8 +23,10 @@ WEIGHT_SCHEMES = ("none", "int8", "int4")
 GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
-OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8", "int4": "LiteLinearI4",
+OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4",
                             "int4_min": "LiteLinearI4Min"}
+# Types of earlier exports that no kernel runs any more (the manifest refuses them with the re-export command).
+RETIRED_OP_TYPES: Dict[str, str] = {"LiteLinearI8": "int8 rows stored whole, replaced by LiteLinearI8P4's panels"}
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
 
 
@@ -54,12 +57,42 @@ def _rows(w: np.ndarray) -> np.ndarray:
 
 
 def quantize_int8(w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(q int8 (N, K), scale float32 (N,)), symmetric per output row."""
+    """(q int8 (N, K) in panels (pack_int8), scale float32 (N,)), symmetric per output row."""
     w = _rows(w)
     amax = np.abs(w).max(axis=1)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
-    return q, scale
+    return pack_int8(q), scale
+
+
+def _panel_split(n: int, k: int) -> Tuple[int, int]:
+    return n - n % 4, k - k % 8
+
+
+def pack_int8(q: np.ndarray) -> np.ndarray:
+    """q (N, K) by rows -> the panel layout, still shaped (N, K): rows 4p .. 4p+3 become 4K bytes, for each
+    run of 8 weights along K the four rows' 8 in turn, then each row's last K % 8; the last N % 4 rows stay
+    whole (linear_math.h)."""
+    n, k = q.shape
+    n4, k8 = _panel_split(n, k)
+    out = np.array(q, np.int8, copy=True)
+    head = q[:n4]
+    runs = head[:, :k8].reshape(n4 // 4, 4, k8 // 8, 8).transpose(0, 2, 1, 3).reshape(n4 // 4, 4 * k8)
+    tails = head[:, k8:].reshape(n4 // 4, 4 * (k - k8))
+    out[:n4] = np.concatenate([runs, tails], axis=1).reshape(n4, k)
+    return out
+
+
+def unpack_int8(packed: np.ndarray) -> np.ndarray:
+    """The panel layout (pack_int8) -> q (N, K) by rows."""
+    n, k = packed.shape
+    n4, k8 = _panel_split(n, k)
+    out = np.array(packed, np.int8, copy=True)
+    panels = packed[:n4].reshape(n4 // 4, 4 * k)
+    runs = panels[:, :4 * k8].reshape(n4 // 4, k8 // 8, 4, 8).transpose(0, 2, 1, 3).reshape(n4, k8)
+    tails = panels[:, 4 * k8:].reshape(n4, k - k8)
+    out[:n4] = np.concatenate([runs, tails], axis=1)
+    return out
 
 
 def _groups(w: np.ndarray, group: int) -> Tuple[np.ndarray, int]:
@@ -111,8 +144,8 @@ def quantize_int4(w: np.ndarray, group: int, with_min: bool = False
     return pack_u4(u), scale, mins
 
 
-def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return (q.astype(np.float32) * scale[:, None]).astype(np.float32)
+def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return (unpack_int8(packed).astype(np.float32) * scale[:, None]).astype(np.float32)
 
 
 def dequantize_int4(packed: np.ndarray, scale: np.ndarray, k: int, group: int,

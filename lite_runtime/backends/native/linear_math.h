@@ -4,7 +4,9 @@
 //
 // Weight layouts (written by lite_runtime/contract/quant.py):
 //   kF32   W float32 (N, K)
-//   kI8    W int8 (N, K), scale float32 (N): w = q * scale[n]
+//   kI8    W int8 (N, K) in panels, scale float32 (N): w = q * scale[n]. Rows 4p .. 4p+3 are one panel of
+//          4K bytes: for each run of 8 weights along K the four rows' 8 bytes in turn, then the K % 8 last
+//          weights of each row in turn; the last N % 4 rows are stored whole after the panels.
 //   kI4    W uint8 (N, Kp/2), Kp = K rounded up to 32; in each run of 32 weights along K, byte j holds
 //          weight j in its low nibble and weight j + 16 in its high nibble (llama.cpp's Q4_0 order).
 //          scale float32 (N, G), G groups of `group` weights (a multiple of 32; the last may be short):

@@ -45,7 +45,7 @@ struct TypeInfo {
   const char *weight_dtype;   // op-info name of input 1's dtype
 };
 const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
-                           {"LiteLinearI8", lk::kI8, 3, "int8"},
+                           {"LiteLinearI8P4", lk::kI8, 3, "int8"},
                            {"LiteLinearI4", lk::kI4, 3, "int8"},
                            {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
 
@@ -317,7 +317,7 @@ const char *lk_last_error() { return g_last_error.c_str(); }
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
-const char *lk_types() { return "LiteLinearF32,LiteLinearI8,LiteLinearI4,LiteLinearI4Min"; }
+const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min"; }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
 // entries a MindIR Build needs. Once per process; later calls do nothing.
