@@ -249,8 +249,7 @@ void Dequantize(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
     const int8_t *w = static_cast<const int8_t *>(a.w);
     const int64_t K8 = a.K & ~int64_t(7);
     for (int64_t j = 0; j < nb; ++j) {
-      const int64_t row = I8Offset(a, n + j, 0), step = n + j < (a.N & ~int64_t(3)) ? 32 : 8;
-      for (int64_t k = 0; k < K8; k += 8) Store(tile + j * a.K + k, FromI8(w + row + (k >> 3) * step));
+      for (int64_t k = 0; k < K8; k += 8) Store(tile + j * a.K + k, FromI8(w + I8Offset(a, n + j, k)));
       for (int64_t k = K8; k < a.K; ++k) tile[j * a.K + k] = static_cast<float>(w[I8Offset(a, n + j, k)]);
     }
     return;
@@ -281,8 +280,14 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
       for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = w[k];
     } else if (a.kind == kI8) {
       const int8_t *w = static_cast<const int8_t *>(a.w);
-      const float s = a.scale[n + j];
-      for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = s * static_cast<float>(w[I8Offset(a, n + j, k)]);
+      const V8 s = Bcast(a.scale[n + j]);
+      const int64_t K8 = a.K & ~int64_t(7);
+      for (int64_t k = 0; k < K8; k += 8) {   // a run of 8 is contiguous in either layout
+        Store(row, Fma(FromI8(w + I8Offset(a, n + j, k)), s, Zero()));
+        for (int i = 0; i < 8; ++i) tile[(k + i) * kTileCols + j] = row[i];
+      }
+      for (int64_t k = K8; k < a.K; ++k)
+        tile[k * kTileCols + j] = a.scale[n + j] * static_cast<float>(w[I8Offset(a, n + j, k)]);
     } else {
       const uint8_t *w = static_cast<const uint8_t *>(a.w) + (n + j) * (a.K / 2);
       const float *scale = a.scale + (n + j) * a.G;
