@@ -142,9 +142,9 @@ inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, 
   }
 }
 
-// Bytes ahead of the int8 decode loop that it asks the cache for: without it the loop read memory at 6 GB/s
-// against a plain read's 17 (one core, SmolLM2-135M's layers); 2 KB ahead reached 14-17 GB/s, 0.25-1 KB
-// and 4 KB less.
+// Bytes ahead of the int8 decode loop that it asks the cache for: in panels without it the loop read 9 GB/s
+// against a plain read's 16-21 (one core, SmolLM2-135M's layers; rows stored whole: 6), 2 KB ahead 14;
+// 0.25-1 KB and 4 KB ahead less.
 constexpr int64_t kPrefetchBytes = 2048;
 // Up to this M, int8 runs the decode loop over pairs of X rows against each panel (in L1 after the first
 // pair): on SmolLM2-135M's layers, one thread, M 8 took 0.6x and M 64 0.85x the dequantised-tile paths.

@@ -193,8 +193,9 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
-  // Decode-sized calls stream the weights on the calling thread: on SmolLM2-135M (2-core machine, Lite on 2
-  // threads) one kernel thread decoded at 0.81-0.94x Lite's float32 step, two at 1.10-1.21x.
+  // Decode-sized calls stream the weights on the calling thread: on SmolLM2-135M (idle 2-core machine, Lite
+  // on 2 threads, int8) one kernel thread decoded at 0.76x Lite's float32 step, two at 1.31x (Lite's own
+  // workers spin through a graph run and compete for the second core).
   if (M <= kDecodeRows) n = 1;
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
   const int64_t tile = lk::kTileCols * a.K;
