@@ -11,6 +11,7 @@ import pytest
 from lite_runtime.backends import lite_kernels
 from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
 from lite_runtime.contract import quant
+from activation_rounding import round_activations
 from tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
@@ -18,7 +19,10 @@ CASES = ("f32", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
 
 
-def reference(x, w):
+def reference(x, w, storage="float32"):
+    """int4 products take x rounded to int8 per run of 32 (activation_rounding.py)."""
+    if storage.startswith("int4"):
+        x = round_activations(x)
     return x.astype(np.float64) @ w.astype(np.float64).T
 
 
@@ -67,7 +71,8 @@ def test_a_custom_linear_on_lite_equals_numpy(graphs, case, fmt):
                 model.bind_inputs([x])
                 y, = model.predict()
                 assert y.shape == (rows, n)
-                assert_close(y, reference(x, w), f"{case}.{fmt}, {threads} threads, M={rows}")
+                assert_close(y, reference(x, w, "int4" if case.startswith("i4") else "float32"),
+                             f"{case}.{fmt}, {threads} threads, M={rows}")
         finally:
             model.close()
 
@@ -96,7 +101,7 @@ def check_direct():
         w = rng.standard_normal((n, k)).astype(np.float32)
         for storage, group in KINDS:
             consts, deq = _consts(storage, w, group)
-            ref = reference(x, deq)
+            ref = reference(x, deq, storage)
             for threads in (1, 2):
                 assert_close(lite_kernels.linear(x, storage, consts, threads), ref,
                              f"{storage} g{group} M={m} K={k} N={n} threads={threads}")

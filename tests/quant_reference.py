@@ -1,6 +1,7 @@
 """transformers' greedy tokens and logits of an HF folder with its linear layers' weights replaced by
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
-in float32 as the exporter keeps them: the reference a quantized export must give. Run in its own process (torch):
+in float32 as the exporter keeps them, and for int4 each layer's input rounded as the kernels round it
+(activation_rounding.py): the reference a quantized export must give. Run in its own process (torch):
     python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz
 """
 import os
@@ -10,6 +11,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from activation_rounding import round_activations  # noqa: E402
 from hf_models import greedy_reference  # noqa: E402
 from lite_runtime.contract.quant import quantize  # noqa: E402
 
@@ -26,6 +28,9 @@ def main(hf_dir, scheme, group, steps, out):
             if isinstance(module, torch.nn.Linear) and module is not head:
                 _, _, deq = quantize(module.weight.numpy(), scheme, group)
                 module.weight.copy_(torch.from_numpy(deq))
+                if scheme == "int4":
+                    module.register_forward_pre_hook(
+                        lambda _, args: (torch.from_numpy(round_activations(args[0].numpy())),) + args[1:])
                 count += 1
     assert count, "no linear layer found"
     logits, tokens = greedy_reference(model, steps)

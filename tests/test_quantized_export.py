@@ -71,7 +71,34 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     assert manifest.quantization.get("group_size", group) == group
     assert (manifest.collectives == "host") == (form == "segments")
     logits, tokens = lite_run(hf_family("llama"), export, f"q_{scheme}_{group}_{form}_run")
-    check_parity(logits, tokens, ref_logits, ref_tokens, f"llama {scheme} g{group} ({form}) on Lite")
+    what = f"llama {scheme} g{group} ({form}) on Lite"
+    if scheme == "int8":
+        check_parity(logits, tokens, ref_logits, ref_tokens, what)
+    else:
+        check_parity_to_a_near_tie(logits, tokens, ref_logits, ref_tokens, what, ROUNDED_TOLERANCE)
+
+
+# int4 products round their input to int8 per run of 32 (activation_rounding.py; the kernel tests check
+# that rounding exactly). Through a model, a float32 difference of 1e-7 in a layer's input can move one
+# value across a rounding boundary, a step of max|x| / 127: on the tiny Llama such a step moved logits by
+# up to 1.2e-2 from then on (the cache keeps it), where no rounding at all differed by 2.9e-2 from the
+# first step, and wrong weights differ by far more.
+ROUNDED_TOLERANCE = 2e-2
+
+
+def check_parity_to_a_near_tie(logits, tokens, ref_logits, ref_tokens, what, tolerance):
+    """Greedy tokens equal to the reference's until a step where its two best logits are within
+    2 x tolerance (either may win there), and logits within tolerance up to that step."""
+    for row in range(len(ref_tokens)):
+        differ = np.flatnonzero(tokens[row] != ref_tokens[row])
+        end = len(ref_tokens[row]) if differ.size == 0 else differ[0] + 1
+        if differ.size:
+            top2 = np.sort(ref_logits[row, differ[0]])[-2:]
+            assert top2[1] - top2[0] <= 2 * tolerance, \
+                f"{what}: row {row} leaves the reference's tokens at step {differ[0]}, no near tie there " \
+                f"(best logits {top2[1]:.5f} and {top2[0]:.5f})"
+        diff = np.abs(logits[row, :end] - ref_logits[row, :end]).max()
+        assert diff <= tolerance, f"{what}: row {row}: max abs logit difference {diff} > {tolerance}"
 
 
 def test_quantized_weights_are_smaller_on_disk(hf_family, family_export, quantized):

@@ -55,6 +55,21 @@ inline void FromU4(const uint8_t *p, V8 u[4]) {
   u[2].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
   u[3].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
+// A run of 32 int4 weights as bytes 0..15 in weight order, and its dot products with 32 int8 values of x
+// as 8 partial sums (maddubs: unsigned weights times signed x, pairs summed to int16 without saturation,
+// 15 * 127 * 2 < 2^15; madd: pairs of those to int32).
+struct U32 {
+  __m256i v;
+};
+inline U32 U4Bytes(const uint8_t *p) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+  return {_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask))};
+}
+inline V8 DotU4(U32 u, const int8_t *x) {
+  __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x));
+  return {_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u.v, xv), _mm256_set1_epi16(1)))};
+}
 #else
 struct V8 {
   float f[8];
@@ -94,6 +109,26 @@ inline void FromU4(const uint8_t *p, V8 u[4]) {
     u[2].f[i] = static_cast<float>(p[i] >> 4);
     u[3].f[i] = static_cast<float>(p[8 + i] >> 4);
   }
+}
+struct U32 {
+  uint8_t b[32];
+};
+inline U32 U4Bytes(const uint8_t *p) {
+  U32 u;
+  for (int i = 0; i < 16; ++i) {
+    u.b[i] = p[i] & 15;
+    u.b[16 + i] = p[i] >> 4;
+  }
+  return u;
+}
+inline V8 DotU4(const U32 &u, const int8_t *x) {
+  V8 r;
+  for (int i = 0; i < 8; ++i) {
+    int32_t s = 0;
+    for (int t = 4 * i; t < 4 * i + 4; ++t) s += u.b[t] * x[t];
+    r.f[i] = static_cast<float>(s);
+  }
+  return r;
 }
 #endif
 
@@ -146,9 +181,10 @@ inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, 
 // against a plain read's 16-21 (one core, SmolLM2-135M's layers; rows stored whole: 6), 2 KB ahead 14;
 // 0.25-1 KB and 4 KB ahead less.
 constexpr int64_t kPrefetchBytes = 2048;
-// Up to this M, int8 runs the decode loop over pairs of X rows against each panel (in L1 after the first
-// pair): on SmolLM2-135M's layers, one thread, M 8 took 0.6x and M 64 0.85x the dequantised-tile paths.
-constexpr int64_t kPairRowsI8 = 64;
+// Up to these M, int8 and int4 run their decode loops over pairs of X rows against each block of W (in L1
+// after the first pair). On SmolLM2-135M's layers, one thread: int8 M 8 took 0.6x and M 64 0.85x the
+X
+constexpr int64_t kPairRowsI8 = 64, kPairRowsI4 = 2;
 
 // Byte offset of weight (n, k) in the int8 panel layout (linear_math.h).
 inline int64_t I8Offset(const LinearArgs &a, int64_t n, int64_t k) {
@@ -210,37 +246,48 @@ inline void DecodeI8(const LinearArgs &a, int64_t n, int64_t nb) {
   for (int64_t j = 0; j < nb; ++j) RowI8<MB>(a.x, a.ldx, w + j * a.K, a.K, a.scale[n + j], a.y + n + j, a.N);
 }
 
-// Decode: MB (1 or 2) rows of X against one row of int4 W, group by group.
+// Decode: MB (1 or 2) rows of X, rounded to int8 (a.xq, a.xs), against one row of int4 W: an integer dot
+// product per run of 32, scaled by x's scale of the run times the weights' of its group; runs in pairs
+// into two sums each, so that no sum waits for the one before.
 template <int MB>
 inline void RowI4(const LinearArgs &a, int64_t n) {
-  const int64_t bytes = a.K / 2, runs_per_group = a.group / 32;
-  const uint8_t *w = static_cast<const uint8_t *>(a.w) + n * bytes;
+  const int64_t runs = a.K / 32, per_group = a.group / 32;
+  const uint8_t *w = static_cast<const uint8_t *>(a.w) + n * (a.K / 2);
   const float *scale = a.scale + n * a.G;
-  V8 total[MB];
-  for (int m = 0; m < MB; ++m) total[m] = Zero();
-  const int64_t runs = a.K / 32;
-  for (int64_t g = 0; g < a.G; ++g) {
-    V8 acc[MB][4];
-    for (int m = 0; m < MB; ++m)
-      for (int i = 0; i < 4; ++i) acc[m][i] = Zero();
-    const int64_t r1 = std::min(runs, (g + 1) * runs_per_group);
-    for (int64_t r = g * runs_per_group; r < r1; ++r) {
-      V8 u[4];
-      FromU4(w + r * 16, u);
-      for (int m = 0; m < MB; ++m) {
-        const float *xr = a.x + m * a.ldx + r * 32;
-        for (int i = 0; i < 4; ++i) acc[m][i] = Fma(Load(xr + 8 * i), u[i], acc[m][i]);
-      }
+  auto group_scale = [&](int64_t r) { return scale[a.group_shift >= 0 ? r >> a.group_shift : r / per_group]; };
+  V8 acc[MB][2];
+  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
+  int64_t r = 0;
+  for (; r + 2 <= runs; r += 2) {
+    if ((r & 3) == 0) __builtin_prefetch(w + r * 16 + kPrefetchBytes);
+    const U32 u0 = U4Bytes(w + r * 16), u1 = U4Bytes(w + r * 16 + 16);
+    const float s0 = group_scale(r), s1 = group_scale(r + 1);
+    for (int m = 0; m < MB; ++m) {
+      const int8_t *xq = a.xq + m * a.K + r * 32;
+      const float *xs = a.xs + m * runs + r;
+      acc[m][0] = Fma(DotU4(u0, xq), Bcast(xs[0] * s0), acc[m][0]);
+      acc[m][1] = Fma(DotU4(u1, xq + 32), Bcast(xs[1] * s1), acc[m][1]);
     }
-    const V8 s = Bcast(scale[g]);
-    for (int m = 0; m < MB; ++m) total[m] = Fma(s, Add(Add(acc[m][0], acc[m][1]), Add(acc[m][2], acc[m][3])), total[m]);
+  }
+  if (r < runs) {
+    const U32 u = U4Bytes(w + r * 16);
+    const float s0 = group_scale(r);
+    for (int m = 0; m < MB; ++m)
+      acc[m][0] = Fma(DotU4(u, a.xq + m * a.K + r * 32), Bcast(a.xs[m * runs + r] * s0), acc[m][0]);
   }
   for (int m = 0; m < MB; ++m) {
-    float y = Hsum(total[m]);
+    float y = Hsum(Add(acc[m][0], acc[m][1]));
     const float *xsum = a.xsum + m * a.G;
     for (int64_t g = 0; g < a.G; ++g) y += (a.min ? a.min[n * a.G + g] : -8.0f * scale[g]) * xsum[g];
     a.y[m * a.N + n] = y;
   }
+}
+
+// Decode: MB (1 or 2) rows of X against rows [n, n + nb) of int8 or int4 W.
+template <int MB>
+inline void DecodeRows(const LinearArgs &a, int64_t n, int64_t nb) {
+  if (a.kind == kI8) return DecodeI8<MB>(a, n, nb);
+  for (int64_t j = 0; j < nb; ++j) RowI4<MB>(a, n + j);
 }
 
 // Rows [n, n + nb) of int8 / int4 W as float32 into `tile` (nb x K); int8 stays unscaled (scaled per output).
@@ -348,31 +395,27 @@ void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int6
 }  // namespace
 
 void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
-  if (a.M <= 2) {
-    for (int64_t n = n0; n < n1; n += kBlockRows) {
-      const int64_t nb = std::min(kBlockRows, n1 - n);
-      if (a.kind == kF32) {
-        PanelF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, nb, a.K, a.y + n, a.N, nullptr);
-      } else if (a.kind == kI8) {
-        if (a.M == 2) DecodeI8<2>(a, n, nb); else DecodeI8<1>(a, n, nb);
-      } else {
-        for (int64_t j = 0; j < nb; ++j) {
-          if (a.M == 2) RowI4<2>(a, n + j); else RowI4<1>(a, n + j);
-        }
-      }
-    }
-    return;
-  }
-  if (a.M <= kPairRowsI8 && a.kind == kI8) {
+  if (a.kind != kF32 && a.M <= (a.kind == kI8 ? kPairRowsI8 : kPairRowsI4)) {
     for (int64_t n = n0; n < n1; n += kBlockRows) {
       const int64_t nb = std::min(kBlockRows, n1 - n);
       LinearArgs rows = a;
       for (int64_t m = 0; m < a.M; m += 2) {
         rows.x = a.x + m * a.ldx;
         rows.y = a.y + m * a.N;
-        if (m + 2 <= a.M) DecodeI8<2>(rows, n, nb); else DecodeI8<1>(rows, n, nb);
+        if (a.kind != kI8) {
+          rows.xq = a.xq + m * a.K;
+          rows.xs = a.xs + m * (a.K / 32);
+          rows.xsum = a.xsum + m * a.G;
+        }
+        if (m + 2 <= a.M) DecodeRows<2>(rows, n, nb); else DecodeRows<1>(rows, n, nb);
       }
     }
+    return;
+  }
+  if (a.M <= 2) {
+    for (int64_t n = n0; n < n1; n += kBlockRows)
+      PanelF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, std::min(kBlockRows, n1 - n), a.K,
+               a.y + n, a.N, nullptr);
     return;
   }
   if (a.M <= kDotRows) {     // a few rows: packing a transposed tile would cost more than it saves

@@ -12,6 +12,9 @@
 //          scale float32 (N, G), G groups of `group` weights (a multiple of 32; the last may be short):
 //          w = (u - 8) * scale[n, g]
 //   kI4Min as kI4 with min float32 (N, G): w = u * scale[n, g] + min[n, g]
+// int4 products take x rounded to int8 per run of 32 along K (d = max|x| / 127, q = rint(x * (1 / d)),
+// x = q * d; contract/quant.py round_activations): the decode loop multiplies integers, the other paths
+// the same rounded values as floats.
 #pragma once
 #include <cstdint>
 
@@ -27,7 +30,10 @@ struct LinearArgs {
   const float *scale = nullptr;
   const float *min = nullptr;
   int64_t G = 0, group = 0;   // int4: groups per row and weights per group
+  int group_shift = -1;       // int4: log2(group / 32) when a power of two, else -1
   const float *xsum = nullptr;  // int4: (M, G) sums of x over each group
+  const int8_t *xq = nullptr;   // int4: x rounded to int8, (M, K): x = xq * xs per run of 32 along K
+  const float *xs = nullptr;    // int4: (M, K / 32) scales of xq
   float *y = nullptr;         // (M, N)
 };
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -153,6 +154,23 @@ int Fail(const std::string &message) {
   return 1;
 }
 
+// Rounds `runs` runs of 32 floats to int8 in place of their values (x = q * d; linear_math.h), in float32
+// arithmetic as numpy's round_activations (contract/quant.py) does it, so both give the same q.
+void RoundActivations(float *x, int64_t runs, int8_t *q, float *d) {
+  for (int64_t r = 0; r < runs; ++r) {
+    float *v = x + r * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float scale = amax / 127.0f, inverse = amax > 0.0f ? 1.0f / scale : 0.0f;
+    d[r] = scale;
+    for (int i = 0; i < 32; ++i) {
+      const float rounded = std::nearbyint(v[i] * inverse);
+      q[r * 32 + i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, rounded)));
+      v[i] = static_cast<float>(q[r * 32 + i]) * scale;
+    }
+  }
+}
+
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
 int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
@@ -171,7 +189,8 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   a.scale = scale;
   a.min = kind == lk::kI4Min ? mins : nullptr;
   a.y = y;
-  std::vector<float> padded, sums;
+  std::vector<float> padded, sums, xs;
+  std::vector<int8_t> xq;
   if (kind == lk::kI4 || kind == lk::kI4Min) {
     const int64_t runs = (K + 31) / 32, runs_per_group = G > 0 ? (runs + G - 1) / G : 0;
     if (G <= 0 || (runs + runs_per_group - 1) / runs_per_group != G)
@@ -180,14 +199,19 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
     a.K = a.ldx = runs * 32;
     a.G = G;
     a.group = runs_per_group * 32;
-    if (a.K != K) {
-      padded.assign(M * a.K, 0.0f);
-      for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
-      a.x = padded.data();
-    }
+    for (int shift = 0; shift < 31; ++shift)
+      if ((int64_t(1) << shift) == runs_per_group) a.group_shift = shift;
+    padded.assign(M * a.K, 0.0f);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
+    xq.resize(M * a.K);
+    xs.resize(M * runs);
+    RoundActivations(padded.data(), M * runs, xq.data(), xs.data());
+    a.x = padded.data();
+    a.xq = xq.data();
+    a.xs = xs.data();
     sums.assign(M * G, 0.0f);
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) sums[m * G + k / a.group] += x[m * K + k];
+      for (int64_t k = 0; k < a.K; ++k) sums[m * G + k / a.group] += padded[m * a.K + k];
     a.xsum = sums.data();
   }
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
