@@ -8,6 +8,7 @@
 // of W at a time; more (prefill) dequantise 16 rows of W into a tile transposed to (K, 16) and run a
 // 6 x 16 register block of a float GEMM over the rows of X.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "linear_math.h"
@@ -181,9 +182,10 @@ inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, 
 // against a plain read's 16-21 (one core, SmolLM2-135M's layers; rows stored whole: 6), 2 KB ahead 14;
 // 0.25-1 KB and 4 KB ahead less.
 constexpr int64_t kPrefetchBytes = 2048;
+
 // Up to these M, int8 and int4 run their decode loops over pairs of X rows against each block of W (in L1
 // after the first pair). On SmolLM2-135M's layers, one thread: int8 M 8 took 0.6x and M 64 0.85x the
-X
+// dequantised-tile paths' time; int4 M 8 took 1.0x and M 32 1.1x.
 constexpr int64_t kPairRowsI8 = 64, kPairRowsI4 = 2;
 
 // Byte offset of weight (n, k) in the int8 panel layout (linear_math.h).
@@ -432,6 +434,44 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     PackTile(a, n, nb, scratch);
     for (int64_t m = 0; m < a.M; m += kRowsPerPass)
       GemmRows(a.x + m * a.ldx, a.ldx, std::min(kRowsPerPass, a.M - m), scratch, a.K, a.y + m * a.N + n, a.N, nb);
+  }
+}
+
+void RoundActivations(float *x, int64_t runs, int8_t *q, float *d) {
+  for (int64_t r = 0; r < runs; ++r) {
+    float *v = x + r * 32;
+    int8_t *qr = q + r * 32;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i += 8) amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+#endif
+    const float scale = amax / 127.0f, inverse = amax > 0.0f ? 1.0f / scale : 0.0f;
+    d[r] = scale;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 inv = _mm256_set1_ps(inverse), sc = _mm256_set1_ps(scale);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    alignas(32) int32_t ints[32];
+    for (int i = 0; i < 32; i += 8) {   // cvtps rounds to nearest even (the default MXCSR), as numpy's rint
+      __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
+      qi = _mm256_max_epi32(lo, _mm256_min_epi32(hi, qi));
+      _mm256_store_si256(reinterpret_cast<__m256i *>(ints + i), qi);
+      _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_cvtepi32_ps(qi), sc));
+    }
+    for (int i = 0; i < 32; ++i) qr[i] = static_cast<int8_t>(ints[i]);
+#else
+    for (int i = 0; i < 32; ++i) {
+      const float rounded = std::nearbyint(v[i] * inverse);
+      qr[i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, rounded)));
+      v[i] = static_cast<float>(qr[i]) * scale;
+    }
+#endif
   }
 }
 

@@ -46,11 +46,17 @@ constexpr int64_t kTileCols = 16;
 // Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
 
+// Rounds `runs` runs of 32 floats to int8 (the int4 products' rounding, above): q and d out, and x replaced by
+// q * d.
+using RoundFn = void (*)(float *x, int64_t runs, int8_t *q, float *d);
+
 namespace avx2 {
 void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+void RoundActivations(float *x, int64_t runs, int8_t *q, float *d);
 }
 namespace generic {
 void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+void RoundActivations(float *x, int64_t runs, int8_t *q, float *d);
 }
 
 }  // namespace lk

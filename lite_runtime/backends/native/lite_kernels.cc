@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -50,15 +49,15 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
                            {"LiteLinearI4", lk::kI4, 3, "int8"},
                            {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
 
-lk::RangeFn ChooseRange(const char **isa) {
+bool UseAvx2() {
   const char *forced = std::getenv("LITE_KERNELS_ISA");
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (forced && std::strcmp(forced, "generic") == 0) avx2 = false;
-  *isa = avx2 ? "avx2" : "generic";
-  return avx2 ? lk::avx2::Range : lk::generic::Range;
+  if (forced && std::strcmp(forced, "generic") == 0) return false;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-const char *g_isa = nullptr;
-const lk::RangeFn g_range = ChooseRange(&g_isa);
+const bool g_avx2 = UseAvx2();
+const char *const g_isa = g_avx2 ? "avx2" : "generic";
+const lk::RangeFn g_range = g_avx2 ? lk::avx2::Range : lk::generic::Range;
+const lk::RoundFn g_round = g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
 
 // Worker threads made once for the process, sharing a call's work in chunks taken from a counter: the
 // calling thread takes chunks too and never waits for a worker that has not started (on a machine whose
@@ -154,23 +153,6 @@ int Fail(const std::string &message) {
   return 1;
 }
 
-// Rounds `runs` runs of 32 floats to int8 in place of their values (x = q * d; linear_math.h), in float32
-// arithmetic as numpy's round_activations (contract/quant.py) does it, so both give the same q.
-void RoundActivations(float *x, int64_t runs, int8_t *q, float *d) {
-  for (int64_t r = 0; r < runs; ++r) {
-    float *v = x + r * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float scale = amax / 127.0f, inverse = amax > 0.0f ? 1.0f / scale : 0.0f;
-    d[r] = scale;
-    for (int i = 0; i < 32; ++i) {
-      const float rounded = std::nearbyint(v[i] * inverse);
-      q[r * 32 + i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, rounded)));
-      v[i] = static_cast<float>(q[r * 32 + i]) * scale;
-    }
-  }
-}
-
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
 int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
@@ -205,7 +187,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
     for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
     xq.resize(M * a.K);
     xs.resize(M * runs);
-    RoundActivations(padded.data(), M * runs, xq.data(), xs.data());
+    g_round(padded.data(), M * runs, xq.data(), xs.data());
     a.x = padded.data();
     a.xq = xq.data();
     a.xs = xs.data();
