@@ -83,11 +83,14 @@ bench-serve: setup
 bench-serve-peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/bench_serve.py --peers $(ARGS)
 
-# Side by side with ONNX Runtime GenAI and OpenVINO GenAI (their own venv, not needed by anything else).
+# Side by side with ONNX Runtime GenAI, OpenVINO GenAI and llama.cpp (their own venv, not needed by anything else).
+# llama.cpp is built for AVX2 + FMA, as the project's kernels: built for the host ("native") on a CPU with
+# AMX, its quantized types crashed (SIGSEGV) in a VM that does not grant the AMX tiles.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 $(STAMP)/venv-peers: tools/peers-requirements.txt
 	@mkdir -p $(STAMP)
 	@test -x $(VENV_PEERS)/bin/python || $(PY311) -m venv $(VENV_PEERS)
-	$(VENV_PEERS)/bin/pip install -q -r tools/peers-requirements.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VENV_PEERS)/bin/pip install -q -r tools/peers-requirements.txt
 	@touch $@
 
 peers: setup $(STAMP)/venv-peers

@@ -12,6 +12,10 @@ per scheme and batch the median decode ms per step, TTFT, peak RSS, the same-rou
 how many greedy tokens of row 0 equal `none`'s before the first difference. `--accuracy TEXT_FILE`
 measures instead each scheme's top-1 agreement with the first one and its perplexity, teacher-forced
 over --accuracy_tokens tokens of the text (one slice per cache row).
+
+`--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at batch 1
+on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
+by llama.cpp's own quantizer into --work_dir, fed the same prompt ids, timed per `eval` of one token.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MS20 = os.path.join(REPO, ".venv-ms20", "bin", "python")
+PEERS = os.path.join(REPO, ".venv-peers", "bin", "python")
+LLAMA_FTYPES = {"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}   # llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type with an oil-based ink and a wooden press.")
 
@@ -74,6 +80,49 @@ def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
     print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out}))
 
 
+def prompt_ids(export_dir: str) -> list:
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.tokenizers import export_tokenizer
+    return export_tokenizer(load_manifest(export_dir)).encode(PROMPT)[:31]
+
+
+def llama_child(gguf: str, ids: list, new_tokens: int, threads: int) -> None:
+    """Runs in the peers venv: llama.cpp at batch 1, one JSON line as child() prints."""
+    import llama_cpp
+    import numpy as np
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=256, n_batch=256, n_threads=threads, n_threads_batch=threads,
+                          verbose=False)
+
+    def last_choice() -> int:        # `Llama.scores` keeps no row without logits_all: read the context's own
+        logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).argmax())
+    start = time.perf_counter()
+    llm.eval(ids)
+    ttft = time.perf_counter() - start
+    out, steps = [last_choice()], []
+    for _ in range(new_tokens):
+        start = time.perf_counter()
+        llm.eval([out[-1]])
+        steps.append(time.perf_counter() - start)
+        out.append(last_choice())
+    print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out}))
+
+
+def llama_file(gguf: str, work: str, ftype: str) -> str:
+    """The GGUF itself when it is of type `ftype` (its file name says), else llama.cpp's requantized copy."""
+    if f".{ftype}.".lower() in os.path.basename(gguf).lower():
+        return gguf
+    out = os.path.join(work, f"llama_{ftype}.gguf")
+    if not os.path.isfile(out):
+        code = ("import sys, llama_cpp as l\np = l.llama_model_quantize_default_params()\n"
+                "p.ftype = int(sys.argv[3]); p.allow_requantize = True\n"
+                "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))")
+        subprocess.run([PEERS, "-c", code, gguf, out + ".part", str(LLAMA_FTYPES[ftype])], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.replace(out + ".part", out)
+    return out
+
+
 def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -> None:
     """Teacher-forced over `tokens` tokens of a text, cut into one slice per cache row: each position's
     greedy choice and the negative log-likelihood of the text's next token."""
@@ -118,9 +167,14 @@ def accuracy(exports: dict, text_file: str, tokens: int, threads: int) -> None:
         print(f"| {name} | {100 * agree:.1f} % | {math.exp(g['nll']):.3f} |")
 
 
-def measure(export_dir: str, batch: int, new_tokens: int, threads: int) -> dict:
-    command = ["/usr/bin/time", "-f", "%M", sys.executable, os.path.abspath(__file__), "--child", export_dir,
-               str(batch), str(new_tokens), str(threads)]
+def measure(export_dir: str, batch: int, new_tokens: int, threads: int, llama_ids=None) -> dict:
+    """One run in a child under /usr/bin/time; `llama_ids`: export_dir is a GGUF for llama.cpp."""
+    if llama_ids is not None:
+        command = ["/usr/bin/time", "-f", "%M", PEERS, os.path.abspath(__file__), "--llama_child", export_dir,
+                   json.dumps(llama_ids), str(new_tokens), str(threads)]
+    else:
+        command = ["/usr/bin/time", "-f", "%M", sys.executable, os.path.abspath(__file__), "--child", export_dir,
+                   str(batch), str(new_tokens), str(threads)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"error: measuring {export_dir} at batch {batch} failed: {result.stderr.strip()[-500:]}")
@@ -154,7 +208,13 @@ def main():
     p.add_argument("--accuracy_tokens", type=int, default=1024)
     p.add_argument("--accuracy_child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
+    p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
+                   help="llama.cpp at batch 1 on the GGUF in these types (needs the peers venv: make peers)")
+    p.add_argument("--llama_child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.llama_child:
+        a = args.llama_child
+        return llama_child(a[0], json.loads(a[1]), int(a[2]), int(a[3]))
     if args.child or args.accuracy_child:
         sys.path.insert(0, REPO)
         if args.accuracy_child:
@@ -170,12 +230,19 @@ def main():
         return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads)
     if args.rounds < 1:
         return
-    results = {(s, b): [] for s in args.schemes for b in args.batch}
+    if args.llama_cpp and not os.path.isfile(PEERS):
+        raise SystemExit(f"error: --llama_cpp needs the peers venv {PEERS}: run `make peers` (it builds llama-cpp-python)")
+    llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
+    ids = prompt_ids(exports[args.schemes[0]]) if llama else None
+    results = {(s, b): [] for s in args.schemes + list(llama) for b in args.batch}
     for r in range(args.rounds):
         for b in args.batch:
             for s in args.schemes:
                 results[(s, b)].append(measure(exports[s], b, args.new_tokens, args.threads))
+            for name, path in llama.items() if b == 1 else ():    # llama-cpp-python decodes one sequence
+                results[(name, b)].append(measure(path, b, args.new_tokens, args.threads, llama_ids=ids))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+    args.schemes += list(llama)
     base = args.schemes[0]
     print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after a 31-token prompt, {args.threads} "
           f"threads, {args.rounds} rounds (medians; ratios to {base} of the same round)")
@@ -184,6 +251,8 @@ def main():
     for b in args.batch:
         for s in args.schemes:
             runs, ref = results[(s, b)], results[(base, b)]
+            if not runs:
+                continue
             ratio = statistics.median(x["step_ms"] / y["step_ms"] for x, y in zip(runs, ref))
             agree = same_prefix(runs[0]["tokens"], ref[0]["tokens"])
             print(f"| {s} | {b} | {statistics.median(x['step_ms'] for x in runs):.2f} | {ratio:.2f}x | "
