@@ -25,14 +25,15 @@ from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 @click.option("--by_name", is_flag=True, help="one line per kernel instead of per kernel type")
 @click.option("--top", type=int, default=25, show_default=True, help="lines shown")
 @click.option("--threads", type=int, default=2, show_default=True)
+@click.option("--batch", type=int, default=None, help="rows decoding in the profiled step  [default: the export's]")
 @click.option("--lite_format", type=click.Choice(["auto", "ms", "mindir"]), default="auto", show_default=True)
-def command(model_dir, runs, by_name, top, threads, lite_format):
+def command(model_dir, runs, by_name, top, threads, batch, lite_format):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.inputs import InputOfInfer
     manifest = load_manifest(model_dir)
     session = load_session("mslite", manifest, num_threads=threads, lite_format=lite_format)
-    prompts = bench_prompts(manifest.batch_size, 32, manifest.dims.vocab_size)
+    prompts = bench_prompts(batch or manifest.batch_size, 32, manifest.dims.vocab_size)
     run_request(session, InputOfInfer.get_inputs(manifest.family, manifest), prompts, 64)
     models = session.lite_models
     if not models:
