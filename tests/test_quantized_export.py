@@ -125,15 +125,20 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
         == 128
 
 
-def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quantized, tmp_path):
+def int8_export_naming_kernels(quantized, tmp_path, kernels) -> str:
+    """A copy of the int8 export whose manifest names `kernels`."""
     import shutil
-    from lite_runtime.backends import load_session
     export = str(tmp_path / "export")
     shutil.copytree(quantized("int8", 32, "packed")[0], export)
     path = os.path.join(export, "manifest.json")
     data = json.load(open(path))
-    data["kernels"] = ["LiteLinearQ3"]
-    json.dump(data, open(path, "w"))
+    json.dump(dict(data, kernels=kernels), open(path, "w"))
+    return export
+
+
+def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quantized, tmp_path):
+    from lite_runtime.backends import load_session
+    export = int8_export_naming_kernels(quantized, tmp_path, ["LiteLinearQ3"])
     script = ("import sys\nfrom lite_runtime.backends import load_session\n"        # Lite: without mindspore
               "from lite_runtime.contract.errors import UnsupportedError\n"
               "from lite_runtime.contract.manifest import load_manifest\n"
@@ -149,13 +154,7 @@ def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quan
 
 def test_an_int8_export_of_the_retired_row_layout_is_refused_with_the_command_that_exports_it_again(quantized,
                                                                                                      tmp_path):
-    import shutil
-    export = str(tmp_path / "export")
-    shutil.copytree(quantized("int8", 32, "packed")[0], export)
-    path = os.path.join(export, "manifest.json")
-    data = json.load(open(path))
-    data["kernels"] = ["LiteLinearI8"]
-    json.dump(data, open(path, "w"))
+    export = int8_export_naming_kernels(quantized, tmp_path, ["LiteLinearI8"])
     with pytest.raises(ArtifactError, match=r"linear layers run the kernel LiteLinearI8 \(int8 rows stored whole.*\), which is "
                                             r"retired: export it again with this version: python -m exporter"):
         load_manifest(export)
