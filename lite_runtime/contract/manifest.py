@@ -13,12 +13,13 @@ from typing import Dict, List, Optional
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.hashes import CheckedHashes
 from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
-from lite_runtime.contract.quant import RETIRED_OP_TYPES
 
 FORMAT_VERSION = 3   # 2: graph dimensions stored (graph_dims), any family, tokenizer side files;
                      # 3: step graphs store keys transposed (B, kv, head_dim, P)
 MANIFEST_NAME = "manifest.json"
 RETIRED_KV_MODE = "dynamic"   # one step graph over B rows x T tokens, superseded by packed
+# Custom op types of earlier quantized exports that no kernel runs any more (contract/quant.py has the others).
+RETIRED_OP_TYPES = {"LiteLinearI8": "int8 rows stored whole, replaced by LiteLinearI8P4's panels"}
 COPY_MANIFEST_SUFFIX = ".manifest.json"   # beside an upstream infer.*_model_path graph copy
 GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint", "step": "mindir_step"}
 

@@ -25,8 +25,7 @@ GROUP_SIZES = (32, 64, 128)
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4",
                             "int4_min": "LiteLinearI4Min"}
-# Types of earlier exports that no kernel runs any more (the manifest refuses them with the re-export command).
-RETIRED_OP_TYPES: Dict[str, str] = {"LiteLinearI8": "int8 rows stored whole, replaced by LiteLinearI8P4's panels"}
+# Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
 
 

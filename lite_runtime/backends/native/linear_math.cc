@@ -3,10 +3,11 @@
 // compiler vectorises as it can otherwise (lk::generic). LK_NS names the namespace.
 //
 // Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
-// straight from the packed weights, four rows of W at a time (four independent accumulator chains), so
-// the weights stream from memory once (int8 in panels of four rows, one stream). Up to 16 rows of X take dot products against four dequantised rows
-// of W at a time; more (prefill) dequantise 16 rows of W into a tile transposed to (K, 16) and run a
-// 6 x 16 register block of a float GEMM over the rows of X.
+// straight from the packed weights, so the weights stream from memory once: float32 and int8 four rows of
+// W at a time (int8 in panels of four rows, one stream; up to 64 rows of X pair after pair), int4 a row
+// at a time with integer dot products against x rounded to int8. Up to 16 rows of X take dot products
+// against four dequantised rows of W at a time; more (prefill) dequantise 16 rows of W into a tile
+// transposed to (K, 16) and run a 6 x 16 register block of a float GEMM over the rows of X.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -137,10 +138,9 @@ constexpr int64_t kRowsPerPass = 64;   // rows of X per pass over a packed tile
 constexpr int64_t kDotRows = 16;       // up to this M, dot products over rows of W (measured: M 8 at 1.5x
                                        // the transposed tile's speed, M 64 at 0.6x)
 
-// y[m, j] = sum_k x[m, k] * w[j, k] (times rowscale[j] if given), MB rows of X, NB rows of W.
+// y[m, j] = sum_k x[m, k] * w[j, k], MB rows of X, NB rows of W.
 template <int MB, int NB>
-inline void BlockF32(const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t K, float *y, int64_t ldy,
-                     const float *rowscale) {
+inline void BlockF32(const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t K, float *y, int64_t ldy) {
   V8 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = Zero();
@@ -157,24 +157,23 @@ inline void BlockF32(const float *x, int64_t ldx, const float *w, int64_t ldw, i
     for (int j = 0; j < NB; ++j) {
       float s = Hsum(acc[m][j]);
       for (int64_t k = K8; k < K; ++k) s += x[m * ldx + k] * w[j * ldw + k];
-      y[m * ldy + j] = rowscale ? s * rowscale[j] : s;
+      y[m * ldy + j] = s;
     }
 }
 
 // All `rows` rows of X against nb (<= 4) rows of W.
 inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, int64_t ldw, int64_t nb, int64_t K,
-                     float *y, int64_t ldy, const float *rowscale) {
+                     float *y, int64_t ldy) {
   if (nb == 4) {
     int64_t m = 0;
-    for (; m + 2 <= rows; m += 2) BlockF32<2, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy, rowscale);
-    if (m < rows) BlockF32<1, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy, rowscale);
+    for (; m + 2 <= rows; m += 2) BlockF32<2, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy);
+    if (m < rows) BlockF32<1, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy);
     return;
   }
   for (int64_t j = 0; j < nb; ++j) {
-    const float *scale = rowscale ? rowscale + j : nullptr;
     int64_t m = 0;
-    for (; m + 2 <= rows; m += 2) BlockF32<2, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy, scale);
-    if (m < rows) BlockF32<1, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy, scale);
+    for (; m + 2 <= rows; m += 2) BlockF32<2, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy);
+    if (m < rows) BlockF32<1, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy);
   }
 }
 
@@ -292,17 +291,8 @@ inline void DecodeRows(const LinearArgs &a, int64_t n, int64_t nb) {
   for (int64_t j = 0; j < nb; ++j) RowI4<MB>(a, n + j);
 }
 
-// Rows [n, n + nb) of int8 / int4 W as float32 into `tile` (nb x K); int8 stays unscaled (scaled per output).
-void Dequantize(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
-  if (a.kind == kI8) {
-    const int8_t *w = static_cast<const int8_t *>(a.w);
-    const int64_t K8 = a.K & ~int64_t(7);
-    for (int64_t j = 0; j < nb; ++j) {
-      for (int64_t k = 0; k < K8; k += 8) Store(tile + j * a.K + k, FromI8(w + I8Offset(a, n + j, k)));
-      for (int64_t k = K8; k < a.K; ++k) tile[j * a.K + k] = static_cast<float>(w[I8Offset(a, n + j, k)]);
-    }
-    return;
-  }
+// Rows [n, n + nb) of int4 W as float32 into `tile` (nb x K).
+void DequantizeI4(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
   const int64_t bytes = a.K / 2, runs = a.K / 32;
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t *w = static_cast<const uint8_t *>(a.w) + (n + j) * bytes;
@@ -414,18 +404,12 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     }
     return;
   }
-  if (a.M <= 2) {
-    for (int64_t n = n0; n < n1; n += kBlockRows)
-      PanelF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, std::min(kBlockRows, n1 - n), a.K,
-               a.y + n, a.N, nullptr);
-    return;
-  }
-  if (a.M <= kDotRows) {     // a few rows: packing a transposed tile would cost more than it saves
+  if (a.M <= kDotRows) {     // float32 or int4, a few rows: a transposed tile would cost more than it saves
     for (int64_t n = n0; n < n1; n += kBlockRows) {
       const int64_t nb = std::min(kBlockRows, n1 - n);
       const float *w = a.kind == kF32 ? static_cast<const float *>(a.w) + n * a.K : scratch;
-      if (a.kind != kF32) Dequantize(a, n, nb, scratch);
-      PanelF32(a.x, a.ldx, a.M, w, a.K, nb, a.K, a.y + n, a.N, a.kind == kI8 ? a.scale + n : nullptr);
+      if (a.kind != kF32) DequantizeI4(a, n, nb, scratch);
+      PanelF32(a.x, a.ldx, a.M, w, a.K, nb, a.K, a.y + n, a.N);
     }
     return;
   }
