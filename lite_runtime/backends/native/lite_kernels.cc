@@ -191,9 +191,14 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
     a.x = padded.data();
     a.xq = xq.data();
     a.xs = xs.data();
-    sums.assign(M * G, 0.0f);
+    sums.assign(M * G, 0.0f);      // per run of 32, then into its group: no division per value
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < a.K; ++k) sums[m * G + k / a.group] += padded[m * a.K + k];
+      for (int64_t r = 0; r < runs; ++r) {
+        const float *v = &padded[m * a.K + r * 32];
+        float s = 0.0f;
+        for (int i = 0; i < 32; ++i) s += v[i];
+        sums[m * G + r / runs_per_group] += s;
+      }
     a.xsum = sums.data();
   }
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
