@@ -4,6 +4,8 @@ The eager reference recomputes the whole sequence without a cache at every step 
 it checks the prefill graph, the increment graph and the host/graph KV cache together.
 Tolerance: max abs logit difference <= 1e-4 (fp32).
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -97,9 +99,10 @@ def test_float16_export_runs_close_to_float32(tiny_ckpt, tiny_exports, tmp_path)
 
 
 def test_safetensors_tensors_are_read_as_the_ranks_slice(tmp_path):
-    """A rank reads only its block of a tensor it splits (safetensors slices); others whole; a file with
-    bfloat16 tensors whole (numpy has no bfloat16)."""
+    """A rank reads only its block of a tensor it splits (safetensors slices, bfloat16 ones from their
+    raw bits); others whole; each tensor only when it is taken."""
     from safetensors.numpy import save_file
+    from lite_runtime.contract.errors import WeightError
     from exporter.weights.safetensors_io import read_safetensors_part
     a, b, c = (np.arange(n, dtype=np.float32).reshape(s) for n, s in ((24, (4, 6)), (6, (6,)), (5, (5,))))
     save_file({"a": a, "b": b, "c": c}, str(tmp_path / "m.safetensors"))
@@ -108,6 +111,9 @@ def test_safetensors_tensors_are_read_as_the_ranks_slice(tmp_path):
     np.testing.assert_array_equal(tensors["a"], a[:, 3:])
     np.testing.assert_array_equal(tensors["b"], b[3:])
     np.testing.assert_array_equal(tensors["c"], c)
+    os.remove(tmp_path / "m.safetensors")        # nothing was read ahead of being asked for
+    with pytest.raises(WeightError, match="cannot read safetensors file"):
+        tensors.pop("a")
 
 
 def test_bfloat16_tensors_are_read_as_the_exports_float_type(tmp_path):
@@ -127,4 +133,4 @@ def test_bfloat16_tensors_are_read_as_the_exports_float_type(tmp_path):
         np.testing.assert_array_equal(tensors["ids"], ids.numpy())
     save_file({"big": torch.full((2,), 1e5, dtype=torch.bfloat16)}, str(tmp_path / "big.safetensors"))
     with pytest.raises(WeightError, match="tensor big has values beyond float16's range"):
-        read_safetensors_part(str(tmp_path / "big.safetensors"), {}, 0, 1, np.float16)
+        read_safetensors_part(str(tmp_path / "big.safetensors"), {}, 0, 1, np.float16)[0].pop("big")

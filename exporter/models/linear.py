@@ -57,7 +57,7 @@ class Linear(nn.Cell):
         self.reshape = ops.Reshape()
         self.shape = ops.Shape()
         self.reduce = reduce if reduce is not None else nn.Identity()
-        self.kernel = None        # a KernelProduct in place of `weight` (quantize_linears)
+        self.kernel = None        # a KernelProduct in place of `weight` (LinearKernels)
 
     def _product(self, x, select):
         y = self.matmul(x, self.weight) if self.kernel is None else self.kernel(x)
@@ -88,7 +88,8 @@ class KernelProduct(nn.Cell):
         self.op = linear_op(storage)
         self.count = len(constants)
         for name, array in zip(self.NAMES, constants):
-            setattr(self, name, Parameter(Tensor(array), name=name, requires_grad=False))
+            setattr(self, name, Parameter(Tensor.from_numpy(np.ascontiguousarray(array)), name=name,
+                                          requires_grad=False))
         for name in self.NAMES[self.count:]:
             setattr(self, name, None)
 
@@ -100,23 +101,48 @@ class KernelProduct(nn.Cell):
         return self.op(x, self.weight, self.weight_scale, self.weight_min)
 
 
-def quantize_linears(net: nn.Cell, scheme: str, group_size: int, skip=("head",)) -> Dict[str, str]:
-    """Every Linear of `net` with its weights loaded (but those named in `skip`) becomes a KernelProduct
-    of its weight quantized by `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel); biases and
-    LoRA adapters stay float32 MatMuls. Returns {layer: storage}."""
-    from lite_runtime.contract.quant import quantize
-    done = {}
-    for name, cell in list(net.cells_and_names()):
-        if not isinstance(cell, Linear) or name in skip or cell.kernel is not None:
-            continue
-        storage, constants, _ = quantize(cell.weight.asnumpy(), "none" if scheme == "float32" else scheme,
-                                         group_size)
+class QuantizedWeight:
+    """A Linear's weight in a kernel storage: `quant.quantize`'s storage name and constant inputs, and the
+    float weight's shape (what the loader checks)."""
+
+    def __init__(self, storage: str, constants, shape):
+        self.storage, self.constants, self.shape = storage, constants, tuple(shape)
+
+
+class LinearKernels:
+    """The Linear layers of `net` (all but those named in `skip`) that an export runs on the project's
+    kernels, their weights quantized by `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel).
+
+    `finish` quantizes a weight as soon as the reader has it in the layer's shape, so a model is never
+    held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.
+    Biases and LoRA adapters stay float32 MatMuls."""
+
+    def __init__(self, net: nn.Cell, scheme: str, group_size: int, skip=("head",)):
+        self.scheme = "none" if scheme == "float32" else scheme
+        self.group_size = group_size
+        self.cells = {f"{name}.weight": cell for name, cell in net.cells_and_names()
+                      if isinstance(cell, Linear) and name not in skip and cell.kernel is None}
+
+    def takes(self, name: str) -> bool:
+        return name in self.cells
+
+    def finish(self, name: str, array):
+        """`array` quantized when it is the weight of one of these layers in the layer's own shape; as it is
+        otherwise (a tensor-parallel weight read whole is quantized once cut, by `place`)."""
+        cell = self.cells.get(name)
+        if cell is None or isinstance(array, QuantizedWeight) or tuple(array.shape) != cell.weight.full_shape:
+            return array
+        from lite_runtime.contract.quant import quantize
+        storage, constants, _ = quantize(np.asarray(array, np.float32), self.scheme, self.group_size)
+        return QuantizedWeight(storage, constants, array.shape)
+
+    def place(self, name: str, value) -> None:
+        cell = self.cells[name]
+        value = self.finish(name, value)
         del cell.weight
-        cell.kernel = KernelProduct(storage, constants)
-        for param_name in KernelProduct.NAMES[:len(constants)]:    # after attaching, which renames them
-            getattr(cell.kernel, param_name).name = f"{name}.{param_name}"
-        done[name] = storage
-    return done
+        cell.kernel = KernelProduct(value.storage, value.constants)
+        for param_name in KernelProduct.NAMES[:len(value.constants)]:    # after attaching, which renames them
+            getattr(cell.kernel, param_name).name = f"{name[:-len('.weight')]}.{param_name}"
 
 
 class ColumnParallelLinear(Linear):

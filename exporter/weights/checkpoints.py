@@ -17,6 +17,7 @@ import numpy as np
 
 from lite_runtime.contract.errors import WeightError
 from exporter.weights.ckpt_io import read_ckpt_file
+from exporter.weights.lazy_tensors import LazyTensors
 from exporter.weights.safetensors_io import read_safetensors_part
 
 HEAD, EMBEDDING = "head.weight", "embed.weight"
@@ -43,12 +44,14 @@ def plan_for(path: str, family):
 
 
 def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 1,
-                float_dtype=np.float32) -> Tuple[Dict[str, np.ndarray], Set[str]]:
+                float_dtype=np.float32, finish=None) -> Tuple[Dict[str, np.ndarray], Set[str]]:
     """A model under canonical names, from a .ckpt file or a safetensors folder, with its LoRA adapter
     (if any) merged in; and the names already cut to rank `rank`'s share of `rules`. From safetensors,
     a tensor that maps one to one onto a split tensor is read as this rank's block only; everything
     else is whole (fused tensors, .ckpt files) and is cut by `shard`. bfloat16 tensors are read as
-    `float_dtype` (the export's compute dtype)."""
+    `float_dtype` (the export's compute dtype). Tensors of safetensors and GGUF files are read one at a
+    time as the plan takes them, and each converted tensor goes through `finish(name, array)` (a quantized
+    export's kernels quantize theirs there)."""
     path, family, cfg = source.checkpoint, source.family, source.config
     plan = plan_for(path, family)
     done: Set[str] = set()
@@ -61,7 +64,7 @@ def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 
         tensors = read_ckpt(path, float_dtype)
     elif glob.glob(os.path.join(path, "*.safetensors")):
         cut = {} if world_size == 1 or source.adapter else _source_axes(plan, rules)
-        tensors = {}
+        tensors = LazyTensors()
         for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
             part, cut_here = read_safetensors_part(f, cut, rank, world_size, float_dtype)
             tensors.update(part)
@@ -74,7 +77,7 @@ def read_source(source, rules: Dict[str, int], rank: int = 0, world_size: int = 
         path = ckpts[0]
         tensors = read_ckpt(path, float_dtype)
     tensors = _with_adapter(tensors, source, plan, path)
-    return plan.apply(tensors, cfg, path, family.name), done
+    return plan.apply(tensors, cfg, path, family.name, finish), done
 
 
 def _source_axes(plan, rules: Dict[str, int]) -> Dict[str, int]:
@@ -196,7 +199,7 @@ def _loaded_parameters(net) -> Dict[str, object]:
     return {name: p for name, p in net.parameters_and_names() if hasattr(p, "full_shape")}
 
 
-def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None) -> None:
+def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None, kernels=None) -> None:
     """Set every weight of the network (placeholders of `full_shape`, see `weight_param`) from
     `weights` (canonical names), checking names and shapes. `weights` is emptied as it goes and each
     parameter takes its array without a copy where the dtype is already the parameter's, so the
@@ -220,5 +223,8 @@ def load_into(net, weights: Dict[str, np.ndarray], where: str, plan=None) -> Non
         raise WeightError(f"weights from {where} do not fit the model ({len(problems)} "
                           f"problem{'s' if len(problems) > 1 else ''}): {shown}")
     for name, p in params.items():
+        if kernels is not None and kernels.takes(name):
+            kernels.place(name, weights.pop(name))
+            continue
         array = np.ascontiguousarray(weights.pop(name), dtype=dtype_to_nptype(p.dtype))
         p.set_data(Tensor.from_numpy(array), slice_shape=True)

@@ -8,6 +8,7 @@ dequantized to float32 (the export's dtype is applied later, as for safetensors)
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Dict, List, Optional
@@ -15,6 +16,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from lite_runtime.contract.errors import ConfigError, WeightError
+from exporter.weights.lazy_tensors import LazyTensors
 
 # general.architecture -> Hugging Face model_type. Only these have their tensor names mapped here.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
@@ -101,26 +103,27 @@ class GGUFSource:
                 config[f"{key}_token_id"] = int(token)
         return config
 
-    def tensors(self) -> Dict[str, np.ndarray]:
-        """Every tensor under its Hugging Face name, dequantized to float32 (Llama's q and k rows put back
-        in the order transformers' rotary halves use: llama.cpp's converter interleaves them)."""
+    def tensors(self) -> LazyTensors:
+        """Every tensor under its Hugging Face name, dequantized to float32 when taken (Llama's q and k rows
+        put back in the order transformers' rotary halves use: llama.cpp's converter interleaves them)."""
         from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-        heads = int(self._arch("attention.head_count"))
-        kv_heads = int(self._arch("attention.head_count_kv", heads))
-        out = {}
+        out = LazyTensors()
         for t in self._reader.tensors:
-            name = _hf_name(t.name, self.path)
             kind = GGMLQuantizationType(t.tensor_type).name
             if kind not in READ_TYPES:
                 raise WeightError(f"model.gguf {self.path}: tensor {t.name} has type {kind}, which the exporter "
                                   f"cannot read; allowed: {', '.join(READ_TYPES)}")
-            shape = tuple(int(d) for d in reversed(list(t.shape)))
-            array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-            if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-                array = _unpermute(array, heads if "attn_q" in t.name else kv_heads)
-            out[name] = array
+            out.add(_hf_name(t.name, self.path), functools.partial(self._tensor, t))
         return out
+
+    def _tensor(self, t) -> np.ndarray:
+        from gguf.quants import dequantize
+        shape = tuple(int(d) for d in reversed(list(t.shape)))
+        array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = int(self._arch("attention.head_count"))
+            array = _unpermute(array, heads if "attn_q" in t.name else int(self._arch("attention.head_count_kv", heads)))
+        return array
 
     def write_tokenizer(self, folder: str) -> List[str]:
         """tokenizer.json, tokenizer_config.json (special tokens, add_bos_token, the chat template) and

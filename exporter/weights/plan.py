@@ -46,23 +46,28 @@ class WeightPlan:
         self.ignore = [re.compile(p) for p in ignore]
         self.optional_prefix = optional_prefix   # e.g. GPT-2 files saved without "transformer."
 
-    def apply(self, tensors: Dict[str, np.ndarray], cfg, where: str, family: str) -> Dict[str, np.ndarray]:
+    def apply(self, tensors: Dict[str, np.ndarray], cfg, where: str, family: str,
+              finish: Optional[Callable[[str, np.ndarray], object]] = None) -> Dict[str, np.ndarray]:
+        """`finish(name, array)`, when given, takes each converted tensor as it is made (a lazy `tensors`
+        is then never held whole)."""
         out, unknown = {}, []
         for name in list(tensors):
-            value = tensors.pop(name)   # `tensors` is emptied: a source and its converted copy are never all held
-            if any(p.fullmatch(name) for p in self.ignore):
-                continue
-            found = self._match(name)
+            ignored = any(p.fullmatch(name) for p in self.ignore)
+            found = None if ignored else self._match(name)
             if found is None:
-                unknown.append(name)
+                if not ignored:
+                    unknown.append(name)
+                del tensors[name]      # unread, if `tensors` is lazy
                 continue
             r, groups = found
-            value = np.asarray(value)
+            value = np.asarray(tensors.pop(name))   # emptied as it goes: a source and its copy are never all held
             if r.transpose:
                 value = value.T
             parts = r.split(value, cfg) if r.split else [value]
             for target, part in zip(r.targets, parts):
-                out[target.format(**groups)] = np.ascontiguousarray(part)
+                target = target.format(**groups)
+                part = np.ascontiguousarray(part)
+                out[target] = finish(target, part) if finish is not None else part
         if unknown:
             shown = ", ".join(sorted(unknown)[:8]) + (f" ... ({len(unknown)} in all)" if len(unknown) > 8 else "")
             raise WeightError(f"{where}: tensors with no meaning in a {family} model: {shown}")

@@ -21,10 +21,10 @@ from exporter.weights import checkpoints as W
 
 
 def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool, rank: int,
-                 world_size: int, float_dtype=np.float32) -> Dict[str, np.ndarray]:
+                 world_size: int, float_dtype=np.float32, finish=None) -> Dict[str, np.ndarray]:
     """This rank's weights under canonical names: a pre-sharded rank folder as is, shards of any
     layout merged by their strategy file and cut again, or a slice of the full model cut by the
-    network's split rules."""
+    network's split rules. `finish` as in `checkpoints.read_source`."""
     shards = W.rank_folders(source.checkpoint)
     if shards and (source.adapter or source.pet_config or source.slora):
         raise WeightError(f"load_checkpoint {source.checkpoint}: LoRA adapters with rank-sharded checkpoints "
@@ -40,7 +40,7 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
     if shards:
         full = W.merge_shards(shards, source.strategy, source.family, source.config)
     else:
-        full, done = W.read_source(source, rules, rank, world_size, float_dtype)
+        full, done = W.read_source(source, rules, rank, world_size, float_dtype, finish)
     if source.slora:
         from exporter.weights.slora import stacked_weights
         full.update(stacked_weights(source.slora, source.config))
@@ -76,15 +76,17 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
-    with stage(f"read and loaded the weights{where}"):
-        weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size,
-                               np.float16 if config.compute_dtype == "float16" else np.float32)
-        W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family))
     scheme = config.quantization
+    kernels = None
     if scheme.weights != "none":
-        from exporter.models.linear import quantize_linears
-        with stage(f"quantized the linear layers to {scheme.weights}{where}"):
-            quantize_linears(net, scheme.weights, scheme.group_size)
+        from exporter.models.linear import LinearKernels
+        kernels = LinearKernels(net, scheme.weights, scheme.group_size)
+    loaded = "read and loaded the weights" + (f", the linear layers' as {scheme.weights}" if kernels else "")
+    with stage(f"{loaded}{where}"):
+        weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size,
+                               np.float16 if config.compute_dtype == "float16" else np.float32,
+                               kernels.finish if kernels else None)
+        W.load_into(net, weights, source.checkpoint + where, W.plan_for(source.checkpoint, source.family), kernels)
     return net
 
 
