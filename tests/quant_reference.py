@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from activation_rounding import round_activations  # noqa: E402
 from hf_models import greedy_reference  # noqa: E402
-from lite_runtime.contract.quant import quantize  # noqa: E402
+from lite_runtime.contract.quant import dequantize, quantize  # noqa: E402
 
 
 def main(hf_dir, scheme, group, steps, out):
@@ -26,7 +26,8 @@ def main(hf_dir, scheme, group, steps, out):
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module is not head:
-                _, _, deq = quantize(module.weight.numpy(), scheme, group)
+                storage, constants = quantize(module.weight.numpy(), scheme, group)
+                deq = dequantize(storage, constants, module.weight.shape[1], group)
                 module.weight.copy_(torch.from_numpy(deq))
                 if scheme == "int4":
                     module.register_forward_pre_hook(

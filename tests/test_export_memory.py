@@ -113,16 +113,22 @@ def cpu_export_memory(source: dict, folder) -> dict:
             "converter_peak": int((folder / "converter.converter").read_text()) * 1024}
 
 
-def test_a_cpu_export_of_w_bytes_needs_at_most_one_and_a_half_w_more_and_converts_beside_its_fixed_share(tmp_path):
+@pytest.mark.parametrize("weights, limit", [("none", 1.5), ("int8", 0.75)])
+def test_a_cpu_export_of_w_bytes_needs_at_most_one_and_a_half_w_more_and_converts_beside_its_fixed_share(
+        tmp_path, weights, limit):
     """The exporter's own peak stays within 1.5 W beyond the small model's (the step graph's MindIR is
     written with its weights as external data: written whole, MindSpore's protobuf and its serialized
     string held two more copies, 2.5 W); and while Lite's converter (another process, which needs about
     3.3 W on its own) runs, the exporter holds no copy of the weights (MindSpore's graph executor kept
-    the last compiled net's parameters: 1 W more beside the converter). Its MindIR is not kept."""
+    the last compiled net's parameters: 1 W more beside the converter). Its MindIR is not kept.
+    Quantized to int8, each linear weight is quantized as it is read, and the peak stays within 0.75 W
+    (0.44 W measured; quantized after loading the whole model in float32, it was 1.27 W)."""
     memory = {}
     for hidden, name in ((64, "small"), (1024, "large")):
         (tmp_path / name).mkdir()
         source, weights_file = make_source("safetensors", hidden, tmp_path / name / "hf")
+        if weights != "none":
+            source["quantization"] = {"weights": weights}
         memory[name] = cpu_export_memory(source, tmp_path / name)
     weights = os.path.getsize(weights_file)
     assert weights > 250e6
@@ -131,7 +137,7 @@ def test_a_cpu_export_of_w_bytes_needs_at_most_one_and_a_half_w_more_and_convert
     print(f"target cpu export, {weights / 2**20:.0f} MiB of weights: "
           + ", ".join(f"{key} {large[key] / 2**20:.0f} MiB ({small[key] / 2**20:.0f} MiB small: {extra[key]:.2f} W)"
                       for key in large))
-    assert extra["exporter_peak"] <= 1.5, f"the exporter needed {extra['exporter_peak']:.2f} x the weights"
+    assert extra["exporter_peak"] <= limit, f"the exporter needed {extra['exporter_peak']:.2f} x the weights"
     assert extra["while_converting"] <= 0.25, \
         f"the exporter held {extra['while_converting']:.2f} x the weights while Lite's converter ran"
     out = tmp_path / "large" / "out"

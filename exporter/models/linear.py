@@ -133,7 +133,7 @@ class LinearKernels:
         if cell is None or isinstance(array, QuantizedWeight) or tuple(array.shape) != cell.weight.full_shape:
             return array
         from lite_runtime.contract.quant import quantize
-        storage, constants, _ = quantize(np.asarray(array, np.float32), self.scheme, self.group_size)
+        storage, constants = quantize(np.asarray(array, np.float32), self.scheme, self.group_size)
         return QuantizedWeight(storage, constants, array.shape)
 
     def place(self, name: str, value) -> None:

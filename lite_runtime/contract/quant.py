@@ -155,18 +155,25 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, k: int, group: int,
     return (u * s + (mins[:, g] if mins is not None else -8.0 * s)).astype(np.float32)
 
 
-def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list, np.ndarray]:
-    """(op storage name of OP_TYPES, the constant inputs after x, the dequantized weight) of `w` under
-    `scheme` (WEIGHT_SCHEMES; "none" keeps float32). int4 stores a min per group: symmetric int4 kept 58 %
-    of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is Q4_1:
-    the same grid), at 0.75 instead of 0.625 bytes a weight in groups of 32 (docs/quantization.md)."""
+def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
+    """(op storage name of OP_TYPES, the constant inputs after x) of `w` under `scheme` (WEIGHT_SCHEMES;
+    "none" keeps float32). int4 stores a min per group: symmetric int4 kept 58 % of SmolLM2-135M's top-1
+    choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is Q4_1: the same grid), at 0.75
+    instead of 0.625 bytes a weight in groups of 32 (docs/quantization.md)."""
     if scheme == "int8":
-        q, s = quantize_int8(w)
-        return "int8", [q, s], dequantize_int8(q, s)
+        return "int8", list(quantize_int8(w))
     if scheme == "int4":
-        packed, s, mins = quantize_int4(w, group, with_min=True)
-        return "int4_min", [packed, s, mins], dequantize_int4(packed, s, w.shape[1], group, mins)
+        return "int4_min", list(quantize_int4(w, group, with_min=True))
     if scheme == "none":
-        w = _rows(w)
-        return "float32", [w], w
+        return "float32", [_rows(w)]
     raise ValueError(f"quantization weights {scheme!r}: allowed {', '.join(WEIGHT_SCHEMES)}")
+
+
+def dequantize(storage: str, constants: list, k: int, group: int = 32) -> np.ndarray:
+    """The float32 weight (N, k) that `quantize`'s storage and constants stand for."""
+    if storage == "int8":
+        return dequantize_int8(*constants)
+    if storage == "int4_min":
+        packed, scale, mins = constants
+        return dequantize_int4(packed, scale, k, group, mins)
+    return constants[0]
