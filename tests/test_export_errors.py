@@ -12,7 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tiny_models import KNOWN_FAMILIES, error_lines, run_cli, save_ckpt, tiny_export_config, write_yaml
+from tiny_models import (KNOWN_FAMILIES, VENV_MS20_PYTHON, error_lines, run_cli, save_ckpt, tiny_export_config,
+                         write_yaml)
 
 
 
@@ -330,3 +331,22 @@ def test_failed_reexport_keeps_the_existing_export(bad_ckpts, tiny_exports, tmp_
     assert_one_line_error(result, "model.layers.0.attention.wq.weight")
     assert _manifest(out_dir) == before
     assert sorted(os.listdir(tmp_path)) == ["config", "out"]
+
+
+# A stand-in for a full disk (a unit test of the check's wiring): the exporter's process is told its
+# file system has 1 KiB free, which no export of the tiny model's weights as MindIR and .ms fits in.
+FULL_DISK_EXPORT = """
+import collections, runpy, shutil, sys
+shutil.disk_usage = lambda path: collections.namedtuple("usage", "total used free")(2**40, 2**40 - 1024, 1024)
+sys.argv = ["exporter"] + sys.argv[1:]
+runpy.run_module("exporter", run_name="__main__")
+"""
+
+
+def test_an_export_the_disk_has_no_room_for_is_refused_before_its_graphs_are_written(tiny_ckpt, tmp_path,
+                                                                                       out_dir):
+    yaml = write_yaml(str(tmp_path / "export.yaml"), dict(tiny_export_config(tiny_ckpt[0], out_dir), target="cpu"))
+    result = run_cli(["-c", FULL_DISK_EXPORT, "--config", yaml], python=VENV_MS20_PYTHON, timeout=180)
+    assert_one_line_error(result, "writing the graphs (MindIR, then .ms) needs about", "0.0 GiB free",
+                          "free some space or give an output_dir on a larger disk")
+    assert_nothing_left(out_dir)

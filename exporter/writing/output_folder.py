@@ -53,6 +53,16 @@ def export_folder(config: ExportConfig) -> Iterator[str]:
         _release(tmp)
 
 
+def check_room(folder: str, needed: int, what: str, source: str) -> None:
+    """Refuse, before writing them, `needed` bytes that `folder`'s file system has no room for (Lite's
+    converter reports a full disk only as "Common error code")."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise ConfigError(f"{source}: {what} needs about {needed / 2**30:.1f} GiB in {os.path.dirname(folder)} "
+                          f"and its file system has {free / 2**30:.1f} GiB free: free some space or give an "
+                          "output_dir on a larger disk")
+
+
 def default_output_note(config: ExportConfig) -> str:
     return (f"MindFormers' default output_dir {MF_DEFAULT_OUTPUT_DIR} of the working directory: "
             f"{config.source} sets no output_dir")

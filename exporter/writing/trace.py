@@ -14,6 +14,7 @@ from lite_runtime.contract.errors import WeightError
 from lite_runtime.contract.families import DYNAMIC, STEP
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
 from exporter.writing.export_plan import ExportPlan, lora_fields
+from exporter.writing.output_folder import check_room
 from exporter.writing.progress import stage
 from exporter.config.schema import ExportConfig
 from exporter.model_source import ModelSource
@@ -90,6 +91,15 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     return net
 
 
+def _check_room(config: ExportConfig, plan: ExportPlan, net, folder: str, rank: int, copies: int) -> None:
+    """Room for `copies` of the network's weights as MindIR, and as much again for the .ms they convert to."""
+    from mindspore import dtype_to_nptype
+    weights = sum(int(np.prod(p.shape)) * np.dtype(dtype_to_nptype(p.dtype)).itemsize
+                  for p in net.get_parameters())
+    what = "writing the graphs" + (" (MindIR, then .ms)" if plan.lite_ms else "") + _where(config, rank)
+    check_room(folder, weights * copies * (2 if plan.lite_ms else 1), what, config.source)
+
+
 def _where(config: ExportConfig, rank: int) -> str:
     return f" (rank {rank})" if config.world_size > 1 else ""
 
@@ -155,6 +165,7 @@ def trace_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, rank
     from exporter.models.decoder import Graph, PackedGraph
 
     net = _build_rank(config, source, plan, rank)
+    _check_room(config, plan, net, folder, rank, copies=len(plan.graphs))     # each graph holds the weights
     for kind, entry in plan.graphs.items():
         with stage(f"traced the {kind} graph{_where(config, rank)}"):
             cls = PackedGraph if kind == STEP else Graph
@@ -173,6 +184,7 @@ def trace_segments(config: ExportConfig, source: ModelSource, plan: ExportPlan, 
 
     for rank in range(config.world_size):
         net = _build_rank(config, source, plan, rank, graph_collectives=False)
+        _check_room(config, plan, net, folder, rank, copies=1)
         keep_row_biases_on_rank0(net, rank)
         with stage(f"traced {len(plan.graphs)} step segments{_where(config, rank)}"):
             for name, cell in segment_cells(net, plan.layout).items():
