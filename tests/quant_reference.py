@@ -2,7 +2,9 @@
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
 in float32 as the exporter keeps them, and for int4 each layer's input rounded as the kernels round it
 (activation_rounding.py): the reference a quantized export must give. Run in its own process (torch):
-    python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz
+    python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES]
+With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
+across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
 """
 import os
 import sys
@@ -16,7 +18,15 @@ from hf_models import greedy_reference  # noqa: E402
 from lite_runtime.contract.quant import dequantize, quantize  # noqa: E402
 
 
-def main(hf_dir, scheme, group, steps, out):
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def per_share(function, array, shares):
+    """`function` applied to each of `shares` equal blocks of `array`'s last axis, joined again."""
+    return np.concatenate([function(part) for part in np.split(array, shares, axis=-1)], axis=-1)
+
+
+def main(hf_dir, scheme, group, steps, out, shares=1):
     import torch
     import transformers
     torch.set_num_threads(2)
@@ -24,14 +34,16 @@ def main(hf_dir, scheme, group, steps, out):
     head = model.get_output_embeddings()
     count = 0
     with torch.no_grad():
-        for module in model.modules():
+        for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and module is not head:
-                storage, constants = quantize(module.weight.numpy(), scheme, group)
-                deq = dequantize(storage, constants, module.weight.shape[1], group)
-                module.weight.copy_(torch.from_numpy(deq))
+                n = shares if name.endswith(ROW_PARALLEL) else 1
+
+                def dequantized(w):
+                    return dequantize(*quantize(w, scheme, group), w.shape[1], group)
+                module.weight.copy_(torch.from_numpy(per_share(dequantized, module.weight.numpy(), n)))
                 if scheme == "int4":
-                    module.register_forward_pre_hook(
-                        lambda _, args: (torch.from_numpy(round_activations(args[0].numpy())),) + args[1:])
+                    module.register_forward_pre_hook(lambda _, args, n=n: (
+                        torch.from_numpy(per_share(round_activations, args[0].numpy(), n)),) + args[1:])
                 count += 1
     assert count, "no linear layer found"
     logits, tokens = greedy_reference(model, steps)
@@ -39,4 +51,4 @@ def main(hf_dir, scheme, group, steps, out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *map(int, sys.argv[6:7]))

@@ -14,7 +14,7 @@ from lite_runtime.contract.errors import ArtifactError, ConfigError, Unsupported
 from lite_runtime.contract.manifest import load_manifest
 from family_cases import BATCH, SEQ, STEPS, check_parity
 from test_families import lite_run
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
+from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, rank_table, run_cli, write_yaml
 
 SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
            ("int4", 128, "tied")]
@@ -47,12 +47,14 @@ def quantized(hf_family):
             ref = folder / f"{name}_reference.npz"
             hf = tied_folder(folder) if form == "tied" else folder / "hf"
             result = run_cli([os.path.join(REPO, "tests", "quant_reference.py"), str(hf), scheme,
-                              str(group), str(STEPS), str(ref)])
+                              str(group), str(STEPS), str(ref), "2" if form == "tp2" else "1"])
             assert result.returncode == 0, result.stderr[-3000:]
             cfg = {"model": {"hf_dir": str(hf)}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
                    "quantization": {"weights": scheme, "group_size": group}, "output_dir": str(folder / name)}
             if form == "segments":     # one rank's step as segments of whole layers, each a .ms
                 cfg["parallel"] = {"collectives": "host"}
+            if form == "tp2":          # two ranks' steps as segments, the all-reduces on the host
+                cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
             export = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg), python=VENV_MS20_PYTHON)
             got = np.load(ref)
             made[key] = export, got["logits"], got["tokens"]
@@ -76,6 +78,31 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
         check_parity(logits, tokens, ref_logits, ref_tokens, what)
     else:
         check_parity_to_a_near_tie(logits, tokens, ref_logits, ref_tokens, what, ROUNDED_TOLERANCE)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_tp2_segments_give_transformers_on_each_ranks_quantized_shares(hf_family, quantized, scheme,
+                                                                                tmp_path):
+    """Two ranks under the launcher (MPI): each rank quantizes its own share of every weight. A
+    column-parallel share is whole output rows, quantized as with one rank; a row-parallel share (o_proj,
+    down_proj) is half of each row's inputs, with its own int8 scale, int4 groups and rounded input."""
+    export, ref_logits, ref_tokens = quantized(scheme, 32, "tp2")
+    manifest = load_manifest(export)
+    assert manifest.world_size == 2 and manifest.collectives == "host"
+    prompts = hf_family("llama") / "prompts.json"
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "table2.json", 2),
+                      "--backend", "mslite", "--log_dir", str(tmp_path / "logs"), "--",
+                      os.path.join(REPO, "tests", "tp_worker.py"), str(tmp_path), str(STEPS), str(prompts),
+                      "--model_dir", export])
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank_{rank}.npz")
+        what = f"llama {scheme} g32 on 2 ranks (rank {rank})"
+        if scheme == "int8":
+            check_parity(got["logits"], got["tokens"], ref_logits, ref_tokens, what)
+        else:
+            check_parity_to_a_near_tie(got["logits"], got["tokens"], ref_logits, ref_tokens, what,
+                                       ROUNDED_TOLERANCE)
 
 
 # int4 products round their input to int8 per run of 32 (activation_rounding.py; the kernel tests check

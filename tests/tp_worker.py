@@ -3,7 +3,8 @@
 usage (by tests/test_distributed.py):
   python -m lite_runtime.cli.launch --rank_table T --backend ms|mslite -- tests/tp_worker.py OUT_DIR STEPS \
       --model_dir EXPORT
-With PROMPTS.json SLOTS.json after STEPS (tests/test_slora.py): those prompts, one SLoRA slot per row.
+With PROMPTS.json SLOTS.json after STEPS (tests/test_slora.py): those prompts, one SLoRA slot per row;
+with PROMPTS.json alone, those prompts as tests/parity_runner.py decodes them.
 (--model_dir, as run_infer_main takes it, tells the launcher the export's form.)
 """
 import os
@@ -26,6 +27,11 @@ def main(backend, export, out_dir, steps, prompts=None, slots=None):
     session = load_session(backend, load_manifest(export), rank)
     if prompts is None:
         logits, tokens = greedy_run(session, steps)
+    elif slots is None:
+        import json
+        from parity_runner import greedy_prompts
+        with open(prompts) as f:
+            logits, tokens = greedy_prompts(session, json.load(f), steps)
     else:
         import json
         from slora_runner import run

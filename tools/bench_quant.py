@@ -16,6 +16,9 @@ over --accuracy_tokens tokens of the text (one slice per cache row).
 `--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at batch 1
 on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
 by llama.cpp's own quantizer into --work_dir, fed the same prompt ids, timed per `eval` of one token.
+`--reference F16` compares every run's logits after the prompt with llama.cpp's at that type (cosine and
+top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at
+sizes whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`).
 """
 from __future__ import annotations
 
@@ -28,10 +31,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MS20 = os.path.join(REPO, ".venv-ms20", "bin", "python")
 PEERS = os.path.join(REPO, ".venv-peers", "bin", "python")
-LLAMA_FTYPES = {"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}   # llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*
+LLAMA_FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}   # llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type with an oil-based ink and a wooden press.")
 
@@ -67,6 +72,7 @@ def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
     start = time.perf_counter()
     logits = session.step(tokens, counts, past)
     ttft = time.perf_counter() - start
+    first = logits[0].tolist()
     past = past + counts
     ones = (counts > 0).astype(np.int32)
     steps, out = [], [int(logits[0].argmax())]
@@ -77,7 +83,8 @@ def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
         steps.append(time.perf_counter() - start)
         past = past + ones
         out.append(int(logits[0].argmax()))
-    print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out}))
+    print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out,
+                      "first": first}))
 
 
 def prompt_ids(export_dir: str) -> list:
@@ -93,19 +100,24 @@ def llama_child(gguf: str, ids: list, new_tokens: int, threads: int) -> None:
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=256, n_batch=256, n_threads=threads, n_threads_batch=threads,
                           verbose=False)
 
-    def last_choice() -> int:        # `Llama.scores` keeps no row without logits_all: read the context's own
+    def last_logits():               # `Llama.scores` keeps no row without logits_all: read the context's own
         logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-        return int(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).argmax())
+        return np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))
+
+    def last_choice() -> int:
+        return int(last_logits().argmax())
     start = time.perf_counter()
     llm.eval(ids)
     ttft = time.perf_counter() - start
+    first = last_logits().tolist()
     out, steps = [last_choice()], []
     for _ in range(new_tokens):
         start = time.perf_counter()
         llm.eval([out[-1]])
         steps.append(time.perf_counter() - start)
         out.append(last_choice())
-    print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out}))
+    print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out,
+                      "first": first}))
 
 
 def llama_file(gguf: str, work: str, ftype: str) -> str:
@@ -210,6 +222,8 @@ def main():
     p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
                    help="llama.cpp at batch 1 on the GGUF in these types (needs the peers venv: make peers)")
+    p.add_argument("--reference", choices=sorted(LLAMA_FTYPES), help="compare every run's logits after the prompt "
+                   "with llama.cpp's at this type (e.g. F16: the model unquantized, where ours cannot hold it)")
     p.add_argument("--llama_child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.llama_child:
@@ -233,7 +247,11 @@ def main():
     if args.llama_cpp and not os.path.isfile(PEERS):
         raise SystemExit(f"error: --llama_cpp needs the peers venv {PEERS}: run `make peers` (it builds llama-cpp-python)")
     llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
-    ids = prompt_ids(exports[args.schemes[0]]) if llama else None
+    ids = prompt_ids(exports[args.schemes[0]]) if llama or args.reference else None
+    reference = None
+    if args.reference:       # the prompt's last logits of the model as llama.cpp runs it at that type
+        path = llama_file(args.gguf, args.work_dir, args.reference)
+        reference = np.array(measure(path, 1, 1, args.threads, llama_ids=ids)["first"])
     results = {(s, b): [] for s in args.schemes + list(llama) for b in args.batch}
     for r in range(args.rounds):
         for b in args.batch:
@@ -246,8 +264,9 @@ def main():
     base = args.schemes[0]
     print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after a 31-token prompt, {args.threads} "
           f"threads, {args.rounds} rounds (medians; ratios to {base} of the same round)")
-    print("| weights | batch | decode ms/step | ratio | TTFT ms | peak RSS MB | tokens equal to " + base + " |")
-    print("|---|---|---|---|---|---|---|")
+    against = f" | first logits vs llama.cpp {args.reference}: cosine, top-1" if args.reference else ""
+    print(f"| weights | batch | decode ms/step | ratio | TTFT ms | peak RSS MB | tokens equal to {base}{against} |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if args.reference else ""))
     for b in args.batch:
         for s in args.schemes:
             runs, ref = results[(s, b)], results[(base, b)]
@@ -257,7 +276,15 @@ def main():
             agree = same_prefix(runs[0]["tokens"], ref[0]["tokens"])
             print(f"| {s} | {b} | {statistics.median(x['step_ms'] for x in runs):.2f} | {ratio:.2f}x | "
                   f"{statistics.median(x['ttft_ms'] for x in runs):.1f} | "
-                  f"{statistics.median(x['rss_mb'] for x in runs):.0f} | {agree}/{len(ref[0]['tokens'])} |")
+                  f"{statistics.median(x['rss_mb'] for x in runs):.0f} | {agree}/{len(ref[0]['tokens'])} |"
+                  + (f" {cosine(runs[0]['first'], reference):.4f}, "
+                     f"{'same' if np.argmax(runs[0]['first']) == reference.argmax() else 'differs'} |"
+                     if reference is not None else ""))
+
+
+def cosine(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 if __name__ == "__main__":

@@ -250,16 +250,19 @@ class LiteModel:
         """Bytes of Lite's original MatMul weights given back after Build (0: none, see release_note)."""
         return self._released.nbytes
 
-    def _take_shapes(self) -> None:
-        """Read the tensors' shapes (at load and after a resize) and bind fresh output buffers."""
+    def _take_shapes(self, output_shapes: Optional[Sequence[Sequence[int]]] = None) -> None:
+        """Read the tensors' shapes (at load and after a resize) and bind fresh output buffers, of
+        `output_shapes` when given: after a resize Lite may report an output's new shape only once it
+        has run (a Custom node's output whose input shape is known only then)."""
         self.inputs: List[TensorSpec] = self._specs(is_output=0)
         self.outputs: List[TensorSpec] = self._specs(is_output=1)
         self._bound_inputs: List[Optional[np.ndarray]] = [None] * len(self.inputs)
         self._output_views = []
         self._result_shapes = None
-        if self.dynamic or any(d < 0 for s in self.outputs for d in s.shape):
+        shapes = [tuple(s.shape) for s in self.outputs] if output_shapes is None else output_shapes
+        if self.dynamic or any(d < 0 for shape in shapes for d in shape):
             return
-        self._outputs = [np.empty(s.shape, s.dtype) for s in self.outputs]
+        self._outputs = [np.empty(shape, s.dtype) for s, shape in zip(self.outputs, shapes)]
         for i, array in enumerate(self._outputs):
             self._call("lite_bind_output", i, array.ctypes.data, array.nbytes)
             view = array.view()
@@ -277,7 +280,7 @@ class LiteModel:
         dims = (ctypes.c_int64 * max(len(flat), 1))(*flat)
         ndims = (ctypes.c_int * len(shapes))(*[len(shape) for shape in shapes])
         self._call("lite_resize", dims, ndims)
-        self._take_shapes()
+        self._take_shapes(output_shapes)
         self._result_shapes = [tuple(int(d) for d in shape) for shape in output_shapes]
         self._result_views = [(None, None)] * len(self.outputs)   # (address, view) of the last results
 

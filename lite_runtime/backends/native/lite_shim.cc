@@ -158,6 +158,7 @@ struct LiteHandle {
   std::vector<std::string> output_names;
   std::vector<void *> input_data;       // bound caller memory, nullptr while unbound
   std::vector<void *> output_data;      // where lite_predict copies each output, or nullptr
+  std::vector<size_t> output_bytes;     // the size of each of those buffers
   std::vector<mindspore::MSTensor> results;  // Predict's outputs (Lite's memory)
 };
 
@@ -167,6 +168,7 @@ void Refresh(LiteHandle *h) {
   h->outputs = h->model.GetOutputs();
   h->input_data.assign(h->inputs.size(), nullptr);
   h->output_data.assign(h->outputs.size(), nullptr);
+  h->output_bytes.assign(h->outputs.size(), 0);
 }
 
 LiteHandle *AsHandle(void *handle) { return static_cast<LiteHandle *>(handle); }
@@ -313,13 +315,15 @@ int lite_bind_input(void *handle, int index, void *data, size_t nbytes) {
   });
 }
 
-// Registers the caller buffer that lite_predict copies output `index` into.
+// Registers the caller buffer (of the output's shape as the caller expects it: after a Resize Lite may
+// report an output's shape only once it has run) that lite_predict copies output `index` into.
 int lite_bind_output(void *handle, int index, void *data, size_t nbytes) {
   return Guarded("lite_bind_output", [&]() -> int {
     auto *h = AsHandle(handle);
     if (CheckIndex(h->outputs.size(), index, "output")) return 1;
-    if (CheckSize(h->outputs[index], h->output_names[index], data, nbytes)) return 1;
+    if (data == nullptr) return Fail("output " + h->output_names[index] + ": no buffer");
     h->output_data[index] = data;
+    h->output_bytes[index] = nbytes;
     return 0;
   });
 }
@@ -341,10 +345,10 @@ int lite_predict(void *handle) {
       if (h->output_data[i] == nullptr) continue;
       auto &result = h->results[i];
       const void *produced = result.MutableData();
-      size_t nbytes = h->outputs[i].DataSize();
+      size_t nbytes = h->output_bytes[i];
       if (produced == nullptr || result.DataSize() != nbytes) {
         return Fail("output " + h->output_names[i] + " came back with " + std::to_string(result.DataSize()) +
-                    " bytes, the model declares " + std::to_string(nbytes));
+                    " bytes, the caller expects " + std::to_string(nbytes));
       }
       std::memcpy(h->output_data[i], produced, nbytes);
     }
