@@ -77,8 +77,9 @@ def test_a_custom_linear_on_lite_equals_numpy(graphs, case, fmt):
             model.close()
 
 
+# (2, 4096, 1030): a decode call large enough to be split across threads (kSplitWeights)
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
-          (130, 64, 70), (1, 4096, 9)]
+          (130, 64, 70), (1, 4096, 9), (2, 4096, 1030)]
 KINDS = [("float32", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32), ("int4_min", 128)]
 
 

@@ -37,6 +37,7 @@ constexpr char kProvider[] = "llm_lite_export";
 constexpr char kAotLibrary[] = "liblite_kernels.so";   // the aot func's library part; never opened
 constexpr int kLiteError = -1;                         // mindspore::lite::RET_ERROR
 constexpr int64_t kDecodeRows = 16;                    // rows of X up to which a call runs on one thread
+constexpr int64_t kSplitWeights = int64_t(1) << 22;    // unless its weights are this many (RunLinear)
 
 struct TypeInfo {
   const char *name;
@@ -204,10 +205,12 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
-  // Decode-sized calls stream the weights on the calling thread: on SmolLM2-135M (idle 2-core machine, Lite
-  // on 2 threads, int8) one kernel thread decoded at 0.76x Lite's float32 step, two at 1.31x (Lite's own
-  // workers spin through a graph run and compete for the second core).
-  if (M <= kDecodeRows) n = 1;
+  // Decode-sized calls stream the weights on the calling thread, but for large layers: on SmolLM2-135M (layers
+  // of up to 0.9 M weights; idle 2-core machine, Lite on 2 threads, int8) one kernel thread decoded at 0.76x
+  // Lite's float32 step, two at 1.31x (Lite's own workers spin through a graph run and compete for the
+  // second core); on a 7B shape (16-45 M weights a layer) two threads took 0.83x (int8) and 0.87x (int4)
+  // one thread's step.
+  if (M <= kDecodeRows && N * K < kSplitWeights) n = 1;
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
   const int64_t tile = lk::kTileCols * a.K;
   Pool::Get().Run(n, chunks, [&](int64_t c) {
