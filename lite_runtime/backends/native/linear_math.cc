@@ -5,8 +5,9 @@
 // Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
 // straight from the packed weights, so the weights stream from memory once: float32 and int8 four rows of
 // W at a time (int8 in panels of four rows, one stream; up to 64 rows of X pair after pair), int4 a row
-// at a time with integer dot products against x rounded to int8. Up to 16 rows of X take dot products
-// against four dequantised rows of W at a time; more (prefill) dequantise 16 rows of W into a tile
+// at a time with integer dot products against x rounded to int8 (up to 16 rows of X pair after pair).
+// float32 up to 16 rows of X takes dot products against four rows of W at a time; more rows (prefill;
+// int4 past 16) dequantise 16 rows of W into a tile
 // transposed to (K, 16) and run a 6 x 16 register block of a float GEMM over the rows of X.
 #include <algorithm>
 #include <cmath>
@@ -184,8 +185,8 @@ constexpr int64_t kPrefetchBytes = 2048;
 
 // Up to these M, int8 and int4 run their decode loops over pairs of X rows against each block of W (in L1
 // after the first pair). On SmolLM2-135M's layers, one thread: int8 M 8 took 0.6x and M 64 0.85x the
-// dequantised-tile paths' time; int4 M 8 took 1.0x and M 32 1.1x.
-constexpr int64_t kPairRowsI8 = 64, kPairRowsI4 = 2;
+// dequantised-tile paths' time; int4 (integer dot products) M 8 0.76x, M 16 0.92x and M 31 1.03x.
+constexpr int64_t kPairRowsI8 = 64, kPairRowsI4 = 16;
 
 // Byte offset of weight (n, k) in the int8 panel layout (linear_math.h).
 inline int64_t I8Offset(const LinearArgs &a, int64_t n, int64_t k) {
@@ -291,23 +292,6 @@ inline void DecodeRows(const LinearArgs &a, int64_t n, int64_t nb) {
   for (int64_t j = 0; j < nb; ++j) RowI4<MB>(a, n + j);
 }
 
-// Rows [n, n + nb) of int4 W as float32 into `tile` (nb x K).
-void DequantizeI4(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
-  const int64_t bytes = a.K / 2, runs = a.K / 32;
-  for (int64_t j = 0; j < nb; ++j) {
-    const uint8_t *w = static_cast<const uint8_t *>(a.w) + (n + j) * bytes;
-    const float *scale = a.scale + (n + j) * a.G;
-    const float *mins = a.min ? a.min + (n + j) * a.G : nullptr;
-    for (int64_t r = 0; r < runs; ++r) {
-      const int64_t g = r * 32 / a.group;
-      const V8 s = Bcast(scale[g]), off = Bcast(mins ? mins[g] : -8.0f * scale[g]);
-      V8 u[4];
-      FromU4(w + r * 16, u);
-      for (int i = 0; i < 4; ++i) Store(tile + j * a.K + r * 32 + 8 * i, Fma(u[i], s, off));
-    }
-  }
-}
-
 // Rows [n, n + nb) of W (nb <= kTileCols), dequantized, transposed into tile[k * kTileCols + j]; the
 // columns past nb are zeros.
 void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
@@ -404,13 +388,10 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     }
     return;
   }
-  if (a.M <= kDotRows) {     // float32 or int4, a few rows: a transposed tile would cost more than it saves
-    for (int64_t n = n0; n < n1; n += kBlockRows) {
-      const int64_t nb = std::min(kBlockRows, n1 - n);
-      const float *w = a.kind == kF32 ? static_cast<const float *>(a.w) + n * a.K : scratch;
-      if (a.kind != kF32) DequantizeI4(a, n, nb, scratch);
-      PanelF32(a.x, a.ldx, a.M, w, a.K, nb, a.K, a.y + n, a.N);
-    }
+  if (a.kind == kF32 && a.M <= kDotRows) {     // a few rows: a transposed tile would cost more than it saves
+    for (int64_t n = n0; n < n1; n += kBlockRows)
+      PanelF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, std::min(kBlockRows, n1 - n), a.K,
+               a.y + n, a.N);
     return;
   }
   for (int64_t n = n0; n < n1; n += kTileCols) {
