@@ -6,7 +6,9 @@ for each adapter.
 usage: python tests/slora_models.py OUT_DIR STEPS
 Writes OUT_DIR/hf/ (with a tokenizer.model), OUT_DIR/base_mindformers.npz, OUT_DIR/{a1,a2}/ (PEFT),
 OUT_DIR/{a1,a2}_mindformers.npz (mindpet_delta_lora_a/b under MindFormers names),
-OUT_DIR/reference_{base,a1,a2}.npz, prompts.json.
+OUT_DIR/reference_{base,a1,a2}.npz, prompts.json; and OUT_DIR/reference_int8_{base,a1,a2}.npz: the same
+with the base's linear layers (not the head) quantized to int8 and dequantized (lite_runtime/contract/
+quant.py), the adapters in float32 on top, as an int8 SLoRA export runs them.
 """
 import json
 import os
@@ -58,6 +60,27 @@ def main(out_dir, steps):
         base = model.unload().eval()       # the base model again, without this adapter's layers
     with open(os.path.join(out_dir, "prompts.json"), "w") as f:
         json.dump(PROMPTS, f)
+    int8_references(base, out_dir, steps)
+
+
+def int8_references(base, out_dir, steps):
+    import peft
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from lite_runtime.contract.quant import dequantize, quantize
+    head = base.get_output_embeddings()
+    with torch.no_grad():
+        for module in base.modules():
+            if isinstance(module, torch.nn.Linear) and module is not head:
+                w = module.weight.numpy()
+                module.weight.copy_(torch.from_numpy(dequantize(*quantize(w, "int8"), w.shape[1])))
+    logits, tokens = greedy_reference(base, steps)
+    np.savez(os.path.join(out_dir, "reference_int8_base.npz"), logits=logits, tokens=tokens)
+    for name in ADAPTERS:
+        model = peft.PeftModel.from_pretrained(base, os.path.join(out_dir, name)).eval()
+        logits, tokens = greedy_reference(model, steps)
+        np.savez(os.path.join(out_dir, f"reference_int8_{name}.npz"), logits=logits, tokens=tokens)
+        base = model.unload().eval()
 
 
 if __name__ == "__main__":

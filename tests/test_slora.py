@@ -68,6 +68,8 @@ def slora_exports(slora_model):
                 cfg = slora_yaml(folder, out, "packed", parallel={"model_parallel": 2, "collectives": "host"})
                 if variant == "lite_tp2_a1":
                     cfg["model"]["pet_config"]["adapter_path"] = str(folder / "lora_adapter_a1.json")
+            elif variant == "lite_int8":     # the base's linear layers quantized, the adapters float32 on top
+                cfg = slora_yaml(folder, out, "packed", target="cpu", quantization={"weights": "int8"})
             elif variant.startswith("lite_segments"):      # one rank's step as segments of whole layers
                 cfg = slora_yaml(folder, out, "packed", lite_ms=True, parallel={"collectives": "host"})
             else:      # packed: each token's adapter columns by its row
@@ -86,6 +88,17 @@ def run_slots(folder, export, backend, slots, name):
     assert result.returncode == 0, result.stderr[-3000:]
     got = np.load(out)
     return got["logits"], got["tokens"]
+
+
+@pytest.mark.parametrize("adapter", ["base", "a1", "a2"])
+def test_each_adapter_on_an_int8_base_matches_peft_on_the_dequantized_base(slora_model, slora_exports, adapter):
+    """An int8 SLoRA export on Lite: the base's linear layers on the project's kernels, the adapters in
+    float32 beside them, against peft with the base's weights quantized and dequantized."""
+    export = slora_exports("lite_int8")
+    assert json.load(open(os.path.join(export, "manifest.json")))["quantization"]["weights"] == "int8"
+    ref = np.load(slora_model / f"reference_int8_{adapter}.npz")
+    logits, tokens = run_slots(slora_model, export, "mslite", [ADAPTERS.get(adapter, 0)] * 3, f"int8_{adapter}")
+    check_parity(logits, tokens, ref["logits"], ref["tokens"], f"SLoRA {adapter} on an int8 base (Lite)")
 
 
 @pytest.mark.parametrize("variant, backend", [("io", "ms"), ("packed", "ms"), ("lite_packed", "mslite"),
