@@ -244,8 +244,9 @@ def main():
         return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads)
     if args.rounds < 1:
         return
-    if args.llama_cpp and not os.path.isfile(PEERS):
-        raise SystemExit(f"error: --llama_cpp needs the peers venv {PEERS}: run `make peers` (it builds llama-cpp-python)")
+    if (args.llama_cpp or args.reference) and not os.path.isfile(PEERS):
+        raise SystemExit(f"error: --llama_cpp and --reference need the peers venv {PEERS}: run `make peers` "
+                         "(it builds llama-cpp-python)")
     llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
     ids = prompt_ids(exports[args.schemes[0]]) if llama or args.reference else None
     reference = None

@@ -127,7 +127,8 @@ class GGUFSource:
         array = np.asarray(dequantize(raw, t.tensor_type), dtype=np.float32).reshape(shape)
         if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = int(self._arch("attention.head_count"))
-            array = _unpermute(array, heads if "attn_q" in t.name else int(self._arch("attention.head_count_kv", heads)))
+            kv_heads = int(self._arch("attention.head_count_kv", heads))
+            array = _unpermute(array, heads if "attn_q" in t.name else kv_heads)
         return array
 
     def write_tokenizer(self, folder: str) -> List[str]:
