@@ -2,9 +2,10 @@
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
 in float32 as the exporter keeps them, and for int4 each layer's input rounded as the kernels round it
 (activation_rounding.py): the reference a quantized export must give. Run in its own process (torch):
-    python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES]
+    python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
 across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
+With HEAD int8, the head is quantized to int8 too.
 """
 import os
 import sys
@@ -26,7 +27,7 @@ def per_share(function, array, shares):
     return np.concatenate([function(part) for part in np.split(array, shares, axis=-1)], axis=-1)
 
 
-def main(hf_dir, scheme, group, steps, out, shares=1):
+def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32"):
     import torch
     import transformers
     torch.set_num_threads(2)
@@ -35,7 +36,10 @@ def main(hf_dir, scheme, group, steps, out, shares=1):
     count = 0
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and module is not head:
+            if module is head and head_scheme != "float32":
+                w = module.weight.numpy()
+                module.weight.copy_(torch.from_numpy(dequantize(*quantize(w, head_scheme), w.shape[1])))
+            elif isinstance(module, torch.nn.Linear) and module is not head:
                 n = shares if name.endswith(ROW_PARALLEL) else 1
 
                 def dequantized(w):
@@ -51,4 +55,5 @@ def main(hf_dir, scheme, group, steps, out, shares=1):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *map(int, sys.argv[6:7]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *map(int, sys.argv[6:7]),
+         *sys.argv[7:8])

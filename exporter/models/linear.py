@@ -110,18 +110,20 @@ class QuantizedWeight:
 
 
 class LinearKernels:
-    """The Linear layers of `net` (all but those named in `skip`) that an export runs on the project's
-    kernels, their weights quantized by `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel).
+    """The Linear layers of `net` that an export runs on the project's kernels, their weights quantized by
+    `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel); the head only when `head` is not
+    "float32" (quant.HEAD_SCHEMES), quantized by that.
 
     `finish` quantizes a weight as soon as the reader has it in the layer's shape, so a model is never
     held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.
     Biases and LoRA adapters stay float32 MatMuls."""
 
-    def __init__(self, net: nn.Cell, scheme: str, group_size: int, skip=("head",)):
+    def __init__(self, net: nn.Cell, scheme: str, group_size: int, head: str = "float32"):
         self.scheme = "none" if scheme == "float32" else scheme
         self.group_size = group_size
         self.cells = {f"{name}.weight": cell for name, cell in net.cells_and_names()
-                      if isinstance(cell, Linear) and name not in skip and cell.kernel is None}
+                      if isinstance(cell, Linear) and (name != "head" or head != "float32") and cell.kernel is None}
+        self.schemes = {"head.weight": head}      # a layer's own scheme, where it is not `scheme`
 
     def takes(self, name: str) -> bool:
         return name in self.cells
@@ -133,7 +135,8 @@ class LinearKernels:
         if cell is None or isinstance(array, QuantizedWeight) or tuple(array.shape) != cell.weight.full_shape:
             return array
         from lite_runtime.contract.quant import quantize
-        storage, constants = quantize(np.asarray(array, np.float32), self.scheme, self.group_size)
+        storage, constants = quantize(np.asarray(array, np.float32), self.schemes.get(name, self.scheme),
+                                      self.group_size)
         return QuantizedWeight(storage, constants, array.shape)
 
     def place(self, name: str, value) -> None:

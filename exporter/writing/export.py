@@ -159,6 +159,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
         ge_config = GE_CONFIG_NAME
         shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
     model_config = dict(source.config.to_json(), **source.token_ids)     # the runtime's feed builder reads the ids
+    quant = config.quantization
     manifest = Manifest(family=source.family.name, model_config=model_config, graph_dims=plan.dims.to_json(),
                         kv_cache=plan.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
@@ -169,8 +170,8 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
                         collectives=plan.collectives, segments=plan.graphs if plan.segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config, mindir_kept=plan.mindir_kept,
-                        quantization=quantization_record(config.quantization.weights, config.quantization.group_size),
-                        kernels=kernels_for(config.quantization.weights))
+                        quantization=quantization_record(quant.weights, quant.group_size, quant.head),
+                        kernels=kernels_for(quant.weights, quant.head))
     manifest.save(tmp)
     return manifest
 

@@ -10,7 +10,7 @@ from typing import Dict
 
 import numpy as np
 
-from lite_runtime.contract.errors import WeightError
+from lite_runtime.contract.errors import ConfigError, WeightError
 from lite_runtime.contract.families import DYNAMIC, STEP
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
 from exporter.writing.export_plan import ExportPlan, lora_fields
@@ -81,7 +81,11 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     kernels = None
     if scheme.weights != "none":
         from exporter.models.linear import LinearKernels
-        kernels = LinearKernels(net, scheme.weights, scheme.group_size)
+        if scheme.head != "float32" and net.head_is_embedding:
+            raise ConfigError(f"{config.source}: quantization.head {scheme.head} quantizes a head of the model's "
+                              f"own; this {source.family.name} model's head is its embedding (tie_word_embeddings): "
+                              "leave quantization.head float32")
+        kernels = LinearKernels(net, scheme.weights, scheme.group_size, scheme.head)
     loaded = "read and loaded the weights" + (f", the linear layers' as {scheme.weights}" if kernels else "")
     with stage(f"{loaded}{where}"):
         weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size,

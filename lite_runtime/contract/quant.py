@@ -20,6 +20,7 @@ import numpy as np
 KERNEL_LIBRARY = "liblite_kernels.so"
 # The float32 kernel is not offered: it decoded SmolLM2-135M slower than Lite's own MatMul (docs/quantization.md).
 WEIGHT_SCHEMES = ("none", "int8", "int4")
+HEAD_SCHEMES = ("float32", "int8")
 GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
@@ -33,16 +34,20 @@ def aot_func(op_type: str) -> str:
     return f"{KERNEL_LIBRARY}:{op_type}"
 
 
-def kernels_for(scheme: str) -> List[str]:
-    """The Custom op types an export quantized by `scheme` runs (the manifest's `kernels`)."""
-    return {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4_min"]]}[scheme]
+def kernels_for(scheme: str, head: str = "float32") -> List[str]:
+    """The Custom op types an export quantized by `scheme` (and its head by `head`) runs (the manifest's
+    `kernels`)."""
+    kernels = {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4_min"]]}[scheme]
+    if head == "int8" and OP_TYPES["int8"] not in kernels:
+        kernels.append(OP_TYPES["int8"])
+    return kernels
 
 
-def quantization_record(scheme: str, group_size: int) -> Dict[str, object]:
+def quantization_record(scheme: str, group_size: int, head: str = "float32") -> Dict[str, object]:
     """The manifest's `quantization`: {} for float32 weights."""
     if scheme == "none":
         return {}
-    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": "float32"}
+    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": head}
     if scheme == "int4":
         record.update(group_size=group_size, symmetric=False)
     return record

@@ -265,10 +265,7 @@ class LinearKernel : public mindspore::kernel::Kernel {
     std::vector<int64_t> ys(xs.begin(), xs.end() - 1);
     ys.push_back(N);
     auto &y = outputs_[0];
-    if (y.Shape() != ys) {   // the graph's output, its input's shape known only now: a buffer of the new size
-      y.SetShape(ys);
-      y.SetData(nullptr);
-    }
+    if (y.Shape() != ys) y.SetShape(ys);
     float *out = static_cast<float *>(y.MutableData());
     auto x = inputs_[0].Data(), w = inputs_[1].Data();
     std::shared_ptr<const void> scale, mins;
