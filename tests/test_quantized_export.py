@@ -83,10 +83,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
         check_parity_to_a_near_tie(logits, tokens, ref_logits, ref_tokens, what, ROUNDED_TOLERANCE)
 
 
-# int4 on two ranks passes too (tests/quant_reference.py handles its groups and rounded input per share),
-# but a rank ended with a segmentation fault in about 1 of 25 runs, while loading: lite_weights._copies
-# scanned memory that another segment's Build, in a thread beside it, was changing. Not in CI until fixed.
-@pytest.mark.parametrize("scheme", ["int8"])
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_tp2_segments_give_transformers_on_each_ranks_quantized_shares(hf_family, quantized, scheme,
                                                                                 tmp_path):
     """Two ranks under the launcher (MPI): each rank quantizes its own share of every weight. A

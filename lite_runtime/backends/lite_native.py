@@ -143,7 +143,6 @@ def _release_freed_memory() -> None:
 
 
 _CWD_LOCK = threading.Lock()        # the working directory is the process's: one Build at a time changes it
-_RELEASE_LOCK = threading.Lock()    # a release scans memory another one may be making inaccessible
 
 
 @contextlib.contextmanager
@@ -232,9 +231,8 @@ class LiteModel:
             if not failed:
                 try:
                     ranges = lite_weights.matmul_weight_ranges(mapped)
-                    with _RELEASE_LOCK:
-                        self._released, self.release_note = lite_weights.release_packed_originals(
-                            address, size, ranges, before)
+                    self._released, self.release_note = lite_weights.release_packed_originals(
+                        address, size, ranges, before)
                 except (OSError, struct.error, IndexError) as e:    # no /proc, or not a flatbuffer we read
                     self.release_note = f"not released: {e}"
         finally:

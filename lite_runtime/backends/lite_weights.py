@@ -9,7 +9,8 @@ owns its data, never inside the model buffer, so a model stays at about twice it
 
 `release_packed_originals` finds, from the file's flatbuffer, the constant tensors that only MatMul
 nodes read (as their weight input), finds Lite's copy of the file among the memory mapped since
-Build began (exactly one byte-exact copy, or nothing is done), returns the whole pages inside those
+Build began (exactly one byte-exact copy, or nothing is done; read through the kernel, since other
+threads keep changing those mappings), returns the whole pages inside those
 tensors to the system (`MADV_DONTNEED`) and makes them inaccessible (`PROT_NONE`), so that a read
 Lite was not expected to make fails loudly instead of seeing zeros. `Released.restore()` makes the
 pages usable again; call it before Lite frees the model.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import struct
 import threading
 from typing import Dict, List, Tuple
@@ -127,27 +129,65 @@ def _resident_runs(regions: Dict[int, int], min_length: int) -> List[Tuple[int, 
     return runs
 
 
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                                   ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+
+
+class _SafeReader:
+    """Reads this process's memory through the kernel (process_vm_readv): a page another thread unmaps
+    or protects meanwhile (Lite's worker threads and malloc arenas keep changing the mappings we scan)
+    ends the read short instead of killing the process."""
+
+    def __init__(self, chunk: int = 32 << 20):
+        self.buffer = np.empty(chunk, np.uint8)
+        self.address = self.buffer.ctypes.data
+        self._pid = ctypes.c_int(os.getpid())
+
+    def read(self, address: int, n: int) -> int:
+        """Copies up to `n` bytes at `address` into the buffer; returns how many it could."""
+        local = _Iovec(self.address, min(n, self.buffer.size))
+        remote = _Iovec(address, local.length)
+        got = _libc.process_vm_readv(self._pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        return max(got, 0)
+
+
 def _copies(regions: Dict[int, int], source: int, size: int) -> List[int]:
     """Addresses in `regions` holding the `size` bytes at `source`."""
     probe = min(size, 256)
-    found = []
+    reader, found = _SafeReader(), []
     for start, length in _resident_runs(regions, size):
         at, end = start, start + length
         while end - at >= size:
-            hit = _libc.memmem(at, end - at, source, probe)
-            if not hit or hit + size > end:
-                break
-            if _same(hit, source, size):
-                found.append(hit)
-            at = hit + 1
+            got = reader.read(at, end - at)
+            if got < probe:
+                break           # the run was unmapped or protected since it was listed
+            offset = 0
+            while True:
+                hit = _libc.memmem(reader.address + offset, got - offset, source, probe)
+                if not hit:
+                    break
+                offset = hit - reader.address
+                if at + offset + size > end:
+                    break
+                if _same(at + offset, source, size):
+                    found.append(at + offset)
+                offset += 1
+            at += got - probe + 1     # the next read overlaps this one by less than a probe
     return found
 
 
-def _same(copy: int, source: int, size: int, chunk: int = 64 << 20) -> bool:
-    """memcmp in chunks, each chunk of `source` (a clean file mapping) dropped once compared."""
+def _same(copy: int, source: int, size: int, chunk: int = 32 << 20) -> bool:
+    """The `size` bytes at `copy` (read through the kernel) equal those at `source` (a clean file
+    mapping, whose pages are dropped once compared)."""
+    reader = _SafeReader(chunk)
     for offset in range(0, size, chunk):
         n = min(chunk, size - offset)
-        equal = _libc.memcmp(copy + offset, source + offset, n) == 0
+        equal = reader.read(copy + offset, n) == n and _libc.memcmp(reader.address, source + offset, n) == 0
         drop_file_pages(source + offset, n)
         if not equal:
             return False
