@@ -1,22 +1,27 @@
 """`TextGeneratorInfer`: text in, text out, over one rank's session of an export.
 
-Tokenises, validates the request once, runs `generation.generate_batches`, detokenises, streams.
+Tokenises, validates the request once, runs the engine (or, for the two-graph forms,
+`generation.generate_batches`), detokenises, streams. Under the launcher rank 0 answers on a session
+per replica while the other ranks replay its calls.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from lite_runtime.backends import load_session
-from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
+from lite_runtime.contract.errors import ArtifactError, ConfigError, DistributedError, ValidationError
 from lite_runtime.contract.families import family_from_model_name, get_family
 from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.decode.engine import Engine, EngineRequest
 from lite_runtime.decode.speculation import Speculation
+from lite_runtime.distributed.data_parallel import launched_ranks
 from lite_runtime.decode.generation import Step, check_prompts, generate_batches, row_budgets
 from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.api.infer_config import InferConfig
@@ -53,20 +58,19 @@ class TextGeneratorInfer:
         options = {"num_threads": config.num_threads, "device_id": config.device_id, "config_path": ini}
         if config.backend == "mslite":
             options["target"] = config.target
-        self.data_parallel = None     # data_parallel > 1: this rank's replica answers its share of each request
-        if config.data_parallel > 1:
-            from lite_runtime.distributed.data_parallel import DataParallelGroup
-            self.data_parallel = DataParallelGroup(config.data_parallel, self.manifest.world_size,
-                                                   self.manifest.root or "the export")
+        # Under the launcher (data parallel, or an export of several ranks) rank 0 answers every request
+        # on a session per replica and the other ranks replay its calls (distributed/data_parallel.py).
+        self.ranks = launched_ranks(config.data_parallel, self.manifest.world_size, self.manifest.root or "the export")
         start = time.perf_counter()
-        rank = self.data_parallel.model_rank if self.data_parallel else config.rank_id
+        rank = self.ranks.layout.model_rank if self.ranks else config.rank_id
         self.session = factory(config.backend, self.manifest, rank, **options)
         self.load_seconds = time.perf_counter() - start
+        self.sessions = self.ranks.sessions(self.session) if self.ranks and self.ranks.leads else [self.session]
         self.last_timing: Optional[RequestTiming] = None
         self.eos_ids = list(self.manifest.eos_token_id)
         self.pad_id = int(self.manifest.pad_token_id)
         self.options = GenerationOptions()     # every call's defaults (pipeline(...) keywords change them)
-        self._engine: Optional[Engine] = None  # made at the first request of a step-graph export
+        self._engines: Dict[int, Engine] = {}   # per session, made at the first request of a step-graph export
 
     # --- the upstream call forms ----------------------------------------------------------------
     def infer(self, inputs, streamer=None, options: Optional[GenerationOptions] = None,
@@ -76,30 +80,69 @@ class TextGeneratorInfer:
         if not isinstance(inputs, (str, list, tuple)):
             raise ValidationError(f"inputs must be a prompt (str) or a list of prompts, got {inputs!r}")
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        if self.data_parallel is None:
-            return self._answer(texts, options, streamer)
+        if self.ranks is None:
+            return self._answer(texts, options, streamer, self.session)
+        if not self.ranks.leads:
+            return self._rank_0s_answers()
+        try:
+            answers = self._answer_on_replicas(texts, options, streamer)
+        except BaseException as e:
+            self.ranks.failed(e)
+            raise
+        self.ranks.answered(answers)
+        return answers
+
+    def _answer_on_replicas(self, texts: List[str], options: GenerationOptions, streamer):
+        """Rank 0: each replica answers its in-order share of the prompts, all at once."""
+        if len(self.sessions) == 1:
+            return self._answer(texts, options, streamer, self.sessions[0])
         if streamer is not None:
-            raise ConfigError("streamer with data_parallel: each rank answers a share of the prompts; stream "
+            raise ConfigError("streamer with data_parallel: each replica answers a share of the prompts; stream "
                               "with data_parallel 1")
         adapter_id = options.adapter_id
-        self.adapter_slots(adapter_id, len(texts), options.strict_adapter)  # a bad adapter_id fails on every rank
+        self.adapter_slots(adapter_id, len(texts), options.strict_adapter)  # a bad adapter_id fails before any share
         per_prompt = isinstance(adapter_id, (list, tuple))
+        timing = RequestTiming()
 
-        def answer(rows):
+        def answer(session, rows):
             chosen = [adapter_id[i] for i in rows] if per_prompt else adapter_id
-            return self._answer([texts[i] for i in rows], options.updated(adapter_id=chosen), None)
-        return self.data_parallel.run(list(range(len(texts))), answer)
+            return self._answer([texts[i] for i in rows], options.updated(adapter_id=chosen), None, session, timing)
+        shares = [(s, rows) for s, rows in zip(self.sessions, self.ranks.shares(range(len(texts)))) if rows]
+        with ThreadPoolExecutor(len(shares)) as pool:
+            answers = [a for share in pool.map(lambda share: answer(*share), shares) for a in share]
+        timing.stop()
+        self.last_timing = timing
+        return answers
 
-    def _answer(self, texts: List[str], options: GenerationOptions, streamer) -> List[Dict[str, List[str]]]:
-        prompts, new_ids = self.generate_ids(texts, options, streamer)
+    def _rank_0s_answers(self):
+        """A rank other than 0: replay rank 0's calls for this request; returns its answers."""
+        message = self.ranks.follow(self.session)
+        if "answers" in message:
+            return message["answers"]
+        raise DistributedError("rank 0 " + (f"failed: {message['error']}" if "error" in message else
+                                            "closed its pipeline while this rank was still asking for answers"))
+
+    def follow(self) -> int:
+        """A rank other than 0 of run_infer_main: replay rank 0's calls, request after request, until it
+        closes; returns the number of calls."""
+        while "stop" not in self.ranks.follow(self.session):
+            pass
+        return self.ranks.calls
+
+    def _answer(self, texts: List[str], options: GenerationOptions, streamer, session,
+                timing: Optional["RequestTiming"] = None) -> List[Dict[str, List[str]]]:
+        prompts, new_ids = self.generate_ids(texts, options, streamer, session, timing)
         return [{"text_generation_text": [text + continuation_text(self.tokenizer, prompt, ids)]}
                 for text, prompt, ids in zip(texts, prompts, new_ids)]
 
     __call__ = infer
 
     def generate_ids(self, texts: Sequence[str], options: GenerationOptions = GenerationOptions(),
-                     streamer=None) -> Tuple[List[List[int]], List[List[int]]]:
-        """(prompt token ids, new token ids) per text; EOS is included when produced."""
+                     streamer=None, session=None, timing: Optional["RequestTiming"] = None
+                     ) -> Tuple[List[List[int]], List[List[int]]]:
+        """(prompt token ids, new token ids) per text, on `session` (default: this rank's replica's); EOS is
+        included when produced. `timing`: a request's timing that several sessions share."""
+        session = self.sessions[0] if session is None else session
         if not texts:
             raise ValidationError("inputs is empty: give a prompt or a list of prompts")
         for i, text in enumerate(texts):
@@ -126,7 +169,9 @@ class TextGeneratorInfer:
         adapters = self.adapter_slots(options.adapter_id, len(prompts), options.strict_adapter)
         _check_streamer(streamer, len(prompts))
         forward = None
-        timing = RequestTiming()
+        shared = timing is not None
+        if timing is None:
+            timing = RequestTiming()
         self.last_timing = timing
 
         def on_step(offset, step):
@@ -136,7 +181,7 @@ class TextGeneratorInfer:
         try:
             forward = _stream_to(streamer, prompts) if streamer is not None else None
             if self.manifest.kv_cache == "packed":
-                return prompts, self._on_engine(prompts, budgets, eos, options, adapters, on_step)
+                return prompts, self._on_engine(session, prompts, budgets, eos, options, adapters, on_step)
             for name in ("json_schema", "speculative"):
                 if getattr(options, name) is not None:
                     raise ConfigError(f"{name} runs on the engine, which runs exports of kv_cache packed; this one's "
@@ -144,19 +189,22 @@ class TextGeneratorInfer:
             # The two-graph forms (kv_cache io / in_graph: upstream's prefill + increment pair that GE
             # runs on Ascend) have fixed batch shapes and no step over any tokens of any rows, so they
             # keep the static batch loop (the same Sampler picks in both loops).
-            return prompts, generate_batches(self.session, self.inputs, prompts, budgets, eos, pad, pick, on_step,
-                                             adapters)
+            return prompts, generate_batches(session, self.inputs, prompts, budgets, eos, pad, pick, on_step, adapters)
         finally:
-            timing.stop()
+            if not shared:
+                timing.stop()
             if streamer is not None:
                 streamer.end()
 
-    def _on_engine(self, prompts, budgets, eos, options: GenerationOptions, adapters, on_step) -> List[List[int]]:
+    def _on_engine(self, session, prompts, budgets, eos, options: GenerationOptions, adapters,
+                   on_step) -> List[List[int]]:
         """The prompts as requests of the engine, submitted together and stepped here until each has
         finished; each prompt samples with its own seed (seed + its index), as a server's choices do."""
         speculation = Speculation.parse(options.speculative, "speculative") if options.speculative else None
-        if self._engine is None or self._engine.speculation != speculation:
-            self._engine = Engine(self.session, max_waiting=1 << 30, threaded=False, speculation=speculation)
+        engine = self._engines.get(id(session))
+        if engine is None or engine.speculation != speculation:
+            engine = self._engines[id(session)] = Engine(session, max_waiting=1 << 30, threaded=False,
+                                                         speculation=speculation)
         results: List[List[int]] = [[] for _ in prompts]
         active = np.zeros(len(prompts), bool)
         tokens = np.zeros(len(prompts), np.int32)
@@ -172,8 +220,8 @@ class TextGeneratorInfer:
             constraint = None if options.json_schema is None else json_matcher(
                 getattr(self.tokenizer, "path", ""), self.manifest.vocab_size, eos, options.json_schema or None,
                 "json_schema")
-            self._engine.submit(EngineRequest(list(prompt), budget, own, frozenset(eos), adapters[i] if adapters else 0,
-                                              constraint=constraint, on_token=lambda token, _, i=i: on_token(i, token)))
+            engine.submit(EngineRequest(list(prompt), budget, own, frozenset(eos), adapters[i] if adapters else 0,
+                                        constraint=constraint, on_token=lambda token, _, i=i: on_token(i, token)))
 
         def after_step():      # a row's k-th token of the step (speculation gives several) in Step k
             pending = list(produced)
@@ -190,7 +238,7 @@ class TextGeneratorInfer:
                 if not later:
                     return
                 pending = later
-        self._engine.run_until_idle(after_step)
+        engine.run_until_idle(after_step)
         return results
 
     def adapter_slots(self, adapter_id, prompts: int, strict: bool) -> Optional[List[int]]:
@@ -218,11 +266,12 @@ class TextGeneratorInfer:
         return slots
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.stop()
-        self.session.close()
-        if self.data_parallel is not None:
-            self.data_parallel.close()
+        for engine in self._engines.values():
+            engine.stop()
+        for session in self.sessions:     # rank 0's: each tells its replica's ranks to stop, then closes
+            session.close()
+        if self.ranks is not None:
+            self.ranks.close()
 
 
 class RequestTiming:
@@ -232,12 +281,14 @@ class RequestTiming:
         self.start = time.perf_counter()
         self.first = self.end = None
         self.decode_tokens = 0
+        self._lock = threading.Lock()      # replicas' shares step in threads of their own
 
     def step(self, tokens: int) -> None:
-        if self.first is None:
-            self.first = time.perf_counter()
-        else:
-            self.decode_tokens += tokens
+        with self._lock:
+            if self.first is None:
+                self.first = time.perf_counter()
+            else:
+                self.decode_tokens += tokens
 
     def stop(self) -> None:
         self.end = time.perf_counter()

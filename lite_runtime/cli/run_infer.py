@@ -171,7 +171,7 @@ def make_generator(args, rank: int):
                          paged_attention=args.paged_attention, pa_block_size=args.pa_block_size,
                          pa_num_blocks=args.pa_num_blocks, model_dir=args.model_dir, backend=args.backend,
                          tokenizer_path=args.tokenizer_path or "", num_threads=args.num_threads,
-                         infer_seq_length=args.seq_length)
+                         infer_seq_length=args.seq_length, data_parallel=args.data_parallel)
     return InferTask.get_infer_task("text_generation", config)
 
 
@@ -180,10 +180,8 @@ def generation_options(args) -> GenerationOptions:
     return GenerationOptions(**{k: getattr(args, k) for k in GenerationOptions.keywords() if hasattr(args, k)})
 
 
-def run(args, out=sys.stdout, wrap_session=None, distribute=None) -> None:
-    """Answer --predict_data or stdin prompts. `wrap_session(session)` lets a multi-rank run mirror
-    each session call to the replica's other ranks; `distribute(prompts, infer)` answers a request
-    over data-parallel replicas (run_infer_distributed.py)."""
+def run(args, out=sys.stdout) -> None:
+    """Answer --predict_data or stdin prompts (under the launcher: rank 0, run_infer_distributed.py)."""
     from lite_runtime.decode.streamers import TextStreamer
     prompts = read_prompts(args.predict_data, args.prompt) if args.predict_data is not None else None
     if prompts is None and not args.interactive and not sys.stdin.isatty():
@@ -197,8 +195,6 @@ def run(args, out=sys.stdout, wrap_session=None, distribute=None) -> None:
         if saved is not None:
             saved.close()
         raise
-    if wrap_session is not None:
-        generator.session = wrap_session(generator.session)
     log.info("loaded %s in %.2f s", args.model_dir or args.prefill_model_path, generator.load_seconds)
     _warn_about_fixed_shapes(args, generator.manifest)
     options = generation_options(args)
@@ -208,8 +204,6 @@ def run(args, out=sys.stdout, wrap_session=None, distribute=None) -> None:
         options = options.updated(add_special_tokens=chat.published is None)
 
     def infer(prompts, streamer=None):
-        if distribute is not None:
-            return distribute(prompts, lambda share: generator.infer(share, options=options))
         return generator.infer(prompts, streamer, options)
 
     def answer(prompts: List[str]) -> None:
@@ -342,7 +336,7 @@ def command(**options):
         raise click.UsageError(f"--num_threads {args.num_threads}: give 1 or more (the runtime's CPU threads)")
     if args.distributed:
         from lite_runtime.cli.run_infer_distributed import run_distributed
-        run_distributed(args, run, make_generator, generation_options)
+        run_distributed(args, run, make_generator)
     else:
         run(args)
 

@@ -62,6 +62,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     from lite_runtime.serve.runs import ServedModel
     from lite_runtime.serve.metrics import Metrics
     from lite_runtime.serve import ranks
+    from lite_runtime.distributed.data_parallel import ReplicaLayout
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     speculation = Speculation.parse(speculative, drafts=True) if speculative else None
@@ -79,8 +80,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
         raise ToolchainError(f"{model_dir} has {manifest.world_size} ranks: serve it under the launcher, python -m "
                              "lite_runtime.cli.launch --rank_table FILE -- -m lite_runtime.serve --model_dir ...")
     channel = ranks.join(model_dir, manifest, data_parallel) if distributed else None
-    session = load_session(backend, manifest, rank=channel.rank % manifest.world_size if channel else 0,
-                           num_threads=num_threads)
+    rank = ReplicaLayout(channel.rank, data_parallel, manifest.world_size).model_rank if channel else 0
+    session = load_session(backend, manifest, rank=rank, num_threads=num_threads)
     if channel is not None and channel.rank > 0:
         return ranks.serve_as_follower(session, channel)
     metrics = Metrics()
@@ -90,7 +91,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
                       max_step_tokens=max_step_tokens, prefix_cache_bytes=int(prefix_cache_gb * 2 ** 30),
                       speculation=speculation)
     engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
-    metrics.cache_rows.set(manifest.batch_size * (channel.world_size // manifest.world_size if channel else 1))
+    metrics.cache_rows.set(manifest.batch_size * (data_parallel if channel else 1))
     name = served_model_name or os.path.basename(os.path.abspath(model_dir))
     served = ServedModel(engine, tokenizer, name, metrics)
     app = create_app(served)

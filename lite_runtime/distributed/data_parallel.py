@@ -1,23 +1,22 @@
-"""Data parallel: replicas of an export over the ranks of a launched job, and
-`pipeline(..., data_parallel=N)` in a script the launcher starts on every rank.
+"""A launched job's layout, and its ranks' parts in a script that runs on every rank (`pipeline(...,
+data_parallel=N)`, `run_infer_main.py --distributed True`).
 
 A job of dp·mp ranks runs dp replicas of an mp-rank export; consecutive ranks form a replica
 (replica r is ranks r·mp … r·mp+mp−1, as MindSpore's and upstream's layouts have it), and each
-replica joins its own engine (a MindSpore cluster, or an MPI join). Channels (rank_channel.py): the
-replicas' first ranks talk to rank 0 over the job's channel ($LITE_CHANNEL); the ranks of a replica
-share requests and tokens over the replica's ($LITE_REPLICA_CHANNEL) when dp > 1 and mp > 1, else
-over the job's.
+replica joins its own engine (a MindSpore cluster, or an MPI join). Every rank talks to rank 0 over
+the job's channel ($LITE_CHANNEL), by the mirrored protocol (mirrored.py): rank 0 answers each
+request, splitting its prompts in order over the replicas, and the other ranks replay its calls.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 from lite_runtime.contract.errors import ConfigError, DistributedError
+from lite_runtime.distributed.mirrored import follow, replica_sessions
 from lite_runtime.distributed.rank_channel import CHANNEL_ENV, RankChannel, parse_address
 
-REPLICA_CHANNEL_ENV = "LITE_REPLICA_CHANNEL"
 LAYOUT_ENV = "LITE_DATA_PARALLEL"     # the data parallel the launcher laid the ranks out for
 
 
@@ -66,78 +65,67 @@ class ReplicaLayout:
                               "the script's arguments so that it starts one engine per replica")
         return cls(rank, data_parallel, model_ranks)
 
-    def replicas_channel(self) -> Optional[RankChannel]:
-        """First rank of each replica <-> rank 0 (None on other ranks, or with one replica)."""
-        if self.data_parallel == 1 or self.model_rank != 0:
-            return None
-        names = [r * self.model_ranks for r in range(self.data_parallel)]
-        return RankChannel(self.replica, self.data_parallel, _address(CHANNEL_ENV), names=names)
-
-    def replica_channel(self) -> Optional[RankChannel]:
-        """The ranks of this replica, its first rank leading (None for a single-rank export)."""
-        if self.model_ranks == 1:
-            return None
-        if self.data_parallel == 1:
-            return RankChannel(self.rank, self.model_ranks, _address(CHANNEL_ENV))
-        first = self.rank - self.model_rank
-        return RankChannel(self.model_rank, self.model_ranks, _address(REPLICA_CHANNEL_ENV),
-                           names=range(first, first + self.model_ranks))
-
-
-def _address(variable: str):
-    if variable not in os.environ:
-        raise DistributedError(f"${variable} is not set: run under the launcher "
-                               "(python -m lite_runtime.cli.launch --rank_table FILE -- ...)")
-    return parse_address(os.environ[variable], variable)
-
-
-class DataParallelGroup:
-    """Every rank calls `run` with the same items; each replica answers its in-order share, and every
-    rank gets all the answers in input order (rank 0 gathers them from the replicas' first ranks,
-    which check that their replica's other ranks answered alike)."""
-
-    def __init__(self, data_parallel: int, export_ranks: int, where: str):
-        size = os.environ.get("RANK_SIZE")
-        wanted = data_parallel * export_ranks
-        if size is None or size.strip() != str(wanted):
-            raise ConfigError(f"data_parallel {data_parallel} with {where} ({export_ranks} rank(s) per replica) needs a "
-                              f"script started on {wanted} ranks by the launcher (python -m "
-                              "lite_runtime.cli.launch --rank_table FILE -- script.py); "
-                              + ("RANK_SIZE is not set" if size is None else f"this run has RANK_SIZE {size!r}"))
-        self.layout = ReplicaLayout.from_env(data_parallel, export_ranks)
-        self.replicas = self.layout.replicas_channel()
-        self.replica = self.layout.replica_channel()
-
     @property
-    def model_rank(self) -> int:
-        return self.layout.model_rank
+    def world_size(self) -> int:
+        return self.data_parallel * self.model_ranks
 
-    def run(self, items: list, answer: Callable[[list], list]) -> list:
-        """`answer` of this replica's share of `items`; every rank returns the answers to all, in order."""
-        share = split_in_order(list(items), self.layout.data_parallel)[self.layout.replica]
-        mine = answer(share) if share else []
-        if self.replica is not None and self.replica.rank > 0:
-            self.replica.reply_json(mine)
-            return self.replica.recv_json()
-        if self.replica is not None:
-            for rank in range(1, self.replica.world_size):
-                theirs = self.replica.recv_json_from(rank)
-                if theirs != mine:
-                    raise DistributedError(f"rank {self.replica.names[rank]} answered {theirs!r} but rank "
-                                           f"{self.layout.rank} of its replica answered {mine!r}: the ranks diverged")
-        if self.replicas is not None:
-            if self.replicas.rank == 0:
-                for replica in range(1, self.replicas.world_size):
-                    mine = mine + self.replicas.recv_json_from(replica)
-                self.replicas.send_json(mine)
-            else:
-                self.replicas.reply_json(mine)
-                mine = self.replicas.recv_json()
-        if self.replica is not None:
-            self.replica.send_json(mine)
-        return mine
+    def first_rank(self, replica: int) -> int:
+        return replica * self.model_ranks
+
+    def channel(self) -> RankChannel:
+        """This rank's end of the job's channel (rank 0 listens, every other rank connects)."""
+        variable = CHANNEL_ENV
+        if variable not in os.environ:
+            raise DistributedError(f"${variable} is not set: run under the launcher "
+                                   "(python -m lite_runtime.cli.launch --rank_table FILE -- ...)")
+        return RankChannel(self.rank, self.world_size, parse_address(os.environ[variable], variable))
+
+
+def launched_ranks(data_parallel: int, export_ranks: int, where: str) -> Optional["LaunchedRanks"]:
+    """This rank's part in a script the launcher started on several ranks; None for a process that runs
+    alone (the launcher's one-rank jobs included)."""
+    size = os.environ.get("RANK_SIZE")
+    wanted = data_parallel * export_ranks
+    if data_parallel > 1 and (size is None or size.strip() != str(wanted)):
+        raise ConfigError(f"data_parallel {data_parallel} with {where} ({export_ranks} rank(s) per replica) needs a "
+                          f"script started on {wanted} ranks by the launcher (python -m "
+                          "lite_runtime.cli.launch --rank_table FILE -- script.py); "
+                          + ("RANK_SIZE is not set" if size is None else f"this run has RANK_SIZE {size!r}"))
+    if size is None or size.strip() == "1":
+        return None
+    return LaunchedRanks(ReplicaLayout.from_env(data_parallel, export_ranks))
+
+
+class LaunchedRanks:
+    """Rank 0 answers each request on a session per replica (`sessions`); every other rank replays the
+    calls rank 0 sends it (`follow`) and gets the answers."""
+
+    def __init__(self, layout: ReplicaLayout):
+        self.layout = layout
+        self.channel = layout.channel()
+        self.leads = layout.rank == 0
+        self._others = range(1, layout.world_size)
+        self.calls = 0          # calls replayed (a rank other than 0)
+
+    def sessions(self, session) -> list:
+        """Rank 0: a session per replica, its own first (mirrored.replica_sessions)."""
+        return replica_sessions(session, self.channel, self.layout.model_ranks)
+
+    def shares(self, items: list) -> List[list]:
+        return split_in_order(list(items), self.layout.data_parallel)
+
+    def answered(self, answers) -> None:
+        """Rank 0: the request's answers, for the scripts of the other ranks."""
+        self.channel.send_json_to(self._others, {"answers": answers})
+
+    def failed(self, error: BaseException) -> None:
+        self.channel.send_json_to(self._others, {"error": f"{type(error).__name__}: {error}"})
+
+    def follow(self, session) -> dict:
+        """Another rank: replay rank 0's calls until the request ends; returns the message that ends it."""
+        calls, message = follow(session, self.channel, reply=self.layout.model_rank == 0)
+        self.calls += calls
+        return message
 
     def close(self) -> None:
-        for channel in (self.replicas, self.replica):
-            if channel is not None:
-                channel.close()
+        self.channel.close()

@@ -1,9 +1,10 @@
 """Which engine, channel and port each rank of a launched job uses.
 
 A job of dp·mp ranks runs dp replicas of an mp-rank export; consecutive ranks form a replica
-(ranks r·mp … r·mp+mp−1). Each replica has its own engine: a MindSpore cluster on `ms` (its own
-scheduler and port: one cluster has one world group) or an MPI join on Lite segments (its own rank
-channel publishing the MPI port). Every listener sits on the address of the server that holds the
+(ranks r·mp … r·mp+mp−1; data_parallel.ReplicaLayout). Each replica has its own engine: a MindSpore
+cluster on `ms` (its own scheduler and port: one cluster has one world group) or an MPI join on Lite
+segments (its own rank channel publishing the MPI port). Every rank talks to rank 0 over the job's
+channel (mirrored.py). Every listener sits on the address of the server that holds the
 replica's (or the job's) first rank.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from lite_runtime.distributed.data_parallel import LAYOUT_ENV, REPLICA_CHANNEL_ENV
+from lite_runtime.distributed.data_parallel import LAYOUT_ENV, ReplicaLayout
 from lite_runtime.distributed.host_collectives import MPI_CHANNEL_ENV
 from lite_runtime.distributed.process_group import free_port, ms_cluster_env
 from lite_runtime.distributed.rank_channel import CHANNEL_ENV
@@ -30,8 +31,6 @@ class JobLayout:
     def __post_init__(self):
         names = [f"scheduler{r}" for r in range(self.data_parallel) if self.ms_cluster] + ["channel"]
         names += ["launchers"] if self.linked else []
-        if self.data_parallel > 1 and self.model_ranks > 1:
-            names += [f"replica{r}" for r in range(self.data_parallel)]
         names += [f"mpi{r}" for r in range(self.data_parallel) if self.mpi]
         # With a master port every launcher of the job derives the same ports: the first replica's
         # scheduler gets master_port itself (as msrun's), the others follow in this fixed order.
@@ -50,24 +49,22 @@ class JobLayout:
         return f"{self.hosts[rank]}:{self.ports[name]}"
 
     def env(self, rank: int) -> Dict[str, str]:
-        replica, model_rank = divmod(rank, self.model_ranks)
-        first = replica * self.model_ranks
+        where = ReplicaLayout(rank, self.data_parallel, self.model_ranks)
         values = {"RANK_ID": str(rank), "RANK_SIZE": str(self.world), CHANNEL_ENV: self._at(0, "channel"),
                   LAYOUT_ENV: str(self.data_parallel)}
-        if f"replica{replica}" in self.ports:
-            values[REPLICA_CHANNEL_ENV] = self._at(first, f"replica{replica}")
         if self.mpi:
-            values[MPI_CHANNEL_ENV] = self._at(first, f"mpi{replica}")
+            values[MPI_CHANNEL_ENV] = self._at(where.first_rank(where.replica), f"mpi{where.replica}")
         if self.ms_cluster:
-            values.update(self._cluster(replica), MS_ROLE="MS_WORKER", MS_NODE_ID=str(model_rank))
+            values.update(self._cluster(where.replica), MS_ROLE="MS_WORKER", MS_NODE_ID=str(where.model_rank))
         return values
 
     def _cluster(self, replica: int) -> Dict[str, str]:
-        first = replica * self.model_ranks
+        first = ReplicaLayout(0, self.data_parallel, self.model_ranks).first_rank(replica)
         return ms_cluster_env(self.hosts[first], self.ports[f"scheduler{replica}"], self.model_ranks)
 
     def schedulers(self, ranks: Sequence[int]) -> List[Dict[str, str]]:
         """The clusters whose scheduler runs with `ranks`: those of the replicas whose first rank is there."""
         if not self.ms_cluster:
             return []
-        return [self._cluster(r) for r in range(self.data_parallel) if r * self.model_ranks in ranks]
+        layout = ReplicaLayout(0, self.data_parallel, self.model_ranks)
+        return [self._cluster(r) for r in range(self.data_parallel) if layout.first_rank(r) in ranks]

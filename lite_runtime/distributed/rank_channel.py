@@ -1,10 +1,11 @@
-"""Host-side channel between the ranks of one run: rank 0 sends requests and each step's tokens
-to every rank, or a request to one rank and its answer back (data parallel).
+"""Host-side channel between the ranks of one run: rank 0 sends each session call to the ranks that
+run it, and a replica's first rank sends back the logits (mirrored.py).
 
 Plain TCP, independent of MindSpore, so it serves the Lite/Ascend path too. Rank 0 of a channel
 listens on the address the launcher gives as `host:port` (its server's address; 127.0.0.1 when the
 rank table has one server); every other rank connects and says its rank first. A channel's ranks
-may be a group of the job's ranks (data_parallel.py): `names` are their job ranks, for messages.
+may be a group of the job's ranks (a replica's MPI join, host_collectives.py): `names` are their job
+ranks, for messages.
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ import socket
 import struct
 import time
 from typing import List, Optional, Sequence, Tuple
-
-import numpy as np
 
 from lite_runtime.contract.errors import DistributedError
 
@@ -80,35 +79,23 @@ class RankChannel:
     def send_json(self, obj) -> None:
         self._send(json.dumps(obj).encode())
 
-    def send_tokens(self, tokens: np.ndarray) -> None:
-        self._send(np.ascontiguousarray(tokens, np.int32).tobytes())
-
     def send_json_to(self, ranks, obj) -> None:
         """To one rank, or to each of a sequence of ranks."""
         self._send(json.dumps(obj).encode(), [ranks] if isinstance(ranks, int) else ranks)
 
-    def recv_json_from(self, rank: int):
-        """Rank 0: the next message of `rank` (its answer to a request sent with send_json_to)."""
-        return json.loads(self.recv_bytes_from(rank))
-
     def recv_bytes_from(self, rank: int) -> bytes:
+        """Rank 0: the next message of `rank` (its answer to a call sent with send_json_to)."""
         return _read_message(self._peers[rank - 1], self._lost(rank))
 
     # everyone else
     def recv_json(self):
         return json.loads(self._recv().decode())
 
-    def reply_json(self, obj) -> None:
-        self.reply_bytes(json.dumps(obj).encode())
-
     def reply_bytes(self, payload: bytes) -> None:
         try:
             self._sock.sendall(_HEADER.pack(len(payload)) + payload)
         except OSError as e:
             raise DistributedError(f"{self._lost(0)}: {e}") from None
-
-    def recv_tokens(self) -> np.ndarray:
-        return np.frombuffer(self._recv(), np.int32)
 
     def close(self) -> None:
         for s in self._peers + ([self._sock] if self._sock else []):

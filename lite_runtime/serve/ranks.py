@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from typing import List
 
-
-from lite_runtime.distributed.mirrored import MirroredSession, RemoteSession, follow
+from lite_runtime.distributed.data_parallel import ReplicaLayout
+from lite_runtime.distributed.mirrored import follow, replica_sessions
 from lite_runtime.distributed.rank_channel import RankChannel
 
 
@@ -55,8 +55,9 @@ def join(model_dir: str, manifest, data_parallel: int) -> RankChannel:
 
 def serve_as_follower(session, channel: RankChannel) -> None:
     """A rank other than 0: run rank 0's steps until it stops; the first rank of a replica answers."""
+    layout = ReplicaLayout(channel.rank, channel.world_size // session.manifest.world_size, session.manifest.world_size)
     try:
-        steps = follow(session, channel, reply=channel.rank % session.manifest.world_size == 0)
+        steps, _ = follow(session, channel, reply=layout.model_rank == 0)
         logging.getLogger("lite_runtime.serve").info("rank %d ran %d steps for rank 0", channel.rank, steps)
     finally:
         session.close()
@@ -66,9 +67,5 @@ def serve_as_follower(session, channel: RankChannel) -> None:
 def rank0_engine(session, channel: RankChannel, make_engine):
     """Rank 0's engine: over its own replica (mirrored to the replica's other ranks), and with data
     parallel one more per other replica, behind one `Replicas`."""
-    mp = session.manifest.world_size
-    own = make_engine(MirroredSession(session, channel, range(1, mp)) if mp > 1 else session)
-    if channel.world_size == mp:
-        return own
-    return Replicas([own] + [make_engine(RemoteSession(session.manifest, channel, range(first, first + mp)))
-                             for first in range(mp, channel.world_size, mp)])
+    engines = [make_engine(s) for s in replica_sessions(session, channel, session.manifest.world_size)]
+    return engines[0] if len(engines) == 1 else Replicas(engines)
