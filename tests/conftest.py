@@ -6,12 +6,13 @@ import tempfile
 import pytest
 import yaml
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(__file__))     # the support package: `from support.<module> import ...`
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))  # served_process
-from family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
-from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, make_tokenizer, random_weights,
-                         rank_table, run_cli, save_ckpt, shard_mindformers_llama, tiny_export_config, write_strategy,
-                         write_yaml)
+pytest.register_assert_rewrite("support")         # its shared checks report as the tests' own asserts do
+from support.family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
+from support.tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, make_tokenizer, random_weights,
+                                 rank_table, run_cli, save_ckpt, shard_mindformers_llama, tiny_export_config, write_strategy,
+                                 write_yaml)
 
 os.environ.setdefault("GLOG_v", "3")  # keep MindSpore's C++ log quiet
 # The record of checked export hashes (lite_runtime/contract/hashes.py) in a folder of this run's own.
@@ -96,7 +97,7 @@ def hf_family(tmp_path_factory):
         if family not in made:
             folder = tmp_path_factory.mktemp(f"family_{family}")
             script = "numpy_references.py" if family in NUMPY_CASES else "hf_models.py"
-            result = run_cli([os.path.join(REPO, "tests", script), family, str(folder), str(STEPS)])
+            result = run_cli([os.path.join(REPO, "tests", "support", script), family, str(folder), str(STEPS)])
             assert result.returncode == 0, result.stderr[-3000:]
             made[family] = folder
         return made[family]

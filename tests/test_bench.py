@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from tiny_models import REPO, run_cli
+from support.tiny_models import REPO, run_cli
 
 FIELDS = ("backend", "batch", "graph_batch", "decode_steps", "ttft_ms", "step_ms", "graph_ms", "host_ms",
           "sample_ms", "detok_ms", "tok_s", "e2e_tok_s", "peak_rss_mb", "load_s", "bare_predict_ms",

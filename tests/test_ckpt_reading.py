@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from tiny_models import run_cli
+from support.tiny_models import run_cli
 
 SAVE = """
 import sys, numpy as np, mindspore as ms

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from lite_process import ensure_lite_installed
-from tiny_models import VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config, write_yaml
+from support.lite_process import ensure_lite_installed
+from support.tiny_models import VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config, write_yaml
 
 LOAD_ON_LITE = """
 import sys

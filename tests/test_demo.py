@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from tiny_models import REPO, run_cli
+from support.tiny_models import REPO, run_cli
 
 EXPECTED = {
     "An increasing sequence: one,": " two, three, four, five",

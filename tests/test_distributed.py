@@ -17,18 +17,18 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import (error_lines, rank_table, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess,
-                         make_tokenizer, run_cli, save_ckpt, tiny_export_config, write_strategy, write_yaml)
-from greedy_runner import greedy_run
+from support.tiny_models import (error_lines, rank_table, REPO, VENV_MS20_PYTHON, shard_mindformers_llama, export_in_subprocess,
+                                 make_tokenizer, run_cli, save_ckpt, tiny_export_config, write_strategy, write_yaml)
+from support.greedy_runner import greedy_run
 
 STEPS = 32
 
 
 def launched_greedy(table, backend, export, out):
-    """tests/tp_worker.py on every rank of `table`: [(logits, tokens) of rank 0, of rank 1]."""
+    """tests/support/tp_worker.py on every rank of `table`: [(logits, tokens) of rank 0, of rank 1]."""
     out.mkdir()
     result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend, "--log_dir",
-                      str(out / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"), str(out), str(STEPS),
+                      str(out / "logs"), "--", os.path.join(REPO, "tests", "support", "tp_worker.py"), str(out), str(STEPS),
                       "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
     return [(r["logits"], r["tokens"]) for r in (np.load(out / f"rank_{rank}.npz") for rank in range(2))]
@@ -66,7 +66,7 @@ def test_lite_tp2_segments_equal_lite_tp1_and_ms_tp2(tp_setup, ms_tp2_greedy, li
     folder, _, table = tp_setup
     manifest = load_manifest(lite_tp["tp2"])
     assert manifest.collectives == "host" and manifest.lite_files["layer1.attn"][1] == "segments/rank_1/layer1.attn.ms"
-    single = run_cli([os.path.join(REPO, "tests", "greedy_runner.py"), "mslite", lite_tp["tp1"],
+    single = run_cli([os.path.join(REPO, "tests", "support", "greedy_runner.py"), "mslite", lite_tp["tp1"],
                       str(tmp_path / "tp1.npz"), str(STEPS)])
     assert single.returncode == 0, single.stderr[-2000:]
     lite_single = np.load(tmp_path / "tp1.npz")
@@ -175,7 +175,7 @@ def bad_shard_export(tp_setup, tmp_path, broken):
 
 
 def test_failed_rank_during_export_is_named_and_nothing_is_left(tp_setup, tmp_path):
-    from tiny_models import llama_config, random_weights
+    from support.tiny_models import llama_config, random_weights
     # rank 1's shard comes from a model with another hidden size: its shapes do not fit
     wrong = shard_mindformers_llama(random_weights(llama_config(hidden_size=48), seed=1), 1, 2)
     result, out = bad_shard_export(tp_setup, tmp_path, {1: wrong})
@@ -187,7 +187,7 @@ def test_failed_rank_during_export_is_named_and_nothing_is_left(tp_setup, tmp_pa
 
 
 def test_the_first_failed_rank_of_an_export_stops_it(tp_setup, tiny_ckpt, tmp_path):
-    from tiny_models import llama_config, random_weights
+    from support.tiny_models import llama_config, random_weights
     no_norm = {k: v for k, v in shard_mindformers_llama(tiny_ckpt[1], 0, 2).items() if k != "model.norm_out.weight"}
     wrong = shard_mindformers_llama(random_weights(llama_config(hidden_size=48), seed=1), 1, 2)
     result, out = bad_shard_export(tp_setup, tmp_path, {0: no_norm, 1: wrong})
@@ -197,11 +197,11 @@ def test_the_first_failed_rank_of_an_export_stops_it(tp_setup, tiny_ckpt, tmp_pa
     assert not out.exists()
 
 
-PIPELINE_WORKER = os.path.join(REPO, "tests", "pipeline_worker.py")
+PIPELINE_WORKER = os.path.join(REPO, "tests", "support", "pipeline_worker.py")
 
 
 def pipeline_alone(export, folder, backend):
-    """tests/pipeline_worker.py's 5 answers from one process (no launcher)."""
+    """tests/support/pipeline_worker.py's 5 answers from one process (no launcher)."""
     alone = run_cli([PIPELINE_WORKER, export, str(folder), backend, "1"])
     assert alone.returncode == 0, alone.stderr[-2000:]
     expected = json.loads((folder / "rank_0.txt").read_text())
@@ -211,7 +211,7 @@ def pipeline_alone(export, folder, backend):
 
 def test_pipeline_in_a_launched_job_agrees_with_single_rank(tp_setup, tmp_path):
     from lite_runtime import pipeline
-    from pipeline_worker import PROMPTS
+    from support.pipeline_worker import PROMPTS
     folder, exports, table = tp_setup
     result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", "ms", "--log_dir",
                       str(tmp_path / "logs"), "--", PIPELINE_WORKER,

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from test_export_target import LOWERED_LIMIT_EXPORT
-from tiny_models import REPO, VENV_MS20_PYTHON, make_tokenizer, run_cli, tiny_export_config, write_yaml
+from support.export_scripts import LOWERED_LIMIT_EXPORT
+from support.tiny_models import REPO, VENV_MS20_PYTHON, make_tokenizer, run_cli, tiny_export_config, write_yaml
 
 FORMS = {   # name -> (yaml keys over the tiny config, the exporter's script)
     "cpu": ({"target": "cpu"}, None),

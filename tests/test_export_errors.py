@@ -12,8 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from tiny_models import (KNOWN_FAMILIES, VENV_MS20_PYTHON, error_lines, run_cli, save_ckpt, tiny_export_config,
-                         write_yaml)
+from support.export_checks import assert_nothing_left
+from support.tiny_models import (KNOWN_FAMILIES, VENV_MS20_PYTHON, error_lines, run_cli, save_ckpt, tiny_export_config,
+                                 write_yaml)
 
 
 
@@ -33,15 +34,6 @@ def assert_one_line_error(result, *facts):
     for fact in facts:
         assert str(fact) in line, f"{fact!r} missing from: {line}"
     return line
-
-
-def assert_nothing_left(output_dir):
-    """No output folder and no temporary export folder beside where it would have been."""
-    assert not os.path.exists(output_dir), f"{output_dir} was left behind: {os.listdir(output_dir)}"
-    parent = os.path.dirname(output_dir)
-    if os.path.isdir(parent):
-        leftovers = [n for n in os.listdir(parent) if n.startswith(".export-") or ".old-" in n]
-        assert not leftovers, f"temporary folders left in {parent}: {leftovers}"
 
 
 def export_with(tmp_path, config, name="export.yaml"):
@@ -210,7 +202,7 @@ def test_bad_tokenizer_is_named_before_tracing(hf_family, tmp_path, out_dir, nam
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_tracing(hf_family, tmp_path, out_dir):
     """Every run would refuse it (more pieces than the model has logits): say so at export time."""
-    from tiny_models import make_tokenizer
+    from support.tiny_models import make_tokenizer
     hf_dir = _hf_copy(hf_family, tmp_path, drop=["tokenizer.model"])
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
     (tmp_path / "big").mkdir()

@@ -11,7 +11,7 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import llama_config
+from support.tiny_models import llama_config
 
 PROMPTS = [[5, 17, 33, 8, 61, 9, 12], [44, 3], [70, 21, 19, 88, 4, 6, 7, 30, 31, 45]]
 STEPS = 32
@@ -81,7 +81,7 @@ def test_manifest_records_the_contract(tiny_exports):
 def test_float16_export_runs_close_to_float32(tiny_ckpt, tiny_exports, tmp_path):
     """compute_dtype float16: weights and matmuls in fp16, norms/softmax/logits in fp32.
     Tolerance 5e-2 on logits of magnitude ~5 (fp16 has ~3 significant digits)."""
-    from tiny_models import export_in_subprocess, tiny_export_config, write_yaml
+    from support.tiny_models import export_in_subprocess, tiny_export_config, write_yaml
     cfg = tiny_export_config(tiny_ckpt[0], str(tmp_path / "fp16"), compute_dtype="float16")
     fp16 = load_session("ms", load_manifest(export_in_subprocess(write_yaml(str(tmp_path / "f.yaml"), cfg))))
     fp32 = load_session("ms", load_manifest(tiny_exports["io"]))

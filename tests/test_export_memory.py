@@ -12,11 +12,11 @@ tensor (it measured 2.0 W through `mindspore.load_checkpoint`)."""
 import os
 import subprocess
 
-from test_external_data import SPLIT_EXPORT
 import pytest
 
-from tiny_models import (REPO, VENV_MS20_PYTHON, llama_config, random_weights, run_cli, save_ckpt, tiny_export_config,
-                         write_yaml)
+from support.export_scripts import SPLIT_EXPORT
+from support.tiny_models import (REPO, VENV_MS20_PYTHON, llama_config, random_weights, run_cli, save_ckpt, tiny_export_config,
+                                 write_yaml)
 
 MAKE_MODEL = """
 import sys, torch

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from test_export_errors import assert_nothing_left
-from tiny_models import REPO, error_lines, run_cli, tiny_export_config, write_yaml
+from support.export_checks import assert_nothing_left
+from support.tiny_models import REPO, error_lines, run_cli, tiny_export_config, write_yaml
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

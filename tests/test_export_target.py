@@ -13,18 +13,11 @@ import pytest
 from exporter.config.schema import config_from_dict
 from exporter.models.config import DecoderConfig
 from exporter.writing.forms import LITE_MS_LIMIT, weight_bytes
-from family_cases import BATCH, SEQ, check_parity, reference
-from test_families import lite_run
-from tiny_models import VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
+from support.export_scripts import LOWERED_LIMIT_EXPORT
+from support.family_cases import BATCH, SEQ, check_parity, lite_run, reference
+from support.tiny_models import VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
 
-LOWERED_LIMIT_EXPORT = """
-import runpy, sys
-import exporter.writing.forms as forms
-forms.LITE_MS_LIMIT = 0      # bytes: every one-rank step of target cpu is written as segments
-forms.SEGMENT_BYTES = 1      # of one layer each
-sys.argv = ["exporter"] + sys.argv[1:]
-runpy.run_module("exporter", run_name="__main__")
-"""
+
 
 
 def form(**keys):

@@ -14,17 +14,11 @@ import sys
 import numpy as np
 import pytest
 
-from family_cases import STEPS
-from lite_process import ensure_lite_installed
-from tiny_models import REPO, VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
+from support.export_scripts import SPLIT_EXPORT
+from support.family_cases import STEPS
+from support.lite_process import ensure_lite_installed
+from support.tiny_models import REPO, VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
 
-SPLIT_EXPORT = """
-import runpy, sys
-import mindspore.train.serialization as serialization
-serialization.TOTAL_SAVE = 0      # KiB; above it MindSpore writes the weights as external data
-sys.argv = ["exporter"] + sys.argv[1:]
-runpy.run_module("exporter", run_name="__main__")
-"""
 VARIANTS = {"lite": ("io", False), "lite_packed": ("packed", True), "io": ("io", False)}
 
 
@@ -38,7 +32,7 @@ def split_export(hf_family, tmp_path_factory):
             folder = hf_family("llama")
             out = tmp_path_factory.mktemp("split") / variant
             kv_cache, lite_ms = VARIANTS[variant]
-            from family_cases import BATCH, SEQ
+            from support.family_cases import BATCH, SEQ
             cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
                    "kv_cache": kv_cache, "lite_ms": lite_ms, "output_dir": str(out)}
             if variant == "lite":      # upstream's graph copies, in one folder
@@ -67,7 +61,7 @@ def test_split_graphs_have_upstream_names_and_every_data_file_is_hashed(split_ex
 
 def lite_greedy(export, folder, name, cwd):
     out = str(folder / f"{name}.npz")
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", export,
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
                       str(folder / "prompts.json"), str(STEPS), out], cwd=str(cwd))
     assert result.returncode == 0, result.stderr[-3000:]
     got = np.load(out)
@@ -88,7 +82,7 @@ def test_split_export_equals_the_unsplit_one_on_lite_from_another_directory(
 def test_split_export_equals_the_unsplit_one_on_ms(hf_family, family_export, split_export, monkeypatch, tmp_path):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from parity_runner import greedy_prompts
+    from support.parity_runner import greedy_prompts
     prompts = json.load(open(hf_family("llama") / "prompts.json"))
     monkeypatch.chdir(tmp_path)
     logits, tokens = greedy_prompts(load_session("ms", load_manifest(split_export("io"))), prompts, STEPS)

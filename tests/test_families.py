@@ -1,8 +1,8 @@
 """Every family against an independent reference: Hugging Face transformers, or a numpy forward pass
-written from the published formulas where transformers has no such model (tests/numpy_references.py).
+written from the published formulas where transformers has no such model (tests/support/numpy_references.py).
 
 For each case (a family, or one shape of a family: `baichuan2_13b`) a tiny random model is made
-locally (tests/hf_models.py or tests/numpy_references.py, its own process) and exported from the
+locally (tests/support/hf_models.py or tests/support/numpy_references.py, its own process) and exported from the
 minimal HF-folder yaml (a family with no HF layout, PanguAlpha: from its MindFormers .ckpt with the
 family and sizes in the yaml). Checked, on a batch of 3 prompts of
 different lengths for 32 greedy steps: identical tokens and logits within 1e-4 of transformers on
@@ -17,11 +17,10 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from family_cases import FAMILIES, STEPS, TOLERANCE, check_parity, family_of, reference
-from greedy_runner import greedy_run
-from parity_runner import greedy_prompts
-from test_distributed import rank_table
-from tiny_models import REPO, run_cli
+from support.family_cases import FAMILIES, STEPS, TOLERANCE, check_parity, family_of, lite_run, reference
+from support.greedy_runner import greedy_run
+from support.parity_runner import greedy_prompts
+from support.tiny_models import REPO, rank_table, run_cli
 
 
 @pytest.mark.parametrize("kv_mode", ["io", "in_graph", "packed"])
@@ -32,15 +31,6 @@ def test_ms_backend_matches_transformers(hf_family, family_export, family, kv_mo
     assert load_manifest(export).family == family_of(family)
     logits, tokens = greedy_prompts(load_session("ms", load_manifest(export)), prompts, STEPS)
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} ms {kv_mode}")
-
-
-def lite_run(folder, export, name, *options):
-    out = str(folder / f"{name}.npz")
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", export,
-                      str(folder / "prompts.json"), str(STEPS), out, *options])
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = np.load(out)
-    return got["logits"], got["tokens"]
 
 
 @pytest.mark.parametrize("variant", ["lite", "lite_packed", "lite_segments_packed"])
@@ -105,7 +95,7 @@ def test_tp2_equals_tp1(hf_family, family_export, family, variant, tmp_path):
     table = rank_table(tmp_path / "table2.json", 2)
     result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table,
                       "--backend", "mslite" if lite else "ms",
-                      "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
+                      "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "support", "tp_worker.py"),
                       str(tmp_path), str(STEPS), "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
     ref_logits, ref_tokens = greedy_run(load_session("ms", load_manifest(family_export(family, "io"))), STEPS)

@@ -10,10 +10,10 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from family_cases import (BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, mindformers_yaml,
-                          reference)
-from parity_runner import greedy_prompts
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from support.family_cases import (BATCH, SEQ, STEPS, TOLERANCE, check_parity, mindformers_ckpt, mindformers_yaml,
+                                  reference)
+from support.parity_runner import greedy_prompts
+from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, save_ckpt, write_yaml
 from lite_runtime.tokenizers import export_tokenizer
 
 
@@ -284,7 +284,7 @@ def test_glm_prefix_attention_and_block_positions_change_the_output(hf_family, f
     """GLM's prompts are ones where a causal prompt or block positions off by one change the logits far
     beyond the tolerance (numpy reference variants), and the export's graphs take their row inputs
     from the feed builder: wrong ones give other logits, the right ones the reference's."""
-    import numpy_references as nr
+    from support import numpy_references as nr
     from lite_runtime.decode.inputs import InputOfInfer
     folder = hf_family("glm")
     prompts, ref_logits, _ = reference(folder)
@@ -327,7 +327,7 @@ def test_glm_float16_run_yaml_matches_the_float64_reference(hf_family, family_ex
     assert load_manifest(export).compute_dtype == "float16"
     prompts, ref_logits, ref_tokens = reference(folder)
     out = tmp_path / "fp16.npz"
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), backend, export, str(folder / "prompts.json"),
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), backend, export, str(folder / "prompts.json"),
                       str(STEPS), str(out)])
     assert result.returncode == 0, result.stderr[-3000:]
     logits, tokens = np.load(out)["logits"], np.load(out)["tokens"]
@@ -401,8 +401,8 @@ def glm_6b_export(tmp_path_factory):
     """backend -> export of a tiny GLM with ChatGLM-6B's vocabulary (130528 rows) and its ice_text.model
     (tests/test_tokenizer_chatglm6b.py's released layout), from a MindFormers .ckpt and a
     run_glm_6b_infer.yaml-style run yaml whose processor names the vocab file."""
-    import numpy_references as nr
-    from test_tokenizer_chatglm6b import trained_model, with_glm_layout
+    from support import numpy_references as nr
+    from support.chatglm6b_model import trained_model, with_glm_layout
     folder = tmp_path_factory.mktemp("glm_6b")
     (folder / "ice_text.model").write_bytes(with_glm_layout(trained_model()))
     cfg = dict(vocab_size=130528, hidden_size=16, inner_hidden_size=32, num_layers=1, num_attention_heads=2)
@@ -437,7 +437,7 @@ def test_glm_6b_text_generation_with_ice_text_model(glm_6b_export, backend):
     encodes it as upstream's ChatGLMTokenizer does (sentencepiece ids, then [gMASK] <sop>), greedy
     decoding continues those ids, and the text is upstream's decode of them."""
     import sentencepiece as spm
-    from test_tokenizer_chatglm6b import upstream_ids, upstream_text
+    from support.chatglm6b_model import upstream_ids, upstream_text
     folder, export = glm_6b_export
     sp = spm.SentencePieceProcessor(model_file=str(folder / "ice_text.model"))
     manifest = load_manifest(export("ms"))
@@ -486,14 +486,14 @@ def test_glm_gelu_is_upstreams_at_a_larger_weight_scale(tmp_path_factory, backen
     the float64 reference; computed through Sigmoid, the export stays within the tolerance."""
     folder = tmp_path_factory.mktemp("glm_scale2")
     steps = 8
-    result = run_cli([os.path.join(REPO, "tests", "numpy_references.py"), "glm", str(folder), str(steps), "2.0"])
+    result = run_cli([os.path.join(REPO, "tests", "support", "numpy_references.py"), "glm", str(folder), str(steps), "2.0"])
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
            "output_dir": str(folder / "export")}
     python = str(VENV_MS20_PYTHON) if backend == "mslite" else sys.executable
     export = export_in_subprocess(write_yaml(str(folder / "export.yaml"), cfg), python=python)
     out = str(folder / "run.npz")
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), backend, export, str(folder / "prompts.json"),
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), backend, export, str(folder / "prompts.json"),
                       str(steps), out])
     assert result.returncode == 0, result.stderr[-3000:]
     _, ref_logits, ref_tokens = reference(folder)
@@ -504,7 +504,7 @@ def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path):
     """transformers' LlamaForCausalLM with attention_bias and mlp_bias (biases on q, k, v, o, gate, up,
     down): the folder exports with those biases and gives transformers' greedy tokens and logits."""
     steps = 8
-    result = run_cli([os.path.join(REPO, "tests", "hf_models.py"), "llama_bias", str(tmp_path), str(steps)])
+    result = run_cli([os.path.join(REPO, "tests", "support", "hf_models.py"), "llama_bias", str(tmp_path), str(steps)])
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = {"model": {"hf_dir": str(tmp_path / "hf")}, "seq_length": SEQ, "batch_size": BATCH, "kv_cache": "io",
            "output_dir": str(tmp_path / "export")}
@@ -522,7 +522,7 @@ def test_mindformers_qwen2_as_llama_with_qkv_has_bias(hf_family, tmp_path):
     a run yaml export the qwen family (what --model_name qwen1_5_7b / qwen2_7b name) with transformers'
     tokens and logits."""
     from safetensors.numpy import load_file
-    from hf_models import llama_mf_name
+    from support.hf_models import llama_mf_name
     from lite_runtime.contract.families import family_from_model_name, get_family
     folder = hf_family("qwen")
     hf = json.loads((folder / "hf_qwen2" / "config.json").read_text())

@@ -18,7 +18,7 @@ from lite_runtime.backends.lite_memory import (GB, LITE_FIXED_BYTES, LIMIT_ENV, 
                                                estimate_load)
 from lite_runtime.contract.errors import ConfigError, ResourceError
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import REPO, VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
+from support.tiny_models import REPO, VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
 
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 README = os.path.join(REPO, "README.md")

@@ -1,6 +1,6 @@
 """GGUF input (`model.gguf`) against transformers' own GGUF loader (`from_pretrained(dir,
 gguf_file=...)`, which dequantizes with its own code): tiny Llama and Qwen2 files written as
-llama.cpp's converter writes them (tests/gguf_models.py), every linear layer in another tensor type.
+llama.cpp's converter writes them (tests/support/gguf_models.py), every linear layer in another tensor type.
 The tensors equal transformers' (1e-6), the tokenizer gives its ids, the export's greedy tokens
 are its greedy tokens (logits within 1e-4, backend ms), and what cannot be read is refused by name."""
 import json
@@ -9,9 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from family_cases import TOLERANCE
-from gguf_models import LINEAR_TYPES
-from tiny_models import REPO, error_lines, export_in_subprocess, run_cli, write_yaml
+from support.family_cases import TOLERANCE
+from support.gguf_models import LINEAR_TYPES
+from support.tiny_models import REPO, error_lines, export_in_subprocess, run_cli, write_yaml
 
 PROMPTS = ["An increasing sequence: one, two", "The numbers are", "<|im_start|>user\nCount<|im_end|>\n"]
 STEPS = 8
@@ -23,7 +23,7 @@ def gguf_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gguf")
     out = {}
     for arch in ("llama", "qwen2"):
-        result = run_cli([os.path.join(REPO, "tests", "gguf_models.py"), arch, str(folder / arch)])
+        result = run_cli([os.path.join(REPO, "tests", "support", "gguf_models.py"), arch, str(folder / arch)])
         assert result.returncode == 0, result.stderr[-3000:]
         out[arch] = str(folder / arch / "model.gguf")
     return out
@@ -82,7 +82,7 @@ def _greedy_reference(model, tokenizer):
 def test_a_gguf_exports_and_decodes_as_transformers(gguf_files, arch, tmp_path):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from parity_runner import greedy_prompts
+    from support.parity_runner import greedy_prompts
     prompts, ref_logits, ref_tokens = _greedy_reference(*_transformers(gguf_files[arch]))
     yaml_path = write_yaml(str(tmp_path / "gguf.yaml"), {"model": {"gguf": gguf_files[arch]}, "seq_length": 48,
                                                          "batch_size": 3, "kv_cache": "packed",
@@ -97,7 +97,7 @@ def test_a_gguf_exports_and_decodes_as_transformers(gguf_files, arch, tmp_path):
 
 
 def test_a_tensor_type_it_cannot_read_is_refused_by_name(tmp_path):
-    result = run_cli([os.path.join(REPO, "tests", "gguf_models.py"), "llama", str(tmp_path), "IQ4_NL"])
+    result = run_cli([os.path.join(REPO, "tests", "support", "gguf_models.py"), "llama", str(tmp_path), "IQ4_NL"])
     assert result.returncode == 0, result.stderr[-3000:]
     yaml_path = write_yaml(str(tmp_path / "bad.yaml"), {"model": {"gguf": str(tmp_path / "model.gguf")},
                                                         "seq_length": 48, "output_dir": str(tmp_path / "out")})

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tiny_models import REPO, export_in_subprocess, make_tokenizer, run_cli, tiny_export_config, write_yaml
+from support.tiny_models import REPO, export_in_subprocess, make_tokenizer, run_cli, tiny_export_config, write_yaml
 
 PROMPT = "one two three"
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tiny_models import REPO, run_cli
+from support.tiny_models import REPO, run_cli
 
 WHEEL = os.path.join(REPO, "build", "lite", "wheel", "mindspore_lite-2.0.0-cp37-cp37m-manylinux1_x86_64.whl")
 PROMPTS = {"An increasing sequence: one,": " two, three, four, five",     # facts of the demo's corpus

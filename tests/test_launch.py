@@ -5,7 +5,7 @@ import json
 
 from lite_runtime.ascend.ge_config import read_ge_config
 from lite_runtime.distributed.launch import _option, _without, rank_ini_files
-from tiny_models import REPO
+from support.tiny_models import REPO
 
 
 def write_table(path, n):

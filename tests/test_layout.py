@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from tiny_models import REPO
+from support.tiny_models import REPO
 
 PACKAGES = ("lite_runtime", "exporter")
 

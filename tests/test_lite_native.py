@@ -1,7 +1,7 @@
 """MindSpore Lite 2.0 through the native ctypes binding and the `mslite` backend, on tiny real graphs.
 
-Graphs come from tests/lite_graphs.py, exported by MindSpore 2.0 (.venv-ms20) in a separate
-process; every test touching Lite runs in a child process of its own (tests/lite_process.py).
+Graphs come from tests/support/lite_graphs.py, exported by MindSpore 2.0 (.venv-ms20) in a separate
+process; every test touching Lite runs in a child process of its own (tests/support/lite_process.py).
 Expected values are computed with numpy from the same weights (tolerance 1e-5).
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lite_process import (REPO, ensure_lite_installed, in_child, in_lite_process, shared_graphs,
-                          shared_new_graphs)
+from support.lite_process import (REPO, ensure_lite_installed, in_child, in_lite_process, shared_graphs,
+                                  shared_new_graphs)
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
 from lite_runtime.contract.families import FAMILIES, GraphDims
 from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath, load_manifest
 
-B, S, LAYERS, KV, D, VOCAB = 2, 8, 2, 2, 4, 16   # tests/lite_graphs.py toy model
+B, S, LAYERS, KV, D, VOCAB = 2, 8, 2, 2, 4, 16   # tests/support/lite_graphs.py toy model
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -374,7 +374,7 @@ def test_lite_error_text_says_a_repeated_log_line_once_with_its_count():
 def test_lite_pipeline_exits_quietly_after_import_torch(tiny_ckpt, tmp_path):
     """`import torch` first changes the order modules are torn down at exit; a Lite pipeline left open
     must still free its models without "Exception ignored in LiteModel.__del__"."""
-    from tiny_models import VENV_MS20_PYTHON, export_in_subprocess, make_tokenizer, tiny_export_config, write_yaml
+    from support.tiny_models import VENV_MS20_PYTHON, export_in_subprocess, make_tokenizer, tiny_export_config, write_yaml
     ensure_lite_installed()
     config = tiny_export_config(tiny_ckpt[0], str(tmp_path / "lite"), model={"tokenizer": make_tokenizer(str(tmp_path))})
     export = export_in_subprocess(write_yaml(str(tmp_path / "lite.yaml"), config), python=VENV_MS20_PYTHON)

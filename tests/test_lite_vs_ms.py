@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config,
-                         write_yaml)
+from support.tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config,
+                                 write_yaml)
 
 STEPS = 32
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
@@ -42,7 +42,7 @@ def ms20_export(tiny_ckpt, tmp_path_factory):
 
 
 def greedy(backend, export, out):
-    result = run_cli([os.path.join(REPO, "tests", "greedy_runner.py"), backend, export, out, str(STEPS)])
+    result = run_cli([os.path.join(REPO, "tests", "support", "greedy_runner.py"), backend, export, out, str(STEPS)])
     assert result.returncode == 0, result.stderr[-3000:]
     return np.load(out)
 

@@ -9,15 +9,15 @@ import signal
 import numpy as np
 import pytest
 
-from family_cases import STEPS
-from lite_process import ensure_lite_installed
-from tiny_models import run_cli
+from support.family_cases import STEPS
+from support.lite_process import ensure_lite_installed
+from support.tiny_models import run_cli
 
 RUN = """
 import sys
 sys.path.insert(0, "tests")
 import numpy as np
-from greedy_runner import greedy_run
+from support.greedy_runner import greedy_run
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 export, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])

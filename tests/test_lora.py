@@ -10,9 +10,9 @@ import pytest
 
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from parity_runner import greedy_prompts
-from family_cases import check_parity
-from tiny_models import error_lines, REPO, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from support.parity_runner import greedy_prompts
+from support.family_cases import check_parity
+from support.tiny_models import error_lines, REPO, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 STEPS = 32
 
@@ -20,7 +20,7 @@ STEPS = 32
 @pytest.fixture(scope="module")
 def lora_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lora")
-    result = run_cli([os.path.join(REPO, "tests", "lora_models.py"), str(folder), str(STEPS)])
+    result = run_cli([os.path.join(REPO, "tests", "support", "lora_models.py"), str(folder), str(STEPS)])
     assert result.returncode == 0, result.stderr[-3000:]
     ref = np.load(folder / "reference.npz")
     return folder, json.loads((folder / "prompts.json").read_text()), ref["logits"], ref["tokens"]

@@ -7,7 +7,7 @@ import pytest
 from exporter.families.llama import llama_ffn_size
 from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
-from tiny_models import error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from support.tiny_models import error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
 
 
 def mindformers_yaml(ckpt, output_dir, **model_config):
@@ -50,7 +50,7 @@ def test_run_yaml_chooses_kv_cache_and_lite_ms_at_its_top_level(tiny_ckpt, tiny_
     """`kv_cache` and `lite_ms`, the export yaml's own top-level keys, are read from a run yaml too: kv_cache
     packed writes the step graph, whose greedy tokens are the io export's."""
     from exporter.config.schema import load_config
-    from parity_runner import greedy_prompts
+    from support.parity_runner import greedy_prompts
     data = dict(mindformers_yaml(tiny_ckpt[0], str(tmp_path / "out")), kv_cache="packed")
     path = write_yaml(str(tmp_path / "run_llama_packed.yaml"), data)
     assert load_config(write_yaml(str(tmp_path / "run_llama_ms.yaml"), dict(data, lite_ms=True))).lite_ms is True

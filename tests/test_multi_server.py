@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from lite_runtime.distributed.process_group import free_port
-from tiny_models import REPO, error_lines, rank_table, run_cli
+from support.tiny_models import REPO, error_lines, rank_table, run_cli
 
 SERVERS = ("127.0.0.2", "127.0.0.1")
 

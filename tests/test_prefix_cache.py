@@ -1,38 +1,23 @@
 """Prefix caching on the engine's host-owned cache: prompts sharing a prefix get the greedy tokens they
 get without the cache (the demo model, `ms` and real Lite), the shared blocks are reused (and said in
 usage.prompt_tokens_details.cached_tokens and /metrics), and the store stays within its bytes."""
+import os
 import re
 import urllib.request
 
 import pytest
 
-from tiny_models import REPO
+from support.prefix_cache_runner import PROMPTS, compare, prompt_ids, run_each_alone
+from support.tiny_models import REPO
 from lite_runtime.tokenizers import export_tokenizer
-
-SHARED = "An increasing sequence: one, two, three, four, five, six, seven, eight, nine, ten, one, two, three,"
-PROMPTS = [SHARED + " four, five,", SHARED + " Counting: seven, eight,", SHARED + " four, five,"]
-
-
-def _run(engine, prompts, tokens=8):
-    """Each prompt alone, one after the other: (new tokens, cached prompt tokens) per prompt."""
-    from lite_runtime.decode.engine import EngineRequest
-    out = []
-    for prompt in prompts:
-        got, ended = [], []
-        request = EngineRequest(prompt, tokens, on_token=lambda t, lp: got.append(t), on_finish=ended.append)
-        engine.submit(request)
-        engine.run_until_idle()
-        assert ended == ["length"], ended
-        out.append((got, request.cached_tokens))
-    return out
 
 
 @pytest.mark.parametrize("backend", ["ms", "mslite"])
 def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backend, tmp_path):
     from lite_runtime.decode.prefix_cache import BLOCK
     if backend == "mslite":       # Lite's process must not import mindspore: the same check in a child
-        from tiny_models import run_cli
-        result = run_cli([__file__.replace("test_prefix_cache.py", "prefix_cache_runner.py"), demo_exports[backend]])
+        from support.tiny_models import run_cli
+        result = run_cli([os.path.join(REPO, "tests", "support", "prefix_cache_runner.py"), demo_exports[backend]])
         assert result.returncode == 0, result.stderr[-2000:]
         plain, cached = eval(result.stdout)
     else:
@@ -46,25 +31,6 @@ def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backen
     assert cached[2][1] == min(shared, (len(tokenizer_ids[2]) - 1) // BLOCK * BLOCK) > 0
 
 
-def prompt_ids(export):
-    from lite_runtime.contract.manifest import load_manifest
-    tokenizer = export_tokenizer(load_manifest(export))
-    return [tokenizer.encode(p, add_special_tokens=True) for p in PROMPTS]
-
-
-def compare(export, backend="ms"):
-    """(tokens, cached) of PROMPTS without and with the prefix cache."""
-    from lite_runtime.backends import load_session
-    from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.decode.engine import Engine
-    ids = prompt_ids(export)
-    session = load_session(backend, load_manifest(export))
-    plain = _run(Engine(session, threaded=False), ids)
-    cached = _run(Engine(session, threaded=False, prefix_cache_bytes=64 << 20), ids)
-    session.close()
-    return plain, cached
-
-
 def test_the_store_keeps_within_its_bytes_dropping_the_least_recent(demo_exports):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
@@ -72,17 +38,17 @@ def test_the_store_keeps_within_its_bytes_dropping_the_least_recent(demo_exports
     ids = prompt_ids(demo_exports["ms"])
     session = load_session("ms", load_manifest(demo_exports["ms"]))
     one = Engine(session, threaded=False, prefix_cache_bytes=64 << 20)
-    _run(one, ids[:1])
+    run_each_alone(one, ids[:1])
     size = one.prefix.bytes            # one prompt's K/V
     other = export_tokenizer(load_manifest(demo_exports["ms"])).encode(
         "Counting down: ten, nine, eight, seven, six, five, four, three, two, one, ten, nine, eight, seven, six,",
         add_special_tokens=True)
     assert len(other) // 16 == len(ids[0]) // 16        # as many whole blocks: as many bytes
     small = Engine(session, threaded=False, prefix_cache_bytes=int(size * 1.5))
-    _run(small, [ids[0], other])
+    run_each_alone(small, [ids[0], other])
     assert small.prefix.bytes == size and small.prefix.evictions == 1     # ids[0]'s K/V made room for other's
-    assert _run(small, [ids[0]])[0][1] == 0 and small.prefix.evictions == 2
-    assert _run(small, [ids[1]])[0][1] > 0              # ids[0]'s again: what ids[1] shares with it is reused
+    assert run_each_alone(small, [ids[0]])[0][1] == 0 and small.prefix.evictions == 2
+    assert run_each_alone(small, [ids[1]])[0][1] > 0              # ids[0]'s again: what ids[1] shares with it is reused
 
 
 def test_the_server_reports_cached_tokens_and_counts_hits(demo_exports):

@@ -12,9 +12,8 @@ import pytest
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
 from lite_runtime.contract.manifest import load_manifest
-from family_cases import BATCH, SEQ, STEPS, check_parity
-from test_families import lite_run
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, rank_table, run_cli, write_yaml
+from support.family_cases import BATCH, SEQ, STEPS, check_parity, lite_run
+from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, rank_table, run_cli, write_yaml
 
 SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
            ("int4", 128, "tied"), ("int8", 32, "head")]     # head: the head quantized to int8 too
@@ -46,7 +45,7 @@ def quantized(hf_family):
             name = f"q_{scheme}_g{group}_{form}"
             ref = folder / f"{name}_reference.npz"
             hf = tied_folder(folder) if form == "tied" else folder / "hf"
-            result = run_cli([os.path.join(REPO, "tests", "quant_reference.py"), str(hf), scheme,
+            result = run_cli([os.path.join(REPO, "tests", "support", "quant_reference.py"), str(hf), scheme,
                               str(group), str(STEPS), str(ref), "2" if form == "tp2" else "1",
                               "int8" if form == "head" else "float32"])
             assert result.returncode == 0, result.stderr[-3000:]
@@ -95,7 +94,7 @@ def test_quantized_tp2_segments_give_transformers_on_each_ranks_quantized_shares
     prompts = hf_family("llama") / "prompts.json"
     result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "table2.json", 2),
                       "--backend", "mslite", "--log_dir", str(tmp_path / "logs"), "--",
-                      os.path.join(REPO, "tests", "tp_worker.py"), str(tmp_path), str(STEPS), str(prompts),
+                      os.path.join(REPO, "tests", "support", "tp_worker.py"), str(tmp_path), str(STEPS), str(prompts),
                       "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
     for rank in range(2):

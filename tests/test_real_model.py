@@ -16,8 +16,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from test_serve import client
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
+from support.serving import client
+from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
 from lite_runtime.tokenizers import export_tokenizer
 
 GGUF = os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -73,7 +73,7 @@ def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
     export, model, tokenizer = smollm2
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    result = run_cli([os.path.join(REPO, "tests", "parity_runner.py"), "mslite", export,
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
                       str(tmp_path / "prompts.json"), str(STEPS), str(tmp_path / "lite.npz")])
     assert result.returncode == 0, result.stderr[-3000:]
     got = np.load(tmp_path / "lite.npz")
@@ -188,7 +188,7 @@ def test_speculation_on_the_real_model_keeps_transformers_tokens(smollm2, tmp_pa
     expected, _ = _greedy(model, ids, 36)
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([ids]))
-    result = run_cli([os.path.join(REPO, "tests", "speculative_runner.py"), "mslite", export, str(prompts), "36"])
+    result = run_cli([os.path.join(REPO, "tests", "support", "speculative_runner.py"), "mslite", export, str(prompts), "36"])
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["ngram"] == [expected] and got["plain"] == [expected]

@@ -8,10 +8,10 @@ from exporter.families import FAMILIES as EXPORT_FAMILIES
 from lite_runtime import InputOfInfer
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import FAMILIES, get_family
-from hf_models import BUILDERS
-from numpy_references import CASES as NUMPY_CASES
-from family_cases import FAMILIES as PARITY_TESTED
-from tiny_models import KNOWN_FAMILIES
+from support.hf_models import BUILDERS
+from support.numpy_references import CASES as NUMPY_CASES
+from support.family_cases import FAMILIES as PARITY_TESTED
+from support.tiny_models import KNOWN_FAMILIES
 
 
 
@@ -29,7 +29,7 @@ def test_exporter_families_are_the_runtimes_declared_once():
 
 def test_every_family_has_a_tiny_reference_model_and_parity_tests():
     assert set(EXPORT_FAMILIES) <= set(BUILDERS) | set(NUMPY_CASES.values()), \
-        "a registered family has no tiny model in tests/hf_models.py nor a numpy reference (numpy_references.py)"
+        "a registered family has no tiny model in tests/support/hf_models.py nor a numpy reference (numpy_references.py)"
     assert set(EXPORT_FAMILIES) <= set(PARITY_TESTED), "a registered family is not in tests/test_families.py"
 
 

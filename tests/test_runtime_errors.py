@@ -5,54 +5,20 @@ tiny export ships no tokenizer, so a tiny sentencepiece model (96 pieces, the ti
 vocab_size) is trained here and passed with `--tokenizer_path`.
 Every CLI mistake: exit != 0, one `error:` line on stderr naming the facts, no traceback.
 """
-import io
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tiny_models import (KNOWN_FAMILIES, REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config,
-                         write_yaml)
+from support.runtime_checks import assert_one_line_error, edit_manifest, export_dir, tokenizer_model  # noqa: F401 (fixtures)
+from support.tiny_models import (KNOWN_FAMILIES, REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, tiny_export_config,
+                                 write_yaml)
 
 GRAPHS = {"prefill": "mindir_full_checkpoint/rank_0_graph.mindir",
           "increment": "mindir_inc_checkpoint/rank_0_graph.mindir"}
-WORDS = ("the quick brown fox jumps over lazy dog hello world this is a tiny tokenizer one two three four "
-         "five six seven eight nine ten red green blue yellow cat bird fish tree house river").split()
 LONG_PROMPT = " ".join(["hello world"] * 40)    # far more than seq_length 48 tokens
-
-
-@pytest.fixture(scope="module")
-def tokenizer_model(tmp_path_factory):
-    import sentencepiece as spm
-    corpus = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model, vocab_size=96,
-                                   model_type="bpe", pad_id=0, bos_id=1, eos_id=2, unk_id=3, minloglevel=2)
-    path = str(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model")
-    with open(path, "wb") as f:
-        f.write(model.getvalue())
-    return path
-
-
-@pytest.fixture
-def export_dir(tiny_exports, tmp_path):
-    """A private copy of the tiny io export, free to damage."""
-    folder = str(tmp_path / "export")
-    shutil.copytree(tiny_exports["io"], folder)
-    return folder
-
-
-def edit_manifest(folder, change):
-    path = os.path.join(folder, "manifest.json")
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    change(data)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f)
 
 
 def infer_cli(model_dir, tokenizer, *args):
@@ -60,17 +26,6 @@ def infer_cli(model_dir, tokenizer, *args):
     if tokenizer:
         argv += ["--tokenizer_path", tokenizer]
     return run_cli(argv + list(args), timeout=180)
-
-
-def assert_one_line_error(result, *facts):
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip("\n").splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{result.stderr}"
-    assert lines[0].startswith("error:"), lines[0]
-    for fact in facts:
-        assert str(fact) in lines[0], f"{fact!r} missing from: {lines[0]}"
-    return lines[0]
 
 
 # --- a damaged or inconsistent export -----------------------------------------------------------------
@@ -164,7 +119,7 @@ def test_lite_compatible_export_on_backend_ms_is_refused_before_loading(tiny_ckp
 
 def test_float16_step_graphs_are_refused_on_lite_cpu_before_loading(tiny_ckpt, tokenizer_model, tmp_path):
     """Lite 2.0 on CPU fails every float16 step graph at Predict ("Common error code")."""
-    from lite_process import ensure_lite_installed
+    from support.lite_process import ensure_lite_installed
     ensure_lite_installed()
     out = str(tmp_path / "f16")
     cfg = tiny_export_config(tiny_ckpt[0], out, kv_cache="packed", compute_dtype="float16")

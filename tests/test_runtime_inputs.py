@@ -11,8 +11,8 @@ import pytest
 from lite_runtime import InferConfig
 from lite_runtime.cli.run_infer import read_prompts
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
-from test_runtime_errors import assert_one_line_error, edit_manifest, export_dir, tokenizer_model  # noqa: F401 (fixtures)
-from tiny_models import run_cli
+from support.runtime_checks import assert_one_line_error, edit_manifest, export_dir, tokenizer_model  # noqa: F401 (fixtures)
+from support.tiny_models import run_cli
 
 TXT_ALLOWED = "allowed: a prompt text, or a .txt file (UTF-8) with one prompt per line"
 

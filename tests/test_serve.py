@@ -3,7 +3,6 @@ text and stop strings can be checked), on `ms` and on real Lite, through the off
 client: greedy text equal to pipeline()'s, streaming equal to the whole answer, stop strings,
 OpenAI-style errors, Prometheus metrics; and the engine's continuous batching: requests joining at
 different moments and reusing freed rows get exactly the tokens each gets alone."""
-import contextlib
 import json
 import os
 import re
@@ -15,21 +14,9 @@ import numpy as np
 import psutil
 import pytest
 
-from tiny_models import REPO
+from support.serving import PROMPTS, client, disconnect_mid_stream, pipeline_texts, served  # noqa: F401 (a fixture)
+from support.tiny_models import REPO
 from lite_runtime.tokenizers import export_tokenizer
-
-PROMPTS = ["An increasing sequence: one,", "Counting: seven, eight,", "The alphabet: a, b,"]
-
-
-@contextlib.contextmanager
-def served(export: str, backend: str, name: str = "demo"):
-    """`export` served in a process of its own; yields (base url, pid); stopped by SIGTERM (exit 0)."""
-    if backend == "mslite":
-        from lite_process import ensure_lite_installed
-        ensure_lite_installed()
-    from served_process import served as serve_process
-    with serve_process(export, backend, name, cwd=REPO) as server:
-        yield server.url, server.pid
 
 
 @pytest.fixture(scope="module", params=["ms", "mslite"])
@@ -37,20 +24,6 @@ def server(demo_exports, request):
     """(base url, backend, pid): the demo export served in a process of its own."""
     with served(demo_exports[request.param], request.param) as (url, pid):
         yield url, request.param, pid
-
-
-def client(url):
-    from openai import OpenAI
-    return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def pipeline_texts(demo_exports):
-    """The greedy continuations of PROMPTS by pipeline() on `ms` (prompt removed)."""
-    from lite_runtime import pipeline
-    pipe = pipeline("text_generation", model=demo_exports["ms"], backend="ms")
-    answers = pipe(PROMPTS, max_new_tokens=10, add_special_tokens=True)
-    return [a["text_generation_text"][0][len(p):] for a, p in zip(answers, PROMPTS)]
 
 
 def test_completions_give_pipelines_greedy_text_streamed_or_not(server, pipeline_texts):
@@ -423,18 +396,6 @@ def _post(url, body, timeout=120):
         return e.code, json.loads(e.read())
 
 
-def _disconnect_mid_stream(url):
-    import http.client
-    host, port = url.split("//")[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps({"model": "demo", "prompt": PROMPTS[0], "max_tokens": 60,
-                                                        "stream": True}), {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    response.readline()           # the first event
-    conn.close()
-    return "gone", None
-
-
 def test_a_bounded_load_with_bad_and_vanishing_clients(server):
     """200 requests from 32 concurrent clients: valid ones (greedy and seeded sampling), malformed
     bodies, over-long prompts and clients that leave mid-stream. Every valid request gets its whole
@@ -450,7 +411,7 @@ def test_a_bounded_load_with_bad_and_vanishing_clients(server):
     def one(i):
         kind, body = kinds[i % len(kinds)]
         if kind == "gone":
-            return kind, _disconnect_mid_stream(url)
+            return kind, disconnect_mid_stream(url)
         return kind, _post(url, body)
 
     def run(n):
@@ -536,7 +497,7 @@ def demo_tp2(demo_exports, tmp_path_factory):
     """The demo model as a two-rank segment export (Lite tensor parallel) and a two-device rank table."""
     import yaml
     from lite_runtime.ascend.rank_table import RankEntry, ServerEntry, table_json
-    from tiny_models import VENV_MS20_PYTHON, run_cli, write_yaml
+    from support.tiny_models import VENV_MS20_PYTHON, run_cli, write_yaml
     folder = tmp_path_factory.mktemp("demo_tp2")
     demo_dir = os.path.join(REPO, "tools", "demo_model")
     with open(os.path.join(demo_dir, "demo.yaml")) as f:
@@ -561,7 +522,7 @@ def test_a_launched_run_serves_from_rank_0(demo_exports, demo_tp2, pipeline_text
     ranks. Several requests at once, streamed or not, get the single-rank pipeline's greedy text; the
     other ranks ran steps; SIGTERM to the launcher stops every rank and exits 0."""
     from concurrent.futures import ThreadPoolExecutor
-    from lite_process import ensure_lite_installed
+    from support.lite_process import ensure_lite_installed
     from served_process import served as serve_process
     ensure_lite_installed()
     tp2, tables, folder = demo_tp2
@@ -593,7 +554,7 @@ def test_glm_prompts_are_served_whole_with_their_row_inputs(family_export, hf_fa
     """GLM v1 (its per-row context_length and mask_position; its prompt attends both ways, so it is never
     fed in chunks, even with prefill_chunk 2): three requests, the last submitted while the first runs,
     give the independent numpy reference's greedy tokens."""
-    from family_cases import STEPS, reference
+    from support.family_cases import STEPS, reference
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.engine import Engine, EngineRequest

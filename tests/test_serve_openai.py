@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from test_serve import PROMPTS, _disconnect_mid_stream, client, served
-from tiny_models import REPO, run_cli
+from support.serving import PROMPTS, client, disconnect_mid_stream, served
+from support.tiny_models import REPO, run_cli
 from lite_runtime.tokenizers import export_tokenizer
 
 CONTEXT = 128       # the demo export's seq_length
@@ -136,7 +136,7 @@ def test_token_text_reads_each_kind_of_vocabulary(tmp_path):
     """Byte-level BPE (`Ġ`), sentencepiece (`▁`, `<0xNN>`) and tiktoken pieces: the bytes of a text's
     tokens joined are the text's (sentencepiece: after the space it puts first), also where a
     character is split over tokens."""
-    from test_tokenizers import STREAM_TEXTS, TEXTS, train_byte_level_json, train_sentencepiece, write_tiktoken
+    from support.tokenizer_files import STREAM_TEXTS, TEXTS, train_byte_level_json, train_sentencepiece, write_tiktoken
     from lite_runtime.serve.text import TokenText
     from lite_runtime.tokenizers import load_tokenizer
     (tmp_path / "sp").mkdir(), (tmp_path / "qwen").mkdir()
@@ -277,7 +277,7 @@ def test_a_stream_closed_by_its_client_is_counted_as_cancelled(demo):
     url, _ = demo
     _wait_for(lambda: _running(url) == 0, "the server is idle")
     before, lengths = _finished(url, "cancelled"), _finished(url, "length")
-    _disconnect_mid_stream(url)        # closed after the first event of 60 tokens
+    disconnect_mid_stream(url)        # closed after the first event of 60 tokens
     _wait_for(lambda: _finished(url, "cancelled") == before + 1, "a closed stream is counted as cancelled")
     _wait_for(lambda: _running(url) == 0, "the row of a closed stream is freed", timeout=5)
     assert _finished(url, "length") == lengths

@@ -11,9 +11,9 @@ import shutil
 import jsonschema
 import pytest
 
-from test_chat_templates import QWEN25
-from test_serve import client, served
-from tiny_models import export_in_subprocess, write_yaml
+from support.chat_templates import QWEN25
+from support.serving import client, served
+from support.tiny_models import export_in_subprocess, write_yaml
 from lite_runtime.tokenizers import export_tokenizer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},

@@ -1,5 +1,5 @@
 """SLoRA: one export serving two LoRA adapters of different ranks (and the base model), chosen per
-row, against Hugging Face peft on a tiny random Llama (tests/slora_models.py). Each adapter, and
+row, against Hugging Face peft on a tiny random Llama (tests/support/slora_models.py). Each adapter, and
 the base, gives peft's greedy tokens for 32 steps and logits within 1e-4 on `ms` (io and packed)
 and on real Lite (packed, .ms); a batch mixing adapters gives, row by row, each prompt's own
 result; MindFormers adapter folders with a MindFormers run yaml give the same; run_infer_main.py
@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from family_cases import check_parity
-from test_distributed import rank_table
-from tiny_models import VENV_MS20_PYTHON, REPO, error_lines, export_in_subprocess, run_cli, save_ckpt, write_yaml
+from support.family_cases import check_parity
+from support.tiny_models import (VENV_MS20_PYTHON, REPO, error_lines, export_in_subprocess, rank_table, run_cli, save_ckpt,
+                                 write_yaml)
 from lite_runtime.tokenizers import export_tokenizer
 
 STEPS = 32
@@ -24,7 +24,7 @@ MF_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2")
 @pytest.fixture(scope="module")
 def slora_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("slora")
-    result = run_cli([os.path.join(REPO, "tests", "slora_models.py"), str(folder), str(STEPS)])
+    result = run_cli([os.path.join(REPO, "tests", "support", "slora_models.py"), str(folder), str(STEPS)])
     assert result.returncode == 0, result.stderr[-3000:]
     (folder / "lora_adapter.json").write_text(json.dumps({"a1": "a1", "a2": "a2"}))
     (folder / "lora_adapter_a1.json").write_text(json.dumps({"a1": "a1"}))    # attention layers only
@@ -83,7 +83,7 @@ def slora_exports(slora_model):
 
 def run_slots(folder, export, backend, slots, name):
     out = folder / f"{name}.npz"
-    result = run_cli([os.path.join(REPO, "tests", "slora_runner.py"), backend, export, str(folder / "prompts.json"),
+    result = run_cli([os.path.join(REPO, "tests", "support", "slora_runner.py"), backend, export, str(folder / "prompts.json"),
                       str(STEPS), str(out), json.dumps(slots)])
     assert result.returncode == 0, result.stderr[-3000:]
     got = np.load(out)
@@ -128,7 +128,7 @@ def run_tp2(slora_model, export, backend, slots, tmp_path):
     """Greedy runs of the mixed batch on 2 ranks under the launcher: [(logits, tokens)] per rank."""
     table = rank_table(tmp_path / "table2.json", 2)
     result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table, "--backend", backend,
-                      "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "tp_worker.py"),
+                      "--log_dir", str(tmp_path / "logs"), "--", os.path.join(REPO, "tests", "support", "tp_worker.py"),
                       str(tmp_path), str(STEPS), str(slora_model / "prompts.json"), json.dumps(slots),
                       "--model_dir", export])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -245,10 +245,10 @@ def test_the_server_chooses_each_requests_adapter_by_model_name(slora_model, slo
     TGI's route with adapter_id."""
     from concurrent.futures import ThreadPoolExecutor
     from huggingface_hub import InferenceClient
-    from lite_process import ensure_lite_installed
+    from support.lite_process import ensure_lite_installed
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.serve.text import TokenText
-    from test_serve import client, served
+    from support.serving import client, served
     ensure_lite_installed()
     prompts = json.loads((slora_model / "prompts.json").read_text())
     with served(slora_exports("lite_packed"), "mslite", "base") as (url, _):

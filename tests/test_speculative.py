@@ -11,9 +11,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from family_cases import FAMILIES, reference
-from test_serve import PROMPTS, client, pipeline_texts  # noqa: F401 (a fixture)
-from tiny_models import REPO, run_cli
+from support.family_cases import FAMILIES, reference
+from support.serving import PROMPTS, client, pipeline_texts  # noqa: F401 (a fixture)
+from support.tiny_models import REPO, run_cli
 
 
 def test_guesses_follow_the_latest_earlier_ngram():
@@ -40,7 +40,7 @@ def test_a_bad_speculative_value_is_one_line(demo_exports, value):
 def speculate(backend, export, prompts, folder, name, steps):
     path = folder / f"{name}_prompts.json"
     path.write_text(json.dumps([list(map(int, p)) for p in prompts]))
-    result = run_cli([os.path.join(REPO, "tests", "speculative_runner.py"), backend, export, str(path), str(steps)])
+    result = run_cli([os.path.join(REPO, "tests", "support", "speculative_runner.py"), backend, export, str(path), str(steps)])
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -75,7 +75,7 @@ def prompts_and_texts(demo_exports, pipeline_texts):
 
 def test_the_server_speculates_with_the_same_text(demo_exports, prompts_and_texts):
     from served_process import served as serve_process
-    from lite_process import ensure_lite_installed
+    from support.lite_process import ensure_lite_installed
     ensure_lite_installed()
     prompts, expected = prompts_and_texts
     with serve_process(demo_exports["mslite"], "mslite", "demo", cwd=REPO, extra=["--speculative", "ngram:3"]) as server:

@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from family_cases import BATCH, SEQ, reference
-from tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
+from support.family_cases import BATCH, SEQ, reference
+from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
 
 VARIANTS = ["packed", "lite_packed"]
 
@@ -45,7 +45,7 @@ def other_llama(hf_family):
 
 
 def with_draft(variant, target, draft, folder, name):
-    """tests/speculative_runner.py with a draft: plain, draft and sampled runs of the reference prompts,
+    """tests/support/speculative_runner.py with a draft: plain, draft and sampled runs of the reference prompts,
     twice (the second time in reverse, so that rows are reused by other prompts), and the reference's
     tokens of each."""
     prompts, _, ref_tokens = reference(folder)
@@ -54,7 +54,7 @@ def with_draft(variant, target, draft, folder, name):
     path = folder / f"{name}_prompts.json"
     path.write_text(json.dumps([list(map(int, p)) for p in prompts]))
     backend = "mslite" if variant.startswith("lite") else "ms"
-    result = run_cli([os.path.join(REPO, "tests", "speculative_runner.py"), backend, target, str(path),
+    result = run_cli([os.path.join(REPO, "tests", "support", "speculative_runner.py"), backend, target, str(path),
                       str(len(want[0])), draft])
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), want

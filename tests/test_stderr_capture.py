@@ -11,8 +11,8 @@ import os
 import subprocess
 import sys
 
-from lite_process import ensure_lite_installed
-from tiny_models import REPO, error_lines, run_cli
+from support.lite_process import ensure_lite_installed
+from support.tiny_models import REPO, error_lines, run_cli
 
 LOADS = 6
 # Runs in a process of its own: Lite only, never mindspore.

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from tiny_models import train_byte_bpe_tokenizer
+from support.tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.contract.errors import ValidationError
 from lite_runtime.decode.streamers import RowDetokenizer, TextIteratorStreamer, TextStreamer
 from lite_runtime.tokenizers import load_tokenizer

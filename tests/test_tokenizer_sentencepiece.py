@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiny_models import train_byte_bpe_tokenizer
+from support.tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.tokenizers import SentencePieceTokenizer as Tokenizer, load_tokenizer
 

@@ -1,14 +1,15 @@
 """The family test cases (tests/test_families.py, tests/test_family_details.py): a case is a family
-or one shape of a family (`baichuan2_13b`), made by tests/hf_models.py (transformers) or
-tests/numpy_references.py (an independent numpy forward pass); the fixtures `hf_family` and
+or one shape of a family (`baichuan2_13b`), made by tests/support/hf_models.py (transformers) or
+tests/support/numpy_references.py (an independent numpy forward pass); the fixtures `hf_family` and
 `family_export` (conftest.py) make its folder and its exports on first use."""
 import json
+import os
 
 import numpy as np
 
-from hf_models import BUILDERS
-from numpy_references import CASES as NUMPY_CASES
-from tiny_models import save_ckpt
+from support.hf_models import BUILDERS
+from support.numpy_references import CASES as NUMPY_CASES
+from support.tiny_models import REPO, run_cli, save_ckpt
 
 STEPS = 32
 TOLERANCE = 1e-4
@@ -94,3 +95,12 @@ def check_parity(logits, tokens, ref_logits, ref_tokens, what):
     np.testing.assert_array_equal(tokens, ref_tokens, err_msg=f"{what}: greedy tokens differ")
     diff = np.abs(logits - ref_logits).max()
     assert diff <= TOLERANCE, f"{what}: max abs logit difference {diff} > {TOLERANCE}"
+
+
+def lite_run(folder, export, name, *options):
+    out = str(folder / f"{name}.npz")
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
+                      str(folder / "prompts.json"), str(STEPS), out, *options])
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(out)
+    return got["logits"], got["tokens"]

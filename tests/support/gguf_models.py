@@ -1,5 +1,5 @@
 """Tiny GGUF files written as llama.cpp's converter writes them, from a random transformers model:
-python tests/gguf_models.py ARCH OUT_DIR [UNSUPPORTED_TYPE]
+python tests/support/gguf_models.py ARCH OUT_DIR [UNSUPPORTED_TYPE]
 
 ARCH is llama or qwen2. Writes OUT_DIR/model.gguf: the hyper-parameters under llama.cpp's keys, a
 byte-level BPE tokenizer trained here (tokens, types, merges, special ids, pre-tokenizer name), a
@@ -8,11 +8,13 @@ its converter does), each linear layer in another type: F16, BF16, Q8_0, Q4_0, Q
 (quantized by the gguf package) and Q4_K, Q6_K (blocks of random bits with small scales: the package
 cannot quantize to them). With UNSUPPORTED_TYPE (e.g. IQ4_NL), one tensor is written in that type.
 """
+import os
 import sys
 
 import numpy as np
 
-from hf_models import CORPUS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
+from support.hf_models import CORPUS  # noqa: E402
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 320
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

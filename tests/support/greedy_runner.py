@@ -1,7 +1,7 @@
 """Greedy decode of fixed prompts on any backend, used by tests that compare backends and ranks.
 
 Run as a script it loads one backend in its own process (Lite and mindspore cannot share one):
-  python tests/greedy_runner.py BACKEND EXPORT OUT.npz STEPS
+  python tests/support/greedy_runner.py BACKEND EXPORT OUT.npz STEPS
 """
 import sys
 

@@ -3,7 +3,7 @@ of one family, save it as an HF folder with a locally trained tokenizer, record 
 tokens and logits, and write the same weights under MindFormers' names (converted here, from the
 upstream conversion rules, independently of the exporter's weight plans).
 
-usage: python tests/hf_models.py FAMILY OUT_DIR STEPS   (FAMILY: a BUILDERS or SHAPES key)
+usage: python tests/support/hf_models.py FAMILY OUT_DIR STEPS   (FAMILY: a BUILDERS or SHAPES key)
 Writes OUT_DIR/hf/ (config.json, model.safetensors, tokenizer files), OUT_DIR/reference.npz
 (logits (P, STEPS+1, V), tokens (P, STEPS+1)), OUT_DIR/prompts.json, OUT_DIR/mindformers.npz.
 """

@@ -1,7 +1,7 @@
-"""Graphs of one linear layer as a Custom node run by the project's Lite kernels, for tests/lite_kernel_cases.py.
+"""Graphs of one linear layer as a Custom node run by the project's Lite kernels, for tests/support/lite_kernel_cases.py.
 
 Run with MindSpore 2.0 (the MindIR Lite 2.0 reads), from the repository:
-    .venv-ms20/bin/python tests/kernel_graphs.py OUT_DIR
+    .venv-ms20/bin/python tests/support/kernel_graphs.py OUT_DIR
 Writes OUT_DIR/<case>.mindir, y (M, N) = Custom(x (M, K), constants...) with M dynamic, and
 OUT_DIR/<case>.npz with the constants and the dequantized weight `w` the test compares against.
 """
@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Tiny MindIR graphs for the Lite backend tests, exported with whatever MindSpore runs this script.
 
 Run in a MindSpore environment (never in the test process: Lite and mindspore cannot share one):
-    .venv-ms20/bin/python tests/lite_graphs.py OUT_DIR [GRAPH ...]
+    .venv-ms20/bin/python tests/support/lite_graphs.py OUT_DIR [GRAPH ...]
 Writes OUT_DIR/<graph>.mindir for each graph and OUT_DIR/weights.npz with every constant, so the
 tests can compute the expected outputs with numpy (`reference_*` in tests/test_lite_native.py).
 

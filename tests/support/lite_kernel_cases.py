@@ -11,8 +11,8 @@ import pytest
 from lite_runtime.backends import lite_kernels
 from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
 from lite_runtime.contract import quant
-from activation_rounding import round_activations
-from tiny_models import REPO, VENV_MS20_PYTHON
+from support.activation_rounding import round_activations
+from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
 CASES = ("f32", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
@@ -44,7 +44,7 @@ def graphs(tmp_path_factory, library):
     """Each case as MindIR (MindSpore 2.0) and as .ms (Lite's converter with the kernels registered)."""
     from exporter.writing.lite_convert import convert_graphs, converter_python
     out = tmp_path_factory.mktemp("kernel_graphs")
-    subprocess.run([VENV_MS20_PYTHON, os.path.join(REPO, "tests", "kernel_graphs.py"), str(out)], check=True,
+    subprocess.run([VENV_MS20_PYTHON, os.path.join(REPO, "tests", "support", "kernel_graphs.py"), str(out)], check=True,
                    cwd=REPO, timeout=600)
     convert_graphs(str(out), {"step": [f"{case}.mindir" for case in CASES]}, converter_python("test"))
     return out
@@ -116,7 +116,7 @@ def test_the_kernels_equal_numpy_on_odd_shapes(library):
 def test_the_portable_loops_equal_numpy_too(library):
     """LITE_KERNELS_ISA=generic: the fallback a CPU without AVX2 + FMA gets (chosen at load)."""
     code = ("import sys; sys.path.insert(0, 'tests'); from lite_runtime.backends import lite_kernels as k; "
-            f"k.load({library!r}); import lite_kernel_cases as t; print(t.check_direct())")
+            f"k.load({library!r}); import support.lite_kernel_cases as t; print(t.check_direct())")
     env = dict(os.environ, LITE_KERNELS_ISA="generic")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=600)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHILD_ENV = "LITE_TEST_CHILD"
 GRAPHS_ENV = "LITE_TEST_GRAPHS"          # folder with the graphs exported by MindSpore 2.0
 NEW_GRAPHS_ENV = "LITE_TEST_GRAPHS_NEW"  # folder with a graph exported by MindSpore 2.10
@@ -48,8 +48,8 @@ def in_lite_process(test):
 
 
 def export_graphs(python: Path, out_dir: Path, *names: str) -> Path:
-    """Export tests/lite_graphs.py graphs with the MindSpore of `python` (a separate process)."""
-    result = subprocess.run([str(python), str(REPO / "tests" / "lite_graphs.py"), str(out_dir), *names],
+    """Export tests/support/lite_graphs.py graphs with the MindSpore of `python` (a separate process)."""
+    result = subprocess.run([str(python), str(REPO / "tests" / "support" / "lite_graphs.py"), str(out_dir), *names],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise AssertionError(f"exporting test graphs with {python} failed:\n{result.stdout}\n{result.stderr}")

@@ -2,7 +2,7 @@
 Hugging Face peft (random, non-zero A and B on q, k, v, o), saved as an HF folder plus a PEFT adapter
 folder, the same adapter under MindFormers' LoRA names, and peft's merged model's greedy reference.
 
-usage: python tests/lora_models.py OUT_DIR STEPS
+usage: python tests/support/lora_models.py OUT_DIR STEPS
 Writes OUT_DIR/hf/, OUT_DIR/adapter/ (adapter_config.json, adapter_model.safetensors),
 OUT_DIR/mindformers_lora.npz (base + mindpet_delta_lora_a/b tensors), OUT_DIR/reference.npz, prompts.json.
 """
@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 
-from hf_models import BUILDERS, PROMPTS, greedy_reference, mindformers_names, widen
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
+from support.hf_models import BUILDERS, PROMPTS, greedy_reference, mindformers_names, widen  # noqa: E402
 
 RANK, ALPHA = 4, 8
 MF_TARGETS = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo"}

@@ -1,8 +1,8 @@
 """Independent numpy references for model shapes transformers has no class for, written from the
 published formulas (never from the project's model code), in float64.
 
-Run as a script it does for a case what tests/hf_models.py does for a builder:
-  python tests/numpy_references.py CASE OUT_DIR STEPS [SCALE]
+Run as a script it does for a case what tests/support/hf_models.py does for a builder:
+  python tests/support/numpy_references.py CASE OUT_DIR STEPS [SCALE]
 writes OUT_DIR/hf/ (the family's own config.json, model.safetensors, tokenizer), reference.npz (logits
 (P, STEPS+1, V), tokens (P, STEPS+1)), prompts.json and mindformers.npz (the upstream conversion);
 SCALE (glm only) multiplies the weight matrices.
@@ -41,7 +41,8 @@ import sys
 
 import numpy as np
 
-from hf_models import CORPUS, PROMPTS, VOCAB, baichuan2_mindformers, save_tokenizer
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
+from support.hf_models import CORPUS, PROMPTS, VOCAB, baichuan2_mindformers, save_tokenizer  # noqa: E402
 
 CASES = {"baichuan2_13b": "baichuan2", "glm": "glm", "pangualpha": "pangualpha"}
 

@@ -1,5 +1,5 @@
 """Greedy decode of given prompts on one backend, in a process of its own (Lite and mindspore cannot
-share one): python tests/parity_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz [KEY=VALUE ...]
+share one): python tests/support/parity_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz [KEY=VALUE ...]
 (KEY=VALUE: session options, e.g. lite_format=mindir)
 
 Saves logits (P, STEPS+1, V) and tokens (P, STEPS+1): the prompts fill the graph batch (in order,

@@ -1,5 +1,5 @@
 """A user script calling pipeline(), started by the launcher on every rank (or alone):
-  python -m lite_runtime.cli.launch --rank_table T --backend B -- tests/pipeline_worker.py EXPORT OUT_DIR \
+  python -m lite_runtime.cli.launch --rank_table T --backend B -- tests/support/pipeline_worker.py EXPORT OUT_DIR \
       [BACKEND DATA_PARALLEL [--model_dir EXPORT --data_parallel DATA_PARALLEL]]
 Without BACKEND: seeded sampling of PROMPTS on backend ms (a multi-rank export). With them: greedy
 answers to DP_PROMPTS with `data_parallel=DATA_PARALLEL` (the options after them tell the launcher
@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from lite_runtime import pipeline  # noqa: E402
 
 PROMPTS = ["one two three", "alpha beta", "five six seven eight nine"]

@@ -2,7 +2,7 @@
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
 in float32 as the exporter keeps them, and for int4 each layer's input rounded as the kernels round it
 (activation_rounding.py): the reference a quantized export must give. Run in its own process (torch):
-    python tests/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD]]
+    python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
 across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
 With HEAD int8, the head is quantized to int8 too.
@@ -12,10 +12,10 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from activation_rounding import round_activations  # noqa: E402
-from hf_models import greedy_reference  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
+from support.activation_rounding import round_activations  # noqa: E402
+from support.hf_models import greedy_reference  # noqa: E402
 from lite_runtime.contract.quant import dequantize, quantize  # noqa: E402
 
 

@@ -3,7 +3,7 @@ different ranks made by Hugging Face peft (random, non-zero A and B), each saved
 and as a MindFormers adapter folder's tensors, with peft's greedy reference for the base model and
 for each adapter.
 
-usage: python tests/slora_models.py OUT_DIR STEPS
+usage: python tests/support/slora_models.py OUT_DIR STEPS
 Writes OUT_DIR/hf/ (with a tokenizer.model), OUT_DIR/base_mindformers.npz, OUT_DIR/{a1,a2}/ (PEFT),
 OUT_DIR/{a1,a2}_mindformers.npz (mindpet_delta_lora_a/b under MindFormers names),
 OUT_DIR/reference_{base,a1,a2}.npz, prompts.json; and OUT_DIR/reference_int8_{base,a1,a2}.npz: the same
@@ -16,7 +16,9 @@ import sys
 
 import numpy as np
 
-from hf_models import BUILDERS, PROMPTS, greedy_reference, mindformers_names, save_tokenizer, widen
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
+from support.hf_models import (BUILDERS, PROMPTS, greedy_reference, mindformers_names,  # noqa: E402
+                                save_tokenizer, widen)
 
 # name -> (r, alpha, PEFT target modules); a2 also adapts the MLP
 ADAPTERS = {"a1": (4, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]),
@@ -66,7 +68,7 @@ def main(out_dir, steps):
 def int8_references(base, out_dir, steps):
     import peft
     import torch
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from lite_runtime.contract.quant import dequantize, quantize
     head = base.get_output_embeddings()
     with torch.no_grad():

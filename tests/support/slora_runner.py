@@ -1,7 +1,7 @@
 """Greedy decode of fixed prompts with one SLoRA slot per row, on any backend, in its own process
 (Lite and mindspore cannot share one):
-  python tests/slora_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz SLOTS.json
-Writes logits (P, STEPS+1, V) and tokens (P, STEPS+1), as tests/hf_models.py's references."""
+  python tests/support/slora_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz SLOTS.json
+Writes logits (P, STEPS+1, V) and tokens (P, STEPS+1), as tests/support/hf_models.py's references."""
 import json
 import sys
 

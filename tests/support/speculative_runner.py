@@ -1,4 +1,4 @@
-"""python tests/speculative_runner.py BACKEND EXPORT PROMPTS_JSON STEPS: the same prompts (token ids, one
+"""python tests/support/speculative_runner.py BACKEND EXPORT PROMPTS_JSON STEPS: the same prompts (token ids, one
 batch) through the engine without and with speculative decoding; prints a JSON object of the new tokens
 and the guesses proposed / accepted of each run.
 
@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from lite_runtime.backends import load_session  # noqa: E402
 from lite_runtime.contract.manifest import load_manifest  # noqa: E402
 from lite_runtime.decode.draft import DraftModel  # noqa: E402

@@ -10,7 +10,7 @@ from typing import Dict
 import numpy as np
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_MS20_PYTHON = os.path.join(REPO, ".venv-ms20", "bin", "python")
 
 # GQA on (4 query heads share 2 KV heads); small enough to export in a few seconds.

@@ -1,10 +1,10 @@
 """Run under the launcher: one rank's greedy decode of fixed prompts, logits saved per rank.
 
 usage (by tests/test_distributed.py):
-  python -m lite_runtime.cli.launch --rank_table T --backend ms|mslite -- tests/tp_worker.py OUT_DIR STEPS \
+  python -m lite_runtime.cli.launch --rank_table T --backend ms|mslite -- tests/support/tp_worker.py OUT_DIR STEPS \
       --model_dir EXPORT
 With PROMPTS.json SLOTS.json after STEPS (tests/test_slora.py): those prompts, one SLoRA slot per row;
-with PROMPTS.json alone, those prompts as tests/parity_runner.py decodes them.
+with PROMPTS.json alone, those prompts as tests/support/parity_runner.py decodes them.
 (--model_dir, as run_infer_main takes it, tells the launcher the export's form.)
 """
 import os
@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from greedy_runner import greedy_run
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
+from support.greedy_runner import greedy_run  # noqa: E402
 
 
 def main(backend, export, out_dir, steps, prompts=None, slots=None):
@@ -29,12 +29,12 @@ def main(backend, export, out_dir, steps, prompts=None, slots=None):
         logits, tokens = greedy_run(session, steps)
     elif slots is None:
         import json
-        from parity_runner import greedy_prompts
+        from support.parity_runner import greedy_prompts
         with open(prompts) as f:
             logits, tokens = greedy_prompts(session, json.load(f), steps)
     else:
         import json
-        from slora_runner import run
+        from support.slora_runner import run
         with open(prompts) as f:
             logits, tokens = run(session, json.load(f), steps, json.loads(slots))
     np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), logits=logits, tokens=tokens)
