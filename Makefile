@@ -1,4 +1,4 @@
-# One-command set-up and the two jobs of the README: `make demo` and `make test`.
+# One-command set-up and the two jobs of the README: `make demo` and `make test` (`make test-fast`: its fast subset).
 PY311 ?= python3.11
 # Python 3.9 for the MindSpore 2.0 (Lite-compatible) export environment: pyenv's, else PATH's.
 PY39 ?= $(shell (pyenv prefix 3.9 2>/dev/null || pyenv prefix 3.9.18 2>/dev/null) | head -n1 | sed 's|$$|/bin/python|' | grep -v '^/bin/python' || command -v python3.9)
@@ -15,7 +15,7 @@ QUESTION ?= What is the capital of France? Answer in one sentence.
 # only its file is taken (--no-deps) and linked where tools/demo_model/smollm2.yaml reads it.
 SMOLLM2_GGUF := build/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup demo test export export-lite bench peers bench-scale bench-serve bench-serve-peers soak clean
+.PHONY: setup demo test test-fast export export-lite bench peers bench-scale bench-serve bench-serve-peers llama-server soak clean
 
 setup: $(STAMP)/venv $(STAMP)/venv-ms20 $(STAMP)/lite $(STAMP)/converter $(SMOLLM2_GGUF)
 
@@ -70,6 +70,11 @@ export-lite: $(STAMP)/venv-ms20
 test: setup
 	$(VENV)/bin/python -m pytest -q tests
 
+# The fast subset (pure functions, tokenizers, sampling, the engine over a numpy stand-in session,
+# refusals): the tests marked `fast`, well under a minute; they need only the main venv.
+test-fast: $(STAMP)/venv
+	$(VENV)/bin/python -m pytest -q -m fast tests
+
 bench: setup
 	$(VENV)/bin/python tools/benchmark.py --slora $(ARGS)
 
@@ -92,6 +97,20 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt
 	@test -x $(VENV_PEERS)/bin/python || $(PY311) -m venv $(VENV_PEERS)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VENV_PEERS)/bin/pip install -q -r tools/peers-requirements.txt
 	@touch $@
+
+# llama.cpp's own server (tools/bench_serve.py --llama_server), built from the sources of the llama-cpp-python
+# the peers venv pins (about 30 minutes on 2 cores).
+LLAMA_SERVER := build/llama-server/bin/llama-server
+LLAMA_SERVER_SRC := build/llama-server/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+$(LLAMA_SERVER):
+	$(VENV)/bin/pip download -q --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d build/llama-server/src
+	tar xzf build/llama-server/src/llama_cpp_python-0.3.36.tar.gz -C build/llama-server/src
+	cmake -S $(LLAMA_SERVER_SRC) -B build/llama-server/build $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release \
+		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	cmake --build build/llama-server/build --target llama-server -j 2
+	install -D build/llama-server/build/bin/llama-server $@
+
+llama-server: $(LLAMA_SERVER)
 
 peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/compare_peers.py $(ARGS)

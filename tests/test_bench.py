@@ -4,6 +4,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from support.tiny_models import REPO, run_cli
 
 FIELDS = ("backend", "batch", "graph_batch", "decode_steps", "ttft_ms", "step_ms", "graph_ms", "host_ms",
@@ -34,6 +36,7 @@ def test_bench_reports_every_figure(tiny_exports, tmp_path):
     assert len(report["tokens"]) == 3 and all(len(row) == STEPS for row in report["tokens"])
 
 
+@pytest.mark.fast
 def test_bench_parent_never_imports_mindspore():
     code = (f"import sys; sys.path.insert(0, {os.path.join(REPO, 'tools')!r}); import bench_decode as b; "
             "b.command; "
@@ -42,6 +45,7 @@ def test_bench_parent_never_imports_mindspore():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.fast
 def test_peer_report_takes_same_round_ratios_and_drops_runtimes_with_other_tokens():
     """tools/compare_peers.py's summary on made-up rounds (its wiring; the runtimes are not run here)."""
     sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -61,6 +65,7 @@ def test_peer_report_takes_same_round_ratios_and_drops_runtimes_with_other_token
     assert not summary["rows"][("openvino", 1)]["same_tokens"] and ("openvino", 1) not in summary["ratios"]
 
 
+@pytest.mark.fast
 def test_slora_summary_takes_same_round_ratios_and_pairs_the_one_rank_llama_exports():
     """tools/bench_decode.py --slora: its summary and pairing on made-up results (nothing is run here)."""
     sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -84,6 +89,7 @@ def test_slora_summary_takes_same_round_ratios_and_pairs_the_one_rank_llama_expo
     assert pair["model_dirs"] == ["base", "slora"] and pair["rounds"] == 5 and pair["batch"] == 8
 
 
+@pytest.mark.fast
 def test_slora_adapters_are_peft_folders_of_random_non_zero_lora_matrices(tmp_path):
     sys.path.insert(0, os.path.join(REPO, "tools"))
     from bench_decode import BENCH_MODELS
@@ -103,6 +109,7 @@ def test_slora_adapters_are_peft_folders_of_random_non_zero_lora_matrices(tmp_pa
     assert first.sha256 != second.sha256
 
 
+@pytest.mark.fast
 def test_multi_rank_runs_are_checked_against_the_one_rank_tokens():
     """tools/bench_decode.py: a TP run's line says whether it chose the one-rank run's tokens."""
     sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -117,6 +124,7 @@ def test_multi_rank_runs_are_checked_against_the_one_rank_tokens():
     assert one_rank_agreement(results[3], results) == "no one-rank run to compare tokens with"
 
 
+@pytest.mark.fast
 def test_scale_bench_counts_refuses_and_compares_tokens(tmp_path):
     """tools/bench_scale.py's pieces that run no model: TinyLlama-1.1B's parameter count, a shape too
     large for the memory limit refused by name and a form too large skipped, the tokens check, and the watchdog killing a child

@@ -12,6 +12,8 @@ from support.chat_templates import QWEN25
 from support.hf_models import CORPUS
 from support.tiny_models import train_byte_bpe_tokenizer
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
     "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"

@@ -70,6 +70,7 @@ def test_lite_refuses_a_multi_rank_export_by_its_manifest(ms20_tp2_export):
     assert result.returncode == 3 and "2 ranks" in result.stdout, result.stdout + result.stderr[-2000:]
 
 
+@pytest.mark.fast
 def test_segments_run_in_the_contracts_order_whatever_the_manifests_key_order():
     """A manifest keeps its segments sorted by name (head before layer0, layer10 before layer2): the
     runtime's order comes from the names, the one the exporter traced them in."""

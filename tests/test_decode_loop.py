@@ -17,6 +17,8 @@ from lite_runtime.decode.generation import (check_prompts, generate_batches, gen
                                             row_budgets)
 from lite_runtime.decode.inputs import CommonInputsOfInfer
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 VOCAB, PAD = 50, 0
 
 

@@ -116,6 +116,7 @@ def test_missing_required_key(tiny_ckpt, tmp_path, out_dir, key):
     assert sorted(os.listdir(tmp_path)) == ["config"]
 
 
+@pytest.mark.fast
 def test_invalid_yaml_syntax(tmp_path, out_dir):
     folder = tmp_path / "config"
     folder.mkdir()
@@ -126,6 +127,7 @@ def test_invalid_yaml_syntax(tmp_path, out_dir):
     assert_nothing_left(out_dir)
 
 
+@pytest.mark.fast
 def test_config_file_missing(tmp_path):
     path = str(tmp_path / "nope.yaml")
     assert_one_line_error(export_cli("--config", path), path, "does not exist")
@@ -171,6 +173,7 @@ def test_failed_export_removes_the_folders_it_created(bad_ckpts, tmp_path):
     assert not os.path.exists(tmp_path / "new")
 
 
+@pytest.mark.fast
 def test_hf_dir_without_config_json(tmp_path, out_dir):
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
@@ -225,6 +228,7 @@ def test_hf_dir_without_tokenizer_exports_with_a_warning(hf_family, tmp_path, ou
     assert _manifest(out_dir)["tokenizer"] is None
 
 
+@pytest.mark.fast
 def test_hf_dir_that_does_not_exist(tmp_path, out_dir):
     hf_dir = str(tmp_path / "no_such_hf")
     result, _ = export_with(tmp_path, {"model": {"hf_dir": hf_dir}, "seq_length": 48, "output_dir": out_dir})
@@ -233,6 +237,7 @@ def test_hf_dir_that_does_not_exist(tmp_path, out_dir):
     assert_nothing_left(out_dir)
 
 
+@pytest.mark.fast
 def test_unsupported_model_type_lists_each_type_once(tmp_path):
     from exporter.families.base import family_by_hf_type
     from lite_runtime.contract.errors import UnsupportedError
@@ -258,11 +263,13 @@ def test_model_dir_needs_exactly_one_yaml(tiny_ckpt, tmp_path, yamls, facts):
     assert_nothing_left(out_dir)
 
 
+@pytest.mark.fast
 def test_model_dir_that_does_not_exist(tmp_path):
     missing = str(tmp_path / "no_such_model")
     assert_one_line_error(export_cli("--model_dir", missing), "--model_dir", missing, "is not a folder")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, facts", [
     ([], ["exactly one of --config and --model_dir"]),
     (["--config", "x.yaml", "--model_dir", "m"], ["exactly one of --config and --model_dir"]),

@@ -98,6 +98,7 @@ def test_float16_export_runs_close_to_float32(tiny_ckpt, tiny_exports, tmp_path)
     assert np.abs(a - b).max() <= 5e-2 * max(1.0, np.abs(b).max() / 5)
 
 
+@pytest.mark.fast
 def test_safetensors_tensors_are_read_as_the_ranks_slice(tmp_path):
     """A rank reads only its block of a tensor it splits (safetensors slices, bfloat16 ones from their
     raw bits); others whole; each tensor only when it is taken."""
@@ -116,6 +117,7 @@ def test_safetensors_tensors_are_read_as_the_ranks_slice(tmp_path):
         tensors.pop("a")
 
 
+@pytest.mark.fast
 def test_bfloat16_tensors_are_read_as_the_exports_float_type(tmp_path):
     """bfloat16 (numpy has none) against torch's own conversion: exact to float32, and to float16 as
     torch rounds it; a value beyond float16's range is refused for a float16 export."""

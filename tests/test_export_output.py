@@ -145,6 +145,7 @@ def _assert_replaced_in_place(tmp, target, inode):
     assert sorted(os.listdir(os.path.dirname(target))) == ["volume"]   # no .old-* / .export-* folder
 
 
+@pytest.mark.fast
 def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypatch):
     """An output_dir that is a mount point cannot be renamed: the new export's entries replace the old
     one's inside it (os.path.ismount monkeypatched: tests cannot mount)."""
@@ -157,6 +158,7 @@ def test_replace_dir_fills_a_mount_point_simulated_by_ismount(tmp_path, monkeypa
     _assert_replaced_in_place(tmp, target, inode)
 
 
+@pytest.mark.fast
 def test_replace_dir_fills_a_folder_whose_rename_is_busy_simulated_ebusy(tmp_path, monkeypatch):
     """Renaming the old export away fails with EBUSY (as for a mount point os.path.ismount misses):
     the entries are moved instead (os.rename monkeypatched to fail so)."""

@@ -25,17 +25,20 @@ def form(**keys):
     return config.kv_cache, config.parallel.collectives, config.lite_ms, config.segments_by_size
 
 
+@pytest.mark.fast
 def test_without_a_target_or_for_ascend_the_export_has_upstreams_two_graphs():
     assert form() == ("io", "graph", False, False)
     assert form(target="ascend") == ("io", "graph", False, False)
     assert form(target="ascend", parallel={"model_parallel": 2}) == ("io", "graph", False, False)
 
 
+@pytest.mark.fast
 def test_for_cpu_the_export_is_one_step_graph_and_several_ranks_are_segments():
     assert form(target="cpu") == ("packed", "graph", True, True)
     assert form(target="cpu", parallel={"model_parallel": 2}) == ("packed", "host", True, False)
 
 
+@pytest.mark.fast
 def test_keys_the_yaml_gives_win_over_the_target():
     assert form(target="cpu", kv_cache="io", lite_ms=False) == ("io", "graph", False, False)
     assert form(target="cpu", parallel={"collectives": "graph"}) == ("packed", "graph", True, False)
@@ -44,6 +47,7 @@ def test_keys_the_yaml_gives_win_over_the_target():
     assert form(target="cpu", infer=copies)[0] == "io"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("keys, words", [
     ({"target": "gpu"}, "target 'gpu' is not allowed; allowed: cpu, ascend"),
     ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
@@ -71,6 +75,7 @@ def test_for_cpu_the_exporting_mindspore_must_write_mindir_that_lite_reads(hf_fa
     assert not out.exists()
 
 
+@pytest.mark.fast
 def test_the_weight_count_is_the_published_one_of_tinyllama():
     """TinyLlama-1.1B has 1,100,048,384 parameters; the count leaves out its 45 norm vectors of 2048."""
     cfg = DecoderConfig(vocab_size=32000, hidden_size=2048, num_layers=22, n_heads=32, n_kv_heads=4,

@@ -17,6 +17,7 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, ru
 from lite_runtime.tokenizers import export_tokenizer
 
 
+@pytest.mark.fast
 def test_internlm_config_json_bias_and_dynamic_rotary():
     """config.json `bias: false` (InternLM-20B) drops the q, k, v, o biases; `rotary.type: dynamic` is
     plain rotary with `rotary.base` up to max_position_embeddings, so longer exports are refused."""
@@ -37,6 +38,7 @@ def test_internlm_config_json_bias_and_dynamic_rotary():
         family.from_hf(dict(hf, rotary={"base": 10000, "type": "linear"}), "config.json")
 
 
+@pytest.mark.fast
 def test_baichuan2_shape_from_config_json_or_model_positions():
     """Rotary when config.json has max_position_embeddings (the 7B configuration), ALiBi when it has
     model_max_length only (the 13B one); `model.positions` overrides; Baichuan-7B v1 is refused."""
@@ -58,6 +60,7 @@ def test_baichuan2_shape_from_config_json_or_model_positions():
         family.from_hf(dict(hf, architectures=["BaiChuanForCausalLM"]), "config.json")
 
 
+@pytest.mark.fast
 def test_qwen_config_json_switches():
     """Qwen v1: the MLP is half of config.json's intermediate_size; use_dynamic_ntk / use_logn_attn
     (on by default upstream) limit seq_length to config.json's seq_length, naming the switch; what
@@ -152,6 +155,7 @@ def test_chatglm_prompt_prefix_role_tokens_and_stop_ids(hf_family, family_export
     assert result.stdout.splitlines()[0] == prompt + sp.decode([t for t in expected if t < n])
 
 
+@pytest.mark.fast
 def test_glm2_refuses_what_it_does_not_compute():
     """ChatGLM-6B (v1) folders, settings that change ChatGLM2's math, rearranged-rope MindFormers
     checkpoints and other rotary fractions are refused by name; ChatGLM's rope_ratio scales the base."""
@@ -252,6 +256,7 @@ def test_pangualpha_run_yaml_with_use_past_false_exports_the_incremental_graphs(
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
+@pytest.mark.fast
 def test_pangualpha_mindformers_names_and_settings():
     """The three tables also under the names upstream's convert_weight.py saves them with; run yaml
     settings that change the network (another activation, post-layernorm residuals, MoE) refused by name;
@@ -352,6 +357,7 @@ def test_glm_segments_take_the_row_inputs_where_they_are_used(family_export):
     assert io["layer0.mlp"] == (["hidden"], ["mlp_part", "residual"])
 
 
+@pytest.mark.fast
 def test_glm_config_routing_and_settings(tmp_path):
     """`model_type: chatglm` folders with position_encoding_2d are GLM v1's, the others ChatGLM2/3's;
     the MindFormers run yaml's ids and sizes are read, settings that change the network refused by name."""

@@ -9,6 +9,8 @@ from lite_runtime.contract.errors import ValidationError
 from lite_runtime.contract.families import GLM, GraphDims
 from lite_runtime.decode.inputs import GlmInputsOfInfer
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 MASK, GMASK, SOP = 300, 301, 304
 
 

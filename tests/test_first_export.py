@@ -57,6 +57,7 @@ def first_exports(tmp_path_factory):
     return out
 
 
+@pytest.mark.fast
 def test_the_readmes_first_export_is_for_cpu_with_ascend_one_line_away():
     block, data = readme_first_export_yaml()
     assert data["target"] == "cpu", block
@@ -110,6 +111,7 @@ def test_the_load_estimate_of_other_forms_and_what_each_refusal_advises(first_ex
     assert estimate_load(cpu).multiple == 3.0 and estimate_load(segments).multiple == 2.0
 
 
+@pytest.mark.fast
 def test_the_available_memory_is_memavailable_or_a_lower_limit(tmp_path, monkeypatch):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    8000000 kB\n")

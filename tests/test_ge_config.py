@@ -14,6 +14,8 @@ from lite_runtime.ascend.ge_config import PRECISION_MODES, ge_only_sections, par
 from lite_runtime.ascend.ge_config_writer import generate_ini, list_presets, with_rank_table, write_export_configs
 from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath, load_manifest
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = sorted((REPO / "ge_configs").glob("*.ini"))
 ATLAS_800 = (REPO / "ge_configs" / "atlas_800.ini").read_text()

@@ -14,6 +14,8 @@ from lite_runtime.ascend import rank_table_writer as writer
 from lite_runtime.ascend.rank_table import load_rank_table
 from lite_runtime.contract.errors import ConfigError
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -81,6 +81,7 @@ def test_wheel_in_a_fresh_venv_sets_up_lite_and_generates_as_the_checkout(instal
     assert [line[:len(p + c)] for line, (p, c) in zip(lines, PROMPTS.items())] == [p + c for p, c in PROMPTS.items()]
 
 
+@pytest.mark.fast
 def test_the_native_binding_looks_in_the_environment_then_the_user_location_then_the_checkout(tmp_path,
                                                                                             monkeypatch):
     from lite_runtime.backends import lite_install

@@ -3,9 +3,13 @@ table, and argument handling. (Full launched runs are in test_distributed.py.)""
 import configparser
 import json
 
+import pytest
+
 from lite_runtime.ascend.ge_config import read_ge_config
 from lite_runtime.distributed.launch import _option, _without, rank_ini_files
 from support.tiny_models import REPO
+
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
 
 
 def write_table(path, n):

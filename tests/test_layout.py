@@ -12,6 +12,8 @@ import pytest
 
 from support.tiny_models import REPO
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 PACKAGES = ("lite_runtime", "exporter")
 
 

@@ -359,6 +359,7 @@ print("MINDSPORE_MODULES", loaded)
     assert "MINDSPORE_MODULES []" in result.stdout
 
 
+@pytest.mark.fast
 def test_lite_error_text_says_a_repeated_log_line_once_with_its_count():
     """Lite logs one line per tensor for a missing .msw weight file; the error keeps its text, once."""
     from lite_runtime.backends.lite_native import _last_error

@@ -105,6 +105,7 @@ print(lite_weights._copies(regions, address(source), size) == [address(copies[1]
 """
 
 
+@pytest.mark.fast
 def test_memory_protected_after_it_was_listed_is_skipped_by_the_scan():
     result = run_cli(["-c", VANISHING])
     assert result.returncode == 0 and result.stdout.strip() == "True", (result.returncode, result.stderr[-2000:])

@@ -28,6 +28,7 @@ def mindformers_yaml(ckpt, output_dir, **model_config):
             "infer": {"model_type": "mindir", "infer_seq_length": 48}}
 
 
+@pytest.mark.fast
 def test_llama_ffn_width_matches_published_llama_sizes():
     assert llama_ffn_size(4096, 256, None) == 11008      # Llama 2 7B
     assert llama_ffn_size(5120, 256, None) == 13824      # Llama 2 13B

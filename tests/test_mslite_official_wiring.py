@@ -18,6 +18,8 @@ from lite_runtime.contract.errors import ArtifactError, UnsupportedError
 from lite_runtime.contract.families import FAMILIES, GraphDims
 from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 B, S, LAYERS, KV, D, VOCAB = 1, 8, 2, 2, 4, 16
 
 

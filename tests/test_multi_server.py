@@ -103,6 +103,7 @@ def test_a_failing_rank_stops_both_servers(two_server_table, tp_exports, backend
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("servers, server_id, facts", [
     (SERVERS, None, ["2 of the servers", "127.0.0.2, 127.0.0.1", "are addresses of this host", "--server_id"]),
     (("203.0.113.1", "203.0.113.2"), None, ["none of the servers", "203.0.113.1, 203.0.113.2", "--server_id"]),

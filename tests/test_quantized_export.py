@@ -140,6 +140,7 @@ def test_quantized_weights_are_smaller_on_disk(hf_family, family_export, quantiz
     assert int4 < int8 < f32
 
 
+@pytest.mark.fast
 def test_quantization_values_are_refused_in_one_line(tmp_path):
     from exporter.config.schema import config_from_dict
     base = {"model": {"hf_dir": "x"}, "seq_length": 8, "output_dir": str(tmp_path), "target": "cpu"}

@@ -12,6 +12,8 @@ import pytest
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.ascend.rank_table import load_rank_table, merge_rank_tables, validate_rank_table
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 REPO = Path(__file__).resolve().parent.parent
 
 

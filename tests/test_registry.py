@@ -13,6 +13,8 @@ from support.numpy_references import CASES as NUMPY_CASES
 from support.family_cases import FAMILIES as PARITY_TESTED
 from support.tiny_models import KNOWN_FAMILIES
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 
 
 def test_exporter_families_are_the_runtimes_declared_once():

@@ -133,6 +133,7 @@ def test_unknown_backend(export_dir, tokenizer_model):
     assert_one_line_error(result, "'nosuch'", "allowed: ms, mslite")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, facts", [
     (["--top_k", "abc"], ["'--top_k'", "'abc'", "integer"]),
     (["--truncate", "maybe"], ["'--truncate'", "'maybe'", "True or False"]),
@@ -144,6 +145,7 @@ def test_bad_arguments(args, facts):
     assert "Usage:" not in result.stdout + result.stderr
 
 
+@pytest.mark.fast
 def test_help_gives_every_option_a_help_line_and_its_default():
     from lite_runtime.cli.run_infer import command
     result = run_cli(["run_infer_main.py", "--help"])
@@ -258,6 +260,7 @@ def test_defaults_and_model_name_common_run(export_dir, tokenizer_model):
 
 
 # --- the library --------------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_infer_config_unknown_keyword():
     from lite_runtime import InferConfig
     from lite_runtime.contract.errors import ConfigError
@@ -273,6 +276,7 @@ def test_dynamic_true_needs_a_packed_export(export_dir, tokenizer_model):
     assert_one_line_error(result, "dynamic=True needs an export with kv_cache packed", "kv_cache io")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("model", ["no/such/dir", "no/such/llama2_7b", "missing.mindir"])
 def test_pipeline_reports_a_missing_path_not_an_unknown_model(model):
     from lite_runtime import pipeline
@@ -310,6 +314,7 @@ def test_pipeline_from_an_export_yaml_and_from_a_model_name_with_config(export_d
     assert by_yaml == by_folder == by_name
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("yaml_text, facts", [
     ("infer:\n  prefill_model_path: {d}/p.mindir\n  increment_model_path: {d}/i.mindir\n",
      ["infer.prefill_model_path", "p.mindir", "does not exist", "export first"]),

@@ -18,6 +18,7 @@ TXT_ALLOWED = "allowed: a prompt text, or a .txt file (UTF-8) with one prompt pe
 
 
 # --- --predict_data -----------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_predict_data_file_that_is_not_txt_is_refused_not_used_as_the_prompt(tmp_path):
     prompts = tmp_path / "prompts.csv"
     prompts.write_text("prompt\nhello world\n", encoding="utf-8")
@@ -27,6 +28,7 @@ def test_predict_data_file_that_is_not_txt_is_refused_not_used_as_the_prompt(tmp
     assert result.stdout == ""
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", ["prompts.csv", "data/prompts.jsonl", "questions.JSON"])
 def test_predict_data_naming_a_missing_data_file_is_refused(tmp_path, name):
     with pytest.raises(ConfigError) as info:
@@ -35,17 +37,20 @@ def test_predict_data_naming_a_missing_data_file_is_refused(tmp_path, name):
                                + TXT_ALLOWED)
 
 
+@pytest.mark.fast
 def test_predict_data_naming_a_folder_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="is a folder, not a .txt file"):
         read_prompts(str(tmp_path), None)
 
 
+@pytest.mark.fast
 def test_predict_data_file_bom_is_not_part_of_the_first_prompt(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes("\ufeffhello world\nsecond\n".encode("utf-8"))
     assert read_prompts(str(prompts), None) == ["hello world", "second"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("prompt", ["What is in data.csv?", "Summarise report.json", "hello", "e.g. this"])
 def test_predict_data_prompt_texts_stay_prompts(prompt):
     assert read_prompts(prompt, None) == [prompt]
@@ -124,6 +129,7 @@ def test_unknown_call_keyword_is_named(tiny_pipe):
 
 
 # --- threads and manifests ----------------------------------------------------------------------------
+@pytest.mark.fast
 def test_num_threads_zero_is_refused(tmp_path):
     result = run_cli(["run_infer_main.py", "--model_dir", str(tmp_path), "--predict_data", "hello",
                       "--num_threads", "0"])
@@ -158,6 +164,7 @@ def test_hand_edited_manifest_other_damage_is_named(export_dir, change, fact):
         pipeline(model=export_dir, backend="ms")
 
 
+@pytest.mark.fast
 def test_generation_options_are_checked_once_and_travel_as_they_are():
     """One GenerationOptions for pipeline keywords, run_infer_main's options and other ranks: checked on
     construction, changed by keyword (unknown ones refused), the same after a round trip through JSON."""

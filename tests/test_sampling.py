@@ -20,6 +20,8 @@ from lite_runtime.decode.sampling import (
     top_p_candidates,
 )
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 NEG_INF = -np.inf
 
 

@@ -438,6 +438,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Count to 3"}]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("family, expected", [
     # Llama 2 chat (Meta's reference: [INST] <<SYS>> ... <</SYS>> ..., each answer then </s><s>)
     ("llama", "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Count to 3 [/INST]"),
@@ -455,6 +456,7 @@ def test_chat_prompts_follow_each_familys_published_format(family, expected):
     assert ChatFormat(family, None).render(CHAT) == expected
 
 
+@pytest.mark.fast
 def test_the_exports_chat_template_comes_first_and_special_tokens_become_their_ids(tmp_path):
     from lite_runtime.serve.chat import ChatFormat, encode_chat
     from lite_runtime.tokenizers import load_tokenizer

@@ -132,6 +132,7 @@ def test_logprob_tokens_are_their_text_with_their_utf8_bytes(demo):
     assert status == 200 and prefill[:3] == ["<s>", " An", " in"], prefill
 
 
+@pytest.mark.fast
 def test_token_text_reads_each_kind_of_vocabulary(tmp_path):
     """Byte-level BPE (`Ġ`), sentencepiece (`▁`, `<0xNN>`) and tiktoken pieces: the bytes of a text's
     tokens joined are the text's (sentencepiece: after the space it puts first), also where a
@@ -234,6 +235,7 @@ def test_developer_messages_are_system_messages_and_tool_call_history_is_accepte
     assert status == 400 and answer["error"]["param"] == "tools.0.function.name", answer
 
 
+@pytest.mark.fast
 def test_chat_templates_see_tool_calls_as_transformers_passes_them():
     """A transformers-style template reads message.tool_calls[i].function.name / arguments (the
     arguments as sent) and tool_call_id; fields not sent are absent; developer becomes system."""

@@ -34,6 +34,7 @@ def _calls(parsed):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.calls]
 
 
+@pytest.mark.fast
 def test_hermes_calls_are_read_with_the_text_before_them_as_content():
     from lite_runtime.serve.tool_calls import parse
     one = parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "hermes")
@@ -50,6 +51,7 @@ def test_hermes_calls_are_read_with_the_text_before_them_as_content():
     assert _calls(unclosed) == [("get_time", {})]
 
 
+@pytest.mark.fast
 def test_llama3_json_calls_are_read_with_or_without_the_python_tag():
     from lite_runtime.serve.tool_calls import parse
     plain = parse('{"name": "get_weather", "parameters": {"city": "Oslo"}}', "llama3")
@@ -60,6 +62,7 @@ def test_llama3_json_calls_are_read_with_or_without_the_python_tag():
     assert _calls(parse('{"name": "get_time", "arguments": {"zone": "UTC"}}', "llama3")) == [("get_time", {"zone": "UTC"})]
 
 
+@pytest.mark.fast
 def test_plain_json_calls_need_a_name_among_the_tools():
     from lite_runtime.serve.tool_calls import parse
     names = ["get_weather", "get_time"]
@@ -71,6 +74,7 @@ def test_plain_json_calls_need_a_name_among_the_tools():
     assert parse(other, "json", names).calls == [] and parse(other, "json", names).content == other
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, style", [
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>', "hermes"),
     ('Sure: <tool_call>{"arguments": {}}</tool_call>', "hermes"),                      # no name
@@ -87,6 +91,7 @@ def test_text_that_does_not_parse_is_no_call_and_stays_the_content(text, style):
     assert parsed.calls == [] and parsed.content == text
 
 
+@pytest.mark.fast
 def test_the_style_is_chosen_from_the_template():
     from lite_runtime.serve.tool_calls import style_of
     assert style_of(QWEN25) == "hermes"
@@ -246,6 +251,7 @@ def test_auto_reads_a_plain_json_call_where_the_template_teaches_no_tags(tool_ex
         assert json.loads(text.message.content)["arguments"] == json.loads(call.function.arguments)
 
 
+@pytest.mark.fast
 def test_a_forced_call_needs_a_tokenizer_the_constraint_reads():
     """A sentencepiece tokenizer: required / named are refused as response_format is; auto (nothing to
     hold the answer to) is not."""

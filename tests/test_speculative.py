@@ -16,6 +16,7 @@ from support.serving import PROMPTS, client, pipeline_texts  # noqa: F401 (a fix
 from support.tiny_models import REPO, run_cli
 
 
+@pytest.mark.fast
 def test_guesses_follow_the_latest_earlier_ngram():
     from lite_runtime.decode.speculation import Speculation
     guess = Speculation(k=4)
@@ -110,6 +111,7 @@ def test_pipeline_speculates_with_the_same_text_streamed_or_not(demo_exports, pr
     assert "".join(printed).strip() == expected[-1].strip()
 
 
+@pytest.mark.fast
 def test_a_bad_speculative_keyword_is_refused_naming_it():
     from lite_runtime.api.generation_options import GenerationOptions
     from lite_runtime.contract.errors import ToolchainError

@@ -82,6 +82,7 @@ def test_another_model_as_draft_keeps_the_reference_tokens(hf_family, family_exp
     assert got["sampled_draft"] == got["sampled_plain"]
 
 
+@pytest.mark.fast
 def test_the_draft_forgets_what_its_rows_no_longer_share():
     """A row's kept cache is the prefix its held tokens share with the new text; the rest is fed."""
     from lite_runtime.decode.draft import DraftModel

@@ -11,6 +11,8 @@ from lite_runtime.contract.errors import ValidationError
 from lite_runtime.decode.streamers import RowDetokenizer, TextIteratorStreamer, TextStreamer
 from lite_runtime.tokenizers import load_tokenizer
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Hello world, this is a small test of streaming.",

@@ -22,6 +22,8 @@ from lite_runtime.tokenizers import (ChatGLM6BTokenizer, JiebaSentencePieceToken
 from support.chatglm6b_model import (CODE, SPECIALS, WHITESPACE, trained_model, upstream_ids, upstream_text,
                                      with_glm_layout)
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 MASK, GMASK, SOP, EOP = 130000, 130001, 130004, 130005
 QUESTION = "中国的首都是哪个城市？"
 LONG_BLANKS = "a" + " " * 80 + "b" + " " * 81 + "c" + " " * 165 + "d"

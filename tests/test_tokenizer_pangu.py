@@ -13,6 +13,8 @@ from lite_runtime.contract.errors import ConfigError
 from lite_runtime.decode.streamers import RowDetokenizer, TextStreamer, continuation_text
 from lite_runtime.tokenizers import JiebaSentencePieceTokenizer, SentencePieceTokenizer, load_tokenizer
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = ["上联：欢天喜地度佳节 下联：笑逐颜开迎佳期 横批：幸福快乐",
           "上联：春风得意花千树 下联：秋月扬辉水一方 横批：春意盎然",

@@ -7,6 +7,8 @@ from support.tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.tokenizers import SentencePieceTokenizer as Tokenizer, load_tokenizer
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Hello world, this is a small test of the tokenizer.",

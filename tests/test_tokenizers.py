@@ -17,6 +17,8 @@ from lite_runtime.tokenizers import (HFJsonTokenizer, SentencePieceTokenizer, Ti
 from support.tokenizer_files import (MERGED, QUESTION, STREAM_TEXTS, TEXTS, train_byte_level_json, train_sentencepiece,
                                      write_tiktoken)
 
+pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
+
 CHATGLM_SPECIALS = ["[MASK]", "[gMASK]", "[sMASK]", "sop", "eop", "<|system|>", "<|user|>", "<|assistant|>"]
 FFFD = "\ufffd"
 KINDS = ["sp", "hf", "tiktoken"]
