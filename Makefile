@@ -99,7 +99,7 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt
 	@touch $@
 
 # llama.cpp's own server (tools/bench_serve.py --llama_server), built from the sources of the llama-cpp-python
-# the peers venv pins (about 30 minutes on 2 cores).
+# the peers venv pins (about 10 minutes on 2 cores).
 LLAMA_SERVER := build/llama-server/bin/llama-server
 LLAMA_SERVER_SRC := build/llama-server/src/llama_cpp_python-0.3.36/vendor/llama.cpp
 $(LLAMA_SERVER):

@@ -292,6 +292,52 @@ def openvino_side(ov_dir: str, jobs: list, args, dims) -> list:
     return [{"arrived": j["arrival"], "stamps": s, "ids": t} for j, s, t in zip(jobs, out["stamps"], out["tokens"])]
 
 
+def llama_server_side(binary: str, gguf: str, jobs: list, args) -> list:
+    """The workload through llama.cpp's own server (continuous batching over --parallel slots, here the
+    export's 8 rows of BENCH_SEQ_LENGTH tokens), driven as ours is: streaming clients of the official
+    `openai` client, the prompts as our token ids, greedy, prompt caching off; its count of generated
+    tokens from the last chunk's timings."""
+    from openai import OpenAI
+    from served_process import free_port
+    port = free_port()
+    cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads), "-tb",
+           str(args.threads), "-c", str(CACHE_ROWS * BENCH_SEQ_LENGTH), "-np", str(CACHE_ROWS), "-b", "256",
+           "--no-webui"]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                client.completions.create(model="m", prompt=jobs[0]["ids"], max_tokens=2, temperature=0)    # warm
+                break
+            except Exception:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise ToolchainError(f"llama-server did not start: {server.stderr.read()[-2000:]}")
+                time.sleep(0.5)
+        start = time.perf_counter()
+
+        def run(job):
+            time.sleep(max(0.0, start + job["arrival"] - time.perf_counter()))
+            stamps, text, tokens = [], [], 0
+            for chunk in client.completions.create(model="m", prompt=job["ids"], max_tokens=job["max_tokens"],
+                                                   temperature=0, stream=True, extra_body={"cache_prompt": False}):
+                if chunk.choices and chunk.choices[0].text:
+                    stamps.append(time.perf_counter() - start)
+                    text.append(chunk.choices[0].text)
+                tokens = ((chunk.model_extra or {}).get("timings") or {}).get("predicted_n", tokens)
+            return {"arrived": job["arrival"], "stamps": stamps, "text": "".join(text), "tokens": tokens or len(stamps)}
+        with ThreadPoolExecutor(args.clients) as pool:
+            rows = list(pool.map(run, jobs))
+        with open(f"/proc/{server.pid}/status", encoding="ascii") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        print(f"llama-server peak RSS {peak / 2 ** 20:.2f} GiB", file=sys.stderr)
+        return rows
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def with_ends(rows: list) -> list:
     for r in rows:
         r["first"], r["end"] = (r["stamps"][0], r["stamps"][-1]) if r["stamps"] else (r["arrived"], r["arrived"])
@@ -317,6 +363,10 @@ def summary(name: str, rows: list, tokens: list) -> dict:
               help="the --peers model")
 @click.option("--gguf", default=None, help="with --peers: a real model's GGUF instead of --shape (e.g. "
               "build/models/SmolLM2-135M-Instruct.Q4_1.gguf, which `make setup` fetches)")
+@click.option("--llama_server", default=None, help="with --gguf: llama.cpp's llama-server binary (`make llama-server`) "
+              "run on --llama_gguf, the same weights as float32")
+@click.option("--llama_gguf", default=os.path.join(REPO, "build", "bench_quant", "llama_F32.gguf"), show_default=True,
+              help="the GGUF llama-server runs (tools/bench_quant.py --llama_cpp F32 writes it)")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)
@@ -351,7 +401,10 @@ def command(**options):
     served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads, weights))
     idle()
     static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
-    engine_rows = ov_rows = None
+    engine_rows = ov_rows = llama_rows = None
+    if args.llama_server:
+        idle()
+        llama_rows = with_ends(llama_server_side(args.llama_server, args.llama_gguf, jobs, args))
     if ov_dir:
         idle()
         engine_rows = with_ends(child_side(ENGINE, "engine", model_dir, args.backend, jobs, args.work_dir,
@@ -366,17 +419,19 @@ def command(**options):
           f"backend {args.backend}, {args.threads} threads" + (f", model {args.gguf or args.shape}" if args.peers else ""))
     # A static batch runs to its longest request's max_tokens: each server text is a prefix of its row's.
     checks = {"pipeline()": sum(b["text"].startswith(a["text"]) for a, b in zip(served_rows, static_rows))}
-    for name, side in (("engine alone (in process, no HTTP)", engine_rows), ("OpenVINO GenAI (ContinuousBatching)", ov_rows)):
+    for name, side in (("engine alone (in process, no HTTP)", engine_rows), ("OpenVINO GenAI (ContinuousBatching)", ov_rows),
+                       ("llama-server (F32 GGUF)", llama_rows)):
         if side is not None:
             # each side's ids as the server writes its text (a real tokenizer's text need not re-encode to them)
-            texts = [continuation_text(tokenizer, job["ids"], r["ids"]) for job, r in zip(jobs, side)]
+            texts = [r["text"] if "text" in r else continuation_text(tokenizer, job["ids"], r["ids"])
+                     for job, r in zip(jobs, side)]
             checks[name.split(" (")[0]] = sum(a["text"] == b for a, b in zip(served_rows, texts))
             for i, (a, b) in enumerate(zip(served_rows, texts)):
                 if a["text"] != b:
                     at = next((k for k, (x, y) in enumerate(zip(a["text"], b)) if x != y), min(len(a["text"]), len(b)))
                     print(f"request {i} differs from the server's at character {at}: {name.split(' (')[0]} "
                           f"{b[at:at + 20]!r}, server {a['text'][at:at + 20]!r} (prompts in {args.work_dir}/jobs.json)")
-            rows.append(summary(name, side, [len(r["ids"]) for r in side]))
+            rows.append(summary(name, side, [r["tokens"] if "tokens" in r else len(r["ids"]) for r in side]))
     same = min(checks.values())
     agree = ["greedy tokens agree: " + ", ".join(f"server = {k} {v}/{len(jobs)}" for k, v in checks.items())]
     if ov_rows is not None:
@@ -394,8 +449,8 @@ def command(**options):
     print(f"decode steps: static batches {bound[0]}, continuous batching at least {bound[1]}: {bound[0] / bound[1]:.2f}x "
           f"at most, at a step time independent of its rows; the server's {gain:.2f}x over pipeline() is "
           f"{gain * bound[1] / bound[0]:.2f} of it")
-    if len(rows) == 4:
-        print(ratios(rows[2], rows[3]))
+    for peer in rows[3:]:
+        print(ratios(rows[2], peer))
     return 0 if same == len(jobs) else 1
 
 
