@@ -36,6 +36,7 @@ class BuildContext(NamedTuple):
     lora_rank: int = 0    # SLoRA: the largest adapter rank (smaller ones padded with zeros)
     lora_targets: frozenset = frozenset()   # adapted layers of every block: "attn.q", "mlp.down" ...
     graph_collectives: bool = True   # False: the segment form, whose partial sums are reduced on the host
+    own_head: bool = False           # a tied head as a layer of its own (quantized apart from the embedding)
 
     @property
     def flat(self) -> bool:

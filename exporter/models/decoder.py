@@ -86,8 +86,9 @@ class CausalLM(nn.Cell):
         if cfg.top_query:
             self.top_query = TopQueryLayer(cfg, ctx)
         # A tied head on one rank reads the embedding table itself (no second copy); under tensor
-        # parallelism each rank holds its vocabulary rows of it as `head.weight`.
-        self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1
+        # parallelism each rank holds its vocabulary rows of it as `head.weight`, and so does one rank
+        # whose head is quantized (the embedding's lookup stays float32).
+        self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1 and not ctx.own_head
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=packed)

@@ -72,19 +72,16 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
 
     cpu_graph_mode(ms)
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
+    scheme = config.quantization
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
-                       **lora_fields(source), graph_collectives=graph_collectives)
+                       **lora_fields(source), graph_collectives=graph_collectives,
+                       own_head=scheme.weights != "none" and scheme.head != "float32")
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
-    scheme = config.quantization
     kernels = None
     if scheme.weights != "none":
         from exporter.models.linear import LinearKernels
-        if scheme.head != "float32" and net.head_is_embedding:
-            raise ConfigError(f"{config.source}: quantization.head {scheme.head} quantizes a head of the model's "
-                              f"own; this {source.family.name} model's head is its embedding (tie_word_embeddings): "
-                              "leave quantization.head float32")
         kernels = LinearKernels(net, scheme.weights, scheme.group_size, scheme.head)
     loaded = "read and loaded the weights" + (f", the linear layers' as {scheme.weights}" if kernels else "")
     with stage(f"{loaded}{where}"):

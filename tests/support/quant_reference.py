@@ -5,7 +5,7 @@ in float32 as the exporter keeps them, and for int4 each layer's input rounded a
     python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
 across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
-With HEAD int8, the head is quantized to int8 too.
+With HEAD int8, the head is quantized to int8 too (a tied head apart from the embedding, which stays float32).
 """
 import os
 import sys
@@ -37,8 +37,9 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32"):
     with torch.no_grad():
         for name, module in model.named_modules():
             if module is head and head_scheme != "float32":
+                # a weight of its own: a head tied to the embedding is quantized apart from it, as exported
                 w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(dequantize(*quantize(w, head_scheme), w.shape[1])))
+                module.weight = torch.nn.Parameter(torch.from_numpy(dequantize(*quantize(w, head_scheme), w.shape[1])))
             elif isinstance(module, torch.nn.Linear) and module is not head:
                 n = shares if name.endswith(ROW_PARALLEL) else 1
 
