@@ -80,3 +80,17 @@ def test_listeners_sit_on_the_server_of_the_replicas_first_rank(tmp_path):
             assert layout.schedulers(range(4)) == []
         ports = sorted(layout.ports.values())
         assert ports == list(range(9000, 9000 + len(ports)))
+
+
+def test_a_script_on_more_ranks_than_its_replicas_hold_is_refused_naming_the_data_parallel_that_fits(monkeypatch):
+    """pipeline() or run_infer_main started on 2 ranks with a one-rank export and no data_parallel: one
+    line, before any channel is opened (each rank used to answer every prompt again)."""
+    from lite_runtime.contract.errors import ConfigError
+    from lite_runtime.distributed.data_parallel import launched_ranks
+    monkeypatch.setenv("RANK_SIZE", "2")
+    monkeypatch.setenv("RANK_ID", "0")
+    with pytest.raises(ConfigError, match=r"^data_parallel 1 with an export of 1 rank\(s\) needs 1 ranks; this job "
+                                          r"has RANK_SIZE 2 \(data_parallel 2 fits it\)$"):
+        launched_ranks(1, 1, "the export")
+    monkeypatch.setenv("RANK_SIZE", "1")
+    assert launched_ranks(1, 1, "the export") is None

@@ -56,8 +56,9 @@ class ReplicaLayout:
         if model_ranks is None:
             model_ranks = max(size // data_parallel, 1)
         if size != data_parallel * model_ranks:
+            hint = f" (data_parallel {size // model_ranks} fits it)" if size % model_ranks == 0 else ""
             raise ConfigError(f"data_parallel {data_parallel} with an export of {model_ranks} rank(s) needs "
-                              f"{data_parallel * model_ranks} ranks; this job has RANK_SIZE {size}")
+                              f"{data_parallel * model_ranks} ranks; this job has RANK_SIZE {size}{hint}")
         laid_out = os.environ.get(LAYOUT_ENV, "1")
         if model_ranks > 1 and laid_out != str(data_parallel):
             raise ConfigError(f"data_parallel {data_parallel} with an export of {model_ranks} ranks: the launcher laid "
@@ -74,11 +75,10 @@ class ReplicaLayout:
 
     def channel(self) -> RankChannel:
         """This rank's end of the job's channel (rank 0 listens, every other rank connects)."""
-        variable = CHANNEL_ENV
-        if variable not in os.environ:
-            raise DistributedError(f"${variable} is not set: run under the launcher "
+        if CHANNEL_ENV not in os.environ:
+            raise DistributedError(f"${CHANNEL_ENV} is not set: run under the launcher "
                                    "(python -m lite_runtime.cli.launch --rank_table FILE -- ...)")
-        return RankChannel(self.rank, self.world_size, parse_address(os.environ[variable], variable))
+        return RankChannel(self.rank, self.world_size, parse_address(os.environ[CHANNEL_ENV], CHANNEL_ENV))
 
 
 def launched_ranks(data_parallel: int, export_ranks: int, where: str) -> Optional["LaunchedRanks"]:
