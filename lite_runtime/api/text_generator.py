@@ -94,7 +94,7 @@ class TextGeneratorInfer:
 
     def _answer_on_replicas(self, texts: List[str], options: GenerationOptions, streamer):
         """Rank 0: each replica answers its in-order share of the prompts, all at once."""
-        if len(self.sessions) == 1:
+        if len(self.sessions) == 1 or not texts:     # (no prompts: refused there, as with one replica)
             return self._answer(texts, options, streamer, self.sessions[0])
         if streamer is not None:
             raise ConfigError("streamer with data_parallel: each replica answers a share of the prompts; stream "
