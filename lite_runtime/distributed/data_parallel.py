@@ -119,7 +119,12 @@ class LaunchedRanks:
         self.channel.send_json_to(self._others, {"answers": answers})
 
     def failed(self, error: BaseException) -> None:
-        self.channel.send_json_to(self._others, {"error": f"{type(error).__name__}: {error}"})
+        """Rank 0: tell the other ranks the request failed (as far as they can be reached: a lost rank
+        must not hide `error`, which the caller raises)."""
+        try:
+            self.channel.send_json_to(self._others, {"error": f"{type(error).__name__}: {error}"})
+        except DistributedError:
+            pass
 
     def follow(self, session) -> dict:
         """Another rank: replay rank 0's calls until the request ends; returns the message that ends it."""
