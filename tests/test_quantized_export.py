@@ -70,8 +70,11 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    assert manifest.kernels == {"int8": ["LiteLinearI8P4"], "int4": ["LiteLinearI4Min"]}[scheme]
+    layers = {"int8": "LiteLinearI8P4", "int4": "LiteLinearI4Min"}[scheme]
+    head = "LiteLinearI8P4" if form.endswith("head") else "LiteLinearF32"    # the head on a kernel too
+    assert manifest.kernels == [layers] + ([head] if head != layers else [])
     assert manifest.quantization["head"] == ("int8" if form.endswith("head") else "float32")
+    assert manifest.quantization["head_on_kernel"] is True
     assert manifest.quantization["weights"] == scheme
     assert manifest.quantization.get("group_size", group) == group
     assert (manifest.collectives == "host") == (form == "segments")

@@ -87,12 +87,17 @@ class CausalLM(nn.Cell):
             self.top_query = TopQueryLayer(cfg, ctx)
         # A tied head on one rank reads the embedding table itself (no second copy); under tensor
         # parallelism each rank holds its vocabulary rows of it as `head.weight`, and so does one rank
-        # whose head is quantized (the embedding's lookup stays float32).
+        # whose head is quantized (the embedding's lookup stays float32). In a quantized export the tied
+        # head's product runs on the float32 kernel, reading the table as it is.
         self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1 and not ctx.own_head
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=packed)
-        self.head_matmul = ops.MatMul(transpose_b=True)
+        if self.head_is_embedding and ctx.head_kernel:
+            from exporter.models.kernels import linear_op
+            self.head_matmul = linear_op("float32")
+        else:
+            self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
                                                      cfg.vocab_size // ctx.world_size)
         self.bias = ScoreBias(cfg, ctx)

@@ -111,8 +111,8 @@ class QuantizedWeight:
 
 class LinearKernels:
     """The Linear layers of `net` that an export runs on the project's kernels, their weights quantized by
-    `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel); the head only when `head` is not
-    "float32" (quant.HEAD_SCHEMES), quantized by that.
+    `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel), the head's by `head` (quant.HEAD_SCHEMES;
+    "float32": the float32 kernel), so that Lite's own ops are left only small products.
 
     `finish` quantizes a weight as soon as the reader has it in the layer's shape, so a model is never
     held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.
@@ -122,8 +122,9 @@ class LinearKernels:
         self.scheme = "none" if scheme == "float32" else scheme
         self.group_size = group_size
         self.cells = {f"{name}.weight": cell for name, cell in net.cells_and_names()
-                      if isinstance(cell, Linear) and (name != "head" or head != "float32") and cell.kernel is None}
-        self.schemes = {"head.weight": head}      # a layer's own scheme, where it is not `scheme`
+                      if isinstance(cell, Linear) and cell.kernel is None}
+        # a layer's own scheme, where it is not `scheme`
+        self.schemes = {"head.weight": "none" if head == "float32" else head}
 
     def takes(self, name: str) -> bool:
         return name in self.cells

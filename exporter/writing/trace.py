@@ -75,7 +75,8 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     scheme = config.quantization
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
                        **lora_fields(source), graph_collectives=graph_collectives,
-                       own_head=scheme.weights != "none" and scheme.head != "float32")
+                       own_head=scheme.weights != "none" and scheme.head != "float32",
+                       head_kernel=scheme.weights != "none")
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)

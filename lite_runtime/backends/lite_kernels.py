@@ -5,9 +5,10 @@ any Build (the registry is the process's: one registration serves every model af
     register()                    # before the first Build; load_shim() then LiteModel do it
     linear(x, "int8", [q, scale]) # the kernels' product without Lite (tests, benchmarks)
 
-The kernels use the thread count of Lite's context (`num_threads`); LITE_KERNELS_THREADS caps it (1: the
-kernels run on Lite's calling thread alone). Standard library, numpy and the light contract modules only: the converter's Python 3.7 loads this
-file too (lite_converter_main.py), with the library's path in LITE_KERNELS_LIB.
+The kernels use the threads `set_threads` gives them, else the thread count of Lite's context
+(`num_threads`); LITE_KERNELS_THREADS caps it (1: the kernels run on Lite's calling thread alone).
+Standard library, numpy and the light contract modules only: the converter's Python 3.7 loads this file
+too (lite_converter_main.py), with the library's path in LITE_KERNELS_LIB.
 """
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ def load(path: str):
         lib.lk_register.argtypes = [ctypes.c_int]
         lib.lk_register.restype = ctypes.c_int
         i64, vp = ctypes.c_int64, ctypes.c_void_p
-        lib.lk_linear.argtypes = [ctypes.c_int, vp, i64, i64, vp, vp, vp, i64, i64, vp, ctypes.c_int]
+        lib.lk_linear.argtypes = [ctypes.c_int, vp, i64, i64, vp, vp, vp, i64, i64, vp, ctypes.c_int, ctypes.c_int]
         lib.lk_linear.restype = ctypes.c_int
+        lib.lk_set_threads.argtypes = [ctypes.c_int]
+        lib.lk_set_threads.restype = None
         lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
         lib.lk_read.restype = ctypes.c_uint64
         _lib = lib
@@ -70,9 +73,17 @@ def isa() -> str:
     return _lib.lk_isa().decode() if _lib is not None else ""
 
 
-def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None):
+def set_threads(threads: int) -> None:
+    """The threads every kernel call takes from now on, whatever Lite's context has (0: the context's)."""
+    if _lib is None:
+        raise RuntimeError("the kernel library is not loaded")
+    _lib.lk_set_threads(int(threads))
+
+
+def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lite_workers: bool = False):
     """y (..., N) = x (..., K) . W^T with W in `storage` (contract.quant.OP_TYPES) given as the graph's
-    constant inputs after x (quant.quantize). Needs the library loaded (`load`)."""
+    constant inputs after x (quant.quantize). `lite_workers`: as beside Lite's own workers (decode-sized
+    calls on one thread). Needs the library loaded (`load`)."""
     import numpy as np
     from lite_runtime.contract.quant import KIND_CODES
     if _lib is None:
@@ -92,6 +103,6 @@ def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None):
     groups = scale.size // n if scale is not None else 0
     address = lambda a: a.ctypes.data if a is not None else None
     if _lib.lk_linear(KIND_CODES[storage], address(x), m, k, address(w), address(scale), address(mins), n, groups,
-                      address(y), int(threads)):
+                      address(y), int(threads), int(lite_workers)):
         raise ValueError(_lib.lk_last_error().decode())
     return y

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 KERNEL_LIBRARY = "liblite_kernels.so"
-# The float32 kernel is not offered: it decoded SmolLM2-135M slower than Lite's own MatMul (docs/quantization.md).
+# Float32 weights are not offered on the kernels: they decoded SmolLM2-135M slower than Lite's own MatMul
+# (docs/quantization.md); the float32 kernel runs the head of a quantized export.
 WEIGHT_SCHEMES = ("none", "int8", "int4")
 HEAD_SCHEMES = ("float32", "int8")
 GROUP_SIZES = (32, 64, 128)
@@ -36,10 +37,11 @@ def aot_func(op_type: str) -> str:
 
 def kernels_for(scheme: str, head: str = "float32") -> List[str]:
     """The Custom op types an export quantized by `scheme` (and its head by `head`) runs (the manifest's
-    `kernels`)."""
+    `kernels`). The head of a quantized export runs on a kernel too, float32 or int8."""
     kernels = {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4_min"]]}[scheme]
-    if head == "int8" and OP_TYPES["int8"] not in kernels:
-        kernels.append(OP_TYPES["int8"])
+    head_type = OP_TYPES["float32" if head == "float32" else "int8"]
+    if kernels and head_type not in kernels:
+        kernels.append(head_type)
     return kernels
 
 
@@ -47,7 +49,8 @@ def quantization_record(scheme: str, group_size: int, head: str = "float32") -> 
     """The manifest's `quantization`: {} for float32 weights."""
     if scheme == "none":
         return {}
-    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": head}
+    # head_on_kernel: every large product runs on the kernels (the runtime gives them the threads)
+    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": head, "head_on_kernel": True}
     if scheme == "int4":
         record.update(group_size=group_size, symmetric=False)
     return record

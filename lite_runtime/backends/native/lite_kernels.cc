@@ -38,6 +38,7 @@ constexpr char kAotLibrary[] = "liblite_kernels.so";   // the aot func's library
 constexpr int kLiteError = -1;                         // mindspore::lite::RET_ERROR
 constexpr int64_t kDecodeRows = 16;                    // rows of X up to which a call runs on one thread
 constexpr int64_t kSplitWeights = int64_t(1) << 22;    // unless its weights are this many (RunLinear)
+std::atomic<int> g_threads{0};                         // lk_set_threads; 0: the thread count of Lite's context
 
 struct TypeInfo {
   const char *name;
@@ -156,8 +157,9 @@ int Fail(const std::string &message) {
 
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
+// `lite_workers`: Lite's own threads run the graph beside the kernels (its context has more than one).
 int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
-              int64_t N, int64_t G, float *y, int threads) {
+              int64_t N, int64_t G, float *y, int threads, bool lite_workers) {
   if (kind < lk::kF32 || kind > lk::kI4Min) return Fail("kind " + std::to_string(kind) + ": allowed 0 to 3");
   if (M < 0 || K <= 0 || N <= 0) return Fail("shape M=" + std::to_string(M) + " K=" + std::to_string(K) +
                                               " N=" + std::to_string(N) + ": K and N must be positive");
@@ -205,12 +207,11 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
-  // Decode-sized calls stream the weights on the calling thread, but for large layers: on SmolLM2-135M (layers
-  // of up to 0.9 M weights; idle 2-core machine, Lite on 2 threads, int8) one kernel thread decoded at 0.76x
-  // Lite's float32 step, two at 1.31x (Lite's own workers spin through a graph run and compete for the
-  // second core); on a 7B shape (16-45 M weights a layer) two threads took 0.83x (int8) and 0.87x (int4)
-  // one thread's step.
-  if (M <= kDecodeRows && N * K < kSplitWeights) n = 1;
+  // Where Lite's own workers run beside the kernels, decode-sized calls stream the weights on the calling
+  // thread, but for large layers: Lite's workers spin through a graph run and compete for the other cores
+  // (SmolLM2-135M int8 on the idle 2-core machine: two kernel threads beside Lite's two made a step 1.7x
+  // one kernel thread's; on a 7B shape, 16-45 M weights a layer, two took 0.83x one's).
+  if (lite_workers && M <= kDecodeRows && N * K < kSplitWeights) n = 1;
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
   const int64_t tile = lk::kTileCols * a.K;
   Pool::Get().Run(n, chunks, [&](int64_t c) {
@@ -273,10 +274,12 @@ class LinearKernel : public mindspore::kernel::Kernel {
     if (type_info_.inputs > 3) mins = inputs_[3].Data();
     if (out == nullptr || x == nullptr || w == nullptr) return Report(std::string(type_info_.name) + ": no data");
     const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N : 0;
-    int threads = context_ ? context_->GetThreadNum() : 1;
-    if (const char *cap = std::getenv("LITE_KERNELS_THREADS")) threads = std::max(1, std::atoi(cap));
+    const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
+    int threads = g_threads.load(std::memory_order_relaxed) > 0 ? g_threads.load() : lite_threads;
+    if (const char *cap = std::getenv("LITE_KERNELS_THREADS")) threads = std::min(threads, std::max(1, std::atoi(cap)));
     if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(),
-                  static_cast<const float *>(scale.get()), static_cast<const float *>(mins.get()), N, G, out, threads))
+                  static_cast<const float *>(scale.get()), static_cast<const float *>(mins.get()), N, G, out, threads,
+                  lite_threads > 1))
       return Report(std::string(type_info_.name) + ": " + g_last_error);
     return 0;
   }
@@ -364,10 +367,15 @@ int lk_register(int op_info) {
   return 0;
 }
 
-// The kernels' product without Lite (tests, benchmarks): y (M, N) = x (M, K) . W^T, W as in linear_math.h.
+// The threads every kernel call may use from now on (0: the thread count of the calling Lite context). The
+// runtime gives the kernels the threads and Lite's context one where the kernels run every large product.
+void lk_set_threads(int threads) { g_threads.store(std::max(0, threads)); }
+
+// The kernels' product without Lite (tests, benchmarks): y (M, N) = x (M, K) . W^T, W as in linear_math.h;
+// `lite_workers` non-zero: as beside Lite's own workers (decode-sized calls on one thread).
 int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
-              int64_t N, int64_t G, float *y, int threads) {
-  return RunLinear(kind, x, M, K, w, scale, mins, N, G, y, threads);
+              int64_t N, int64_t G, float *y, int threads, int lite_workers) {
+  return RunLinear(kind, x, M, K, w, scale, mins, N, G, y, threads, lite_workers != 0);
 }
 
 // A plain read of `bytes` bytes over `threads` threads of the pool (the bandwidth a benchmark compares
