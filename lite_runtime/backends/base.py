@@ -100,9 +100,11 @@ class PackedKVCache(KVCache):
 
     A call's new keys are scored against each other (N x N per head), so a prefill of many long rows
     goes in calls of at most `max_tokens` tokens: windows of positions, each reading the last one's
-    keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole."""
+    keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole. 256 tokens
+    a call: on SmolLM2-135M (2 cores) 24 prompts of 60-200 tokens took 0.86-0.91x the time of 512 (int8
+    and float32), 192 and 128 about as long as 256; a larger model's products outweigh its N x N more."""
 
-    max_tokens = 512
+    max_tokens = 256
 
     def __init__(self, manifest: Manifest):
         super().__init__(manifest)
