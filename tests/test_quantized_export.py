@@ -17,7 +17,14 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, ra
 
 SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
            ("int4", 128, "tied"), ("int8", 32, "head"),      # head: the head quantized to int8 too
-           ("int8", 32, "tied_head")]     # a head tied to the embedding, quantized as an int8 copy of it
+           ("int8", 32, "tied_head"),     # a head tied to the embedding, quantized as an int8 copy of it
+           ("int8", 32, "tied_shared")]   # the embedding int8 too: the tied head reads its int8 table
+
+
+def schemes_of(form):
+    """(head, embedding) schemes of a test form."""
+    return ("int8" if form.endswith("head") or form == "tied_shared" else "float32",
+            "int8" if form == "tied_shared" else "float32")
 
 
 def tied_folder(folder):
@@ -46,16 +53,15 @@ def quantized(hf_family):
             name = f"q_{scheme}_g{group}_{form}"
             ref = folder / f"{name}_reference.npz"
             hf = tied_folder(folder) if form.startswith("tied") else folder / "hf"
+            head, embedding = schemes_of(form)
             result = run_cli([os.path.join(REPO, "tests", "support", "quant_reference.py"), str(hf), scheme,
-                              str(group), str(STEPS), str(ref), "2" if form == "tp2" else "1",
-                              "int8" if form.endswith("head") else "float32"])
+                              str(group), str(STEPS), str(ref), "2" if form == "tp2" else "1", head, embedding])
             assert result.returncode == 0, result.stderr[-3000:]
             cfg = {"model": {"hf_dir": str(hf)}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
                    "quantization": {"weights": scheme, "group_size": group}, "output_dir": str(folder / name)}
             if form == "segments":     # one rank's step as segments of whole layers, each a .ms
                 cfg["parallel"] = {"collectives": "host"}
-            if form.endswith("head"):
-                cfg["quantization"]["head"] = "int8"
+            cfg["quantization"].update(head=head, embedding=embedding)
             if form == "tp2":          # two ranks' steps as segments, the all-reduces on the host
                 cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
             export = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg), python=VENV_MS20_PYTHON)
@@ -71,9 +77,11 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
     layers = {"int8": "LiteLinearI8P4", "int4": "LiteLinearI4Min"}[scheme]
-    head = "LiteLinearI8P4" if form.endswith("head") else "LiteLinearF32"    # the head on a kernel too
-    assert manifest.kernels == [layers] + ([head] if head != layers else [])
-    assert manifest.quantization["head"] == ("int8" if form.endswith("head") else "float32")
+    head, embedding = schemes_of(form)
+    head_type = "LiteLinearI8P4" if head == "int8" else "LiteLinearF32"    # the head on a kernel too
+    assert manifest.kernels == ([layers] + ([head_type] if head_type != layers else [])
+                                + (["LiteGatherI8P4"] if embedding == "int8" else []))
+    assert (manifest.quantization["head"], manifest.quantization["embedding"]) == (head, embedding)
     assert manifest.quantization["head_on_kernel"] is True
     assert manifest.quantization["weights"] == scheme
     assert manifest.quantization.get("group_size", group) == group
@@ -159,6 +167,10 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
         config_from_dict(dict(base, quantization={"weights": "int4", "head": "int4"}))
     with pytest.raises(ConfigError, match=r"quantization.head int8 needs quantized weights"):
         config_from_dict(dict(base, quantization={"head": "int8"}))
+    with pytest.raises(ConfigError, match=r"quantization.embedding 'int4' is not allowed; allowed: float32, int8$"):
+        config_from_dict(dict(base, quantization={"weights": "int8", "embedding": "int4"}))
+    with pytest.raises(ConfigError, match=r"quantization.embedding int8 needs quantized weights"):
+        config_from_dict(dict(base, quantization={"embedding": "int8"}))
     assert config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 128})).quantization.group_size \
         == 128
 

@@ -101,11 +101,12 @@ def text_workload(tokenizer, room: int, requests: int, rate: float, seed: int, l
     arrivals = np.cumsum(rng.exponential(1.0 / rate, requests)) if rate > 0 else np.zeros(requests)
     jobs = []
     for arrival in arrivals:
-        count = int(rng.integers(4, max(5, room // 6)))     # about 1.3 tokens a word
+        count = int(rng.integers(4, max(5, room // 6)))     # about 1.3 tokens a word, but tables take more
         first = int(rng.integers(0, len(words) - count))
         prompt = " ".join(words[first:first + count])
-        jobs.append({"arrival": float(arrival), "prompt": prompt, "ids": tokenizer.encode(prompt, add_special_tokens=True),
-                     "max_tokens": output_length(rng, room, lengths)})
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+        jobs.append({"arrival": float(arrival), "prompt": prompt, "ids": ids,
+                     "max_tokens": min(output_length(rng, room, lengths), room - len(ids) - 1)})
     return jobs
 
 

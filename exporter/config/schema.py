@@ -16,7 +16,7 @@ import yaml
 
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import KV_MODES
-from lite_runtime.contract.quant import GROUP_SIZES, HEAD_SCHEMES, WEIGHT_SCHEMES
+from lite_runtime.contract.quant import EMBEDDING_SCHEMES, GROUP_SIZES, HEAD_SCHEMES, WEIGHT_SCHEMES
 from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
@@ -77,7 +77,8 @@ class QuantizationSection:
     """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu)."""
     weights: str = "none"        # none | int8 (per output channel) | int4 (groups along the input)
     group_size: int = 32         # int4: weights per scale
-    head: str = "float32"        # float32 | int8 (a head of its own, not the embedding's)
+    head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
+    embedding: str = "float32"   # float32 | int8 (the token embedding's table, per row)
 
     def __post_init__(self):
         if self.weights not in WEIGHT_SCHEMES:
@@ -85,9 +86,13 @@ class QuantizationSection:
                               f"{', '.join(WEIGHT_SCHEMES)}")
         if self.head not in HEAD_SCHEMES:
             raise ConfigError(f"quantization.head {self.head!r} is not allowed; allowed: {', '.join(HEAD_SCHEMES)}")
-        if self.head != "float32" and self.weights == "none":
-            raise ConfigError(f"quantization.head {self.head} needs quantized weights (quantization.weights int8 or "
-                              "int4)")
+        if self.embedding not in EMBEDDING_SCHEMES:
+            raise ConfigError(f"quantization.embedding {self.embedding!r} is not allowed; allowed: "
+                              f"{', '.join(EMBEDDING_SCHEMES)}")
+        for key in ("head", "embedding"):
+            if getattr(self, key) != "float32" and self.weights == "none":
+                raise ConfigError(f"quantization.{key} {getattr(self, key)} needs quantized weights "
+                                  "(quantization.weights int8 or int4)")
         if self.group_size not in GROUP_SIZES:
             raise ConfigError(f"quantization.group_size {self.group_size!r} is not allowed; allowed: "
                               f"{', '.join(map(str, GROUP_SIZES))}")

@@ -38,6 +38,7 @@ class BuildContext(NamedTuple):
     graph_collectives: bool = True   # False: the segment form, whose partial sums are reduced on the host
     own_head: bool = False           # a tied head as a layer of its own (quantized apart from the embedding)
     head_kernel: bool = False        # the head runs on the project's kernels (as every linear layer does)
+    embedding_int8: bool = False     # the token embedding's table is int8 (a tied head reads it so)
 
     @property
     def flat(self) -> bool:

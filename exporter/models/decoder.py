@@ -95,7 +95,7 @@ class CausalLM(nn.Cell):
                                              flat=packed)
         if self.head_is_embedding and ctx.head_kernel:
             from exporter.models.kernels import linear_op
-            self.head_matmul = linear_op("float32")
+            self.head_matmul = linear_op("int8" if ctx.embedding_int8 else "float32")
         else:
             self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
@@ -167,7 +167,9 @@ class CausalLM(nn.Cell):
         """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab). The final norm
         is applied here, or (top query layer) already before that layer."""
         h = hidden if self.use_top_query else self.final_norm(hidden)
-        if self.head_is_embedding:
+        if self.head_is_embedding and self.embed.kernel is not None:     # the int8 table and its scales
+            logits = self.head_matmul(h, self.embed.kernel.weight, self.embed.kernel.weight_scale)
+        elif self.head_is_embedding:
             logits = self.head_matmul(h, self.embed.weight)
         else:
             logits = self.head(h)

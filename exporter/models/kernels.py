@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
-from lite_runtime.contract.quant import OP_TYPES, aot_func
+from lite_runtime.contract.quant import GATHER_TYPE, OP_TYPES, aot_func
 
 
 def _out_shape(x, w, *scales):
@@ -25,4 +25,19 @@ def linear_op(storage: str) -> ops.Custom:
     op_type = OP_TYPES[storage]
     op = ops.Custom(aot_func(op_type), out_shape=_out_shape, out_dtype=_out_dtype, func_type="aot")
     op.add_prim_attr("type", op_type)
+    return op
+
+
+def _rows_shape(ids, table, scale):
+    return list(ids) + [table[1]]
+
+
+def _float_dtype(ids, table, scale):
+    return scale
+
+
+def gather_op() -> ops.Custom:
+    """y (ids' shape, H) = op(ids int32, table int8 (V, H) in the int8 linear storage, scale float32 (V,))."""
+    op = ops.Custom(aot_func(GATHER_TYPE), out_shape=_rows_shape, out_dtype=_float_dtype, func_type="aot")
+    op.add_prim_attr("type", GATHER_TYPE)
     return op

@@ -78,14 +78,15 @@ class Linear(nn.Cell):
 
 class KernelProduct(nn.Cell):
     """x . W^T as a Custom node run by the project's Lite kernels, W in one of their storages
-    (lite_runtime/contract/quant.py) as the node's constant inputs, named after the layer's weight."""
+    (lite_runtime/contract/quant.py) as the node's constant inputs, named after the layer's weight.
+    `lookup`: an embedding's int8 table instead, whose rows the node gathers for ids."""
 
     NAMES = ("weight", "weight_scale", "weight_min")
 
-    def __init__(self, storage: str, constants):
+    def __init__(self, storage: str, constants, lookup: bool = False):
         super().__init__()
-        from exporter.models.kernels import linear_op
-        self.op = linear_op(storage)
+        from exporter.models.kernels import gather_op, linear_op
+        self.op = gather_op() if lookup else linear_op(storage)
         self.count = len(constants)
         for name, array in zip(self.NAMES, constants):
             setattr(self, name, Parameter(Tensor.from_numpy(np.ascontiguousarray(array)), name=name,
@@ -118,13 +119,14 @@ class LinearKernels:
     held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.
     Biases and LoRA adapters stay float32 MatMuls."""
 
-    def __init__(self, net: nn.Cell, scheme: str, group_size: int, head: str = "float32"):
+    def __init__(self, net: nn.Cell, scheme: str, group_size: int, head: str = "float32",
+                 embedding: str = "float32"):
         self.scheme = "none" if scheme == "float32" else scheme
         self.group_size = group_size
         self.cells = {f"{name}.weight": cell for name, cell in net.cells_and_names()
-                      if isinstance(cell, Linear) and cell.kernel is None}
+                      if (isinstance(cell, Linear) or name == "embed" and embedding == "int8") and cell.kernel is None}
         # a layer's own scheme, where it is not `scheme`
-        self.schemes = {"head.weight": "none" if head == "float32" else head}
+        self.schemes = {"head.weight": "none" if head == "float32" else head, "embed.weight": embedding}
 
     def takes(self, name: str) -> bool:
         return name in self.cells
@@ -144,7 +146,7 @@ class LinearKernels:
         cell = self.cells[name]
         value = self.finish(name, value)
         del cell.weight
-        cell.kernel = KernelProduct(value.storage, value.constants)
+        cell.kernel = KernelProduct(value.storage, value.constants, lookup=isinstance(cell, Embedding))
         for param_name in KernelProduct.NAMES[:len(value.constants)]:    # after attaching, which renames them
             getattr(cell.kernel, param_name).name = f"{name[:-len('.weight')]}.{param_name}"
 
@@ -181,8 +183,11 @@ class Embedding(nn.Cell):
         self.gather = ops.Gather()
         # Lite 2.0 builds a gather in a graph with dynamic dimensions only with the axis as a tensor
         self.axis = Tensor(np.array([0], np.int32)) if dynamic else 0
+        self.kernel = None        # a KernelProduct lookup of an int8 table in place of `weight` (LinearKernels)
 
     def construct(self, ids):
+        if self.kernel is not None:
+            return self.kernel(ids)
         return self.gather(self.weight, ids, self.axis)
 
 

@@ -170,8 +170,9 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
                         collectives=plan.collectives, segments=plan.graphs if plan.segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config, mindir_kept=plan.mindir_kept,
-                        quantization=quantization_record(quant.weights, quant.group_size, quant.head),
-                        kernels=kernels_for(quant.weights, quant.head))
+                        quantization=quantization_record(quant.weights, quant.group_size, quant.head,
+                                                         quant.embedding),
+                        kernels=kernels_for(quant.weights, quant.head, quant.embedding))
     manifest.save(tmp)
     return manifest
 

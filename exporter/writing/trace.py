@@ -75,15 +75,15 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     scheme = config.quantization
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
                        **lora_fields(source), graph_collectives=graph_collectives,
-                       own_head=scheme.weights != "none" and scheme.head != "float32",
-                       head_kernel=scheme.weights != "none")
+                       own_head=scheme.weights != "none" and scheme.head != scheme.embedding,
+                       head_kernel=scheme.weights != "none", embedding_int8=scheme.embedding == "int8")
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)
     kernels = None
     if scheme.weights != "none":
         from exporter.models.linear import LinearKernels
-        kernels = LinearKernels(net, scheme.weights, scheme.group_size, scheme.head)
+        kernels = LinearKernels(net, scheme.weights, scheme.group_size, scheme.head, scheme.embedding)
     loaded = "read and loaded the weights" + (f", the linear layers' as {scheme.weights}" if kernels else "")
     with stage(f"{loaded}{where}"):
         weights = rank_weights(source, split_rules(net), not net.head_is_embedding, rank, config.world_size,

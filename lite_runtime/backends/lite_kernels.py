@@ -43,6 +43,8 @@ def load(path: str):
         lib.lk_linear.restype = ctypes.c_int
         lib.lk_set_threads.argtypes = [ctypes.c_int]
         lib.lk_set_threads.restype = None
+        lib.lk_gather_i8.argtypes = [vp, i64, vp, vp, i64, i64, vp]
+        lib.lk_gather_i8.restype = ctypes.c_int
         lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
         lib.lk_read.restype = ctypes.c_uint64
         _lib = lib
@@ -106,3 +108,19 @@ def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lit
                       address(y), int(threads), int(lite_workers)):
         raise ValueError(_lib.lk_last_error().decode())
     return y
+
+
+def gather_i8(ids, table, scale):
+    """out (ids' shape, H): the rows `ids` of an int8 table (V, H) in the int8 linear storage, times their
+    scales (the embedding's lookup, LiteGatherI8P4). Needs the library loaded (`load`)."""
+    import numpy as np
+    if _lib is None:
+        raise RuntimeError("the kernel library is not loaded")
+    ids = np.ascontiguousarray(ids, np.int32)
+    table = np.ascontiguousarray(table, np.int8)
+    scale = np.ascontiguousarray(scale, np.float32)
+    out = np.empty(ids.shape + (table.shape[1],), np.float32)
+    if _lib.lk_gather_i8(ids.ctypes.data, ids.size, table.ctypes.data, scale.ctypes.data, table.shape[0],
+                         table.shape[1], out.ctypes.data):
+        raise ValueError(_lib.lk_last_error().decode())
+    return out

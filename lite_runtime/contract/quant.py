@@ -22,11 +22,14 @@ KERNEL_LIBRARY = "liblite_kernels.so"
 # (docs/quantization.md); the float32 kernel runs the head of a quantized export.
 WEIGHT_SCHEMES = ("none", "int8", "int4")
 HEAD_SCHEMES = ("float32", "int8")
+EMBEDDING_SCHEMES = ("float32", "int8")
 GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4",
                             "int4_min": "LiteLinearI4Min"}
+# The int8 embedding's lookup: ids, and the table as the int8 linear storage (a tied int8 head reads it).
+GATHER_TYPE = "LiteGatherI8P4"
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
 
@@ -35,22 +38,27 @@ def aot_func(op_type: str) -> str:
     return f"{KERNEL_LIBRARY}:{op_type}"
 
 
-def kernels_for(scheme: str, head: str = "float32") -> List[str]:
-    """The Custom op types an export quantized by `scheme` (and its head by `head`) runs (the manifest's
-    `kernels`). The head of a quantized export runs on a kernel too, float32 or int8."""
+def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32") -> List[str]:
+    """The Custom op types an export quantized by `scheme` (its head by `head`, its embedding by
+    `embedding`) runs (the manifest's `kernels`). The head of a quantized export runs on a kernel too,
+    float32 or int8."""
     kernels = {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4_min"]]}[scheme]
     head_type = OP_TYPES["float32" if head == "float32" else "int8"]
     if kernels and head_type not in kernels:
         kernels.append(head_type)
+    if kernels and embedding == "int8":
+        kernels.append(GATHER_TYPE)
     return kernels
 
 
-def quantization_record(scheme: str, group_size: int, head: str = "float32") -> Dict[str, object]:
+def quantization_record(scheme: str, group_size: int, head: str = "float32", embedding: str = "float32"
+                        ) -> Dict[str, object]:
     """The manifest's `quantization`: {} for float32 weights."""
     if scheme == "none":
         return {}
     # head_on_kernel: every large product runs on the kernels (the runtime gives them the threads)
-    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": head, "head_on_kernel": True}
+    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": head, "embedding": embedding,
+                                 "head_on_kernel": True}
     if scheme == "int4":
         record.update(group_size=group_size, symmetric=False)
     return record

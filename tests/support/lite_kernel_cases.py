@@ -51,7 +51,7 @@ def graphs(tmp_path_factory, library):
 
 
 def test_the_library_registers_every_kernel_kind(library):
-    assert set(kernel_types()) == set(quant.OP_TYPES.values())
+    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | {quant.GATHER_TYPE}
     assert lite_kernels.isa() in ("avx2", "generic")
 
 
@@ -135,6 +135,19 @@ def test_quantizers_round_to_nearest_within_half_a_step():
         assert (err <= np.repeat(s, 32, axis=1)[:, :70] / 2 + 1e-6).all()
     assert (quant.unpack_u4(quant.pack_u4(np.arange(64, dtype=np.uint8).reshape(2, 32) % 16), 32)
             == np.arange(64).reshape(2, 32) % 16).all()
+
+
+def test_the_int8_lookup_gives_the_dequantized_rows(library):
+    """LiteGatherI8P4 reads rows of the int8 panels (rows in a panel and the last N % 4 rows stored whole,
+    K off the runs of 8), each times its scale; an id outside the table is refused."""
+    rng = np.random.default_rng(5)
+    for v, h in ((7, 19), (12, 64), (5, 3)):
+        q, s = quant.quantize_int8(rng.standard_normal((v, h)).astype(np.float32))
+        ids = rng.integers(0, v, (3, 4)).astype(np.int32)
+        ids[0, :2] = 0, v - 1
+        assert np.array_equal(lite_kernels.gather_i8(ids, q, s), quant.dequantize_int8(q, s)[ids])
+    with pytest.raises(ValueError, match="id 5 is outside the table's 5 rows"):
+        lite_kernels.gather_i8(np.array([1, 5]), q, s)
 
 
 def test_a_weight_that_does_not_fit_x_is_refused_in_one_line(library):

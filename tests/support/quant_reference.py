@@ -2,10 +2,11 @@
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
 in float32 as the exporter keeps them, and for int4 each layer's input rounded as the kernels round it
 (activation_rounding.py): the reference a quantized export must give. Run in its own process (torch):
-    python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD]]
+    python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD [EMBEDDING]]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
 across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
-With HEAD int8, the head is quantized to int8 too (a tied head apart from the embedding, which stays float32).
+With HEAD int8, the head is quantized to int8 too; with EMBEDDING int8, the embedding. A tied head stays tied
+when both have the same scheme, as exported (the head reads the embedding's table), else it is a weight of its own.
 """
 import os
 import sys
@@ -27,20 +28,23 @@ def per_share(function, array, shares):
     return np.concatenate([function(part) for part in np.split(array, shares, axis=-1)], axis=-1)
 
 
-def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32"):
+def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", embedding_scheme="float32"):
     import torch
     import transformers
     torch.set_num_threads(2)
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
-    head = model.get_output_embeddings()
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head.weight is embed.weight
     count = 0
     with torch.no_grad():
         for name, module in model.named_modules():
-            if module is head and head_scheme != "float32":
-                # a weight of its own: a head tied to the embedding is quantized apart from it, as exported
-                w = module.weight.numpy()
-                module.weight = torch.nn.Parameter(torch.from_numpy(dequantize(*quantize(w, head_scheme), w.shape[1])))
-            elif isinstance(module, torch.nn.Linear) and module is not head:
+            if module is head:
+                if not (tied and head_scheme == embedding_scheme):      # a weight of its own, as exported
+                    w = module.weight.numpy().copy()
+                    if head_scheme != "float32":
+                        w = dequantize(*quantize(w, head_scheme), w.shape[1])
+                    module.weight = torch.nn.Parameter(torch.from_numpy(w))
+            elif isinstance(module, torch.nn.Linear):
                 n = shares if name.endswith(ROW_PARALLEL) else 1
 
                 def dequantized(w):
@@ -51,10 +55,14 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32"):
                         torch.from_numpy(per_share(round_activations, args[0].numpy(), n)),) + args[1:])
                 count += 1
     assert count, "no linear layer found"
+    if embedding_scheme != "float32":       # in place: a head still tied to it follows
+        with torch.no_grad():
+            w = embed.weight.numpy()
+            embed.weight.copy_(torch.from_numpy(dequantize(*quantize(w, embedding_scheme), w.shape[1])))
     logits, tokens = greedy_reference(model, steps)
     np.savez(out, logits=logits, tokens=tokens)
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *map(int, sys.argv[6:7]),
-         *sys.argv[7:8])
+         *sys.argv[7:9])

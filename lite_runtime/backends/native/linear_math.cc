@@ -188,14 +188,6 @@ constexpr int64_t kPrefetchBytes = 2048;
 // dequantised-tile paths' time; int4 (integer dot products) M 8 0.76x, M 16 0.92x and M 31 1.03x.
 constexpr int64_t kPairRowsI8 = 64, kPairRowsI4 = 16;
 
-// Byte offset of weight (n, k) in the int8 panel layout (linear_math.h).
-inline int64_t I8Offset(const LinearArgs &a, int64_t n, int64_t k) {
-  const int64_t K8 = a.K & ~int64_t(7);
-  if (n >= (a.N & ~int64_t(3))) return n * a.K + k;
-  const int64_t base = (n & ~int64_t(3)) * a.K, j = n & 3;
-  return k < K8 ? base + (k >> 3) * 32 + j * 8 + (k & 7) : base + 4 * K8 + j * (a.K - K8) + (k - K8);
-}
-
 // Decode: MB (1 or 2) rows of X against a panel of 4 int8 rows, read front to back as one stream, each
 // weight vector converted once.
 template <int MB>
@@ -306,11 +298,11 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
       const V8 s = Bcast(a.scale[n + j]);
       const int64_t K8 = a.K & ~int64_t(7);
       for (int64_t k = 0; k < K8; k += 8) {   // a run of 8 is contiguous in either layout
-        Store(row, Fma(FromI8(w + I8Offset(a, n + j, k)), s, Zero()));
+        Store(row, Fma(FromI8(w + I8Offset(a.N, a.K, n + j, k)), s, Zero()));
         for (int i = 0; i < 8; ++i) tile[(k + i) * kTileCols + j] = row[i];
       }
       for (int64_t k = K8; k < a.K; ++k)
-        tile[k * kTileCols + j] = a.scale[n + j] * static_cast<float>(w[I8Offset(a, n + j, k)]);
+        tile[k * kTileCols + j] = a.scale[n + j] * static_cast<float>(w[I8Offset(a.N, a.K, n + j, k)]);
     } else {
       const uint8_t *w = static_cast<const uint8_t *>(a.w) + (n + j) * (a.K / 2);
       const float *scale = a.scale + (n + j) * a.G;

@@ -37,6 +37,14 @@ struct LinearArgs {
   float *y = nullptr;         // (M, N)
 };
 
+// Byte offset of weight (n, k) of an int8 W (N, K) in the panel layout above.
+inline int64_t I8Offset(int64_t N, int64_t K, int64_t n, int64_t k) {
+  const int64_t K8 = K & ~int64_t(7);
+  if (n >= (N & ~int64_t(3))) return n * K + k;
+  const int64_t base = (n & ~int64_t(3)) * K, j = n & 3;
+  return k < K8 ? base + (k >> 3) * 32 + j * 8 + (k & 7) : base + 4 * K8 + j * (K - K8) + (k - K8);
+}
+
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
 

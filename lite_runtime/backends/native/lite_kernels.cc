@@ -1,5 +1,6 @@
 // The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
-// output channel, int4 in groups; linear_math.h) registered as Custom op types, and a C interface loaded
+// output channel, int4 in groups; linear_math.h) and an int8 embedding lookup, registered as Custom op
+// types, and a C interface loaded
 // with ctypes (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL before any Build, in the runtime
 // and in the converter's process. Every function returns 0 on success, else non-zero with a reason in
 // lk_last_error().
@@ -50,6 +51,9 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
                            {"LiteLinearI8P4", lk::kI8, 3, "int8"},
                            {"LiteLinearI4", lk::kI4, 3, "int8"},
                            {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
+// The lookup: ids int32 (any shape), the table int8 (V, H) in LiteLinearI8P4's panels and its scale float32
+// (V,) -> float32 (ids' shape, H). A tied head's product reads the same two constants.
+constexpr char kGatherType[] = "LiteGatherI8P4";
 
 bool UseAvx2() {
   const char *forced = std::getenv("LITE_KERNELS_ISA");
@@ -223,6 +227,18 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   return 0;
 }
 
+// out (count, H) = the rows `ids` of an int8 table (V, H) in panels, each times its scale.
+int GatherI8(const int32_t *ids, int64_t count, const int8_t *q, const float *scale, int64_t V, int64_t H, float *out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t v = ids[i];
+    if (v < 0 || v >= V)
+      return Fail("id " + std::to_string(v) + " is outside the table's " + std::to_string(V) + " rows");
+    float *row = out + i * H;
+    for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::I8Offset(V, H, v, k)]);
+  }
+  return 0;
+}
+
 std::string Shape(const std::vector<int64_t> &s) {
   std::string r = "(";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
@@ -294,6 +310,61 @@ class LinearKernel : public mindspore::kernel::Kernel {
   const TypeInfo &type_info_;
 };
 
+class GatherKernel : public mindspore::kernel::Kernel {
+ public:
+  using Kernel::Kernel;
+
+  int Prepare() override {
+    const std::string who = std::string(kGatherType) + ": ";
+    if (inputs_.size() != 3) return Report(who + std::to_string(inputs_.size()) + " inputs, expected 3");
+    if (inputs_[0].DataType() != DataType::kNumberTypeInt32) return Report(who + "ids must be int32");
+    if (inputs_[1].DataType() != DataType::kNumberTypeInt8 || inputs_[1].Shape().size() != 2)
+      return Report(who + "the table must be int8 and 2-D");
+    if (inputs_[2].DataType() != DataType::kNumberTypeFloat32 || inputs_[2].ElementNum() != inputs_[1].Shape()[0])
+      return Report(who + "the scales must be float32, one a row of the table");
+    return 0;
+  }
+  int ReSize() override { return Prepare(); }
+
+  int Execute() override {
+    const auto &table = inputs_[1].Shape();
+    std::vector<int64_t> ys = inputs_[0].Shape();
+    ys.push_back(table[1]);
+    auto &y = outputs_[0];
+    if (y.Shape() != ys) y.SetShape(ys);
+    auto ids = inputs_[0].Data(), q = inputs_[1].Data(), scale = inputs_[2].Data();
+    float *out = static_cast<float *>(y.MutableData());
+    if (out == nullptr || ids == nullptr || q == nullptr || scale == nullptr)
+      return Report(std::string(kGatherType) + ": no data");
+    if (GatherI8(static_cast<const int32_t *>(ids.get()), inputs_[0].ElementNum(), static_cast<const int8_t *>(q.get()),
+                 static_cast<const float *>(scale.get()), table[0], table[1], out))
+      return Report(std::string(kGatherType) + ": " + g_last_error);
+    return 0;
+  }
+
+ private:
+  static int Report(const std::string &error) {
+    if (error.empty()) return 0;
+    std::fprintf(stderr, "[ERROR] lite_kernels: %s\n", error.c_str());
+    return kLiteError;
+  }
+};
+
+class GatherInfer : public mindspore::kernel::KernelInterface {
+ public:
+  mindspore::Status Infer(std::vector<MSTensor> *inputs, std::vector<MSTensor> *outputs,
+                          const mindspore::schema::Primitive *) override {
+    if (inputs->size() != 3 || outputs->size() != 1 || (*inputs)[1].Shape().size() != 2) return mindspore::kLiteError;
+    std::vector<int64_t> shape = (*inputs)[0].Shape();
+    shape.push_back((*inputs)[1].Shape()[1]);
+    auto &y = (*outputs)[0];
+    y.SetDataType(DataType::kNumberTypeFloat32);
+    y.SetFormat((*inputs)[1].format());
+    y.SetShape(shape);
+    return mindspore::kSuccess;
+  }
+};
+
 class LinearInfer : public mindspore::kernel::KernelInterface {
  public:
   mindspore::Status Infer(std::vector<MSTensor> *inputs, std::vector<MSTensor> *outputs,
@@ -312,14 +383,15 @@ class LinearInfer : public mindspore::kernel::KernelInterface {
 
 std::vector<char> V(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
 
-std::string OpInfo(const TypeInfo &type) {
+// MindSpore's op-info entry of a Custom type whose inputs have these dtypes (its output is float32).
+std::string OpInfo(const std::string &name, const std::vector<std::string> &dtypes) {
   std::string inputs, formats;
-  for (int i = 0; i < type.inputs; ++i) {
+  for (size_t i = 0; i < dtypes.size(); ++i) {
     inputs += std::string(i ? ", " : "") + "{\"index\": " + std::to_string(i) + ", \"name\": \"in" +
               std::to_string(i) + "\", \"paramType\": \"required\"}";
-    formats += std::string(i ? ", " : "") + "[\"" + (i == 1 ? type.weight_dtype : "float32") + "\", \"DefaultFormat\"]";
+    formats += std::string(i ? ", " : "") + "[\"" + dtypes[i] + "\", \"DefaultFormat\"]";
   }
-  return std::string("{\"op_name\": \"Custom__") + kAotLibrary + ":" + type.name + "\", \"inputs\": [" + inputs +
+  return std::string("{\"op_name\": \"Custom__") + kAotLibrary + ":" + name + "\", \"inputs\": [" + inputs +
          "], \"outputs\": [{\"index\": 0, \"name\": \"y\", \"paramType\": \"required\"}], \"attr\": [], "
          "\"fusion_type\": \"OPAQUE\", \"dtype_format\": [[" + formats +
          ", [\"float32\", \"DefaultFormat\"]]], \"target\": \"CPU\", \"imply_type\": \"CPU\"}";
@@ -335,7 +407,7 @@ const char *lk_last_error() { return g_last_error.c_str(); }
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
-const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min"; }
+const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4"; }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
 // entries a MindIR Build needs. Once per process; later calls do nothing.
@@ -357,11 +429,30 @@ int lk_register(int op_info) {
     if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
       return Fail(std::string("Lite refused to register the kernel ") + type.name);
   }
+  // Lite looks a Custom kernel up by its first float32, float16 or int8 input's type: the lookup's is int8
+  for (DataType key : {DataType::kNumberTypeInt8, DataType::kNumberTypeFloat32, DataType::kNumberTypeInt32}) {
+    if (kernels) break;
+    auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
+      V("CPU"), V(kProvider), key, V(kGatherType),
+      [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+         const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
+        return std::make_shared<GatherKernel>(inputs, outputs, primitive, ctx);
+      });
+    if (created != mindspore::kSuccess) return Fail(std::string("Lite refused to register the kernel ") + kGatherType);
+  }
+  if (!kernels && mindspore::registry::RegisterKernelInterface::CustomReg(
+                    V(kProvider), V(kGatherType), [] { return std::make_shared<GatherInfer>(); }) != mindspore::kSuccess)
+    return Fail(std::string("Lite refused to register the shape inference of ") + kGatherType);
   kernels = true;
   if (op_info && !infos) {
-    for (const TypeInfo &type : kTypes)
-      if (!mindspore::kernel::OpLib::RegOp(OpInfo(type), ""))
+    for (const TypeInfo &type : kTypes) {
+      std::vector<std::string> dtypes(type.inputs, "float32");
+      dtypes[1] = type.weight_dtype;
+      if (!mindspore::kernel::OpLib::RegOp(OpInfo(type.name, dtypes), ""))
         return Fail(std::string("MindSpore's op-info library refused ") + type.name);
+    }
+    if (!mindspore::kernel::OpLib::RegOp(OpInfo(kGatherType, {"int32", "int8", "float32"}), ""))
+      return Fail(std::string("MindSpore's op-info library refused ") + kGatherType);
     infos = true;
   }
   return 0;
@@ -376,6 +467,12 @@ void lk_set_threads(int threads) { g_threads.store(std::max(0, threads)); }
 int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
               int64_t N, int64_t G, float *y, int threads, int lite_workers) {
   return RunLinear(kind, x, M, K, w, scale, mins, N, G, y, threads, lite_workers != 0);
+}
+
+// The int8 lookup without Lite (tests): out (count, H) = rows `ids` of q (V, H) in panels times their scale.
+int lk_gather_i8(const int32_t *ids, int64_t count, const int8_t *q, const float *scale, int64_t V, int64_t H,
+                 float *out) {
+  return GatherI8(ids, count, q, scale, V, H, out);
 }
 
 // A plain read of `bytes` bytes over `threads` threads of the pool (the bandwidth a benchmark compares
