@@ -87,8 +87,8 @@ class CausalLM(nn.Cell):
             self.top_query = TopQueryLayer(cfg, ctx)
         # A tied head on one rank reads the embedding table itself (no second copy); under tensor
         # parallelism each rank holds its vocabulary rows of it as `head.weight`, and so does one rank
-        # whose head is quantized (the embedding's lookup stays float32). In a quantized export the tied
-        # head's product runs on the float32 kernel, reading the table as it is.
+        # whose head's scheme is not the embedding's. In a quantized export the tied head's product runs on
+        # a kernel reading the table as it is stored: float32, or int8 with its scales.
         self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1 and not ctx.own_head
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,

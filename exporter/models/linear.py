@@ -113,7 +113,8 @@ class QuantizedWeight:
 class LinearKernels:
     """The Linear layers of `net` that an export runs on the project's kernels, their weights quantized by
     `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel), the head's by `head` (quant.HEAD_SCHEMES;
-    "float32": the float32 kernel), so that Lite's own ops are left only small products.
+    "float32": the float32 kernel), so that Lite's own ops are left only small products; and with
+    `embedding` int8 the token embedding's table, looked up by a kernel.
 
     `finish` quantizes a weight as soon as the reader has it in the layer's shape, so a model is never
     held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.
