@@ -175,15 +175,18 @@ class PackedKVCache(KVCache):
 
     def step(self, run, tokens, counts, past, extra, picks=None):
         """Row r's first counts[r] tokens, at positions past[r] on. Returns the logits of each row's last
-        token (B, vocab; a row with none gets meaningless logits), or with `picks` (B,) those of row r's
-        last picks[r] tokens, row after row (sum(picks), vocab)."""
+        token (B, vocab; a row with none gets zeros), or with `picks` (B,) those of row r's last picks[r]
+        tokens, row after row (sum(picks), vocab)."""
         counts = np.asarray(counts, np.int64)
         rows = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
         ends = np.cumsum(counts)
         index = np.arange(int(ends[-1])) - np.repeat(ends - counts, counts)    # each token's index in its row
         positions = (past[rows] + index).astype(np.int32)
+        live = None
         if picks is None:
-            last = np.maximum(ends - 1, 0)
+            # the head runs only for the rows that fed tokens (SmolLM2 int8, 1 of 8 rows: 0.8x the step)
+            live = np.flatnonzero(counts > 0) if counts.any() else np.arange(1)
+            last = ends[live] - 1 if counts.any() else np.zeros(1, np.int64)
         else:
             picks = np.asarray(picks, np.int64)
             last = np.arange(int(picks.sum())) - np.repeat(np.cumsum(picks) - picks, picks) + \
@@ -195,8 +198,12 @@ class PackedKVCache(KVCache):
                                        "for (speculative decoding): export it again")
             last = np.concatenate([last, np.zeros(self.max_picks - wanted, last.dtype)])
         logits = self._run_tokens(run, np.ascontiguousarray(tokens[rows, index], np.int32), rows, positions,
-                                  np.asarray(past, np.int32), last.astype(np.int32), extra)
-        return logits[:wanted]
+                                  np.asarray(past, np.int32), last.astype(np.int32), extra)[:wanted]
+        if live is None or len(live) == len(counts):
+            return logits
+        every = np.zeros((len(counts),) + logits.shape[1:], logits.dtype)
+        every[live] = logits[:len(live)]
+        return every
 
 
 def fixed_picks(manifest: Manifest):
