@@ -8,6 +8,7 @@ build_from_file arguments, inputs set before predict). It proves the wiring, not
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from types import SimpleNamespace
 
@@ -194,6 +195,33 @@ def test_graph_input_mismatch_is_named(stand_in, tmp_path):
     fake.graph_inputs[path] = [type(spec)("tokens", spec.dtype, spec.shape)] + fake.graph_inputs[path][1:]
     with pytest.raises(ArtifactError, match="graph input 0 is named 'tokens'.*expects input_ids"):
         MSLiteSession(manifest)
+
+
+def test_an_export_quantized_by_lites_converter_builds_its_int8_graphs_on_ascend_only(stand_in, tmp_path):
+    """`quantization.weights: int8` with `target: ascend`: the converter's outputs on Ascend, the float
+    graphs on CPU, and a clear refusal before any Build while they are not written yet."""
+    from lite_runtime.ascend.weight_quant import record
+    from lite_runtime.backends.mslite_backend import MSLiteSession
+    manifest = make_manifest(tmp_path)
+    manifest.quantization = record()
+    fake = stand_in(manifest)
+    converted = {kind: manifest.graph_path(kind, 0)[: -len(".mindir")] + "_ascend_int8.mindir"
+                 for kind in ("prefill", "increment")}
+    with pytest.raises(ArtifactError, match=r"quantizes its weights to int8 with MindSpore Lite's converter on "
+                                            r"Ascend, and .*full.*_ascend_int8.mindir does not exist yet: run "
+                                            r"`python -m lite_runtime.cli.ge_config quantize --model_dir "):
+        MSLiteSession(manifest, target="ascend")
+    assert not fake.named("build_from_file")
+    for kind, path in converted.items():
+        fake.graph_inputs[path] = manifest.graphs[kind].inputs
+        fake.graph_outputs[path] = manifest.graphs[kind].outputs
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "wb").close()
+    MSLiteSession(manifest, target="ascend")
+    assert [b[1] for b in fake.named("build_from_file")] == list(converted.values())
+    MSLiteSession(manifest, target="cpu")
+    assert [b[1] for b in fake.named("build_from_file")][2:] == [manifest.graph_path(k, 0)
+                                                                 for k in ("prefill", "increment")]
 
 
 def test_ascend_target_without_the_package_is_refused(monkeypatch, tmp_path):

@@ -161,8 +161,12 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
         config_from_dict(dict(base, quantization={"weights": "int3"}))
     with pytest.raises(ConfigError, match=r"quantization.group_size 48 is not allowed; allowed: 32, 64, 128$"):
         config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 48}))
-    with pytest.raises(ConfigError, match="needs target cpu and compute_dtype float32; this config has target None"):
+    with pytest.raises(ConfigError, match=r"needs target cpu and compute_dtype float32 \(or target ascend, int8 only: "
+                                          r"Lite's converter quantizes for GE\); this config has target None$"):
         config_from_dict(dict(base, target=None, quantization={"weights": "int8"}))
+    with pytest.raises(ConfigError, match=r"on target ascend MindSpore Lite's converter quantizes the weights for GE: "
+                                          r".*this config has quantization.weights int4, quantization.head int8$"):
+        config_from_dict(dict(base, target="ascend", quantization={"weights": "int4", "head": "int8"}))
     with pytest.raises(ConfigError, match=r"quantization.head 'int4' is not allowed; allowed: float32, int8$"):
         config_from_dict(dict(base, quantization={"weights": "int4", "head": "int4"}))
     with pytest.raises(ConfigError, match=r"quantization.head int8 needs quantized weights"):

@@ -74,7 +74,8 @@ class ParallelSection:
 
 @dataclass
 class QuantizationSection:
-    """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu)."""
+    """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu), or
+    by Lite's converter for GE (target ascend, int8)."""
     weights: str = "none"        # none | int8 (per output channel) | int4 (groups along the input)
     group_size: int = 32         # int4: weights per scale
     head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
@@ -229,16 +230,37 @@ class ExportConfig:
                                   f"config has {', '.join(needs)}")
 
     def _check_quantization(self) -> None:
-        """Quantized linear layers are Custom nodes that only the project's kernels run: Lite on CPU."""
-        if self.quantization.weights == "none":
+        """Quantized linear layers are Custom nodes that only the project's kernels run (Lite on CPU); on
+        Ascend, Lite's converter quantizes the float graphs' weights for GE (lite_runtime/ascend/weight_quant.py)."""
+        q = self.quantization
+        if q.weights == "none":
+            return
+        if self.target == "ascend":
+            needs = [f"quantization.{key} {value}" for key, value, allowed in (
+                ("weights", q.weights, "int8"), ("head", q.head, "float32"), ("embedding", q.embedding, "float32"))
+                if value != allowed]
+            if needs:
+                raise ConfigError(f"{self.source}: on target ascend MindSpore Lite's converter quantizes the weights "
+                                  "for GE: quantization.weights int8 (per output channel), with the head and the "
+                                  f"embedding float32; this config has {', '.join(needs)}")
             return
         needs = [f"{key} {value}" for key, value, allowed in (
             ("target", self.target, self.target == "cpu"),
             ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
         if needs:
-            raise ConfigError(f"{self.source}: quantization.weights {self.quantization.weights} runs on MindSpore Lite "
-                              f"on CPU with the project's kernels and needs target cpu and compute_dtype float32; "
-                              f"this config has {', '.join(needs)}")
+            raise ConfigError(f"{self.source}: quantization.weights {q.weights} runs on MindSpore Lite on CPU with "
+                              "the project's kernels and needs target cpu and compute_dtype float32 (or target "
+                              f"ascend, int8 only: Lite's converter quantizes for GE); this config has {', '.join(needs)}")
+
+    @property
+    def converter_quantizes(self) -> bool:
+        """Lite's converter quantizes the weights on the Ascend server; the graphs stay float."""
+        return self.target == "ascend" and self.quantization.weights != "none"
+
+    @property
+    def kernel_quantization(self) -> QuantizationSection:
+        """What the project's kernels run: float32 when Lite's converter quantizes instead."""
+        return QuantizationSection() if self.converter_quantizes else self.quantization
 
     @property
     def world_size(self) -> int:

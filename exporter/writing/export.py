@@ -10,6 +10,7 @@ import shutil
 import time
 from typing import Dict, List
 
+from lite_runtime.ascend import weight_quant
 from lite_runtime.contract.errors import ArtifactError, ConfigError
 from lite_runtime.contract.families import STEP, get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
@@ -52,6 +53,9 @@ def export(config: ExportConfig) -> str:
             _trace_all(config, source, plan, tmp)
             with stage("checked the graphs' inputs"):
                 mindir_version, data_files = _check_graphs(plan, tmp)
+            if config.converter_quantizes:
+                with stage(f"wrote Lite's weight quantization for GE ({weight_quant.CONFIG_NAME})"):
+                    _write_ascend_quant(plan, tmp)
             lite_files = {}
             if converter:
                 with stage("converted the graphs to MindSpore Lite's .ms format"
@@ -113,6 +117,16 @@ def _check_graphs(plan: ExportPlan, tmp: str):
     return version, data_files
 
 
+def _write_ascend_quant(plan: ExportPlan, tmp: str) -> None:
+    """The converter's configuration, naming the nodes of every graph that read the head's or the
+    embedding's table (kept float32; a tied head reads the embedding's)."""
+    from lite_runtime.contract.mindir import nodes_reading
+    heads = [name for entry in plan.graphs.values() for rel in entry.files
+             for name in nodes_reading(os.path.join(tmp, rel), ("head.weight", "embed.weight"), ("MatMul", "Gather"))]
+    with open(os.path.join(tmp, weight_quant.CONFIG_NAME), "w", encoding="utf-8") as f:
+        f.write(weight_quant.config_text(sorted(set(heads))))
+
+
 def _remove_graphs(tmp: str, data_files: Dict[str, List[str]]) -> None:
     """Remove the MindIR graphs (and their external data, and its emptied folders) once converted."""
     for rel, data in data_files.items():
@@ -159,7 +173,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
         ge_config = GE_CONFIG_NAME
         shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
     model_config = dict(source.config.to_json(), **source.token_ids)     # the runtime's feed builder reads the ids
-    quant = config.quantization
+    quant = config.kernel_quantization
     manifest = Manifest(family=source.family.name, model_config=model_config, graph_dims=plan.dims.to_json(),
                         kv_cache=plan.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
@@ -170,8 +184,8 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
                         collectives=plan.collectives, segments=plan.graphs if plan.segmented else {},
                         mindspore_version=ms.__version__, mindir_version=mindir_version, sha256=hashes,
                         ge_config=ge_config, mindir_kept=plan.mindir_kept,
-                        quantization=quantization_record(quant.weights, quant.group_size, quant.head,
-                                                         quant.embedding),
+                        quantization=weight_quant.record() if config.converter_quantizes else
+                        quantization_record(quant.weights, quant.group_size, quant.head, quant.embedding),
                         kernels=kernels_for(quant.weights, quant.head, quant.embedding))
     manifest.save(tmp)
     return manifest

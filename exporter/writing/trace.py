@@ -72,7 +72,7 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
 
     cpu_graph_mode(ms)
     dtype = ms.float16 if config.compute_dtype == "float16" else ms.float32
-    scheme = config.quantization
+    scheme = config.kernel_quantization
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
                        **lora_fields(source), graph_collectives=graph_collectives,
                        own_head=scheme.weights != "none" and scheme.head != scheme.embedding,

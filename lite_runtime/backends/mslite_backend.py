@@ -22,6 +22,7 @@ import numpy as np
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
 from lite_runtime.contract.families import GRAPH_KINDS, STEP, graph_kinds
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
+from lite_runtime.ascend.weight_quant import by_converter
 from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
@@ -189,6 +190,8 @@ class MSLiteSession(Session):
                                    "for Lite on CPU, or run it with backend 'ms' (CPU) or mslite on Ascend")
         check_mindir_readable(m)
         check_kernels(m)
+        if by_converter(m):
+            log.warning("%s: its int8 weights are Lite's converter's, on Ascend; on CPU its float graphs run", m.root)
         _log_ge_ignored(present)
         num_threads = kernel_threads(m, num_threads)
         if m.collectives == "host":

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from lite_runtime.ascend.weight_quant import graph_to_build
 from lite_runtime.backends.lite_runners import LiteRunner
 from lite_runtime.contract.errors import ArtifactError, UnsupportedError
 from lite_runtime.contract.families import GRAPH_KINDS, TensorSpec
@@ -45,7 +46,7 @@ class OfficialLiteGraphs(LiteRunner):
             self.group = mslite.ModelGroup(mslite.ModelGroupFlag.SHARE_WEIGHT)
             self.group.add_model([self.models[kind] for kind in GRAPH_KINDS])
         for kind, model in self.models.items():
-            path = manifest.graph_path(kind, rank)
+            path = graph_to_build(manifest, kind, rank, target)
             options = {"config_path": config_paths.get(kind) or ""}
             if config_dict:
                 options["config_dict"] = config_dict

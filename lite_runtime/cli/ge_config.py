@@ -1,5 +1,5 @@
-"""`python -m lite_runtime.cli.ge_config check FILE... | generate --model_dir DIR --preset P -o OUT`
-(console script `lite-ge-config`)."""
+"""`python -m lite_runtime.cli.ge_config check FILE... | generate --model_dir DIR --preset P -o OUT |
+quantize --model_dir DIR` (console script `lite-ge-config`)."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,9 @@ import click
 
 from lite_runtime.ascend.ge_config import read_ge_config, split_config_paths
 from lite_runtime.ascend.ge_config_writer import list_presets, write_export_configs
+from lite_runtime.ascend.weight_quant import quantize_export
 from lite_runtime.contract.command_line import CONTEXT, entry_point
+from lite_runtime.contract.manifest import load_manifest
 
 
 @click.group(context_settings=CONTEXT)
@@ -33,6 +35,16 @@ def generate(model_dir, preset, rank_table, output_dir):
     """Write prefill.ini and increment.ini for an export."""
     prefill, increment = write_export_configs(model_dir, preset, output_dir, rank_table)
     click.echo(f"--config_path {prefill},{increment}")
+
+
+@command.command(context_settings=CONTEXT)
+@click.option("--model_dir", required=True, help="Export folder with manifest.json (target ascend, weights int8).")
+@click.option("--converter", default="converter_lite", show_default=True,
+              help="MindSpore Lite's converter for Ascend (its path, or its name on PATH).")
+def quantize(model_dir, converter):
+    """Quantize an export's weights to int8 for GE with Lite's converter (on the Ascend server, once)."""
+    for path in quantize_export(load_manifest(model_dir), converter):
+        click.echo(path)
 
 
 main = entry_point(command, "python -m lite_runtime.cli.ge_config")

@@ -4,7 +4,7 @@ mindspore only when called."""
 from __future__ import annotations
 
 import os
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Sequence
 
 from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import TensorSpec
@@ -34,6 +34,23 @@ def read_mindir(path: str) -> MindIR:
         inputs.append(TensorSpec(value.name, _DTYPES.get(dtype, dtype.lower()), tuple(tensor.dims)))
     data = sorted({t.external_data.location for t in _tensors(model) if t.HasField("external_data")})
     return MindIR(inputs, str(getattr(model, "mind_ir_version", "") or model.ir_version), data)
+
+
+def nodes_reading(path: str, weights: Sequence[str], op_types: Sequence[str]) -> List[str]:
+    """The full names (as MindIR records them, and Lite's converter matches them) of the nodes of
+    `op_types` (MatMul, Gather, ...) that read one of the parameters `weights` (by their names in the
+    network), directly or through a Load."""
+    model = _parse(path)
+    nodes = list(model.graph.node) + [n for g in model.functions for n in g.node]
+    producers = {out: n for n in nodes for out in n.output}
+
+    def parameter(name):
+        source = producers.get(name)
+        name = source.input[0] if source is not None and source.input else name
+        return name.rsplit(":", 1)[-1]
+
+    return [node.domain for node in nodes if node.op_type.split(":")[-2:-1] and
+            node.op_type.split(":")[-2] in op_types and any(parameter(i) in weights for i in node.input)]
 
 
 def _parse(path: str):
