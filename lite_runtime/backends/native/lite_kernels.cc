@@ -1,8 +1,7 @@
 // The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
 // output channel, int4 in groups; linear_math.h) and an int8 embedding lookup, registered as Custom op
-// types, and a C interface loaded
-// with ctypes (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL before any Build, in the runtime
-// and in the converter's process. Every function returns 0 on success, else non-zero with a reason in
+// types, and a C interface loaded with ctypes (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL
+// before any Build, in the runtime and in the converter's process. Every function returns 0 on success, else non-zero with a reason in
 // lk_last_error().
 //
 // A graph node is MindSpore 2.0's ops.Custom("liblite_kernels.so:<type>", func_type="aot") with the prim
@@ -159,6 +158,13 @@ int Fail(const std::string &message) {
   return 1;
 }
 
+// Lite's status for a kernel is a bare code: the reason goes to stderr, which the shim captures.
+int Report(const std::string &error) {
+  if (error.empty()) return 0;
+  std::fprintf(stderr, "[ERROR] lite_kernels: %s\n", error.c_str());
+  return kLiteError;
+}
+
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
 // `lite_workers`: Lite's own threads run the graph beside the kernels (its context has more than one).
@@ -301,12 +307,6 @@ class LinearKernel : public mindspore::kernel::Kernel {
   }
 
  private:
-  // Lite's status for a kernel is a bare code: the reason goes to stderr, which the shim captures.
-  static int Report(const std::string &error) {
-    if (error.empty()) return 0;
-    std::fprintf(stderr, "[ERROR] lite_kernels: %s\n", error.c_str());
-    return kLiteError;
-  }
   const TypeInfo &type_info_;
 };
 
@@ -340,13 +340,6 @@ class GatherKernel : public mindspore::kernel::Kernel {
                  static_cast<const float *>(scale.get()), table[0], table[1], out))
       return Report(std::string(kGatherType) + ": " + g_last_error);
     return 0;
-  }
-
- private:
-  static int Report(const std::string &error) {
-    if (error.empty()) return 0;
-    std::fprintf(stderr, "[ERROR] lite_kernels: %s\n", error.c_str());
-    return kLiteError;
   }
 };
 
@@ -429,7 +422,8 @@ int lk_register(int op_info) {
     if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
       return Fail(std::string("Lite refused to register the kernel ") + type.name);
   }
-  // Lite looks a Custom kernel up by its first float32, float16 or int8 input's type: the lookup's is int8
+  // Lite looks a Custom kernel up by the data type of one of its tensors; the lookup's differ (ids int32,
+  // table int8, output float32), so it is registered under each
   for (DataType key : {DataType::kNumberTypeInt8, DataType::kNumberTypeFloat32, DataType::kNumberTypeInt32}) {
     if (kernels) break;
     auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
