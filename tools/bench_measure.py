@@ -66,9 +66,11 @@ def request_steps(session, inputs, prompts, new_tokens: int):
     from lite_runtime.decode.engine import Engine, EngineRequest
 
     engine, slots, produced = Engine(session, threaded=False, max_waiting=len(prompts)), m.dims.adapter_slots, {}
+    # EOS ignored as the peers ignore it (transformers' and OpenVINO's min_new_tokens): never picked
+    no_eos = dict(sampling=SamplingParams(min_tokens=new_tokens), stop_ids=frozenset(m.eos_token_id))
     for i, prompt in enumerate(prompts):     # the rows of an SLoRA export take its adapters in turn
         engine.submit(EngineRequest(list(prompt), new_tokens, adapter_slot=1 + i % (slots - 1) if slots else 0,
-                                    on_token=lambda token, _, i=i: produced.__setitem__(i, token)))
+                                    on_token=lambda token, _, i=i: produced.__setitem__(i, token), **no_eos))
 
     def steps():
         tokens = np.zeros(len(prompts), np.int32)

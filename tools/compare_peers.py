@@ -54,21 +54,24 @@ def _run(cmd: List[str], what: str, timeout: int = 1800) -> None:
 
 
 def prepare(work_dir: str, batches: List[int], runtimes: List[str], threads: int, rebuild: bool, log,
-            shape: Optional[dict] = None) -> Dict[tuple, str]:
-    """Build (or reuse) the HF folder of the Llama of `shape` (default: the benchmark model) and each
-    runtime's model; returns {(runtime, batch): model dir}."""
+            shape: Optional[dict] = None, hf_dir: Optional[str] = None) -> Dict[tuple, str]:
+    """Build (or reuse) the HF folder of the Llama of `shape` (default: the benchmark model), or take
+    `hf_dir` (a real model's), and each runtime's model; returns {(runtime, batch): model dir}."""
     sizes = dict(shape or BENCH_MODELS["llama"], seq_length=BENCH_SEQ_LENGTH)
-    hf = os.path.join(work_dir, "hf")
+    hf = os.path.abspath(hf_dir) if hf_dir else os.path.join(work_dir, "hf")
     stamp = os.path.join(work_dir, "recipe.json")
     recipe = dict(sizes=sizes, threads=threads, weights="normal(0, 0.02) seed 0, layer matrices x4",
                   export_format=FORMAT_VERSION)
+    if hf_dir:
+        recipe = dict(hf_dir=hf, threads=threads, export_format=FORMAT_VERSION)
     same = os.path.isfile(stamp) and json.load(open(stamp, encoding="utf-8")) == recipe
     if rebuild or not same:
         import shutil
         shutil.rmtree(work_dir, ignore_errors=True)
         os.makedirs(work_dir)
-        log(f"making the random Llama in {hf}")
-        _run([PEERS_PYTHON, PEER_TOOL, "model", hf, json.dumps(sizes)], "making the model")
+        if not hf_dir:
+            log(f"making the random Llama in {hf}")
+            _run([PEERS_PYTHON, PEER_TOOL, "model", hf, json.dumps(sizes)], "making the model")
         with open(stamp, "w", encoding="utf-8") as f:
             json.dump(recipe, f)
     out = {}
@@ -191,7 +194,9 @@ def format_report(summary: dict, ours: str = "mslite") -> str:
               help="start a timed run when the CPUs are less busy than this")
 @click.option("--idle_timeout", type=float, default=60.0, show_default=True,
               help="seconds to wait for an idle machine before a run")
-@click.option("--work_dir", default=DEFAULT_WORK_DIR, show_default=True)
+@click.option("--hf_dir", default=None, help="a real model's Hugging Face folder instead of the random Llama (e.g. "
+              "SmolLM2-135M-Instruct's float32 folder that tools/bench_serve.py --gguf makes); prompts stay random ids")
+@click.option("--work_dir", default=None, help=f"[default: {DEFAULT_WORK_DIR}, or beside it _<the --hf_dir's name>]")
 @click.option("--rebuild", is_flag=True, help="remake the model and every runtime's files")
 @click.option("--timeout", type=int, default=900, show_default=True, help="seconds per measuring child process")
 @click.option("--json", "json_path", default=None, help="also write every round's results to this file")
@@ -203,12 +208,22 @@ def command(**options):
     if args.prompt_len + args.steps > BENCH_SEQ_LENGTH:
         raise ToolchainError(f"--prompt_len {args.prompt_len} + --steps {args.steps} exceeds the "
                              f"export's seq_length {BENCH_SEQ_LENGTH}")
-    models = prepare(args.work_dir, args.batch, args.runtime, args.threads, args.rebuild, log)
+    vocab = BENCH_MODELS["llama"]["vocab_size"]
+    if args.hf_dir:
+        with open(os.path.join(args.hf_dir, "config.json"), encoding="utf-8") as f:
+            vocab = json.load(f)["vocab_size"]
+    work_dir = args.work_dir or DEFAULT_WORK_DIR
+    if args.hf_dir and not args.work_dir:
+        name = os.path.basename(os.path.normpath(args.hf_dir))
+        if name == "hf":
+            name = os.path.basename(os.path.dirname(os.path.abspath(args.hf_dir)))
+        work_dir += "_" + name.replace("peers_", "")
+    models = prepare(work_dir, args.batch, args.runtime, args.threads, args.rebuild, log, hf_dir=args.hf_dir)
     results = []
     for round_ in range(args.rounds):
         order = args.runtime[round_ % len(args.runtime):] + args.runtime[:round_ % len(args.runtime)]
         for batch in args.batch:
-            prompts = bench_prompts(batch, args.prompt_len, BENCH_MODELS["llama"]["vocab_size"])
+            prompts = bench_prompts(batch, args.prompt_len, vocab)
             for runtime in order:
                 busy = wait_until_idle(args.idle, args.idle_timeout)
                 r = measure(runtime, models[(runtime, batch)], prompts, args)
