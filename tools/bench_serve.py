@@ -63,7 +63,7 @@ from lite_runtime.decode.streamers import continuation_text  # noqa: E402
 from lite_runtime.tokenizers import export_tokenizer  # noqa: E402
 
 PEER_SHAPES = {"small": BENCH_MODELS["llama"], **{k: v for k, v in SHAPES.items() if k != "tiny"}}
-CACHE_ROWS = 8      # the --peers export's batch, and OpenVINO GenAI's max_num_seqs
+CACHE_ROWS = 8      # the --peers export's batch, and OpenVINO GenAI's max_num_seqs (--rows)
 
 
 def output_length(rng, room: int, lengths: str) -> int:
@@ -239,7 +239,8 @@ os.rename(out + ".part", out)
 def build_gguf_peers(args) -> tuple:
     """(our export, OpenVINO GenAI's folder) of the --gguf model, made once under --work_dir."""
     work = os.path.join(args.work_dir, "peers_" + os.path.basename(args.gguf).split(".")[0])
-    ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu", "hf", "openvino"))
+    suffix = "" if args.rows == CACHE_ROWS else f"_r{args.rows}"
+    ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu" + suffix, "hf", "openvino"))
     os.makedirs(work, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
     steps = [(hf, [sys.executable, "-c", HF_FROM_GGUF, args.gguf, hf], "the float32 Hugging Face folder"),
@@ -248,7 +249,7 @@ def build_gguf_peers(args) -> tuple:
         config = os.path.join(work, "mslite_cpu.yaml")
         with open(config, "w") as f:
             json.dump({"model": {"gguf": os.path.abspath(args.gguf)}, "target": "cpu", "seq_length": BENCH_SEQ_LENGTH,
-                       "batch_size": CACHE_ROWS, "output_dir": ours}, f)
+                       "batch_size": args.rows, "output_dir": ours}, f)
         steps.insert(0, (None, [VENV_MS20_PYTHON, "-m", "exporter", "--config", config], "our export"))
     for folder, cmd, what in steps:
         if folder is not None and os.path.isdir(folder):
@@ -269,15 +270,15 @@ def build_peers(args) -> tuple:
         return build_gguf_peers(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     ours = "mslite_cpu"
-    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [CACHE_ROWS], [ours, "openvino"],
+    folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [args.rows], [ours, "openvino"],
                       args.threads, False, log, shape=PEER_SHAPES[args.shape])
-    return folders[(ours, CACHE_ROWS)], folders[("openvino", CACHE_ROWS)]
+    return folders[(ours, args.rows)], folders[("openvino", args.rows)]
 
 
 def openvino_side(ov_dir: str, jobs: list, args, dims) -> list:
     row_bytes = 4 * 2 * dims.num_layers * dims.kv_heads_per_rank * dims.head_dim
-    cache_gb = max(1, -(-row_bytes * CACHE_ROWS * BENCH_SEQ_LENGTH // 2 ** 30))
-    job = dict(runtime="openvino_cb", model_dir=ov_dir, threads=args.threads, max_num_seqs=CACHE_ROWS,
+    cache_gb = max(1, -(-row_bytes * args.rows * BENCH_SEQ_LENGTH // 2 ** 30))
+    job = dict(runtime="openvino_cb", model_dir=ov_dir, threads=args.threads, max_num_seqs=args.rows,
                cache_gb=cache_gb, jobs=[{k: j[k] for k in ("arrival", "ids", "max_tokens")} for j in jobs])
     job_file, out_file = os.path.join(args.work_dir, "ov_job.json"), os.path.join(args.work_dir, "ov_out.json")
     with open(job_file, "w") as f:
@@ -303,7 +304,7 @@ def llama_server_side(binary: str, gguf: str, jobs: list, args) -> list:
     from served_process import free_port
     port = free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads), "-tb",
-           str(args.threads), "-c", str(CACHE_ROWS * BENCH_SEQ_LENGTH), "-np", str(CACHE_ROWS), "-b", "256",
+           str(args.threads), "-c", str(args.rows * BENCH_SEQ_LENGTH), "-np", str(args.rows), "-b", "256",
            "--no-webui"]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -359,6 +360,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 
 @click.command(context_settings=CONTEXT, help=__doc__.split("\n")[0])
 @click.option("--model_dir", default=None, help="an export with kv_cache: packed (not with --peers)")
+@click.option("--rows", type=int, default=CACHE_ROWS, show_default=True,
+              help="with --peers: our export's cache rows, OpenVINO GenAI's max_num_seqs and llama-server's slots")
 @click.option("--peers", is_flag=True, help="build a model from one HF folder for us and OpenVINO GenAI, and run "
               "the workload through its ContinuousBatchingPipeline too")
 @click.option("--shape", type=click.Choice(list(PEER_SHAPES)), default="small", show_default=True,

@@ -4,7 +4,8 @@
 
 Runs one warm greedy request on the `mslite` backend (32-token prompts, 64 new tokens), then times
 `--runs` Predicts of the decode graph on the inputs it last ran with, using Lite's per-kernel
-callbacks (which add a little time of their own to each kernel).
+callbacks (which add a little time of their own to each kernel). `--new_tokens 1` profiles the call
+that read the prompts instead (a packed step: `--prompt_len` tokens a row, up to the step's 256).
 """
 from __future__ import annotations
 
@@ -27,14 +28,16 @@ from lite_runtime.contract.errors import ToolchainError  # noqa: E402
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--batch", type=int, default=None, help="rows decoding in the profiled step  [default: the export's]")
 @click.option("--lite_format", type=click.Choice(["auto", "ms", "mindir"]), default="auto", show_default=True)
-def command(model_dir, runs, by_name, top, threads, batch, lite_format):
+@click.option("--prompt_len", type=int, default=32, show_default=True)
+@click.option("--new_tokens", type=int, default=64, show_default=True)
+def command(model_dir, runs, by_name, top, threads, batch, lite_format, prompt_len, new_tokens):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.inputs import InputOfInfer
     manifest = load_manifest(model_dir)
     session = load_session("mslite", manifest, num_threads=threads, lite_format=lite_format)
-    prompts = bench_prompts(batch or manifest.batch_size, 32, manifest.dims.vocab_size)
-    run_request(session, InputOfInfer.get_inputs(manifest.family, manifest), prompts, 64)
+    prompts = bench_prompts(batch or manifest.batch_size, prompt_len, manifest.dims.vocab_size)
+    run_request(session, InputOfInfer.get_inputs(manifest.family, manifest), prompts, new_tokens)
     models = session.lite_models
     if not models:
         raise ToolchainError("the official mindspore_lite API ran this export: profiling needs the native binding")
