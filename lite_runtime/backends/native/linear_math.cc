@@ -4,11 +4,12 @@
 //
 // Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
 // straight from the packed weights, so the weights stream from memory once: float32 and int8 four rows of
-// W at a time (int8 in panels of four rows, one stream; up to 64 rows of X pair after pair), int4 a row
+// W at a time (int8 in panels of four rows, one stream; up to 16 rows of X pair after pair, 12 with AVX-512), int4 a row
 // at a time with integer dot products against x rounded to int8 (up to 16 rows of X pair after pair).
 // float32 up to 16 rows of X takes dot products against four rows of W at a time; more rows (prefill;
-// int4 past 16) dequantise 16 rows of W into a tile
-// transposed to (K, 16) and run a 6 x 16 register block of a float GEMM over the rows of X.
+// int8 past 16, 12 with AVX-512; int4 past 16) dequantise 16 rows of W into a tile transposed to (K, 16)
+// (8 x 8 blocks transposed in registers) and run a 6 x 16 register block of a float GEMM over the rows
+// of X, 12 x 16 with AVX-512 (the tile 64-byte aligned by the caller).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -73,6 +74,24 @@ inline V8 DotU4(U32 u, const int8_t *x) {
   __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x));
   return {_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u.v, xv), _mm256_set1_epi16(1)))};
 }
+// r[i] (row i, 8 values along k) -> r[i] (k = i, the 8 rows' values).
+inline void Transpose8(V8 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i].v, r[i + 1].v);
+    t[i + 1] = _mm256_unpackhi_ps(r[i].v, r[i + 1].v);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i].v = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4].v = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
 #else
 struct V8 {
   float f[8];
@@ -133,6 +152,12 @@ inline V8 DotU4(const U32 &u, const int8_t *x) {
   }
   return r;
 }
+inline void Transpose8(V8 r[8]) {
+  V8 t[8];
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) t[j].f[i] = r[i].f[j];
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
 #endif
 
 constexpr int64_t kRowsPerPass = 64;   // rows of X per pass over a packed tile
@@ -184,9 +209,14 @@ inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, 
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Up to these M, int8 and int4 run their decode loops over pairs of X rows against each block of W (in L1
-// after the first pair). On SmolLM2-135M's layers, one thread: int8 M 8 took 0.6x and M 64 0.85x the
-// dequantised-tile paths' time; int4 (integer dot products) M 8 0.76x, M 16 0.92x and M 31 1.03x.
-constexpr int64_t kPairRowsI8 = 64, kPairRowsI4 = 16;
+// after the first pair), beyond them the dequantised tiles. A 1536 x 576 int8 layer on one thread, pairs
+// against tiles: M 12 314 / 308 us with AVX-512 (363 with AVX2), M 16 421 / 377 (425), M 64 1686 / 971
+// (1217); int4 (integer dot products) M 8 0.76x, M 16 0.92x and M 31 1.03x the tiles' time.
+#if defined(__AVX512F__)
+constexpr int64_t kPairRowsI8 = 12, kPairRowsI4 = 16;
+#else
+constexpr int64_t kPairRowsI8 = 16, kPairRowsI4 = 16;
+#endif
 
 // Decode: MB (1 or 2) rows of X against a panel of 4 int8 rows, read front to back as one stream, each
 // weight vector converted once.
@@ -289,7 +319,30 @@ inline void DecodeRows(const LinearArgs &a, int64_t n, int64_t nb) {
 void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
   if (nb < kTileCols) std::memset(tile, 0, sizeof(float) * kTileCols * a.K);
   float row[32];
-  for (int64_t j = 0; j < nb; ++j) {
+  int64_t j = 0;
+  if (a.kind == kF32 || a.kind == kI8) {    // 8 rows x 8 weights at a time, transposed in registers
+    const float *wf = static_cast<const float *>(a.w);
+    const int8_t *wq = static_cast<const int8_t *>(a.w);
+    auto run = [&](int64_t r, int64_t k) {     // row r's 8 weights from k (a run of 8 is contiguous)
+      return a.kind == kF32 ? Load(wf + r * a.K + k)
+                            : Fma(FromI8(wq + I8Offset(a.N, a.K, r, k)), Bcast(a.scale[r]), Zero());
+    };
+    auto one = [&](int64_t r, int64_t k) {
+      return a.kind == kF32 ? wf[r * a.K + k] : a.scale[r] * static_cast<float>(wq[I8Offset(a.N, a.K, r, k)]);
+    };
+    const int64_t K8 = a.K & ~int64_t(7);
+    for (; j + 8 <= nb; j += 8) {
+      for (int64_t k = 0; k < K8; k += 8) {
+        V8 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = run(n + j + i, k);
+        Transpose8(r);
+        for (int i = 0; i < 8; ++i) Store(tile + (k + i) * kTileCols + j, r[i]);
+      }
+      for (int64_t k = K8; k < a.K; ++k)
+        for (int64_t i = 0; i < 8; ++i) tile[k * kTileCols + j + i] = one(n + j + i, k);
+    }
+  }
+  for (; j < nb; ++j) {
     if (a.kind == kF32) {
       const float *w = static_cast<const float *>(a.w) + (n + j) * a.K;
       for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = w[k];
@@ -346,6 +399,32 @@ inline void GemmTile(const float *x, int64_t ldx, const float *tile, int64_t K, 
   }
 }
 
+#if defined(__AVX512F__)
+// With AVX-512 a tile row of kTileCols is one register: MB rows of X take MB registers of sums (up to 12
+// of the 32), a load and MB broadcasts a step of k.
+template <int MB>
+inline void GemmTile16(const float *x, int64_t ldx, const float *tile, int64_t K, float *y, int64_t ldy,
+                       int64_t nb) {
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 w = _mm512_loadu_ps(tile + k * kTileCols);
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * ldx + k]), w, acc[m]);
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << nb) - 1);
+  for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + m * ldy, keep, acc[m]);
+}
+
+void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int64_t K, float *y, int64_t ldy,
+              int64_t nb) {
+  int64_t m = 0;
+  for (; m + 12 <= rows; m += 12) GemmTile16<12>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb);
+  if (m + 8 <= rows) GemmTile16<8>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb), m += 8;
+  if (m + 4 <= rows) GemmTile16<4>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb), m += 4;
+  if (m + 2 <= rows) GemmTile16<2>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb), m += 2;
+  if (m < rows) GemmTile16<1>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb);
+}
+#else
 void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int64_t K, float *y, int64_t ldy,
               int64_t nb) {
   int64_t m = 0;
@@ -359,6 +438,7 @@ void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int6
     default: return;
   }
 }
+#endif
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // Weight-only matrix products Y(M,N) = X(M,K) . W(N,K)^T for float32 X, shared by the Lite kernels
-// (lite_kernels.cc). linear_math.cc is compiled twice: with -mavx2 -mfma into namespace lk::avx2 and
-// without into lk::generic; lite_kernels.cc picks one at load time by cpuid.
+// (lite_kernels.cc). linear_math.cc is compiled three times: with -mavx512f -mavx2 -mfma into namespace
+// lk::avx512, with -mavx2 -mfma into lk::avx2 and without into lk::generic; lite_kernels.cc picks one at
+// load time by cpuid.
 //
 // Weight layouts (written by lite_runtime/contract/quant.py):
 //   kF32   W float32 (N, K)
@@ -58,6 +59,10 @@ using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *
 // q * d.
 using RoundFn = void (*)(float *x, int64_t runs, int8_t *q, float *d);
 
+namespace avx512 {   // the avx2 loops, and the prefill GEMM on 16-float registers
+void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+void RoundActivations(float *x, int64_t runs, int8_t *q, float *d);
+}
 namespace avx2 {
 void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
 void RoundActivations(float *x, int64_t runs, int8_t *q, float *d);

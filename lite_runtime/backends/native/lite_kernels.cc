@@ -54,15 +54,20 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
 // (V,) -> float32 (ids' shape, H). A tied head's product reads the same two constants.
 constexpr char kGatherType[] = "LiteGatherI8P4";
 
-bool UseAvx2() {
+// The loops for this CPU: AVX-512 (its prefill GEMM; the rest as AVX2), AVX2 + FMA, or portable.
+// LITE_KERNELS_ISA=avx2 or generic forces those.
+const char *PickIsa() {
   const char *forced = std::getenv("LITE_KERNELS_ISA");
-  if (forced && std::strcmp(forced, "generic") == 0) return false;
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (forced && std::strcmp(forced, "generic") == 0) return "generic";
+  if (avx2 && __builtin_cpu_supports("avx512f") && !(forced && std::strcmp(forced, "avx2") == 0)) return "avx512";
+  return avx2 ? "avx2" : "generic";
 }
-const bool g_avx2 = UseAvx2();
-const char *const g_isa = g_avx2 ? "avx2" : "generic";
-const lk::RangeFn g_range = g_avx2 ? lk::avx2::Range : lk::generic::Range;
-const lk::RoundFn g_round = g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
+const char *const g_isa = PickIsa();
+const bool g_avx512 = std::strcmp(g_isa, "avx512") == 0, g_avx2 = std::strcmp(g_isa, "avx2") == 0;
+const lk::RangeFn g_range = g_avx512 ? lk::avx512::Range : g_avx2 ? lk::avx2::Range : lk::generic::Range;
+const lk::RoundFn g_round = g_avx512 ? lk::avx512::RoundActivations
+                            : g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
 
 // Worker threads made once for the process, sharing a call's work in chunks taken from a counter: the
 // calling thread takes chunks too and never waits for a worker that has not started (on a machine whose
@@ -226,9 +231,11 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   const int64_t tile = lk::kTileCols * a.K;
   Pool::Get().Run(n, chunks, [&](int64_t c) {
     thread_local std::vector<float> scratch;
-    if (static_cast<int64_t>(scratch.size()) < tile) scratch.resize(tile);
+    if (static_cast<int64_t>(scratch.size()) < tile + 16) scratch.resize(tile + 16);
+    // 64-byte aligned: a tile row is one AVX-512 load that must not straddle two cache lines
+    float *aligned = scratch.data() + (16 - (reinterpret_cast<uintptr_t>(scratch.data()) / sizeof(float)) % 16) % 16;
     const int64_t b0 = blocks * c / chunks, b1 = blocks * (c + 1) / chunks;
-    g_range(a, b0 * lk::kBlockRows, std::min(N, b1 * lk::kBlockRows), scratch.data());
+    g_range(a, b0 * lk::kBlockRows, std::min(N, b1 * lk::kBlockRows), aligned);
   });
   return 0;
 }
@@ -396,7 +403,7 @@ extern "C" {
 
 const char *lk_last_error() { return g_last_error.c_str(); }
 
-// "avx2" or "generic": the loops chosen at load (LITE_KERNELS_ISA=generic forces the portable ones).
+// "avx512", "avx2" or "generic": the loops chosen at load (LITE_KERNELS_ISA=avx2 or generic forces those).
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
