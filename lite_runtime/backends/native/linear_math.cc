@@ -318,9 +318,8 @@ inline void DecodeRows(const LinearArgs &a, int64_t n, int64_t nb) {
 // columns past nb are zeros.
 void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
   if (nb < kTileCols) std::memset(tile, 0, sizeof(float) * kTileCols * a.K);
-  float row[32];
   int64_t j = 0;
-  if (a.kind == kF32 || a.kind == kI8) {    // 8 rows x 8 weights at a time, transposed in registers
+  if (a.kind == kF32 || a.kind == kI8) {
     const float *wf = static_cast<const float *>(a.w);
     const int8_t *wq = static_cast<const int8_t *>(a.w);
     auto run = [&](int64_t r, int64_t k) {     // row r's 8 weights from k (a run of 8 is contiguous)
@@ -331,7 +330,7 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
       return a.kind == kF32 ? wf[r * a.K + k] : a.scale[r] * static_cast<float>(wq[I8Offset(a.N, a.K, r, k)]);
     };
     const int64_t K8 = a.K & ~int64_t(7);
-    for (; j + 8 <= nb; j += 8) {
+    for (; j + 8 <= nb; j += 8) {     // 8 rows x 8 weights at a time, transposed in registers
       for (int64_t k = 0; k < K8; k += 8) {
         V8 r[8];
         for (int i = 0; i < 8; ++i) r[i] = run(n + j + i, k);
@@ -341,35 +340,37 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
       for (int64_t k = K8; k < a.K; ++k)
         for (int64_t i = 0; i < 8; ++i) tile[k * kTileCols + j + i] = one(n + j + i, k);
     }
+    for (; j < nb; ++j)
+      for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = one(n + j, k);
+    return;
   }
-  for (; j < nb; ++j) {
-    if (a.kind == kF32) {
-      const float *w = static_cast<const float *>(a.w) + (n + j) * a.K;
-      for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = w[k];
-    } else if (a.kind == kI8) {
-      const int8_t *w = static_cast<const int8_t *>(a.w);
-      const V8 s = Bcast(a.scale[n + j]);
-      const int64_t K8 = a.K & ~int64_t(7);
-      for (int64_t k = 0; k < K8; k += 8) {   // a run of 8 is contiguous in either layout
-        Store(row, Fma(FromI8(w + I8Offset(a.N, a.K, n + j, k)), s, Zero()));
-        for (int i = 0; i < 8; ++i) tile[(k + i) * kTileCols + j] = row[i];
-      }
-      for (int64_t k = K8; k < a.K; ++k)
-        tile[k * kTileCols + j] = a.scale[n + j] * static_cast<float>(w[I8Offset(a.N, a.K, n + j, k)]);
-    } else {
-      const uint8_t *w = static_cast<const uint8_t *>(a.w) + (n + j) * (a.K / 2);
-      const float *scale = a.scale + (n + j) * a.G;
-      const float *mins = a.min ? a.min + (n + j) * a.G : nullptr;
-      for (int64_t r = 0; r < a.K / 32; ++r) {
-        const int64_t g = r * 32 / a.group;
-        const V8 sv = Bcast(scale[g]), off = Bcast(mins ? mins[g] : -8.0f * scale[g]);
-        V8 u[4];
-        FromU4(w + r * 16, u);
-        for (int i = 0; i < 4; ++i) Store(row + 8 * i, Fma(u[i], sv, off));
-        for (int i = 0; i < 32; ++i) tile[(r * 32 + i) * kTileCols + j] = row[i];
+  const uint8_t *w = static_cast<const uint8_t *>(a.w);
+  auto run32 = [&](int64_t r, int64_t run, V8 u[4]) {   // row r's run of 32 weights, dequantized
+    const int64_t g = run * 32 / a.group;
+    const float scale = a.scale[r * a.G + g];
+    const V8 sv = Bcast(scale), off = Bcast(a.min ? a.min[r * a.G + g] : -8.0f * scale);
+    FromU4(w + r * (a.K / 2) + run * 16, u);
+    for (int i = 0; i < 4; ++i) u[i] = Fma(u[i], sv, off);
+  };
+  for (; j + 8 <= nb; j += 8)
+    for (int64_t run = 0; run < a.K / 32; ++run) {
+      V8 u[8][4];
+      for (int i = 0; i < 8; ++i) run32(n + j + i, run, u[i]);
+      for (int part = 0; part < 4; ++part) {
+        V8 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = u[i][part];
+        Transpose8(r);
+        for (int i = 0; i < 8; ++i) Store(tile + (run * 32 + part * 8 + i) * kTileCols + j, r[i]);
       }
     }
-  }
+  float row[32];
+  for (; j < nb; ++j)
+    for (int64_t run = 0; run < a.K / 32; ++run) {
+      V8 u[4];
+      run32(n + j, run, u);
+      for (int i = 0; i < 4; ++i) Store(row + 8 * i, u[i]);
+      for (int i = 0; i < 32; ++i) tile[(run * 32 + i) * kTileCols + j] = row[i];
+    }
 }
 
 // MB rows of X against a packed tile: each x[m, k] broadcast over kTileCols columns (2 x MB registers
