@@ -49,8 +49,11 @@ def nodes_reading(path: str, weights: Sequence[str], op_types: Sequence[str]) ->
         name = source.input[0] if source is not None and source.input else name
         return name.rsplit(":", 1)[-1]
 
-    return [node.domain for node in nodes if node.op_type.split(":")[-2:-1] and
-            node.op_type.split(":")[-2] in op_types and any(parameter(i) in weights for i in node.input)]
+    def op(node):        # "REF::MatMul:26" -> "MatMul"
+        parts = node.op_type.split(":")
+        return parts[-2] if len(parts) > 2 else node.op_type
+
+    return [node.domain for node in nodes if op(node) in op_types and any(parameter(i) in weights for i in node.input)]
 
 
 def _parse(path: str):
