@@ -168,8 +168,8 @@ def _compile(command: List[str], source: str, compiler: str) -> None:
 
 
 def _build_kernels(prefix: str, cxx: str, say) -> str:
-    """liblite_kernels.so: the loops three times (AVX-512, AVX2 + FMA, and portable; chosen at load by cpuid) and the Lite
-    registration, linked against the converter library, which defines Kernel::Initialize()."""
+    """liblite_kernels.so: the loops three times (AVX-512, AVX2 + FMA, portable; chosen at load by cpuid) and
+    the Lite registration, linked against the converter library, which defines Kernel::Initialize()."""
     lib = os.path.join(prefix, "lib")
     target = os.path.join(lib, KERNELS_NAME)
     if os.path.isfile(target) and os.path.getmtime(target) > max(map(os.path.getmtime, KERNELS_SOURCES)):

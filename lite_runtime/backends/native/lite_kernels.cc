@@ -1,8 +1,8 @@
 // The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
 // output channel, int4 in groups; linear_math.h) and an int8 embedding lookup, registered as Custom op
 // types, and a C interface loaded with ctypes (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL
-// before any Build, in the runtime and in the converter's process. Every function returns 0 on success, else non-zero with a reason in
-// lk_last_error().
+// before any Build, in the runtime and in the converter's process. Every function returns 0 on success,
+// else non-zero with a reason in lk_last_error().
 //
 // A graph node is MindSpore 2.0's ops.Custom("liblite_kernels.so:<type>", func_type="aot") with the prim
 // attribute type=<type> (lite_runtime/contract/kernels.py); its inputs are x (..., K) float32, the weight
