@@ -89,8 +89,9 @@ bench-serve-peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/bench_serve.py --peers $(ARGS)
 
 # Side by side with ONNX Runtime GenAI, OpenVINO GenAI and llama.cpp (their own venv, not needed by anything else).
-# llama.cpp is built for AVX2 + FMA, as the project's kernels: built for the host ("native") on a CPU with
-# AMX, its quantized types crashed (SIGSEGV) in a VM that does not grant the AMX tiles.
+# llama.cpp is built for AVX2 + FMA, as the project's decode loops (their AVX-512 build differs in its
+# prefill GEMM only): built for the host ("native") on a CPU with AMX, its quantized types crashed
+# (SIGSEGV) in a VM that does not grant the AMX tiles. Its prefill with AVX-512 is not measured.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 $(STAMP)/venv-peers: tools/peers-requirements.txt
 	@mkdir -p $(STAMP)
