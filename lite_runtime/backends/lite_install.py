@@ -168,8 +168,9 @@ def _compile(command: List[str], source: str, compiler: str) -> None:
 
 
 def _build_kernels(prefix: str, cxx: str, say) -> str:
-    """liblite_kernels.so: the loops three times (AVX-512, AVX2 + FMA, portable; chosen at load by cpuid) and
-    the Lite registration, linked against the converter library, which defines Kernel::Initialize()."""
+    """liblite_kernels.so: the loops twice (AVX2 + FMA, its prefill GEMM also for AVX-512, and portable;
+    chosen at load by cpuid) and the Lite registration, linked against the converter library, which defines
+    Kernel::Initialize()."""
     lib = os.path.join(prefix, "lib")
     target = os.path.join(lib, KERNELS_NAME)
     if os.path.isfile(target) and os.path.getmtime(target) > max(map(os.path.getmtime, KERNELS_SOURCES)):
@@ -182,8 +183,7 @@ def _build_kernels(prefix: str, cxx: str, say) -> str:
             f"-I{_NATIVE}", "-c"]
     math = os.path.join(_NATIVE, "linear_math.cc")
     objects = []
-    for name, source, flags in (("avx512", math, ["-DLK_NS=avx512", "-mavx512f", "-mavx2", "-mfma"]),
-                                ("avx2", math, ["-DLK_NS=avx2", "-mavx2", "-mfma"]),
+    for name, source, flags in (("avx2", math, ["-DLK_NS=avx2", "-mavx2", "-mfma"]),
                                 ("generic", math, ["-DLK_NS=generic"]),
                                 ("registry", os.path.join(_NATIVE, "lite_kernels.cc"), [])):
         obj = os.path.join(lib, f".lite_kernels_{name}.o")

@@ -4,12 +4,12 @@
 //
 // Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
 // straight from the packed weights, so the weights stream from memory once: float32 and int8 four rows of
-// W at a time (int8 in panels of four rows, one stream; up to 16 rows of X pair after pair, 12 with AVX-512), int4 a row
-// at a time with integer dot products against x rounded to int8 (up to 16 rows of X pair after pair).
-// float32 up to 16 rows of X takes dot products against four rows of W at a time; more rows (prefill;
-// int8 past 16, 12 with AVX-512; int4 past 16) dequantise 16 rows of W into a tile transposed to (K, 16)
-// (8 x 8 blocks transposed in registers) and run a 6 x 16 register block of a float GEMM over the rows
-// of X, 12 x 16 with AVX-512 (the tile 64-byte aligned by the caller).
+// W at a time (int8 in panels of four rows, one stream; up to 16 rows of X pair after pair, 12 with
+// AVX-512), int4 a row at a time with integer dot products against x rounded to int8 (up to 8 rows of X
+// pair after pair, 6 with AVX-512). float32 up to 16 rows of X takes dot products against four rows of W
+// at a time. More rows (prefill) dequantise 16 rows of W into a tile transposed to (K, 16) (8 x 8 blocks
+// transposed in registers) and run a 6 x 16 register block of a float GEMM over the rows of X, 12 x 16
+// on AVX-512 registers where the CPU has them (args.wide; the tile 64-byte aligned by the caller).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -209,14 +209,11 @@ inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, 
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Up to these M, int8 and int4 run their decode loops over pairs of X rows against each block of W (in L1
-// after the first pair), beyond them the dequantised tiles. A 1536 x 576 int8 layer on one thread, pairs
-// against tiles: M 12 314 / 308 us with AVX-512 (363 with AVX2), M 16 421 / 377 (425), M 64 1686 / 971
-// (1217); int4 (integer dot products) M 8 0.76x, M 16 0.92x and M 31 1.03x the tiles' time.
-#if defined(__AVX512F__)
-constexpr int64_t kPairRowsI8 = 12, kPairRowsI4 = 16;
-#else
-constexpr int64_t kPairRowsI8 = 16, kPairRowsI4 = 16;
-#endif
+// after the first pair), beyond them the dequantised tiles ("Wide": their GEMM on AVX-512). A 1536 x 576
+// layer on one thread, pairs against tiles: int8 M 12 314 / 308 us wide (363 AVX2), M 16 421 / 377
+// (425), M 64 1686 / 971 (1217); int4 (integer dot products) M 6 202 / 238 (204), M 8 262 / 208 (257),
+// M 12 400 / 269 (315).
+constexpr int64_t kPairRowsI8 = 16, kPairRowsI8Wide = 12, kPairRowsI4 = 8, kPairRowsI4Wide = 6;
 
 // Decode: MB (1 or 2) rows of X against a panel of 4 int8 rows, read front to back as one stream, each
 // weight vector converted once.
@@ -400,12 +397,13 @@ inline void GemmTile(const float *x, int64_t ldx, const float *tile, int64_t K, 
   }
 }
 
-#if defined(__AVX512F__)
-// With AVX-512 a tile row of kTileCols is one register: MB rows of X take MB registers of sums (up to 12
-// of the 32), a load and MB broadcasts a step of k.
+#if defined(__AVX2__) && defined(__FMA__)
+// With AVX-512 (args.wide; only these two functions use it: the decode loops built for it ran slower) a
+// tile row of kTileCols is one register: MB rows of X take MB registers of sums (up to 12 of the 32), a
+// load and MB broadcasts a step of k.
 template <int MB>
-inline void GemmTile16(const float *x, int64_t ldx, const float *tile, int64_t K, float *y, int64_t ldy,
-                       int64_t nb) {
+__attribute__((target("avx512f"))) inline void GemmTile16(const float *x, int64_t ldx, const float *tile, int64_t K,
+                                                          float *y, int64_t ldy, int64_t nb) {
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
@@ -416,8 +414,8 @@ inline void GemmTile16(const float *x, int64_t ldx, const float *tile, int64_t K
   for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + m * ldy, keep, acc[m]);
 }
 
-void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int64_t K, float *y, int64_t ldy,
-              int64_t nb) {
+__attribute__((target("avx512f"))) void GemmRows16(const float *x, int64_t ldx, int64_t rows, const float *tile,
+                                                   int64_t K, float *y, int64_t ldy, int64_t nb) {
   int64_t m = 0;
   for (; m + 12 <= rows; m += 12) GemmTile16<12>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb);
   if (m + 8 <= rows) GemmTile16<8>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb), m += 8;
@@ -425,7 +423,8 @@ void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int6
   if (m + 2 <= rows) GemmTile16<2>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb), m += 2;
   if (m < rows) GemmTile16<1>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb);
 }
-#else
+#endif
+
 void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int64_t K, float *y, int64_t ldy,
               int64_t nb) {
   int64_t m = 0;
@@ -439,12 +438,13 @@ void GemmRows(const float *x, int64_t ldx, int64_t rows, const float *tile, int6
     default: return;
   }
 }
-#endif
 
 }  // namespace
 
 void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
-  if (a.kind != kF32 && a.M <= (a.kind == kI8 ? kPairRowsI8 : kPairRowsI4)) {
+  const int64_t pair_rows = a.kind == kI8 ? (a.wide ? kPairRowsI8Wide : kPairRowsI8)
+                                          : (a.wide ? kPairRowsI4Wide : kPairRowsI4);
+  if (a.kind != kF32 && a.M <= pair_rows) {
     for (int64_t n = n0; n < n1; n += kBlockRows) {
       const int64_t nb = std::min(kBlockRows, n1 - n);
       LinearArgs rows = a;
@@ -470,8 +470,16 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const int64_t nb = std::min(kTileCols, n1 - n);
     PackTile(a, n, nb, scratch);
-    for (int64_t m = 0; m < a.M; m += kRowsPerPass)
-      GemmRows(a.x + m * a.ldx, a.ldx, std::min(kRowsPerPass, a.M - m), scratch, a.K, a.y + m * a.N + n, a.N, nb);
+    for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
+      const int64_t rows = std::min(kRowsPerPass, a.M - m);
+#if defined(__AVX2__) && defined(__FMA__)
+      if (a.wide) {
+        GemmRows16(a.x + m * a.ldx, a.ldx, rows, scratch, a.K, a.y + m * a.N + n, a.N, nb);
+        continue;
+      }
+#endif
+      GemmRows(a.x + m * a.ldx, a.ldx, rows, scratch, a.K, a.y + m * a.N + n, a.N, nb);
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // Weight-only matrix products Y(M,N) = X(M,K) . W(N,K)^T for float32 X, shared by the Lite kernels
-// (lite_kernels.cc). linear_math.cc is compiled three times: with -mavx512f -mavx2 -mfma into namespace
-// lk::avx512, with -mavx2 -mfma into lk::avx2 and without into lk::generic; lite_kernels.cc picks one at
-// load time by cpuid.
+// (lite_kernels.cc). linear_math.cc is compiled twice: with -mavx2 -mfma into namespace lk::avx2 (its
+// prefill GEMM also for AVX-512, used where args.wide) and without into lk::generic; lite_kernels.cc picks
+// one at load time by cpuid.
 //
 // Weight layouts (written by lite_runtime/contract/quant.py):
 //   kF32   W float32 (N, K)
@@ -36,6 +36,7 @@ struct LinearArgs {
   const int8_t *xq = nullptr;   // int4: x rounded to int8, (M, K): x = xq * xs per run of 32 along K
   const float *xs = nullptr;    // int4: (M, K / 32) scales of xq
   float *y = nullptr;         // (M, N)
+  bool wide = false;          // AVX-512 present (avx2 build only): the prefill GEMM on 16-float registers
 };
 
 // Byte offset of weight (n, k) of an int8 W (N, K) in the panel layout above.
@@ -59,10 +60,6 @@ using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *
 // q * d.
 using RoundFn = void (*)(float *x, int64_t runs, int8_t *q, float *d);
 
-namespace avx512 {   // the avx2 loops, and the prefill GEMM on 16-float registers
-void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
-void RoundActivations(float *x, int64_t runs, int8_t *q, float *d);
-}
 namespace avx2 {
 void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
 void RoundActivations(float *x, int64_t runs, int8_t *q, float *d);

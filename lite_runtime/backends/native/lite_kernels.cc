@@ -54,7 +54,8 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
 // (V,) -> float32 (ids' shape, H). A tied head's product reads the same two constants.
 constexpr char kGatherType[] = "LiteGatherI8P4";
 
-// The loops for this CPU: AVX-512 (its prefill GEMM; the rest as AVX2), AVX2 + FMA, or portable.
+// The loops for this CPU: AVX2 + FMA with the prefill GEMM on AVX-512 registers ("avx512"), AVX2 + FMA, or
+// portable.
 // LITE_KERNELS_ISA=avx2 or generic forces those.
 const char *PickIsa() {
   const char *forced = std::getenv("LITE_KERNELS_ISA");
@@ -65,9 +66,8 @@ const char *PickIsa() {
 }
 const char *const g_isa = PickIsa();
 const bool g_avx512 = std::strcmp(g_isa, "avx512") == 0, g_avx2 = std::strcmp(g_isa, "avx2") == 0;
-const lk::RangeFn g_range = g_avx512 ? lk::avx512::Range : g_avx2 ? lk::avx2::Range : lk::generic::Range;
-const lk::RoundFn g_round = g_avx512 ? lk::avx512::RoundActivations
-                            : g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
+const lk::RangeFn g_range = g_avx512 || g_avx2 ? lk::avx2::Range : lk::generic::Range;
+const lk::RoundFn g_round = g_avx512 || g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
 
 // Worker threads made once for the process, sharing a call's work in chunks taken from a counter: the
 // calling thread takes chunks too and never waits for a worker that has not started (on a machine whose
@@ -189,6 +189,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   a.scale = scale;
   a.min = kind == lk::kI4Min ? mins : nullptr;
   a.y = y;
+  a.wide = g_avx512;
   std::vector<float> padded, sums, xs;
   std::vector<int8_t> xq;
   if (kind == lk::kI4 || kind == lk::kI4Min) {
