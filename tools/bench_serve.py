@@ -246,7 +246,7 @@ def build_gguf_peers(args) -> tuple:
     steps = [(hf, [sys.executable, "-c", HF_FROM_GGUF, args.gguf, hf], "the float32 Hugging Face folder"),
              (ov, [PEERS_PYTHON, PEER_TOOL, "openvino", hf, ov], "OpenVINO GenAI's IR")]
     if not os.path.isfile(os.path.join(ours, "manifest.json")):
-        config = os.path.join(work, "mslite_cpu.yaml")
+        config = ours + ".yaml"
         with open(config, "w") as f:
             json.dump({"model": {"gguf": os.path.abspath(args.gguf)}, "target": "cpu", "seq_length": BENCH_SEQ_LENGTH,
                        "batch_size": args.rows, "output_dir": ours}, f)
