@@ -102,9 +102,15 @@ class PackedKVCache(KVCache):
     goes in calls of at most `max_tokens` tokens: windows of positions, each reading the last one's
     keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole. 256 tokens
     a call: on SmolLM2-135M (2 cores) 24 prompts of 60-200 tokens took 0.86-0.91x the time of 512 (int8
-    and float32), 192 and 128 about as long as 256; a larger model's products outweigh its N x N more."""
+    and float32), 192 and 128 about as long as 256; a larger model's products outweigh its N x N more.
+
+    Each token reads its row's cache over all P positions of the call (gathered per token), so a prompt
+    that joins rows with long pasts would read their length for every one of its tokens: a step where
+    such rows feed many tokens runs them in a second call, given the cache cut to their own pasts
+    (`_split`)."""
 
     max_tokens = 256
+    wide = 4      # rows feeding more tokens than this (prompts) may run in a call of their own
 
     def __init__(self, manifest: Manifest):
         super().__init__(manifest)
@@ -117,6 +123,7 @@ class PackedKVCache(KVCache):
         self.reset()
         self.whole_prompts = get_family(manifest.family).whole_prompts
         self.max_picks = fixed_picks(manifest)
+        self.split_positions = split_positions(manifest)
 
     @property
     def capacity(self) -> int:
@@ -144,9 +151,16 @@ class PackedKVCache(KVCache):
                 new[..., :old.shape[3]] = old
         self.arrays = grown
 
-    def _run_tokens(self, run, ids, rows, positions, past, last, extra):
+    def _span(self, past: np.ndarray) -> int:
+        """The cache positions a call whose rows have `past` reads: their longest, up to a bucket."""
+        return min(max(-(-int(past.max()) // self.bucket) * self.bucket, 1), self.capacity)
+
+    def _run_tokens(self, run, ids, rows, positions, past, last, extra, span=None):
+        """One call; with `span` the cache is fed cut to its first `span` positions (a copy)."""
         self.ensure(max(int(past.max()), 1))
-        outputs = run(STEP, [ids, rows, positions, past, last, *extra, *self.arrays])
+        arrays = self.arrays if span is None or span >= self.capacity else \
+            [np.ascontiguousarray(a[:, :, :span] if i % 2 else a[..., :span]) for i, a in enumerate(self.arrays)]
+        outputs = run(STEP, [ids, rows, positions, past, last, *extra, *arrays])
         self.ensure(int(positions.max()) + 1)
         for i, (cache, new) in enumerate(zip(self.arrays, outputs[1:])):
             if i % 2:
@@ -177,7 +191,34 @@ class PackedKVCache(KVCache):
         """Row r's first counts[r] tokens, at positions past[r] on. Returns the logits of each row's last
         token (B, vocab; a row with none gets zeros), or with `picks` (B,) those of row r's last picks[r]
         tokens, row after row (sum(picks), vocab)."""
-        counts = np.asarray(counts, np.int64)
+        counts, past = np.asarray(counts, np.int64), np.asarray(past, np.int32)
+        wide = self._split(counts, past)
+        if wide is None:
+            return self._call(run, tokens, counts, past, extra, picks)
+
+        def only(rows, values):
+            return None if values is None else np.where(rows, values, 0)
+        # a copy: a backend may hand back its output buffer, which the next call overwrites
+        first = np.array(self._call(run, tokens, only(~wide, counts), past, extra, only(~wide, picks)))
+        second = self._call(run, tokens, only(wide, counts), past, extra, only(wide, picks), self._span(past[wide]))
+        if picks is None:
+            return np.where(wide[:, None], second, first)
+        which = np.repeat(wide, picks)          # row after row, each row's logits from the call that ran it
+        out = np.empty((len(which),) + first.shape[1:], first.dtype)
+        out[~which], out[which] = first, second
+        return out
+
+    def _split(self, counts: np.ndarray, past: np.ndarray):
+        """The rows to run in a call of their own (a bool mask), or None for one call: the rows feeding
+        more than `wide` tokens, when the cache positions they need not read, over all their tokens, reach
+        `split_positions` (what a second reading of the weights costs)."""
+        wide = counts > self.wide
+        if not wide.any() or not (counts[~wide] > 0).any():
+            return None
+        unread = int(counts[wide].sum()) * (self.capacity - self._span(past[wide]))
+        return wide if unread >= self.split_positions else None
+
+    def _call(self, run, tokens, counts, past, extra, picks=None, span=None):
         rows = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
         ends = np.cumsum(counts)
         index = np.arange(int(ends[-1])) - np.repeat(ends - counts, counts)    # each token's index in its row
@@ -198,12 +239,25 @@ class PackedKVCache(KVCache):
                                        "for (speculative decoding): export it again")
             last = np.concatenate([last, np.zeros(self.max_picks - wanted, last.dtype)])
         logits = self._run_tokens(run, np.ascontiguousarray(tokens[rows, index], np.int32), rows, positions,
-                                  np.asarray(past, np.int32), last.astype(np.int32), extra)[:wanted]
+                                  past, last.astype(np.int32), extra, span)[:wanted]
         if live is None or len(live) == len(counts):
             return logits
         every = np.zeros((len(counts),) + logits.shape[1:], logits.dtype)
         every[live] = logits[:len(live)]
         return every
+
+
+def split_positions(manifest: Manifest) -> int:
+    """Token x cache positions (a packed step's per-token gather of its row's cache) worth a second
+    call, estimated from the shape: the keys and values of a position in every layer against a rank's
+    weights, 12 hidden² float32 a layer (a quantized export's are fewer bytes: this errs towards one
+    call). A gathered byte costs about 4x a streamed weight byte (SmolLM2-135M: a 200-token prompt
+    joining 7 rows at position 200 took 905 ms in one call, 322 in two), so positions whose bytes are
+    half the weights' spare about twice what the second call costs."""
+    d, config = manifest.dims, manifest.model_config
+    hidden = d.hidden_size or int(config.get("hidden_size", 0))
+    ranks = max(1, int(config.get("n_kv_heads", d.kv_heads_per_rank)) // d.kv_heads_per_rank)
+    return max(1, 12 * hidden * hidden * 4 // ranks // (8 * d.kv_heads_per_rank * d.head_dim) // 2)
 
 
 def fixed_picks(manifest: Manifest):
