@@ -50,13 +50,14 @@ def command(model_dir, past, prompts, rounds, threads):
         for start in range(0, past, 64):
             session.step(ids[:, start:start + 64], np.clip(filled - start, 0, 64).astype(np.int32),
                          np.minimum(filled, start).astype(np.int32))
-        keep, cache.split_positions = cache.split_positions, bound
         counts = np.array([1] * (batch - 1) + [prompt], np.int32)
+        picks = "two" if cache._split(counts.astype(np.int64), filled) is not None else "one"
+        keep, cache.split_positions = cache.split_positions, bound
         start = time.perf_counter()
         logits = np.array(session.step(ids[:, past:past + prompt], counts, filled))
         seconds = time.perf_counter() - start
         cache.split_positions = keep
-        return seconds, logits
+        return seconds, logits, picks
 
     print(f"{batch - 1} rows decoding at position {past}, a prompt joining them; split from "
           f"{cache.split_positions} token x positions not read")
@@ -65,15 +66,13 @@ def command(model_dir, past, prompts, rounds, threads):
         times = {ONE_CALL: [], SPLIT: []}
         for _ in range(rounds):
             for bound in (ONE_CALL, SPLIT):
-                seconds, logits = timed(prompt, bound)
+                seconds, logits, picks = timed(prompt, bound)
                 times[bound].append(seconds)
                 if bound == ONE_CALL:
                     reference = logits
                 else:
                     diff = float(np.abs(logits - reference).max())
         one, two = (float(np.median(times[b])) * 1000 for b in (ONE_CALL, SPLIT))
-        counts = np.array([1] * (batch - 1) + [prompt], np.int64)
-        picks = "two" if cache._split(counts, filled) is not None else "one"
         print(f"{prompt:>6} {one:>12.1f} {two:>13.1f} {two / one:>6.2f} {diff:>11.1e} {picks}", flush=True)
         if diff > 1e-3 * max(1.0, float(np.abs(reference).max())):
             raise ToolchainError(f"prompt {prompt}: the two calls' logits differ from one call's by {diff}")

@@ -249,15 +249,15 @@ class PackedKVCache(KVCache):
 
 def split_positions(manifest: Manifest) -> int:
     """Token x cache positions (a packed step's per-token gather of its row's cache) worth a second
-    call, estimated from the shape: the keys and values of a position in every layer against a rank's
-    weights, 12 hidden² float32 a layer (a quantized export's are fewer bytes: this errs towards one
-    call). A gathered byte costs about 4x a streamed weight byte (SmolLM2-135M: a 200-token prompt
-    joining 7 rows at position 200 took 905 ms in one call, 322 in two), so positions whose bytes are
-    half the weights' spare about twice what the second call costs."""
+    call: those whose keys and values, in every layer, are 3/4 of a rank's weights' bytes, estimated
+    as 12 hidden² float32 a layer (a quantized export's are fewer bytes: this errs towards one call).
+    Measured on SmolLM2-135M (`tools/bench_mixed_step.py`): a second call paid from about 6,000 to
+    8,000 (7 rows decoding at position 128 or 200); a 200-token prompt joining them at 200 took 905 ms
+    in one call, 322 in two."""
     d, config = manifest.dims, manifest.model_config
     hidden = d.hidden_size or int(config.get("hidden_size", 0))
     ranks = max(1, int(config.get("n_kv_heads", d.kv_heads_per_rank)) // d.kv_heads_per_rank)
-    return max(1, 12 * hidden * hidden * 4 // ranks // (8 * d.kv_heads_per_rank * d.head_dim) // 2)
+    return max(1, 9 * hidden * hidden * 4 // ranks // (8 * d.kv_heads_per_rank * d.head_dim))
 
 
 def fixed_picks(manifest: Manifest):
