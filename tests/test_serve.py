@@ -172,7 +172,9 @@ def test_logit_bias_max_completion_tokens_and_text_parts(server, demo_exports):
 
 def test_the_schedulers_step_budget_and_prompt_chunks_are_options(demo_exports, pipeline_texts):
     """A budget of one token per cache row with prompts fed two tokens a step still gives pipeline()'s
-    greedy text; a budget below the rows is refused at start, naming the option."""
+    greedy text (the requests sent at once: a request alone is fed whole); a budget below the rows is
+    refused at start, naming the option."""
+    from concurrent.futures import ThreadPoolExecutor
     from lite_runtime.contract.errors import ToolchainError
     from lite_runtime.contract.manifest import load_manifest
     from served_process import served as serve_process
@@ -180,9 +182,10 @@ def test_the_schedulers_step_budget_and_prompt_chunks_are_options(demo_exports, 
     tight = ["--max_step_tokens", str(rows), "--prefill_chunk", "2"]
     with serve_process(demo_exports["ms"], "ms", "demo", tight, cwd=REPO) as server:
         c = client(server.url)
-        for prompt, expected in zip(PROMPTS, pipeline_texts):
-            assert c.completions.create(model="demo", prompt=prompt, max_tokens=10, temperature=0).choices[0].text \
-                == expected
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            texts = list(pool.map(lambda p: c.completions.create(model="demo", prompt=p, max_tokens=10,
+                                                                 temperature=0).choices[0].text, PROMPTS))
+        assert texts == list(pipeline_texts)
     with pytest.raises(ToolchainError, match=f"max_step_tokens {rows - 1} is below the export's {rows} cache rows"):
         with serve_process(demo_exports["ms"], "ms", "demo", ["--max_step_tokens", str(rows - 1)], cwd=REPO):
             pass

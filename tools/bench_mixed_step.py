@@ -36,12 +36,12 @@ def command(model_dir, past, prompts, rounds, threads):
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     manifest = load_manifest(model_dir)
-    if past + max(prompts) + 1 > manifest.seq_length:
-        raise ToolchainError(f"--past {past} and --prompt {max(prompts)}: more than the export's seq_length "
+    if max(past + 1, max(prompts)) > manifest.seq_length:
+        raise ToolchainError(f"--past {past} or --prompt {max(prompts)}: past the export's seq_length "
                              f"{manifest.seq_length}")
     session = load_session("mslite", manifest, num_threads=threads)
     cache, batch = session.cache, manifest.batch_size
-    ids = np.random.default_rng(0).integers(3, manifest.vocab_size, size=(batch, past + max(prompts)),
+    ids = np.random.default_rng(0).integers(3, manifest.vocab_size, size=(batch, max(past + 1, max(prompts))),
                                             dtype=np.int64).astype(np.int32)
     filled = np.array([past] * (batch - 1) + [0], np.int32)
 
@@ -54,7 +54,7 @@ def command(model_dir, past, prompts, rounds, threads):
         picks = "two" if cache._split(counts.astype(np.int64), filled) is not None else "one"
         keep, cache.split_positions = cache.split_positions, bound
         start = time.perf_counter()
-        logits = np.array(session.step(ids[:, past:past + prompt], counts, filled))
+        logits = np.array(session.step(ids[:, :prompt], counts, filled))
         seconds = time.perf_counter() - start
         cache.split_positions = keep
         return seconds, logits, picks

@@ -33,9 +33,10 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--max_step_tokens", type=click.IntRange(1, None), default=PackedKVCache.max_tokens, show_default=True,
               help="Most tokens one step computes (a packed export): decoding rows go first, prompts fill the "
                    "rest. Smaller keeps decoding rows' inter-token time steady while prompts join; larger "
-                   "gives new prompts their first token sooner.")
+                   "gives new prompts their first token sooner. A request alone is fed whole.")
 @click.option("--prefill_chunk", type=click.IntRange(1, None), default=PREFILL_CHUNK, show_default=True,
-              help="Most prompt tokens one request feeds in a step; a longer prompt goes over several steps.")
+              help="Most prompt tokens one request feeds in a step while others run; a longer prompt goes over "
+                   "several steps. A request alone is fed whole (in one step: faster, with less memory).")
 @click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=0.0, show_default=True,
               help="Keep recent prompts' K/V up to this many GiB and reuse the prefix a new prompt shares with "
                    "one (a chat's system prompt and history): only the rest is prefilled. 0: off.")

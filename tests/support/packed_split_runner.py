@@ -1,5 +1,5 @@
-"""python tests/support/packed_split_runner.py EXPORT BACKEND: test_packed_calls' comparison, in a process of its
-own (real Lite must not share it with mindspore); prints the dict `compare` returns."""
+"""python tests/support/packed_split_runner.py EXPORT BACKEND: test_packed_calls' comparisons, in a process of their
+own (real Lite must not share it with mindspore); prints the dicts `compare` and `lone_prompt` return."""
 import sys
 
 import numpy as np
@@ -64,5 +64,30 @@ def compare(export, backend):
     return out
 
 
+def lone_prompt(export, backend, length=40, chunk=8, new_tokens=6):
+    """A prompt of `length` tokens in an engine with prompt chunks of `chunk`: alone, then twice at once.
+    Returns the greedy tokens of each run and the tokens of each graph call."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.decode.engine import Engine, EngineRequest
+    manifest = load_manifest(export)
+    session = load_session(backend, manifest)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, manifest.vocab_size, length)]
+    calls, run = [], session._run
+    session._run = lambda kind, feeds: calls.append(int(np.size(feeds[0]))) or run(kind, feeds)
+    out = {}
+    for copies in (1, 2):
+        engine, got = Engine(session, threaded=False, prefill_chunk=chunk), [[] for _ in range(copies)]
+        for i in range(copies):
+            engine.submit(EngineRequest(prompt, new_tokens, on_token=lambda t, lp, i=i: got[i].append(t),
+                                        on_finish=lambda reason: None))
+        calls.clear()
+        engine.run_until_idle()
+        out[copies] = (got, list(calls))
+    session.close()
+    return out
+
+
 if __name__ == "__main__":
     print(compare(sys.argv[1], sys.argv[2]))
+    print(lone_prompt(sys.argv[1], sys.argv[2]))
