@@ -1,7 +1,7 @@
 """How a packed step's tokens go to the graph, on `ms` and real Lite: a step whose prompt rows join rows
 with long pasts runs as two calls (the prompt rows given the cache cut to their own pasts), with the
 logits of one call, for plain steps and for steps verifying guesses; a request alone in the engine
-feeds its prompt whole, with the tokens it gets in chunks."""
+feeds its prompt whole, with the tokens it gets in chunks, and the cache shrinks to the rows' pasts."""
 import os
 
 import pytest
@@ -39,8 +39,11 @@ def test_a_split_step_gives_the_logits_of_one_call(results, backend):
 @pytest.mark.parametrize("backend", ["ms", "mslite"])
 def test_a_request_alone_feeds_its_prompt_whole(results, backend):
     out = results[backend][1]
-    (alone,), alone_calls = out[1]
-    pair, pair_calls = out[2]
-    assert alone_calls[0] == 40 and alone_calls[1:] == [1] * 5, alone_calls      # prompt chunks of 8 ignored
-    assert max(pair_calls) <= 16 and len(pair_calls) > 6, pair_calls              # two rows: chunks of 8
-    assert pair == [alone, alone]
+    (alone,), alone_calls = out[0]
+    pair, pair_calls = out[1]
+    (again,), again_calls = out[2]
+    assert [n for n, _ in alone_calls] == [40] + [1] * 5, alone_calls       # prompt chunks of 8 ignored
+    assert max(n for n, _ in pair_calls) <= 16 and len(pair_calls) > 6, pair_calls   # two rows: chunks of 8
+    # after the pair grew the cache, the lone prompt reads it cut to its own past (none)
+    assert again_calls[0] == (40, 1) and max(p for _, p in pair_calls) > 1, (again_calls, pair_calls)
+    assert pair == [alone, alone] and again == alone

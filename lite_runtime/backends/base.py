@@ -104,10 +104,10 @@ class PackedKVCache(KVCache):
     a call: on SmolLM2-135M (2 cores) 24 prompts of 60-200 tokens took 0.86-0.91x the time of 512 (int8
     and float32), 192 and 128 about as long as 256; a larger model's products outweigh its N x N more.
 
-    Each token reads its row's cache over all P positions of the call (gathered per token), so a prompt
-    that joins rows with long pasts would read their length for every one of its tokens: a step where
-    such rows feed many tokens runs them in a second call, given the cache cut to their own pasts
-    (`_split`)."""
+    Each token reads its row's cache over all P positions of the call (gathered per token), so the
+    buffers shrink when the rows' pasts need at most half of them (`fit`), and a prompt that joins
+    rows with long pasts, which would read their length for every one of its tokens, runs in a second
+    call, given the cache cut to its own past (`_split`)."""
 
     max_tokens = 256
     wide = 4      # rows feeding more tokens than this (prompts) may run in a call of their own
@@ -155,8 +155,19 @@ class PackedKVCache(KVCache):
         """The cache positions a call whose rows have `past` reads: their longest, up to a bucket."""
         return min(max(-(-int(past.max()) // self.bucket) * self.bucket, 1), self.capacity)
 
+    def fit(self, past: np.ndarray) -> None:
+        """Shrink the buffers to the rows' pasts (`past`, every row's) when those need at most half of
+        them: the rows with long pasts have left, and every token reads its row over all the buffers'
+        positions (SmolLM2-135M: a 993-token prompt alone took 16.3 s after a request that had grown the
+        buffers to 1,024 positions, 2.0 s with them shrunk)."""
+        span = self._span(past)
+        if self.capacity >= max(2 * span, span + self.bucket):
+            self.arrays = [np.ascontiguousarray(a[:, :, :span] if i % 2 else a[..., :span])
+                           for i, a in enumerate(self.arrays)]
+
     def _run_tokens(self, run, ids, rows, positions, past, last, extra, span=None):
         """One call; with `span` the cache is fed cut to its first `span` positions (a copy)."""
+        self.fit(past)
         self.ensure(max(int(past.max()), 1))
         arrays = self.arrays if span is None or span >= self.capacity else \
             [np.ascontiguousarray(a[:, :, :span] if i % 2 else a[..., :span]) for i, a in enumerate(self.arrays)]
@@ -252,8 +263,8 @@ def split_positions(manifest: Manifest) -> int:
     call: those whose keys and values, in every layer, are 3/4 of a rank's weights' bytes, estimated
     as 12 hidden² float32 a layer (a quantized export's are fewer bytes: this errs towards one call).
     Measured on SmolLM2-135M (`tools/bench_mixed_step.py`): a second call paid from about 6,000 to
-    8,000 (7 rows decoding at position 128 or 200); a 200-token prompt joining them at 200 took 905 ms
-    in one call, 322 in two."""
+    8,000 (7 rows decoding at position 128 or 200); a 200-token prompt joining them at 200 took 747 ms
+    in one call, 340 in two."""
     d, config = manifest.dims, manifest.model_config
     hidden = d.hidden_size or int(config.get("hidden_size", 0))
     ranks = max(1, int(config.get("n_kv_heads", d.kv_heads_per_rank)) // d.kv_heads_per_rank)

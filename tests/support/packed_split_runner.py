@@ -65,8 +65,9 @@ def compare(export, backend):
 
 
 def lone_prompt(export, backend, length=40, chunk=8, new_tokens=6):
-    """A prompt of `length` tokens in an engine with prompt chunks of `chunk`: alone, then twice at once.
-    Returns the greedy tokens of each run and the tokens of each graph call."""
+    """A prompt of `length` tokens in an engine with prompt chunks of `chunk`: alone, twice at once, then alone
+    again (the cache grown by the others). Returns each run's greedy tokens and its graph calls' (tokens,
+    cache positions)."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.engine import Engine, EngineRequest
@@ -74,16 +75,16 @@ def lone_prompt(export, backend, length=40, chunk=8, new_tokens=6):
     session = load_session(backend, manifest)
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, manifest.vocab_size, length)]
     calls, run = [], session._run
-    session._run = lambda kind, feeds: calls.append(int(np.size(feeds[0]))) or run(kind, feeds)
+    session._run = lambda kind, feeds: calls.append((int(np.size(feeds[0])), feeds[-1].shape[-2])) or run(kind, feeds)
     out = {}
-    for copies in (1, 2):
+    for run_index, copies in enumerate((1, 2, 1)):
         engine, got = Engine(session, threaded=False, prefill_chunk=chunk), [[] for _ in range(copies)]
         for i in range(copies):
             engine.submit(EngineRequest(prompt, new_tokens, on_token=lambda t, lp, i=i: got[i].append(t),
                                         on_finish=lambda reason: None))
         calls.clear()
         engine.run_until_idle()
-        out[copies] = (got, list(calls))
+        out[run_index] = (got, list(calls))
     session.close()
     return out
 
