@@ -109,7 +109,7 @@ def family_export(hf_family, tmp_path_factory):
     """(family, variant) -> export folder. Variants: io, in_graph, packed (MindSpore 2.10), lite,
     lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
     lite_tp2_packed (MindSpore 2.0, 2 ranks as step segments), lite_segments_packed (one rank as step
-    segments, .ms); a `_b1` suffix: batch size 1."""
+    segments, .ms); a `_b1` suffix: batch size 1; `_attn`: `attention: kernel`."""
     made = {}
 
     def get(family, variant):
@@ -136,6 +136,8 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["lite_ms"] = True
                 if variant.endswith("_b1"):      # one cache row: tensors of (1,) shape
                     cfg["batch_size"] = 1
+                if variant.endswith("_attn"):    # the attention as one node of the project's kernels
+                    cfg["attention"] = "kernel"
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
         return made[key]
@@ -144,7 +146,8 @@ def family_export(hf_family, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_exports(tmp_path_factory):
-    """The demo yaml (kv_cache packed) for ms and mslite, and for ms in the two-graph io layout."""
+    """The demo yaml (kv_cache packed) for ms and mslite, for ms in the two-graph io layout, and for mslite with
+    `attention: kernel`."""
     folder = tmp_path_factory.mktemp("demo")
     with open(DEMO_YAML) as f:
         io_config = yaml.safe_load(f)
@@ -153,8 +156,10 @@ def demo_exports(tmp_path_factory):
     io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
     io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
     out = {}
+    kernel_config = dict(io_config, kv_cache="packed", attention="kernel")
+    kernel_yaml = write_yaml(str(folder / "demo_kernel.yaml"), kernel_config)
     for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
-                                 ("ms_io", None, io_yaml)):
+                                 ("ms_io", None, io_yaml), ("mslite_kernel", VENV_MS20_PYTHON, kernel_yaml)):
         args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
         result = run_cli(args, python=python) if python else run_cli(args)
         assert result.returncode == 0, result.stderr[-2000:]

@@ -48,10 +48,26 @@ def test_keys_the_yaml_gives_win_over_the_target():
 
 
 @pytest.mark.fast
+def test_for_cpu_the_attention_runs_on_the_kernel_unless_the_yaml_says_graph():
+    def attention(**keys):
+        return config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"}, **keys}).attention
+    assert attention(target="cpu") == "kernel"
+    assert attention(target="cpu", attention="graph") == "graph"
+    assert attention(target="cpu", compute_dtype="float16") == "graph"     # kv_cache io there
+    assert attention() == attention(kv_cache="packed") == attention(target="ascend") == "graph"
+    assert attention(kv_cache="packed", attention="kernel") == "kernel"
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize("keys, words", [
     ({"target": "gpu"}, "target 'gpu' is not allowed; allowed: cpu, ascend"),
     ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
      "target cpu with parallel.model_parallel 2 needs kv_cache packed and compute_dtype float32"),
+    ({"target": "cpu", "attention": "flash"}, "attention 'flash' is not allowed; allowed: graph, kernel"),
+    ({"target": "ascend", "attention": "kernel"},
+     "attention kernel is a Custom node that the project's kernels run on MindSpore Lite on CPU, in the packed "
+     "step: it needs kv_cache packed and compute_dtype float32, not target ascend; this config has target ascend, "
+     "kv_cache io"),
 ])
 def test_a_target_that_cannot_be_met_is_refused_in_one_line(tmp_path, keys, words):
     yaml = write_yaml(str(tmp_path / "x.yaml"), {"output_dir": str(tmp_path / "out"), "seq_length": 32,

@@ -45,6 +45,20 @@ def test_lite_matches_transformers(hf_family, family_export, family, variant):
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
 
 
+@pytest.mark.parametrize("family, variant", [("llama", "lite_packed_attn"), ("bloom", "lite_packed_attn"),
+                                             ("glm", "lite_packed_attn"), ("pangualpha", "lite_packed_attn"),
+                                             ("qwen", "lite_segments_packed_attn")])
+def test_the_attention_kernel_matches_transformers(hf_family, family_export, family, variant):
+    """`attention: kernel`: each layer's attention one node of the project's kernels (grouped heads and rotary,
+    ALiBi, GLM's prefix context and 2-D positions, PanGu's top query layer, segments)."""
+    folder = hf_family(family)
+    prompts, ref_logits, ref_tokens = reference(folder)
+    export = family_export(family, variant)
+    assert "LiteAttend" in load_manifest(export).kernels
+    logits, tokens = lite_run(folder, export, f"{variant}_run")
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
+
+
 @pytest.mark.parametrize("variant", ["lite_packed_b1", "lite_segments_packed_b1"])
 def test_lite_packed_step_at_batch_1_matches_transformers(hf_family, family_export, variant):
     """One cache row: the packed step whole and as segments. Lite 2.0 got the head segment's Gather

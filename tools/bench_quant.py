@@ -6,8 +6,8 @@
 Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) once per scheme of
 `quantization.weights` (none: Lite's own MatMul; int8; int4 with --group_size), kept in --work_dir for
 later runs. A scheme may end in `+head` (`quantization.head: int8`) or `+head+embedding` (the embedding
-in int8 as well): `int8+head+embedding`. Then, round after round, every scheme and batch in
-turn, each in a child process of its own under /usr/bin/time: a 31-token prompt per row, --new_tokens
+in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel`. Then, round after round,
+every scheme and batch in turn, each in a child process of its own under /usr/bin/time: a 31-token prompt per row, --new_tokens
 greedy tokens (EOS ignored) through `Session.step` (idle cache rows cost nothing), 2 threads. Prints
 per scheme and batch the median decode ms per step, TTFT, peak RSS, the same-round ratios to `none`, and
 how many greedy tokens of row 0 equal `none`'s before the first difference. `--accuracy TEXT_FILE`
@@ -43,17 +43,20 @@ PROMPT = ("The history of the printing press begins in the fifteenth century, wh
 
 
 def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) -> str:
-    weights, *int8_parts = scheme.split("+")       # e.g. int8+head+embedding
-    if any(part not in ("head", "embedding") for part in int8_parts):
-        raise SystemExit(f"error: --schemes {scheme!r}: a weights scheme, then +head and +embedding (in int8)")
+    weights, *parts = scheme.split("+")       # e.g. int8+head+embedding+attn
+    if any(part not in ("head", "embedding", "attn") for part in parts):
+        raise SystemExit(f"error: --schemes {scheme!r}: a weights scheme, then +head and +embedding (in int8), "
+                         "+attn (attention: kernel)")
+    int8_parts = [part for part in parts if part != "attn"]
     quantization = dict({part: "int8" for part in int8_parts}, weights=weights, group_size=group)
-    out = os.path.join(work, "_".join([weights + (f"_g{group}" if weights == "int4" else "")] + int8_parts))
+    out = os.path.join(work, "_".join([weights + (f"_g{group}" if weights == "int4" else "")] + parts))
     if os.path.isfile(os.path.join(out, "manifest.json")):
         return out
     yaml = out + ".yaml"
     with open(yaml, "w") as f:
         json.dump({"model": {"gguf": os.path.abspath(gguf)}, "target": "cpu", "seq_length": seq, "batch_size": batch,
-                   "quantization": quantization, "output_dir": out}, f)
+                   "quantization": quantization, "attention": "kernel" if "attn" in parts else "graph",
+                   "output_dir": out}, f)
     start = time.perf_counter()
     subprocess.run([MS20, "-m", "exporter", "--config", yaml], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     print(f"exported {scheme} to {out} in {time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -39,6 +39,7 @@ class BuildContext(NamedTuple):
     own_head: bool = False           # a tied head as a layer of its own (quantized apart from the embedding)
     head_kernel: bool = False        # the head runs on the project's kernels (as every linear layer does)
     embedding_int8: bool = False     # the token embedding's table is int8 (a tied head reads it so)
+    attention_kernel: bool = False   # the packed step's attention is one Custom node (packed.KernelAttend)
 
     @property
     def flat(self) -> bool:

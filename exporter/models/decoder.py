@@ -21,7 +21,7 @@ from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
 from exporter.models.mlp import make_mlp
 from exporter.models.norms import make_norm
-from exporter.models.packed import ROWS, PackedAttend, PackedBias
+from exporter.models.packed import CONTEXT, META, PAST, POSITION, ROW, ROWS, KernelAttend, PackedAttend, PackedBias
 from exporter.models.positions import rotary_2d_tables, rotary_tables
 from exporter.models.top_query import TopQueryLayer
 
@@ -73,6 +73,10 @@ class CausalLM(nn.Cell):
             self.packed_bias = PackedBias(cfg, ctx)
             self.attend = PackedAttend(cfg.n_kv_heads // ctx.world_size, cfg.group, cfg.head_dim,
                                        1.0 / float(np.sqrt(cfg.head_dim)))
+        self.attention_kernel = packed and ctx.attention_kernel
+        if self.attention_kernel:
+            self.kernel_attend = KernelAttend(cfg, ctx)
+            self.concat_columns = ops.Concat(1)
         self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype, packed)
         self.learned_positions = cfg.positions == "learned"
         if self.learned_positions:
@@ -282,12 +286,22 @@ class CausalLM(nn.Cell):
             select = self.cast(self.equal(adapter, self.lora_slot_of_column), self.dtype)
         past = self.reshape(self.cast(self.gather(past_length, rows, d.axis0), ms.float32), d.token_column)
         prefix = self.cast(self.gather(context, rows, d.axis0), ms.float32) if self.prefix else None
-        return x, cos, sin, (rows, self.cast(rows, ms.float32), position, past, prefix), select
+        return x, cos, sin, self.with_meta((rows, self.cast(rows, ms.float32), position, past, prefix, None)), select
+
+    def with_meta(self, tokens):
+        """`tokens` with META, the attention kernel's table of ROW .. CONTEXT, made once where it is used."""
+        if not self.attention_kernel or tokens[META] is not None:
+            return tokens
+        d, position = self.dyn, tokens[POSITION]
+        context = tokens[CONTEXT] if self.prefix else self.ones_like(position) * -1.0
+        columns = (tokens[ROW], position, tokens[PAST], context)
+        meta = self.concat_columns(tuple(self.reshape(c, d.flat_column) for c in columns))
+        return tokens[:META] + (meta,)
 
     def packed_blocks(self, layers, x, cos, sin, kv, tokens, biases, select):
         """Blocks `layers` of a packed call (kv: their past K/V pairs). Returns the hidden states, the
         blocks' new K/V and the score biases (made by the first block when `biases` is None)."""
-        new_kv, i = (), 0
+        new_kv, i, tokens = (), 0, self.with_meta(tokens)
         for layer in layers:
             h = layer.attn_norm(x)
             attn, k, v, biases = self.packed_attention(layer.attn, h, cos, sin, kv[2 * i], kv[2 * i + 1], tokens,
@@ -319,6 +333,9 @@ class CausalLM(nn.Cell):
         """A layer's attention (up to its output projection's reduction) in a packed call, with the
         score biases, made here when `biases` is None."""
         q, k, v = attn.project_tokens(h, cos, sin, select, query)
+        if self.attention_kernel:
+            o = self.kernel_attend(q, k, v, k_cache, v_cache, self.with_meta(tokens)[META])
+            return attn.output(o, select), k, v, biases
         s_past, s_new = self.attend.scores(q, k, k_cache, tokens[ROWS])
         if biases is None:
             biases = self.packed_bias(s_past, tokens)

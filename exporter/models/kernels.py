@@ -1,4 +1,4 @@
-"""Linear products as Custom nodes that MindSpore Lite runs with the project's kernels
+"""Linear products (and the packed step's attention) as Custom nodes that MindSpore Lite runs with the project's kernels
 (lite_runtime/backends/native/lite_kernels.cc), for MindSpore 2.0 exports.
 
 MindSpore 2.0 writes `ops.Custom(func, func_type="aot")` with a `type` attribute as a Custom node of
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
-from lite_runtime.contract.quant import GATHER_TYPE, OP_TYPES, aot_func
+from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPE, OP_TYPES, aot_func
 
 
 def _out_shape(x, w, *scales):
@@ -40,4 +40,16 @@ def gather_op() -> ops.Custom:
     """y (ids' shape, H) = op(ids int32, table int8 (V, H) in the int8 linear storage, scale float32 (V,))."""
     op = ops.Custom(aot_func(GATHER_TYPE), out_shape=_rows_shape, out_dtype=_float_dtype, func_type="aot")
     op.add_prim_attr("type", GATHER_TYPE)
+    return op
+
+
+def _attend_shape(q, *rest):
+    return [q[0], q[1] * q[2] * q[3]]
+
+
+def attend_op() -> ops.Custom:
+    """out (N, kv·g·hd) = op(q (N, kv, g, hd), k, v (N, kv, hd), k_cache (B, kv, hd, P), v_cache (B, kv, P, hd),
+    meta (N, 4), slopes (kv·g,), scale (1,)): the packed call's attention (native/attention_math.h)."""
+    op = ops.Custom(aot_func(ATTEND_TYPE), out_shape=_attend_shape, out_dtype=_out_dtype, func_type="aot")
+    op.add_prim_attr("type", ATTEND_TYPE)
     return op

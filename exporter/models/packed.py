@@ -7,9 +7,11 @@ keep their natural layouts: past scores per token (N, kv, g, P), new-to-new scor
 the two by a transpose and a reshape with one unknown dimension, the only kind Lite 2.0 builds with
 dynamic dimensions.
 
-`ROWS` .. `CONTEXT` index what every layer reads about the call's tokens, made once per call by the model;
+`ROWS` .. `META` index what every layer reads about the call's tokens, made once per call by the model;
 `PackedBias` makes the additive score biases (masks, ALiBi, prefix attention) once, in the first
-layer; `PackedAttend` is the softmax over both terms.
+layer; `PackedAttend` is the softmax over both terms. `KernelAttend` is the same attention as one Custom
+node of the project's Lite kernels (export key `attention: kernel`): it reads each token's own cache row
+in place and only the positions that row has cached, instead of gathering every row's whole cache.
 """
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ from exporter.models.positions import alibi_slopes
 # tuple: graph mode builds no named tuples): each token's cache row (N,) int32, the same as float32,
 # its position (N,) float32, its row's cached positions (N, 1, 1, 1) float32 (those before are its
 # past), and prefix attention's context length of its row (N,) float32 (GLM), else None.
-ROWS, ROW, POSITION, PAST, CONTEXT = range(5)
+# With the attention kernel, META: the same per token as one (N, 4) float32 table (row, position, past,
+# context or -1), the kernel's `meta`.
+ROWS, ROW, POSITION, PAST, CONTEXT, META = range(6)
 
 
 class _Layouts(nn.Cell):
@@ -131,3 +135,22 @@ class PackedAttend(nn.Cell):
         o_new = lay.to_tokens(self.bmm(e_new, self.transpose(v, (1, 0, 2))), lay.tokens_hd)
         o = (self.bmm(e_past, self.gather(v_cache, rows, self.axis0)) + o_new) / den
         return self.reshape(o, self.merged)
+
+
+class KernelAttend(nn.Cell):
+    """The attention of a packed call as one node that the project's Lite kernel runs (LiteAttend,
+    lite_runtime/backends/native/attention_math.h): the same scores, masks, ALiBi slopes and prefix
+    context as PackedBias and PackedAttend, from the per-token table `tokens[META]`."""
+
+    def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
+        super().__init__()
+        from exporter.models.kernels import attend_op
+        n_local = cfg.n_heads // ctx.world_size
+        slopes = (alibi_slopes(cfg.n_heads)[ctx.rank * n_local:(ctx.rank + 1) * n_local] if cfg.alibi
+                  else np.zeros(n_local))
+        self.slopes = Tensor(np.asarray(slopes, np.float32).reshape(-1))
+        self.scale = Tensor(np.array([1.0 / np.sqrt(cfg.head_dim)], np.float32))
+        self.op = attend_op()
+
+    def construct(self, q, k, v, k_cache, v_cache, meta):
+        return self.op(q, k, v, k_cache, v_cache, meta, self.slopes, self.scale)

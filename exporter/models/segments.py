@@ -74,8 +74,8 @@ class EmbedSegment(_Segment):
 
 
 def _tokens(token_rows, past, row, position, context):
-    """The packed attention's token tuple (packed.py: ROWS .. CONTEXT)."""
-    return token_rows, row, position, past, context
+    """The packed attention's token tuple (packed.py: ROWS .. META; META is made where it is used)."""
+    return token_rows, row, position, past, context, None
 
 
 class AttentionSegment(_Segment):
@@ -89,6 +89,9 @@ class AttentionSegment(_Segment):
         self.adapted, self.deepnorm = "attn" in layout.adapted, layout.deepnorm
 
     def construct(self, hidden, token_rows, past, row, position, key_cache, value_cache, *kv):
+        return self.attend(hidden, token_rows, past, row, position, key_cache, value_cache, kv)
+
+    def attend(self, hidden, token_rows, past, row, position, key_cache, value_cache, kv):
         cos, sin, context, select = self.attention_inputs(kv, self.adapted)
         h = self.layer.attn_norm(hidden)
         out, k, v, _ = self.net.packed_attention(self.layer.attn, h, cos, sin, key_cache, value_cache,
@@ -110,6 +113,9 @@ class BlocksSegment(_Segment):
         self.adapted = bool(layout.adapted)
 
     def construct(self, hidden, token_rows, past, row, position, *kv):
+        return self.run(hidden, token_rows, past, row, position, kv)
+
+    def run(self, hidden, token_rows, past, row, position, kv):
         cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
         tokens = _tokens(token_rows, past, row, position, context)
         x, new_kv, _ = self.net.packed_blocks(self.blocks, hidden, cos, sin, kv, tokens, None, select)
@@ -138,6 +144,9 @@ class TopQueryAttentionSegment(_Segment):
     kv: [cos, sin]."""
 
     def construct(self, hidden, token_positions, token_rows, past, row, position, key_cache, value_cache, *kv):
+        return self.attend(hidden, token_positions, token_rows, past, row, position, key_cache, value_cache, kv)
+
+    def attend(self, hidden, token_positions, token_rows, past, row, position, key_cache, value_cache, kv):
         cos = sin = None
         if self.rotary:
             cos, sin = kv[0], kv[1]
@@ -149,6 +158,24 @@ class TopQueryAttentionSegment(_Segment):
         return out, h, k, v
 
 
+# With `attention: kernel` the attention reads no token_rows (the kernel finds each token's row in `row`), and
+# Lite drops an input no node reads: these take none.
+
+class KernelAttentionSegment(AttentionSegment):
+    def construct(self, hidden, past, row, position, key_cache, value_cache, *kv):
+        return self.attend(hidden, None, past, row, position, key_cache, value_cache, kv)
+
+
+class KernelBlocksSegment(BlocksSegment):
+    def construct(self, hidden, past, row, position, *kv):
+        return self.run(hidden, None, past, row, position, kv)
+
+
+class KernelTopQueryAttentionSegment(TopQueryAttentionSegment):
+    def construct(self, hidden, token_positions, past, row, position, key_cache, value_cache, *kv):
+        return self.attend(hidden, token_positions, None, past, row, position, key_cache, value_cache, kv)
+
+
 class HeadSegment(_Segment):
     def construct(self, hidden, last_token):
         return self.net.packed_logits(hidden, last_token)
@@ -158,14 +185,16 @@ def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
     """The cells to export, by segment name (the contract's order)."""
     cells = {"embed": EmbedSegment(net, layout)}
     group = layout.blocks_per_segment
+    kernel = layout.attention_kernel
+    blocks, attention = (KernelBlocksSegment, KernelAttentionSegment) if kernel else (BlocksSegment, AttentionSegment)
     for l, layer in enumerate(net.layers):
         if group and l % group == 0:
-            cells[f"layer{l}.blocks"] = BlocksSegment(net, layout, l, min(group, len(net.layers) - l))
+            cells[f"layer{l}.blocks"] = blocks(net, layout, l, min(group, len(net.layers) - l))
         elif not group:
-            cells[f"layer{l}.attn"] = AttentionSegment(net, layout, l)
+            cells[f"layer{l}.attn"] = attention(net, layout, l)
             cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
     if net.use_top_query:
-        cells["top_query.attn"] = TopQueryAttentionSegment(net, layout)
+        cells["top_query.attn"] = (KernelTopQueryAttentionSegment if kernel else TopQueryAttentionSegment)(net, layout)
         cells["top_query.mlp"] = MlpSegment(net, layout, net.top_query, block=False)
     cells["head"] = HeadSegment(net, layout)
     return cells

@@ -141,4 +141,4 @@ def _segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
                     if any(t.startswith(part + ".") for t in lora.get("lora_targets", ())))
     return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
                          cfg.top_query, lora.get("lora_width", 0), adapted,
-                         forms.blocks_per_segment(cfg, config.world_size))
+                         forms.blocks_per_segment(cfg, config.world_size), config.attention == "kernel")

@@ -7,6 +7,7 @@ the backend and writes the outputs back.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, List, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 from lite_runtime.contract.errors import UnsupportedError
 from lite_runtime.contract.families import DYNAMIC, STEP, get_family
 from lite_runtime.contract.manifest import Manifest
+from lite_runtime.contract.quant import ATTEND_TYPE
 
 Run = Callable[[str, List[np.ndarray]], List[np.ndarray]]    # (graph kind, feeds) -> outputs
 
@@ -264,7 +266,9 @@ def split_positions(manifest: Manifest) -> int:
     as 12 hidden² float32 a layer (a quantized export's are fewer bytes: this errs towards one call).
     Measured on SmolLM2-135M (`tools/bench_mixed_step.py`): a second call paid from about 6,000 to
     8,000 (7 rows decoding at position 128 or 200); a 200-token prompt joining them at 200 took 747 ms
-    in one call, 340 in two."""
+    in one call, 340 in two. With the attention kernel a token reads only its own row's past: never split."""
+    if ATTEND_TYPE in manifest.kernels:
+        return sys.maxsize
     d, config = manifest.dims, manifest.model_config
     hidden = d.hidden_size or int(config.get("hidden_size", 0))
     ranks = max(1, int(config.get("n_kv_heads", d.kv_heads_per_rank)) // d.kv_heads_per_rank)

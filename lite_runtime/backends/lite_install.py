@@ -36,8 +36,9 @@ SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native",
 SHIM_ENV = "LITE_SHIM_LIB"
 KERNELS_NAME = "liblite_kernels.so"
 _NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
-KERNELS_SOURCES = [os.path.join(_NATIVE, name) for name in ("lite_kernels.cc", "linear_math.cc", "linear_math.h",
-                                                             "lite_registry.h", os.path.join("schema", "model_generated.h"))]
+KERNELS_SOURCES = [os.path.join(_NATIVE, name) for name in (
+    "lite_kernels.cc", "attention_kernel.cc", "linear_math.cc", "linear_math.h", "attention_math.cc", "attention_math.h",
+    "vec8.h", "thread_pool.h", "kernel_support.h", "lite_registry.h", os.path.join("schema", "model_generated.h"))]
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKOUT_PREFIX = os.path.join(_CHECKOUT, "build", "lite")
 
@@ -168,9 +169,9 @@ def _compile(command: List[str], source: str, compiler: str) -> None:
 
 
 def _build_kernels(prefix: str, cxx: str, say) -> str:
-    """liblite_kernels.so: the loops twice (AVX2 + FMA, its prefill GEMM also for AVX-512, and portable;
-    chosen at load by cpuid) and the Lite registration, linked against the converter library, which defines
-    Kernel::Initialize()."""
+    """liblite_kernels.so: the loops (linear products, attention) twice (AVX2 + FMA, the prefill GEMM also for
+    AVX-512, and portable; chosen at load by cpuid) and the Lite kernels, linked against the converter
+    library, which defines Kernel::Initialize()."""
     lib = os.path.join(prefix, "lib")
     target = os.path.join(lib, KERNELS_NAME)
     if os.path.isfile(target) and os.path.getmtime(target) > max(map(os.path.getmtime, KERNELS_SOURCES)):
@@ -181,11 +182,12 @@ def _build_kernels(prefix: str, cxx: str, say) -> str:
         raise SetupError(f"C++ compiler {cxx!r} not found; install one (apt-get install g++) or pass --cxx")
     base = [compiler, "-D_GLIBCXX_USE_CXX11_ABI=0", "-std=c++17", "-fPIC", "-O3", "-Wall", f"-I{prefix}",
             f"-I{_NATIVE}", "-c"]
-    math = os.path.join(_NATIVE, "linear_math.cc")
+    builds = [(f"{stem}_{isa}", os.path.join(_NATIVE, stem + ".cc"), flags)
+              for stem in ("linear_math", "attention_math")
+              for isa, flags in (("avx2", ["-DLK_NS=avx2", "-mavx2", "-mfma"]), ("generic", ["-DLK_NS=generic"]))]
     objects = []
-    for name, source, flags in (("avx2", math, ["-DLK_NS=avx2", "-mavx2", "-mfma"]),
-                                ("generic", math, ["-DLK_NS=generic"]),
-                                ("registry", os.path.join(_NATIVE, "lite_kernels.cc"), [])):
+    builds += [(stem, os.path.join(_NATIVE, stem + ".cc"), []) for stem in ("lite_kernels", "attention_kernel")]
+    for name, source, flags in builds:
         obj = os.path.join(lib, f".lite_kernels_{name}.o")
         _compile(base + flags + [source, "-o", obj], source, compiler)
         objects.append(obj)

@@ -4,6 +4,7 @@ any Build (the registry is the process's: one registration serves every model af
 
     register()                    # before the first Build; load_shim() then LiteModel do it
     linear(x, "int8", [q, scale]) # the kernels' product without Lite (tests, benchmarks)
+    attend(q, k, v, ...)          # the packed call's attention without Lite
 
 The kernels use the threads `set_threads` gives them, else the thread count of Lite's context
 (`num_threads`); LITE_KERNELS_THREADS caps it (1: the kernels run on Lite's calling thread alone).
@@ -45,6 +46,8 @@ def load(path: str):
         lib.lk_set_threads.restype = None
         lib.lk_gather_i8.argtypes = [vp, i64, vp, vp, i64, i64, vp]
         lib.lk_gather_i8.restype = ctypes.c_int
+        lib.lk_attend.argtypes = [vp] * 7 + [ctypes.c_float] + [i64] * 6 + [vp, ctypes.c_int]
+        lib.lk_attend.restype = ctypes.c_int
         lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
         lib.lk_read.restype = ctypes.c_uint64
         _lib = lib
@@ -122,5 +125,22 @@ def gather_i8(ids, table, scale):
     out = np.empty(ids.shape + (table.shape[1],), np.float32)
     if _lib.lk_gather_i8(ids.ctypes.data, ids.size, table.ctypes.data, scale.ctypes.data, table.shape[0],
                          table.shape[1], out.ctypes.data):
+        raise ValueError(_lib.lk_last_error().decode())
+    return out
+
+
+def attend(q, k, v, k_cache, v_cache, meta, slopes, scale: float, threads: int = 1):
+    """The packed call's attention (LiteAttend, native/attention_math.h): out (N, kv·g·hd) from q (N, kv, g, hd),
+    the call's new keys and values (N, kv, hd), the caches K (B, kv, hd, P) and V (B, kv, P, hd), meta (N, 4)
+    (row, position, past, context or -1) and the slopes (kv·g,). Needs the library loaded (`load`)."""
+    import numpy as np
+    if _lib is None:
+        raise RuntimeError("the kernel library is not loaded")
+    arrays = [np.ascontiguousarray(a, np.float32) for a in (q, k, v, k_cache, v_cache, meta, slopes)]
+    n, kv, g, hd = arrays[0].shape
+    b, p = arrays[3].shape[0], arrays[3].shape[3]
+    out = np.empty((n, kv * g * hd), np.float32)
+    if _lib.lk_attend(*(a.ctypes.data for a in arrays), float(scale), n, b, kv, g, hd, p, out.ctypes.data,
+                      int(threads)):
         raise ValueError(_lib.lk_last_error().decode())
     return out

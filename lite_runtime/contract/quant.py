@@ -30,6 +30,8 @@ OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8P4"
                             "int4_min": "LiteLinearI4Min"}
 # The int8 embedding's lookup: ids, and the table as the int8 linear storage (a tied int8 head reads it).
 GATHER_TYPE = "LiteGatherI8P4"
+# The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
+ATTEND_TYPE = "LiteAttend"
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
 

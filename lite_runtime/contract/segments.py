@@ -40,7 +40,8 @@ positions) gives its row inputs to embed, which passes each row's context length
 and its DeepNorm blocks return the residual (alpha x the normed input) as the network does; PanGu-alpha's
 top query layer is two segments of its own after the blocks (its query reads the
 `token_positions`; its residual is the final norm's output); SLoRA exports give `adapter_ids` to embed,
-which makes each token's adapter column mask for the segments whose layers carry adapters. Lite
+which makes each token's adapter column mask for the segments whose layers carry adapters; with the
+attention as one kernel node (`attention: kernel`) the attention segments read no `token_rows`. Lite
 drops graph inputs a graph does not use, so no segment lists an input it does not read.
 """
 from __future__ import annotations
@@ -71,6 +72,7 @@ class SegmentLayout:
     adapter_columns: int = 0           # SLoRA: slots x rank, the width of the per-token adapter mask
     adapted: Tuple[str, ...] = ()      # "attn", "mlp": the block parts whose layers carry adapters
     blocks_per_segment: int = 0        # one rank: whole layers per `blocks` segment (0: attn and mlp apart)
+    attention_kernel: bool = False     # `attention: kernel`: the attention reads no token_rows (`row` serves)
 
 
 def segment_relpath(name: str, rank: int) -> str:
@@ -93,6 +95,7 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     tokens = [ids[1], TensorSpec("past", f32, (n, 1, 1, 1)), TensorSpec("row", f32, (n,)),
               TensorSpec("position", f32, (n,))]
     context = [TensorSpec("context", f32, (n,))] if layout.prefix_attention else []
+    attending = tokens[1:] if layout.attention_kernel else tokens     # what the attention segments read of them
     new = [TensorSpec(name, f32, (n, kv, hd)) for name in NEW_CACHE]
     embed = (ids + [past_length] + rows + adapter_ids, [x] + rotary + tokens[1:] + context + columns)
     positions, head = ids[2:3], [x, last]
@@ -108,15 +111,15 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
         if group:
             layers = min(group, blocks - first)
             adapters = columns if layout.adapted else []
-            specs[f"layer{first}.blocks"] = ([x] + tokens + cache * layers + rotary + context + adapters,
+            specs[f"layer{first}.blocks"] = ([x] + attending + cache * layers + rotary + context + adapters,
                                              [x] + new * layers)
             continue
         kept = residual if layout.deepnorm else []
-        specs[f"layer{first}.attn"] = ([x] + tokens + cache + rotary + context + own("attn"),
+        specs[f"layer{first}.attn"] = ([x] + attending + cache + rotary + context + own("attn"),
                                        [part["attn_part"]] + kept + new)
         specs[f"layer{first}.mlp"] = ([x] + own("mlp"), [part["mlp_part"]] + kept)
     if layout.top_query:
-        specs["top_query.attn"] = ([x] + positions + tokens + cache + rotary, [part["attn_part"]] + residual + new)
+        specs["top_query.attn"] = ([x] + positions + attending + cache + rotary, [part["attn_part"]] + residual + new)
         specs["top_query.mlp"] = ([x], [part["mlp_part"]])
     specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (n, dims.vocab_size // world_size))])
     return specs

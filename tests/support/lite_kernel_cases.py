@@ -1,4 +1,5 @@
-"""The project's Lite kernels (liblite_kernels.so): weight-only linear products against numpy, directly and
+"""The project's Lite kernels (liblite_kernels.so): weight-only linear products (and the packed call's attention,
+directly) against numpy, directly and
 as Custom nodes of MindSpore 2.0 graphs that MindSpore Lite runs, as MindIR and as .ms (registered in
 the converter's process), on 1 and 2 threads, at decode and prefill row counts."""
 import os
@@ -51,7 +52,7 @@ def graphs(tmp_path_factory, library):
 
 
 def test_the_library_registers_every_kernel_kind(library):
-    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | {quant.GATHER_TYPE}
+    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | {quant.GATHER_TYPE, quant.ATTEND_TYPE}
     assert lite_kernels.isa() in ("avx512", "avx2", "generic")
 
 
@@ -107,7 +108,63 @@ def check_direct():
             for threads in (1, 2):
                 assert_close(lite_kernels.linear(x, storage, consts, threads), ref,
                              f"{storage} g{group} M={m} K={k} N={n} threads={threads}")
+    check_attention()
     return lite_kernels.isa()
+
+
+def attention_reference(q, k, v, k_cache, v_cache, meta, slopes, scale):
+    """The packed call's attention in float64, from its rules (exporter/models/packed.py PackedBias): a token
+    sees its row's cached positions before the row's past, and the call's tokens of its row at positions up to
+    its own (or before its row's prefix context); ALiBi adds slope x the key's position."""
+    n_tokens, kv, g, hd = q.shape
+    out = np.zeros((n_tokens, kv, g, hd))
+    for n, (row, position, past, context) in enumerate(meta):
+        row, past = int(row), int(past)
+        seen = [m for m in range(n_tokens) if meta[m, 0] == row and (meta[m, 1] <= position or meta[m, 1] < context)]
+        key_positions = np.concatenate([np.arange(past), meta[seen, 1]])
+        for h in range(kv):
+            keys = np.concatenate([k_cache[row, h, :, :past].T, k[seen, h]]).astype(np.float64)
+            values = np.concatenate([v_cache[row, h, :past], v[seen, h]]).astype(np.float64)
+            for j in range(g):
+                s = keys @ q[n, h, j] * scale + slopes[h * g + j] * key_positions
+                e = np.exp(s - s.max())
+                out[n, h, j] = e @ values / e.sum()
+    return out.reshape(n_tokens, -1)
+
+
+# (caches' rows B, kv heads, query heads per kv head g, head dim, cached positions P, calls' rows as (row, past,
+# tokens), ALiBi, prefix context): head dims and pasts off the vectors of 8, rows in any order, a row without past
+ATTENTION_CASES = [(3, 2, 3, 16, 21, [(0, 5, 3), (2, 0, 4), (1, 17, 1)], False, False),
+                   (2, 1, 1, 12, 9, [(1, 8, 1), (0, 0, 6)], True, False),
+                   (4, 3, 5, 64, 40, [(3, 39, 1), (0, 12, 7), (2, 0, 9)], True, True),
+                   (1, 2, 2, 7, 1, [(0, 0, 5)], False, True),
+                   (8, 3, 3, 64, 256, [(r, 200 + r, 1) for r in range(7)] + [(7, 0, 19)], False, False)]
+
+
+def check_attention():
+    rng = np.random.default_rng(4)
+    for b, kv, g, hd, p, rows, alibi, prefix in ATTENTION_CASES:
+        meta = np.array([[row, past + t, past, past + 2 if prefix else -1] for row, past, count in rows
+                         for t in range(count)], np.float32)
+        meta = meta[rng.permutation(len(meta))]
+        n = len(meta)
+        q = rng.standard_normal((n, kv, g, hd), dtype=np.float32)
+        k, v = (rng.standard_normal((n, kv, hd), dtype=np.float32) for _ in range(2))
+        k_cache = rng.standard_normal((b, kv, hd, p), dtype=np.float32)
+        v_cache = rng.standard_normal((b, kv, p, hd), dtype=np.float32)
+        slopes = rng.random(kv * g, dtype=np.float32) * 0.5 if alibi else np.zeros(kv * g, np.float32)
+        ref = attention_reference(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd))
+        for threads in (1, 2):
+            assert_close(lite_kernels.attend(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd), threads), ref,
+                         f"attention B={b} kv={kv} g={g} hd={hd} P={p} N={n} threads={threads}")
+
+
+def test_a_token_of_a_row_the_caches_lack_is_refused_in_one_line(library):
+    q = np.zeros((1, 1, 1, 8), np.float32)
+    k = np.zeros((1, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"token 0 is of cache row 2\.0+; the caches have 2"):
+        lite_kernels.attend(q, k, k, np.zeros((2, 1, 8, 4), np.float32), np.zeros((2, 1, 4, 8), np.float32),
+                            np.array([[2, 0, 0, -1]], np.float32), np.zeros(1, np.float32), 1.0)
 
 
 def test_the_kernels_equal_numpy_on_odd_shapes(library):

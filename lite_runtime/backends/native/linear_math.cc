@@ -1,6 +1,6 @@
 // The loops of the weight-only matrix products (linear_math.h), written once over an 8-float vector
 // type: AVX2 + FMA registers when compiled with -mavx2 -mfma (namespace lk::avx2), plain arrays the
-// compiler vectorises as it can otherwise (lk::generic). LK_NS names the namespace.
+// compiler vectorises as it can otherwise (lk::generic; vec8.h).
 //
 // Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
 // straight from the packed weights, so the weights stream from memory once: float32 and int8 four rows of
@@ -15,150 +15,11 @@
 #include <cstring>
 
 #include "linear_math.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
-
-#ifndef LK_NS
-#error "compile with -DLK_NS=avx2 or -DLK_NS=generic"
-#endif
+#include "vec8.h"
 
 namespace lk {
 namespace LK_NS {
 namespace {
-
-#if defined(__AVX2__) && defined(__FMA__)
-struct V8 {
-  __m256 v;
-};
-inline V8 Zero() { return {_mm256_setzero_ps()}; }
-inline V8 Load(const float *p) { return {_mm256_loadu_ps(p)}; }
-inline V8 Bcast(float f) { return {_mm256_set1_ps(f)}; }
-inline V8 Fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline V8 Add(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
-inline void Store(float *p, V8 a) { _mm256_storeu_ps(p, a.v); }
-inline float Hsum(V8 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-inline V8 FromI8(const int8_t *p) {
-  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
-  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
-}
-// 16 bytes -> the 32 nibble values of one run: u[0] weights 0-7, u[1] 8-15, u[2] 16-23, u[3] 24-31.
-inline void FromU4(const uint8_t *p, V8 u[4]) {
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
-  __m128i lo = _mm_and_si128(b, mask);
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-  u[0].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-  u[1].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  u[2].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-  u[3].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-}
-// A run of 32 int4 weights as bytes 0..15 in weight order, and its dot products with 32 int8 values of x
-// as 8 partial sums (maddubs: unsigned weights times signed x, pairs summed to int16 without saturation,
-// 15 * 127 * 2 < 2^15; madd: pairs of those to int32).
-struct U32 {
-  __m256i v;
-};
-inline U32 U4Bytes(const uint8_t *p) {
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
-  return {_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask))};
-}
-inline V8 DotU4(U32 u, const int8_t *x) {
-  __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x));
-  return {_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u.v, xv), _mm256_set1_epi16(1)))};
-}
-// r[i] (row i, 8 values along k) -> r[i] (k = i, the 8 rows' values).
-inline void Transpose8(V8 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i].v, r[i + 1].v);
-    t[i + 1] = _mm256_unpackhi_ps(r[i].v, r[i + 1].v);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i].v = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4].v = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
-#else
-struct V8 {
-  float f[8];
-};
-inline V8 Zero() { return V8{}; }
-inline V8 Load(const float *p) {
-  V8 r;
-  std::memcpy(r.f, p, sizeof(r.f));
-  return r;
-}
-inline V8 Bcast(float f) {
-  V8 r;
-  for (int i = 0; i < 8; ++i) r.f[i] = f;
-  return r;
-}
-inline V8 Fma(V8 a, V8 b, V8 c) {
-  for (int i = 0; i < 8; ++i) c.f[i] += a.f[i] * b.f[i];
-  return c;
-}
-inline V8 Add(V8 a, V8 b) {
-  for (int i = 0; i < 8; ++i) a.f[i] += b.f[i];
-  return a;
-}
-inline void Store(float *p, V8 a) { std::memcpy(p, a.f, sizeof(a.f)); }
-inline float Hsum(V8 a) {
-  return ((a.f[0] + a.f[4]) + (a.f[1] + a.f[5])) + ((a.f[2] + a.f[6]) + (a.f[3] + a.f[7]));
-}
-inline V8 FromI8(const int8_t *p) {
-  V8 r;
-  for (int i = 0; i < 8; ++i) r.f[i] = static_cast<float>(p[i]);
-  return r;
-}
-inline void FromU4(const uint8_t *p, V8 u[4]) {
-  for (int i = 0; i < 8; ++i) {
-    u[0].f[i] = static_cast<float>(p[i] & 15);
-    u[1].f[i] = static_cast<float>(p[8 + i] & 15);
-    u[2].f[i] = static_cast<float>(p[i] >> 4);
-    u[3].f[i] = static_cast<float>(p[8 + i] >> 4);
-  }
-}
-struct U32 {
-  uint8_t b[32];
-};
-inline U32 U4Bytes(const uint8_t *p) {
-  U32 u;
-  for (int i = 0; i < 16; ++i) {
-    u.b[i] = p[i] & 15;
-    u.b[16 + i] = p[i] >> 4;
-  }
-  return u;
-}
-inline V8 DotU4(const U32 &u, const int8_t *x) {
-  V8 r;
-  for (int i = 0; i < 8; ++i) {
-    int32_t s = 0;
-    for (int t = 4 * i; t < 4 * i + 4; ++t) s += u.b[t] * x[t];
-    r.f[i] = static_cast<float>(s);
-  }
-  return r;
-}
-inline void Transpose8(V8 r[8]) {
-  V8 t[8];
-  for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 8; ++j) t[j].f[i] = r[i].f[j];
-  for (int i = 0; i < 8; ++i) r[i] = t[i];
-}
-#endif
 
 constexpr int64_t kRowsPerPass = 64;   // rows of X per pass over a packed tile
 constexpr int64_t kDotRows = 16;       // up to this M, dot products over rows of W (measured: M 8 at 1.5x

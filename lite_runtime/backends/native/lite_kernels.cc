@@ -1,8 +1,8 @@
 // The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
-// output channel, int4 in groups; linear_math.h) and an int8 embedding lookup, registered as Custom op
-// types, and a C interface loaded with ctypes (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL
-// before any Build, in the runtime and in the converter's process. Every function returns 0 on success,
-// else non-zero with a reason in lk_last_error().
+// output channel, int4 in groups; linear_math.h), an int8 embedding lookup and the packed call's attention
+// (attention_kernel.cc), registered as Custom op types, and a C interface loaded with ctypes
+// (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL before any Build, in the runtime and in the
+// converter's process. Every function returns 0 on success, else non-zero with a reason in lk_last_error().
 //
 // A graph node is MindSpore 2.0's ops.Custom("liblite_kernels.so:<type>", func_type="aot") with the prim
 // attribute type=<type> (lite_runtime/contract/kernels.py); its inputs are x (..., K) float32, the weight
@@ -26,14 +26,22 @@
 
 #include "linear_math.h"
 #include "lite_registry.h"
+#include "kernel_support.h"
+#include "thread_pool.h"
 
 namespace {
 
+using lk::Fail;
+using lk::g_last_error;
+using lk::kProvider;
+using lk::KernelThreads;
+using lk::OpInfo;
+using lk::Pool;
+using lk::Report;
+using lk::Shape;
 using mindspore::DataType;
 using mindspore::MSTensor;
 
-thread_local std::string g_last_error;
-constexpr char kProvider[] = "llm_lite_export";
 constexpr char kAotLibrary[] = "liblite_kernels.so";   // the aot func's library part; never opened
 constexpr int kLiteError = -1;                         // mindspore::lite::RET_ERROR
 constexpr int64_t kDecodeRows = 16;                    // rows of X up to which a call runs on one thread
@@ -68,107 +76,55 @@ const char *const g_isa = PickIsa();
 const bool g_avx512 = std::strcmp(g_isa, "avx512") == 0, g_avx2 = std::strcmp(g_isa, "avx2") == 0;
 const lk::RangeFn g_range = g_avx512 || g_avx2 ? lk::avx2::Range : lk::generic::Range;
 const lk::RoundFn g_round = g_avx512 || g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
+}  // namespace
 
-// Worker threads made once for the process, sharing a call's work in chunks taken from a counter: the
-// calling thread takes chunks too and never waits for a worker that has not started (on a machine whose
-// cores are busy, a descheduled worker costs its chunk in flight at most, not its whole share).
-// Between calls workers spin briefly (a decode step calls a linear layer every few tens of
-// microseconds), then sleep. One call at a time: a caller finding the pool busy runs its work alone.
-class Pool {
- public:
-  // Longer idle spins would take the core from Lite's own threads, which run the ops in between.
-  static constexpr int kSpinMicroseconds = 100;
+namespace lk {
 
-  static Pool &Get() {
-    static Pool *pool = new Pool();   // never destroyed: workers may outlive static destruction
-    return *pool;
-  }
-
-  // Runs task(c) for every c in [0, chunks) on up to `threads` threads.
-  void Run(int threads, int64_t chunks, const std::function<void(int64_t)> &task) {
-    std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
-    if (threads <= 1 || chunks <= 1 || !busy.owns_lock()) {
-      for (int64_t c = 0; c < chunks; ++c) task(c);
-      return;
-    }
-    Grow(threads - 1);
-    Job job{&task, chunks};
-    job_.store(&job, std::memory_order_seq_cst);
-    generation_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      wake_.notify_all();
-    }
-    job.Take();
-    for (int spin = 0; job.done.load(std::memory_order_acquire) < chunks; ++spin) {
-      if (spin < 64) _mm_pause(); else std::this_thread::yield();   // a chunk in flight on a preempted worker
-    }
-    job_.store(nullptr, std::memory_order_seq_cst);
-    while (inside_.load(std::memory_order_seq_cst) > 0) _mm_pause();   // a worker still looking at `job`
-  }
-
- private:
-  struct Job {
-    const std::function<void(int64_t)> *task;
-    int64_t chunks;
-    std::atomic<int64_t> next{0}, done{0};
-    void Take() {
-      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-        (*task)(c);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-
-  void Grow(int workers) {
-    while (static_cast<int>(threads_.size()) < workers) {
-      uint64_t seen = generation_.load();
-      threads_.emplace_back([this, seen] { Work(seen); });
-      threads_.back().detach();
-    }
-  }
-
-  void Work(uint64_t seen) {
-    for (;;) {
-      uint64_t now = generation_.load(std::memory_order_acquire);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
-      for (int spin = 1; now == seen; ++spin) {
-        _mm_pause();
-        now = generation_.load(std::memory_order_acquire);
-        if (spin % 64 == 0 && std::chrono::steady_clock::now() > until) break;
-      }
-      if (now == seen) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        sleeping_.fetch_add(1, std::memory_order_seq_cst);
-        wake_.wait(lock, [&] { return (now = generation_.load(std::memory_order_seq_cst)) != seen; });
-        sleeping_.fetch_sub(1, std::memory_order_relaxed);
-      }
-      seen = now;
-      inside_.fetch_add(1, std::memory_order_seq_cst);
-      if (Job *job = job_.load(std::memory_order_seq_cst)) job->Take();
-      inside_.fetch_sub(1, std::memory_order_seq_cst);
-    }
-  }
-
-  std::mutex run_mutex_, mutex_;
-  std::condition_variable wake_;
-  std::vector<std::thread> threads_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> sleeping_{0}, inside_{0};
-  std::atomic<Job *> job_{nullptr};
-};
+thread_local std::string g_last_error;
 
 int Fail(const std::string &message) {
   g_last_error = message;
   return 1;
 }
 
-// Lite's status for a kernel is a bare code: the reason goes to stderr, which the shim captures.
 int Report(const std::string &error) {
   if (error.empty()) return 0;
   std::fprintf(stderr, "[ERROR] lite_kernels: %s\n", error.c_str());
   return kLiteError;
 }
+
+std::string Shape(const std::vector<int64_t> &s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
+}
+
+int KernelThreads(int lite_threads) {
+  int threads = g_threads.load(std::memory_order_relaxed) > 0 ? g_threads.load() : lite_threads;
+  if (const char *cap = std::getenv("LITE_KERNELS_THREADS")) threads = std::min(threads, std::max(1, std::atoi(cap)));
+  return threads;
+}
+
+bool Avx2Loops() { return g_avx512 || g_avx2; }
+
+std::vector<char> Chars(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
+
+std::string OpInfo(const std::string &name, const std::vector<std::string> &dtypes) {
+  std::string inputs, formats;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    inputs += std::string(i ? ", " : "") + "{\"index\": " + std::to_string(i) + ", \"name\": \"in" +
+              std::to_string(i) + "\", \"paramType\": \"required\"}";
+    formats += std::string(i ? ", " : "") + "[\"" + dtypes[i] + "\", \"DefaultFormat\"]";
+  }
+  return std::string("{\"op_name\": \"Custom__") + kAotLibrary + ":" + name + "\", \"inputs\": [" + inputs +
+         "], \"outputs\": [{\"index\": 0, \"name\": \"y\", \"paramType\": \"required\"}], \"attr\": [], "
+         "\"fusion_type\": \"OPAQUE\", \"dtype_format\": [[" + formats +
+         ", [\"float32\", \"DefaultFormat\"]]], \"target\": \"CPU\", \"imply_type\": \"CPU\"}";
+}
+
+}  // namespace lk
+
+namespace {
 
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
@@ -253,12 +209,6 @@ int GatherI8(const int32_t *ids, int64_t count, const int8_t *q, const float *sc
   return 0;
 }
 
-std::string Shape(const std::vector<int64_t> &s) {
-  std::string r = "(";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + (s.size() == 1 ? ",)" : ")");
-}
-
 // Checks a node's inputs; `known`: shapes are final (Execute), not possibly -1 (Prepare).
 std::string CheckInputs(const TypeInfo &type, const std::vector<MSTensor> &in) {
   std::string who = std::string(type.name) + ": ";
@@ -305,8 +255,7 @@ class LinearKernel : public mindspore::kernel::Kernel {
     if (out == nullptr || x == nullptr || w == nullptr) return Report(std::string(type_info_.name) + ": no data");
     const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N : 0;
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
-    int threads = g_threads.load(std::memory_order_relaxed) > 0 ? g_threads.load() : lite_threads;
-    if (const char *cap = std::getenv("LITE_KERNELS_THREADS")) threads = std::min(threads, std::max(1, std::atoi(cap)));
+    const int threads = KernelThreads(lite_threads);
     if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(),
                   static_cast<const float *>(scale.get()), static_cast<const float *>(mins.get()), N, G, out, threads,
                   lite_threads > 1))
@@ -382,21 +331,7 @@ class LinearInfer : public mindspore::kernel::KernelInterface {
   }
 };
 
-std::vector<char> V(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
-
-// MindSpore's op-info entry of a Custom type whose inputs have these dtypes (its output is float32).
-std::string OpInfo(const std::string &name, const std::vector<std::string> &dtypes) {
-  std::string inputs, formats;
-  for (size_t i = 0; i < dtypes.size(); ++i) {
-    inputs += std::string(i ? ", " : "") + "{\"index\": " + std::to_string(i) + ", \"name\": \"in" +
-              std::to_string(i) + "\", \"paramType\": \"required\"}";
-    formats += std::string(i ? ", " : "") + "[\"" + dtypes[i] + "\", \"DefaultFormat\"]";
-  }
-  return std::string("{\"op_name\": \"Custom__") + kAotLibrary + ":" + name + "\", \"inputs\": [" + inputs +
-         "], \"outputs\": [{\"index\": 0, \"name\": \"y\", \"paramType\": \"required\"}], \"attr\": [], "
-         "\"fusion_type\": \"OPAQUE\", \"dtype_format\": [[" + formats +
-         ", [\"float32\", \"DefaultFormat\"]]], \"target\": \"CPU\", \"imply_type\": \"CPU\"}";
-}
+std::vector<char> V(const std::string &s) { return lk::Chars(s); }
 
 }  // namespace
 
@@ -408,7 +343,7 @@ const char *lk_last_error() { return g_last_error.c_str(); }
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
-const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4"; }
+const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend"; }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
 // entries a MindIR Build needs. Once per process; later calls do nothing.
@@ -445,6 +380,7 @@ int lk_register(int op_info) {
   if (!kernels && mindspore::registry::RegisterKernelInterface::CustomReg(
                     V(kProvider), V(kGatherType), [] { return std::make_shared<GatherInfer>(); }) != mindspore::kSuccess)
     return Fail(std::string("Lite refused to register the shape inference of ") + kGatherType);
+  if (!kernels && lk::RegisterAttend(false)) return 1;
   kernels = true;
   if (op_info && !infos) {
     for (const TypeInfo &type : kTypes) {
@@ -455,6 +391,7 @@ int lk_register(int op_info) {
     }
     if (!mindspore::kernel::OpLib::RegOp(OpInfo(kGatherType, {"int32", "int8", "float32"}), ""))
       return Fail(std::string("MindSpore's op-info library refused ") + kGatherType);
+    if (lk::RegisterAttend(true)) return 1;
     infos = true;
   }
   return 0;

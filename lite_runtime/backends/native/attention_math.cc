@@ -1,0 +1,203 @@
+// The loops of the packed call's attention (attention_math.h) over the 8-float vector type (vec8.h).
+//
+// Past scores run along the cached positions, the key cache's last axis: each step of 8 positions loads a
+// vector per head dimension and takes it into the sums of up to 4 query heads that share the KV head.
+// Values run along the head dimension, the value cache's last axis. Only the positions the token's row has
+// cached are read.
+#include <algorithm>
+#include <cstdint>
+
+#include "attention_math.h"
+#include "vec8.h"
+
+namespace lk {
+namespace LK_NS {
+namespace {
+
+constexpr float kIota[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+// s[j * ld + p] = scale * q_j . K[:, p] + slope_j * p for p < past, J query heads (J <= 4).
+template <int J>
+void PastScores(const float *q, int64_t hd, const float *K, int64_t P, int64_t past, float scale,
+                const float *slope, float *s, int64_t ld) {
+  const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15);
+  int64_t p = 0;
+  for (; p < past16; p += 16) {     // 16 positions: a whole cache line of each key row
+    V8 acc[J][2];
+    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = Zero();
+    for (int64_t d = 0; d < hd; ++d) {
+      const V8 k0 = Load(K + d * P + p), k1 = Load(K + d * P + p + 8);
+      for (int j = 0; j < J; ++j) {
+        const V8 qv = Bcast(q[j * hd + d]);
+        acc[j][0] = Fma(qv, k0, acc[j][0]);
+        acc[j][1] = Fma(qv, k1, acc[j][1]);
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const V8 key = Add(Bcast(static_cast<float>(p + 8 * half)), Load(kIota));
+      for (int j = 0; j < J; ++j)
+        Store(s + j * ld + p + 8 * half, Fma(Bcast(slope[j]), key, Mul(acc[j][half], Bcast(scale))));
+    }
+  }
+  for (; p < past8; p += 8) {
+    V8 acc[J];
+    for (int j = 0; j < J; ++j) acc[j] = Zero();
+    for (int64_t d = 0; d < hd; ++d) {
+      const V8 kv = Load(K + d * P + p);
+      for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
+    }
+    const V8 key = Add(Bcast(static_cast<float>(p)), Load(kIota));
+    for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], Bcast(scale))));
+  }
+  for (int64_t p = past8; p < past; ++p)
+    for (int j = 0; j < J; ++j) {
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * K[d * P + p];
+      s[j * ld + p] = dot * scale + slope[j] * static_cast<float>(p);
+    }
+}
+
+float Dot(const float *a, const float *b, int64_t n) {
+  const int64_t n8 = n & ~int64_t(7);
+  V8 acc = Zero();
+  for (int64_t i = 0; i < n8; i += 8) acc = Fma(Load(a + i), Load(b + i), acc);
+  float s = Hsum(acc);
+  for (int64_t i = n8; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// s[0, n) -> e^(s - max), returns their sum.
+float Softmax(float *s, int64_t n) {
+  const int64_t n8 = n & ~int64_t(7);
+  float mx = s[0];
+  if (n8) {
+    V8 m = Load(s);
+    for (int64_t i = 8; i < n8; i += 8) m = Max(m, Load(s + i));
+    mx = Hmax(m);
+  }
+  for (int64_t i = n8; i < n; ++i) mx = std::max(mx, s[i]);
+  const V8 mv = Bcast(mx);
+  V8 sum = Zero();
+  for (int64_t i = 0; i < n8; i += 8) {
+    const V8 e = Exp(Sub(Load(s + i), mv));
+    Store(s + i, e);
+    sum = Add(sum, e);
+  }
+  float total = Hsum(sum);
+  if (n8 < n) {   // the tail through the same exp as the vectors
+    float tail[8];
+    for (int64_t i = 0; i < 8; ++i) tail[i] = n8 + i < n ? s[n8 + i] - mx : -100.0f;
+    Store(tail, Exp(Load(tail)));
+    for (int64_t i = n8; i < n; ++i) {
+      s[i] = tail[i - n8];
+      total += s[i];
+    }
+  }
+  return total;
+}
+
+// o[j, d0 + 8 DV) = sum over i < L of e[j * ld + i] * values[i][d0 + 8 DV), J query heads: J x DV registers of sums,
+// each value vector loaded once for the J heads. values[i] is past + i rows of V below past, else new_values[i].
+template <int J, int DV>
+void Weigh(const float *e, int64_t ld, int64_t past, const float *V, const float *const *new_values, int64_t count,
+           int64_t hd, int64_t d0, float *o) {
+  V8 acc[J][DV];
+  for (int j = 0; j < J; ++j)
+    for (int v = 0; v < DV; ++v) acc[j][v] = Zero();
+  auto take = [&](const float *row, int64_t i) {
+    V8 x[DV];
+    for (int v = 0; v < DV; ++v) x[v] = Load(row + d0 + 8 * v);
+    for (int j = 0; j < J; ++j) {
+      const V8 w = Bcast(e[j * ld + i]);
+      for (int v = 0; v < DV; ++v) acc[j][v] = Fma(w, x[v], acc[j][v]);
+    }
+  };
+  for (int64_t p = 0; p < past; ++p) take(V + p * hd, p);
+  for (int64_t i = 0; i < count; ++i) take(new_values[i], past + i);
+  for (int j = 0; j < J; ++j)
+    for (int v = 0; v < DV; ++v) Store(o + j * hd + d0 + 8 * v, acc[j][v]);
+}
+
+// Weigh over every query head and the head dimension's runs of 8 (DV of them at a time), the last hd % 8 one
+// by one.
+void WeighAll(const float *e, int64_t ld, int64_t g, int64_t past, const float *V, const float *const *new_values,
+              int64_t count, int64_t hd, float *o) {
+  const int64_t hd8 = hd & ~int64_t(7);
+  for (int64_t j = 0; j < g; j += 3) {
+    const int64_t J = std::min<int64_t>(3, g - j);
+    int64_t d = 0;
+    for (; d + 32 <= hd8; d += 32) {
+      if (J == 3) Weigh<3, 4>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else if (J == 2) Weigh<2, 4>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else Weigh<1, 4>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+    }
+    for (; d < hd8; d += 8) {
+      if (J == 3) Weigh<3, 1>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else if (J == 2) Weigh<2, 1>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else Weigh<1, 1>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+    }
+  }
+  for (int64_t d = hd8; d < hd; ++d)
+    for (int64_t j = 0; j < g; ++j) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < past; ++p) sum += e[j * ld + p] * V[p * hd + d];
+      for (int64_t i = 0; i < count; ++i) sum += e[j * ld + past + i] * new_values[i][d];
+      o[j * hd + d] = sum;
+    }
+}
+
+void Item(const AttendArgs &a, int64_t n, int64_t h, float *scratch) {
+  const float *meta = a.meta + n * kMetaCols;
+  const int64_t row = static_cast<int64_t>(meta[kRow]);
+  const float position = meta[kPosition], context = meta[kContext];
+  const int64_t past = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(meta[kPast]), 0), a.P);
+  const int64_t g = a.g, hd = a.hd, P = a.P;
+  // the call's tokens this one sees, as indices
+  int32_t *seen = reinterpret_cast<int32_t *>(scratch);
+  int64_t count = 0;
+  for (int64_t m = 0; m < a.N; ++m) {
+    const float *other = a.meta + m * kMetaCols;
+    if (static_cast<int64_t>(other[kRow]) == row && (other[kPosition] <= position || other[kPosition] < context))
+      seen[count++] = static_cast<int32_t>(m);
+  }
+  const int64_t L = past + count, ld = (L + 7) & ~int64_t(7);
+  // scratch: seen (N int32), then the seen tokens' value rows (N pointers), scores, sums, denominators
+  const float **new_values = reinterpret_cast<const float **>(scratch + ((a.N + 15) & ~int64_t(15)));
+  float *s = scratch + ((a.N + 15) & ~int64_t(15)) + 2 * a.N;
+  float *o = s + g * ld;
+  const float *q = a.q + (n * a.kv + h) * g * hd;
+  const float *slope = a.slopes + h * g;
+  const float *K = a.k_cache + (row * a.kv + h) * hd * P;
+  const float *V = a.v_cache + (row * a.kv + h) * P * hd;
+  for (int64_t j = 0; j < g; j += 4) {
+    switch (std::min<int64_t>(4, g - j)) {
+      case 4: PastScores<4>(q + j * hd, hd, K, P, past, a.scale, slope + j, s + j * ld, ld); break;
+      case 3: PastScores<3>(q + j * hd, hd, K, P, past, a.scale, slope + j, s + j * ld, ld); break;
+      case 2: PastScores<2>(q + j * hd, hd, K, P, past, a.scale, slope + j, s + j * ld, ld); break;
+      default: PastScores<1>(q + j * hd, hd, K, P, past, a.scale, slope + j, s + j * ld, ld); break;
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t m = seen[i];
+    const float *key = a.k + (m * a.kv + h) * hd, t = a.meta[m * kMetaCols + kPosition];
+    for (int64_t j = 0; j < g; ++j) s[j * ld + past + i] = Dot(q + j * hd, key, hd) * a.scale + slope[j] * t;
+  }
+  float *den = o + g * hd;
+  for (int64_t j = 0; j < g; ++j) den[j] = Softmax(s + j * ld, L);
+  for (int64_t i = 0; i < count; ++i) new_values[i] = a.v + (seen[i] * a.kv + h) * hd;
+  WeighAll(s, ld, g, past, V, new_values, count, hd, o);
+  float *out = a.out + (n * a.kv + h) * g * hd;
+  for (int64_t j = 0; j < g; ++j) {
+    const float inv = 1.0f / den[j];
+    for (int64_t d = 0; d < hd; ++d) out[j * hd + d] = o[j * hd + d] * inv;
+  }
+}
+
+}  // namespace
+
+void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
+  for (int64_t i = i0; i < i1; ++i) Item(a, i / a.kv, i % a.kv, scratch);
+}
+
+}  // namespace LK_NS
+}  // namespace lk

@@ -1,0 +1,43 @@
+// The attention of a packed call (exporter/models/packed.py) as one kernel: N new tokens of any cache rows,
+// each reading its own row of the caches in place, only the positions that row has cached, and the call's
+// new keys of its row that it may see. attention_math.cc is compiled twice, as linear_math.cc is.
+//
+// A token n of row r at position t sees the cached positions p < past(n) of row r (score + slope * p) and
+// the call's tokens m of row r at positions t_m <= t, or t_m < context(n) where the row has a prefix
+// context (GLM; score + slope * t_m); one softmax over both, in float32. Slopes are ALiBi's (zeros
+// otherwise), one per query head.
+#pragma once
+#include <cstdint>
+
+namespace lk {
+
+// Columns of the per-token table `meta` (N, kMetaCols) the graph builds once a call.
+enum MetaCol { kRow = 0, kPosition = 1, kPast = 2, kContext = 3, kMetaCols = 4 };
+
+struct AttendArgs {
+  const float *q = nullptr;        // (N, kv, g, hd)
+  const float *k = nullptr;        // the call's new keys (N, kv, hd)
+  const float *v = nullptr;        // and values (N, kv, hd)
+  const float *k_cache = nullptr;  // (B, kv, hd, P)
+  const float *v_cache = nullptr;  // (B, kv, P, hd)
+  const float *meta = nullptr;     // (N, kMetaCols): row, position, past, context (-1: none)
+  const float *slopes = nullptr;   // (kv * g,)
+  float scale = 1.0f;
+  int64_t N = 0, B = 0, kv = 0, g = 0, hd = 0, P = 0;
+  float *out = nullptr;            // (N, kv * g * hd)
+};
+
+// Floats of scratch one work item needs.
+inline int64_t AttendScratch(const AttendArgs &a) { return a.g * (a.P + a.N + 8 + a.hd + 1) + 3 * a.N + 16; }
+
+// Work items [i0, i1) of the N * kv (token, KV head) pairs, item = n * kv + h.
+using AttendFn = void (*)(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
+
+namespace avx2 {
+void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
+}
+namespace generic {
+void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
+}
+
+}  // namespace lk

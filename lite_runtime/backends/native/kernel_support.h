@@ -1,0 +1,30 @@
+// What the project's Lite kernels share across their files (defined in lite_kernels.cc): errors, threads,
+// the loops chosen for this CPU, and the registry's names.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lk {
+
+constexpr char kProvider[] = "llm_lite_export";   // the provider the kernels are registered under
+extern thread_local std::string g_last_error;    // the reason of the last failure (lk_last_error)
+
+// Sets g_last_error, returns 1.
+int Fail(const std::string &message);
+// Lite's status for a kernel is a bare code: the reason goes to stderr, which the shim captures.
+int Report(const std::string &error);
+std::string Shape(const std::vector<int64_t> &s);
+// The threads a kernel call may use: lk_set_threads', else those of Lite's context; LITE_KERNELS_THREADS caps them.
+int KernelThreads(int lite_threads);
+// The AVX2 + FMA loops (else the portable ones), chosen once at load (LITE_KERNELS_ISA forces a choice).
+bool Avx2Loops();
+std::vector<char> Chars(const std::string &s);
+// MindSpore's op-info entry of a Custom type whose inputs have these dtypes (its output is float32).
+std::string OpInfo(const std::string &name, const std::vector<std::string> &dtypes);
+
+// The attention kernel's registration (attention_kernel.cc): the kernel and its shape inference with Lite,
+// or (`op_info`) the entry a MindIR Build needs.
+int RegisterAttend(bool op_info);
+
+}  // namespace lk
