@@ -39,7 +39,7 @@ DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
 OURS = ("mslite", "mslite_io")   # the project's forms (see above) and the static io pair
 # each form's export keys; mslite_cpu is whatever `target: cpu` writes (the packed step, as segments
 # above 2 GiB of weights): what tools/bench_serve.py serves
-EXPORTS = {"mslite": dict(kv_cache="packed", lite_ms=True),
+EXPORTS = {"mslite": dict(kv_cache="packed", lite_ms=True, attention="kernel"),
            "mslite_io": dict(kv_cache="io", lite_ms=False), "mslite_cpu": dict(target="cpu")}
 PEERS = ("ort", "openvino", "transformers")
 REFERENCE = "transformers"
