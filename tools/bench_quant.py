@@ -6,12 +6,12 @@
 Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) once per scheme of
 `quantization.weights` (none: Lite's own MatMul; int8; int4 with --group_size), kept in --work_dir for
 later runs. A scheme may end in `+head` (`quantization.head: int8`) or `+head+embedding` (the embedding
-in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel`. Then, round after round,
-every scheme and batch in turn, each in a child process of its own under /usr/bin/time: a 31-token prompt per row, --new_tokens
-greedy tokens (EOS ignored) through `Session.step` (idle cache rows cost nothing), 2 threads. Prints
-per scheme and batch the median decode ms per step, TTFT, peak RSS, the same-round ratios to `none`, and
-how many greedy tokens of row 0 equal `none`'s before the first difference. `--accuracy TEXT_FILE`
-measures instead each scheme's top-1 agreement with the first one and its perplexity, teacher-forced
+in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel` (without it, `attention:
+graph`). Then, round after round, every scheme and batch in turn, each in a child process of its own under
+/usr/bin/time: a 31-token prompt per row, --new_tokens greedy tokens (EOS ignored) through `Session.step`
+(idle cache rows cost nothing), 2 threads. Prints per scheme and batch the median decode ms per step, TTFT,
+peak RSS, the same-round ratios to `none`, and how many greedy tokens of row 0 equal `none`'s before the
+first difference. `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one and its perplexity, teacher-forced
 over --accuracy_tokens tokens of the text (one slice per cache row).
 
 `--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at batch 1

@@ -236,7 +236,7 @@ class ExportConfig:
 
     def _check_attention(self) -> None:
         """The packed step's attention on the project's kernel where the export is for Lite on CPU: each token reads
-        its own row's cache in place (SmolLM2-135M: a batch-8 decode step 0.85x, int8 weights 0.79x; docs)."""
+        its own row's cache in place (SmolLM2-135M: a batch-8 decode step 0.85x, int8 weights 0.76x; docs)."""
         if self.attention is None:
             on_cpu = self.target == "cpu" and self.kv_cache == "packed" and self.compute_dtype == "float32"
             self.attention = "kernel" if on_cpu else "graph"

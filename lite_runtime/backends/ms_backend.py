@@ -37,8 +37,9 @@ class MSSession(Session):
                                    f"host); run it with backend 'mslite'{where}, or export with "
                                    "collectives: graph for backend 'ms'")
         if manifest.kernels:
-            raise UnsupportedError(f"this export's linear layers are Custom nodes ({', '.join(manifest.kernels)}) that "
-                                   "only the project's kernels on MindSpore Lite run; use backend 'mslite'")
+            raise UnsupportedError(f"this export's graphs hold Custom nodes ({', '.join(manifest.kernels)}) that "
+                                   "only the project's kernels on MindSpore Lite run; use backend 'mslite', or export "
+                                   "without quantization and with attention: graph")
         try:
             import mindspore as ms
         except ImportError:

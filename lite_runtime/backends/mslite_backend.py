@@ -69,10 +69,9 @@ def check_kernels(manifest: Manifest) -> None:
     missing = [k for k in getattr(manifest, "kernels", []) if k not in kernel_types()]
     if missing:
         where = f"{manifest.root or 'the export'} (manifest.json)"
-        raise UnsupportedError(f"{where} runs its linear layers ({manifest.quantization.get('weights', 'float32')}) "
-                               f"with the project's Lite kernels {', '.join(missing)}, which this runtime lacks (no "
-                               f"liblite_kernels.so beside the shim {shim_path() or '(none)'}, or an older one): "
-                               "run `lite-setup` again")
+        raise UnsupportedError(f"{where} needs the project's Lite kernels {', '.join(missing)}, which this runtime "
+                               f"lacks (no liblite_kernels.so beside the shim {shim_path() or '(none)'}, or an older "
+                               "one): run `lite-setup` again")
 
 
 def kernel_threads(manifest: Manifest, num_threads: int) -> int:
@@ -161,7 +160,7 @@ class MSLiteSession(Session):
     def _load_official(self, mslite, paths, present, device_id, num_threads, target, config_dict) -> LiteRunner:
         require_kv_mode(self.manifest, "mslite (official API)", ("io", "in_graph"))
         if self.manifest.kernels:
-            raise UnsupportedError(f"this export's linear layers run on the project's Lite kernels "
+            raise UnsupportedError(f"this export's graphs run nodes of the project's Lite kernels "
                                    f"({', '.join(self.manifest.kernels)}), which the official mindspore_lite "
                                    "package cannot load; run it on CPU with the native binding (lite-setup)")
         if self.manifest.collectives == "host":
