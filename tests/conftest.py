@@ -1,10 +1,12 @@
 import json
 import os
+import shutil
 import sys
 import tempfile
 
 import pytest
 import yaml
+from filelock import FileLock
 
 sys.path.insert(0, os.path.dirname(__file__))     # the support package: `from support.<module> import ...`
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))  # served_process
@@ -20,6 +22,23 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="lite-test-cache-")
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 
 
+def built_once(tmp_path_factory, name, build):
+    """The folder `name`, filled by `build(folder)` once for the whole run: `make test` runs the files on two
+    pytest-xdist workers, and the exports several files share are made by whichever worker needs them first
+    (the other waits on the lock). A build that failed is retried by the next user."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """A random tiny GQA Llama as a MindFormers-named .ckpt, with its weights."""
@@ -31,49 +50,56 @@ def tiny_ckpt(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_exports(tiny_ckpt, tmp_path_factory):
     """The tiny model exported with MindSpore 2.10 in both kv modes: {"io": dir, "in_graph": dir}."""
-    folder = tmp_path_factory.mktemp("tiny_exports")
-    out = {}
-    for mode in ("io", "in_graph"):
-        cfg = tiny_export_config(tiny_ckpt[0], str(folder / mode), kv_cache=mode)
-        out[mode] = export_in_subprocess(write_yaml(str(folder / f"{mode}.yaml"), cfg))
-    return out
+    def build(folder):
+        for mode in ("io", "in_graph"):
+            cfg = tiny_export_config(tiny_ckpt[0], str(folder / mode), kv_cache=mode)
+            export_in_subprocess(write_yaml(str(folder / f"{mode}.yaml"), cfg))
+    folder = built_once(tmp_path_factory, "tiny_exports", build)
+    return {mode: str(folder / mode) for mode in ("io", "in_graph")}
+
+
+TP_EXPORTS = ("single", "full", "sharded", "merged", "resharded")
 
 
 @pytest.fixture(scope="session")
 def tp_setup(tiny_ckpt, tmp_path_factory):
     """The tiny model for the ms backend on 2 ranks and on 1, from the .ckpt and from 2-way shards:
     (folder, {single, full, sharded, merged, resharded: export dir}, 2-rank table)."""
-    folder = tmp_path_factory.mktemp("tp")
-    ckpt, weights = tiny_ckpt
-    tokenizer = make_tokenizer(str(folder))
-    exports = {}
-    for rank in range(2):
-        os.makedirs(folder / "shards" / f"rank_{rank}")
-        save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
-    strategy = write_strategy(str(folder / "strategy.ckpt"), {n: v.shape for n, v in weights.items()}, 2)
-    shards = str(folder / "shards")
-    for name, source, mp in (("single", ckpt, 1), ("full", ckpt, 2), ("sharded", shards, 2),
-                             ("merged", shards, 1), ("resharded", shards, 2)):
-        cfg = tiny_export_config(source, str(folder / name), parallel={"model_parallel": mp})
-        cfg["model"]["tokenizer"] = tokenizer
-        if name in ("merged", "resharded"):    # upstream: load_checkpoint dir + src_strategy_path_or_dir
-            cfg.update(src_strategy_path_or_dir=strategy, auto_trans_ckpt=True)
-        exports[name] = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg))
-    return folder, exports, rank_table(folder / "table2.json", 2)
+    def build(folder):
+        ckpt, weights = tiny_ckpt
+        tokenizer = make_tokenizer(str(folder))
+        for rank in range(2):
+            os.makedirs(folder / "shards" / f"rank_{rank}")
+            save_ckpt(shard_mindformers_llama(weights, rank, 2), str(folder / "shards" / f"rank_{rank}" / "tiny.ckpt"))
+        strategy = write_strategy(str(folder / "strategy.ckpt"), {n: v.shape for n, v in weights.items()}, 2)
+        shards = str(folder / "shards")
+        for name, source, mp in (("single", ckpt, 1), ("full", ckpt, 2), ("sharded", shards, 2),
+                                 ("merged", shards, 1), ("resharded", shards, 2)):
+            cfg = tiny_export_config(source, str(folder / name), parallel={"model_parallel": mp})
+            cfg["model"]["tokenizer"] = tokenizer
+            if name in ("merged", "resharded"):    # upstream: load_checkpoint dir + src_strategy_path_or_dir
+                cfg.update(src_strategy_path_or_dir=strategy, auto_trans_ckpt=True)
+            export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg))
+        rank_table(folder / "table2.json", 2)
+    folder = built_once(tmp_path_factory, "tp", build)
+    return folder, {name: str(folder / name) for name in TP_EXPORTS}, str(folder / "table2.json")
 
 
 @pytest.fixture(scope="session")
-def lite_tp(tp_setup, tiny_ckpt):
+def lite_tp(tp_setup, tiny_ckpt, tmp_path_factory):
     """MindSpore 2.0 exports in the packed kv mode: 2 ranks as step segments (collectives on the host;
     converted to .ms, which the runtime prefers) and 1 rank (MindIR), with the tokenizer."""
-    folder, _, _ = tp_setup
-    out = {}
-    for name, parallel in (("tp2", {"model_parallel": 2, "collectives": "host"}), ("tp1", {"model_parallel": 1})):
-        cfg = tiny_export_config(tiny_ckpt[0], str(folder / f"lite_{name}"), parallel=parallel, kv_cache="packed",
-                                 lite_ms=name == "tp2")
-        cfg["model"]["tokenizer"] = os.path.join(folder, "tokenizer.model")
-        out[name] = export_in_subprocess(write_yaml(str(folder / f"lite_{name}.yaml"), cfg), python=str(VENV_MS20_PYTHON))
-    return out
+    tp_folder, _, _ = tp_setup
+    cases = (("tp2", {"model_parallel": 2, "collectives": "host"}), ("tp1", {"model_parallel": 1}))
+
+    def build(folder):
+        for name, parallel in cases:
+            cfg = tiny_export_config(tiny_ckpt[0], str(folder / name), parallel=parallel, kv_cache="packed",
+                                     lite_ms=name == "tp2")
+            cfg["model"]["tokenizer"] = os.path.join(tp_folder, "tokenizer.model")
+            export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg), python=str(VENV_MS20_PYTHON))
+    folder = built_once(tmp_path_factory, "lite_tp", build)
+    return {name: str(folder / name) for name, _ in cases}
 
 
 @pytest.fixture
@@ -91,16 +117,14 @@ def tp_exports(request):
 @pytest.fixture(scope="session")
 def hf_family(tmp_path_factory):
     """family -> folder with hf/, reference.npz, prompts.json, mindformers.npz (made on first use)."""
-    made = {}
-
     def get(family):
-        if family not in made:
-            folder = tmp_path_factory.mktemp(f"family_{family}")
+        def build(folder):
             script = "numpy_references.py" if family in NUMPY_CASES else "hf_models.py"
             result = run_cli([os.path.join(REPO, "tests", "support", script), family, str(folder), str(STEPS)])
             assert result.returncode == 0, result.stderr[-3000:]
-            made[family] = folder
-        return made[family]
+            if (folder / "mindformers.npz").exists():
+                mindformers_ckpt(folder)    # written here, not by the first of two workers to need it
+        return built_once(tmp_path_factory, f"family_{family}", build)
     return get
 
 
@@ -110,19 +134,16 @@ def family_export(hf_family, tmp_path_factory):
     lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
     lite_tp2_packed (MindSpore 2.0, 2 ranks as step segments), lite_segments_packed (one rank as step
     segments, .ms); a `_b1` suffix: batch size 1; `_attn`: `attention: kernel`."""
-    made = {}
-
     def get(family, variant):
-        key = (family, variant)
-        if key not in made:
-            folder = hf_family(family)
-            out = str(folder / f"export_{variant}")
+        folder = hf_family(family)
+
+        def build(out):
             if variant == "mindformers":
-                cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), out)
+                cfg = mindformers_yaml(family, folder, mindformers_ckpt(folder), str(out))
             else:
                 kv_cache = "packed" if "packed" in variant else "in_graph" if variant == "in_graph" else "io"
                 cfg = {"model": {"hf_dir": str(folder / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
-                       "kv_cache": kv_cache, "output_dir": out}
+                       "kv_cache": kv_cache, "output_dir": str(out)}
                 if not (folder / "hf").exists():     # no HF layout: family, sizes, tokenizer + the .ckpt
                     cfg["model"] = json.loads((folder / "model.json").read_text())
                     cfg["load_checkpoint"] = mindformers_ckpt(folder)
@@ -139,8 +160,8 @@ def family_export(hf_family, tmp_path_factory):
                 if variant.endswith("_attn"):    # the attention as one node of the project's kernels
                     cfg["attention"] = "kernel"
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
-            made[key] = export_in_subprocess(write_yaml(str(folder / f"{variant}.yaml"), cfg), python=python)
-        return made[key]
+            export_in_subprocess(write_yaml(str(out) + ".yaml", cfg), python=python)
+        return str(built_once(tmp_path_factory, f"family_{family}_export_{variant}", build))
     return get
 
 
@@ -148,20 +169,21 @@ def family_export(hf_family, tmp_path_factory):
 def demo_exports(tmp_path_factory):
     """The demo yaml (kv_cache packed) for ms and mslite, for ms in the two-graph io layout, and for mslite with
     `attention: kernel`."""
-    folder = tmp_path_factory.mktemp("demo")
-    with open(DEMO_YAML) as f:
-        io_config = yaml.safe_load(f)
-    demo_dir = os.path.dirname(DEMO_YAML)
-    io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
-    io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
-    io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
-    out = {}
-    kernel_config = dict(io_config, kv_cache="packed", attention="kernel")
-    kernel_yaml = write_yaml(str(folder / "demo_kernel.yaml"), kernel_config)
-    for name, python, config in (("ms", None, DEMO_YAML), ("mslite", VENV_MS20_PYTHON, DEMO_YAML),
-                                 ("ms_io", None, io_yaml), ("mslite_kernel", VENV_MS20_PYTHON, kernel_yaml)):
-        args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
-        result = run_cli(args, python=python) if python else run_cli(args)
-        assert result.returncode == 0, result.stderr[-2000:]
-        out[name] = str(folder / name)
-    return out
+    names = ("ms", "mslite", "ms_io", "mslite_kernel")
+
+    def build(folder):
+        with open(DEMO_YAML) as f:
+            io_config = yaml.safe_load(f)
+        demo_dir = os.path.dirname(DEMO_YAML)
+        io_config["model"]["tokenizer"] = os.path.join(demo_dir, io_config["model"]["tokenizer"])
+        io_config.update(load_checkpoint=os.path.join(demo_dir, io_config["load_checkpoint"]), kv_cache="io")
+        io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
+        kernel_config = dict(io_config, kv_cache="packed", attention="kernel")
+        kernel_yaml = write_yaml(str(folder / "demo_kernel.yaml"), kernel_config)
+        for name, python, config in zip(names, (None, VENV_MS20_PYTHON, None, VENV_MS20_PYTHON),
+                                        (DEMO_YAML, DEMO_YAML, io_yaml, kernel_yaml)):
+            args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
+            result = run_cli(args, python=python) if python else run_cli(args)
+            assert result.returncode == 0, result.stderr[-2000:]
+    folder = built_once(tmp_path_factory, "demo", build)
+    return {name: str(folder / name) for name in names}
