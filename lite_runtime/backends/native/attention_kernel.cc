@@ -83,8 +83,10 @@ class AttendKernel : public mindspore::kernel::Kernel {
     a.scale = *f(7);
     a.out = static_cast<float *>(y.MutableData());
     if (a.out == nullptr && a.N > 0) return Report(who + "no output buffer");
+    // Where Lite holds the threads (float32 weights), its workers spin through the whole graph run, and a
+    // second attention thread only competes with them: SmolLM2-135M decoded 4-8 % faster on one.
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
-    if (RunAttend(a, KernelThreads(lite_threads))) return Report(who + g_last_error);
+    if (RunAttend(a, KernelsHoldThreads() ? KernelThreads(lite_threads) : 1)) return Report(who + g_last_error);
     return 0;
   }
 };
@@ -112,16 +114,16 @@ int RegisterAttend(bool op_info) {
       return Fail(std::string("MindSpore's op-info library refused ") + kAttendType);
     return 0;
   }
-    auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
-      Chars("CPU"), Chars(kProvider), DataType::kNumberTypeFloat32, Chars(kAttendType),
-      [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
-         const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
-        return std::make_shared<AttendKernel>(inputs, outputs, primitive, ctx);
-      });
-    auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
-      Chars(kProvider), Chars(kAttendType), [] { return std::make_shared<AttendInfer>(); });
-    if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
-      return Fail(std::string("Lite refused to register the kernel ") + kAttendType);
+  auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
+    Chars("CPU"), Chars(kProvider), DataType::kNumberTypeFloat32, Chars(kAttendType),
+    [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+       const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
+      return std::make_shared<AttendKernel>(inputs, outputs, primitive, ctx);
+    });
+  auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
+    Chars(kProvider), Chars(kAttendType), [] { return std::make_shared<AttendInfer>(); });
+  if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
+    return Fail(std::string("Lite refused to register the kernel ") + kAttendType);
   return 0;
 }
 

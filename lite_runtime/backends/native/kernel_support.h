@@ -17,6 +17,8 @@ int Report(const std::string &error);
 std::string Shape(const std::vector<int64_t> &s);
 // The threads a kernel call may use: lk_set_threads', else those of Lite's context; LITE_KERNELS_THREADS caps them.
 int KernelThreads(int lite_threads);
+// Whether lk_set_threads gave the kernels the threads (Lite then runs on one); else Lite's workers hold them.
+bool KernelsHoldThreads();
 // The AVX2 + FMA loops (else the portable ones), chosen once at load (LITE_KERNELS_ISA forces a choice).
 bool Avx2Loops();
 std::vector<char> Chars(const std::string &s);

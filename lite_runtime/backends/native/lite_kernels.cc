@@ -105,6 +105,8 @@ int KernelThreads(int lite_threads) {
   return threads;
 }
 
+bool KernelsHoldThreads() { return g_threads.load(std::memory_order_relaxed) > 0; }
+
 bool Avx2Loops() { return g_avx512 || g_avx2; }
 
 std::vector<char> Chars(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
