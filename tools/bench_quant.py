@@ -1,7 +1,7 @@
 """Decode with quantized weights on Lite: one model exported per weight scheme, measured side by side.
 
     .venv/bin/python tools/bench_quant.py [--gguf build/models/SmolLM2-135M-Instruct.Q4_1.gguf]
-        [--work_dir build/bench_quant] [--schemes none float32 int8 int4] [--batch 1 8] [--rounds 3]
+        [--work_dir build/bench_quant] [--schemes none int8 int4] [--batch 1 8] [--rounds 3]
 
 Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) once per scheme of
 `quantization.weights` (none: Lite's own MatMul; int8; int4 with --group_size), kept in --work_dir for
@@ -58,7 +58,8 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
                    "quantization": quantization, "attention": "kernel" if "attn" in parts else "graph",
                    "output_dir": out}, f)
     start = time.perf_counter()
-    subprocess.run([MS20, "-m", "exporter", "--config", yaml], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    if subprocess.run([MS20, "-m", "exporter", "--config", yaml], cwd=REPO, stdout=subprocess.DEVNULL).returncode:
+        raise SystemExit(1)     # the exporter printed its one-line error, naming the yaml
     print(f"exported {scheme} to {out} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return out
 
