@@ -70,7 +70,7 @@ export-lite: $(STAMP)/venv-ms20
 	$(VENV_LITE)/bin/python -m exporter --config $(CONFIG) $(if $(OUT),--output_dir $(OUT))
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # The fast subset (pure functions, tokenizers, sampling, the engine over a numpy stand-in session,
 # refusals): the tests marked `fast`, well under a minute; they need only the main venv.

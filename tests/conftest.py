@@ -22,6 +22,16 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="lite-test-cache-")
 DEMO_YAML = os.path.join(REPO, "tools", "demo_model", "demo.yaml")
 
 
+# The files that take minutes, handed out first (make test: `--no-loadscope-reorder`) so that the two workers
+# finish together; the rest keep pytest's order. From the slowest tests `make test` prints.
+LONG_FILES = ("test_families.py", "test_distributed.py", "test_real_model.py", "test_quantized_export.py",
+              "test_export_memory.py", "test_slora.py", "test_speculative_draft.py", "test_install.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: LONG_FILES.index(item.path.name) if item.path.name in LONG_FILES else len(LONG_FILES))
+
+
 def built_once(tmp_path_factory, name, build):
     """The folder `name`, filled by `build(folder)` once for the whole run: `make test` runs the files on two
     pytest-xdist workers, and the exports several files share are made by whichever worker needs them first
