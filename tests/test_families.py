@@ -8,7 +8,7 @@ family and sizes in the yaml). Checked, on a batch of 3 prompts of
 different lengths for 32 greedy steps: identical tokens and logits within 1e-4 of transformers on
 the `ms` backend (MindSpore 2.10 export, both kv modes) and on real Lite (MindSpore 2.0 export,
 run in a process without mindspore); a MindFormers-named .ckpt with a MindFormers run yaml gives
-the HF folder's logits; TP=2 under the launcher gives TP=1's, on `ms` and as segments on Lite.
+the HF folder's logits; TP=2 under the launcher gives TP=1's as segments on Lite (and on `ms` for GLM).
 """
 import os
 
@@ -92,9 +92,10 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
     assert np.abs(got[0] - want[0]).max() <= 1e-6
 
 
-# llama's ms TP=2: test_distributed.py
-TP2_CASES = [(family, "tp2") for family in FAMILIES if family != "llama"] + \
-    [(family, variant) for family in FAMILIES for variant in ("lite_tp2_packed",)]
+# Each family's split is checked on Lite (the same rank graphs, cut at their all-reduces); the `ms` backend,
+# with MindSpore's collectives in the graphs, on GLM here (2-D positions, a bidirectional prefix) and on
+# llama in test_distributed.py.
+TP2_CASES = [("glm", "tp2")] + [(family, "lite_tp2_packed") for family in FAMILIES]
 
 
 @pytest.mark.parametrize("family, variant", TP2_CASES)
