@@ -3,11 +3,11 @@
 // compiler vectorises as it can otherwise (lk::generic; vec8.h).
 //
 // Decode-sized M (1 or 2 rows) converts each weight vector once and multiplies it into every row
-// straight from the packed weights, so the weights stream from memory once: float32 and int8 four rows of
-// W at a time (int8 in panels of four rows, one stream; up to 16 rows of X pair after pair, 12 with
-// AVX-512), int4 a row at a time with integer dot products against x rounded to int8 (up to 8 rows of X
-// pair after pair, 6 with AVX-512). float32 up to 16 rows of X takes dot products against four rows of W
-// at a time. More rows (prefill) dequantise 16 rows of W into a tile transposed to (K, 16) (8 x 8 blocks
+// straight from the packed weights, so the weights stream from memory once: int8 four rows of W at a time
+// (in panels of four rows, one stream; up to 16 rows of X pair after pair, 12 with AVX-512), int4 a row at
+// a time with integer dot products against x rounded to int8 (up to 8 rows of X pair after pair, 6 with
+// AVX-512). float32 up to 16 rows of X takes dot products against one row of W at a time, 8 rows of X
+// together. More rows (prefill) dequantise 16 rows of W into a tile transposed to (K, 16) (8 x 8 blocks
 // transposed in registers) and run a 6 x 16 register block of a float GEMM over the rows of X, 12 x 16
 // on AVX-512 registers where the CPU has them (args.wide; the tile 64-byte aligned by the caller).
 #include <algorithm>
@@ -25,43 +25,40 @@ constexpr int64_t kRowsPerPass = 64;   // rows of X per pass over a packed tile
 constexpr int64_t kDotRows = 16;       // up to this M, dot products over rows of W (measured: M 8 at 1.5x
                                        // the transposed tile's speed, M 64 at 0.6x)
 
-// y[m, j] = sum_k x[m, k] * w[j, k], MB rows of X, NB rows of W.
-template <int MB, int NB>
-inline void BlockF32(const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t K, float *y, int64_t ldy) {
-  V8 acc[MB][NB];
+// MB rows of X against one row of W, read front to back; U sums a row of X, so that MB * U chains of FMAs
+// are in flight. (Four rows of W against pairs of rows of X took 1.17x as long at M 8, as long at M 1.)
+template <int MB, int U>
+inline void RowF32(const float *x, int64_t ldx, const float *w, int64_t K, float *y, int64_t ldy) {
+  V8 acc[MB][U];
   for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < NB; ++j) acc[m][j] = Zero();
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t k = 0; k < K8; k += 8) {
-    V8 wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = Load(w + j * ldw + k);
-    for (int m = 0; m < MB; ++m) {
-      V8 xv = Load(x + m * ldx + k);
-      for (int j = 0; j < NB; ++j) acc[m][j] = Fma(xv, wv[j], acc[m][j]);
+    for (int u = 0; u < U; ++u) acc[m][u] = Zero();
+  const int64_t step = 8 * U, KU = K / step * step, K8 = K & ~int64_t(7);
+  int64_t k = 0;
+  for (; k < KU; k += step)
+    for (int u = 0; u < U; ++u) {
+      const V8 wv = Load(w + k + 8 * u);
+      for (int m = 0; m < MB; ++m) acc[m][u] = Fma(Load(x + m * ldx + k + 8 * u), wv, acc[m][u]);
     }
+  for (; k < K8; k += 8) {
+    const V8 wv = Load(w + k);
+    for (int m = 0; m < MB; ++m) acc[m][0] = Fma(Load(x + m * ldx + k), wv, acc[m][0]);
   }
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < NB; ++j) {
-      float s = Hsum(acc[m][j]);
-      for (int64_t k = K8; k < K; ++k) s += x[m * ldx + k] * w[j * ldw + k];
-      y[m * ldy + j] = s;
-    }
+  for (int m = 0; m < MB; ++m) {
+    V8 sum = acc[m][0];
+    for (int u = 1; u < U; ++u) sum = Add(sum, acc[m][u]);
+    float s = Hsum(sum);
+    for (int64_t r = K8; r < K; ++r) s += x[m * ldx + r] * w[r];
+    y[m * ldy] = s;
+  }
 }
 
-// All `rows` rows of X against nb (<= 4) rows of W.
-inline void PanelF32(const float *x, int64_t ldx, int64_t rows, const float *w, int64_t ldw, int64_t nb, int64_t K,
-                     float *y, int64_t ldy) {
-  if (nb == 4) {
-    int64_t m = 0;
-    for (; m + 2 <= rows; m += 2) BlockF32<2, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy);
-    if (m < rows) BlockF32<1, 4>(x + m * ldx, ldx, w, ldw, K, y + m * ldy, ldy);
-    return;
-  }
-  for (int64_t j = 0; j < nb; ++j) {
-    int64_t m = 0;
-    for (; m + 2 <= rows; m += 2) BlockF32<2, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy);
-    if (m < rows) BlockF32<1, 1>(x + m * ldx, ldx, w + j * ldw, ldw, K, y + m * ldy + j, ldy);
-  }
+// All `rows` rows of X against one row of W: 8 rows of X at a time, then 4, 2, 1.
+inline void RowsF32(const float *x, int64_t ldx, int64_t rows, const float *w, int64_t K, float *y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + 8 <= rows; m += 8) RowF32<8, 1>(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
+  if (m + 4 <= rows) RowF32<4, 1>(x + m * ldx, ldx, w, K, y + m * ldy, ldy), m += 4;
+  if (m + 2 <= rows) RowF32<2, 2>(x + m * ldx, ldx, w, K, y + m * ldy, ldy), m += 2;
+  if (m < rows) RowF32<1, 4>(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
 }
 
 // Bytes ahead of the int8 decode loop that it asks the cache for: in panels without it the loop read 9 GB/s
@@ -323,9 +320,8 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     return;
   }
   if (a.kind == kF32 && a.M <= kDotRows) {     // a few rows: a transposed tile would cost more than it saves
-    for (int64_t n = n0; n < n1; n += kBlockRows)
-      PanelF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, std::min(kBlockRows, n1 - n), a.K,
-               a.y + n, a.N);
+    for (int64_t n = n0; n < n1; ++n)
+      RowsF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, a.y + n, a.N);
     return;
   }
   for (int64_t n = n0; n < n1; n += kTileCols) {
