@@ -124,7 +124,10 @@ def run_cli(args, python: str = sys.executable, cwd: str = REPO, stdin: str = No
 
 
 def export_in_subprocess(yaml_path: str, python: str = sys.executable) -> str:
-    result = run_cli(["-m", "exporter", "--config", yaml_path], python=python)
+    """`python -m exporter --config YAML` run by `python` (in its export worker: support/export_worker.py);
+    returns the export folder."""
+    from support.export_worker import export
+    result = export(yaml_path, str(python), REPO, dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
 
