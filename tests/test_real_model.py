@@ -6,6 +6,8 @@ chat prompt ids equal to `apply_chat_template`'s with and without a system messa
 the server's chat answer equal to transformers' greedy answer to the same chat, its JSON answers
 valid against their schema (response_format json_schema, TGI's grammar; regexes: TGI's and vLLM's
 guided_regex), the same from run_infer_main --json_schema, and prompt lookup keeping transformers' tokens."""
+import contextlib
+import functools
 import json
 import os
 import re
@@ -37,6 +39,20 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
         "required": ["city", "population", "capital"], "additionalProperties": False}
 
 
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """transformers' GGUF loader parses the file (its 49k-token vocabulary) three times (config, weights,
+    tokenizer) and builds gguf's tensor-name map once per tensor: about 50 of the 60 s it took here. Both
+    are functions of their arguments alone: cached while the reference loads."""
+    import gguf
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache()(saved[0]), functools.lru_cache()(saved[1])
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+
+
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """(export folder, transformers model, transformers tokenizer)."""
@@ -49,8 +65,9 @@ def smollm2(tmp_path_factory):
         "output_dir": os.path.join(folder, "export")})
     export = export_in_subprocess(yaml_path, python=str(VENV_MS20_PYTHON))
     where, name = os.path.split(GGUF)
-    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32).eval()
-    return export, model, AutoTokenizer.from_pretrained(where, gguf_file=name)
+    with gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32).eval()
+        return export, model, AutoTokenizer.from_pretrained(where, gguf_file=name)
 
 
 def _greedy(model, ids, steps, stop=None):
