@@ -41,7 +41,7 @@ for line in sys.stdin:
     for fd, old in zip((1, 2), saved):
         os.dup2(old, fd)
         os.close(old)
-    replies.write(json.dumps({"code": code if isinstance(code, int) else 1}) + "\n")
+    replies.write(json.dumps({"code": 0 if code is None else code if isinstance(code, int) else 1}) + "\n")
     replies.flush()
 """
 
