@@ -80,7 +80,8 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     head, embedding = schemes_of(form)
     head_type = "LiteLinearI8P4" if head == "int8" else "LiteLinearF32"    # the head on a kernel too
     assert manifest.kernels == ([layers] + ([head_type] if head_type != layers else [])
-                                + (["LiteGatherI8P4"] if embedding == "int8" else []) + ["LiteAttend"])
+                                + (["LiteGatherI8P4"] if embedding == "int8" else [])
+                                + ["LiteAttend", "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"])
     assert (manifest.quantization["head"], manifest.quantization["embedding"]) == (head, embedding)
     assert manifest.quantization["head_on_kernel"] is True
     assert manifest.quantization["weights"] == scheme

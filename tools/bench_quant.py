@@ -215,7 +215,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gguf", default=os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     p.add_argument("--work_dir", default=os.path.join(REPO, "build", "bench_quant"))
-    p.add_argument("--schemes", nargs="+", default=["none", "int8", "int4"])
+    p.add_argument("--schemes", nargs="*", default=["none", "int8", "int4"],
+                   help="exported here first (none: only the --extra exports are measured)")
     p.add_argument("--group_size", type=int, default=32)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--rounds", type=int, default=3)

@@ -17,7 +17,8 @@ from mindspore import Tensor, nn, ops
 
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear, zeros_param
-from exporter.models.positions import Rotary, alibi_slopes
+from exporter.models.positions import Rotary, alibi_slopes, rotate_pairs
+from lite_runtime.contract.quant import ROTARY_TYPE
 
 # Additive mask value: finite, so a fully masked row gives no NaN, and finite in float16 too (-1e9
 # becomes -inf there, and 0 * -inf is NaN), with room for two masks added together.
@@ -45,6 +46,12 @@ class BuildContext(NamedTuple):
     def flat(self) -> bool:
         """Hidden states are (tokens, hidden): the packed step's layout."""
         return self.kv_mode == "packed"
+
+    @property
+    def layer_kernels(self) -> bool:
+        """The packed step's norms, SwiGLU and rotary run on the project's kernels too (kernels.layer_op):
+        where its attention does, in float32."""
+        return self.attention_kernel and self.flat
 
 
 class ScoreBias(nn.Cell):
@@ -143,6 +150,11 @@ class Attention(nn.Cell):
         self.rotary = Rotary(self.hd, cfg.rotary_dim, cfg.rotary_interleaved, ctx.dtype,
                              blocks=2 if cfg.positions == "rotary_2d" else 1)
         self.in_graph = ctx.kv_mode == "in_graph"
+        self.rotary_kernel = self.use_rotary and ctx.layer_kernels
+        if self.rotary_kernel:
+            from exporter.models.kernels import layer_op
+            self.rotary_op = layer_op(ROTARY_TYPE)
+            self.rotary_pairs = Tensor(rotate_pairs(self.rotary.p.asnumpy()))
         if flat:
             self.dyn = TokenShapes(self.n_heads, self.n_kv, self.hd)
         if self.in_graph:
@@ -226,6 +238,8 @@ class Attention(nn.Cell):
 
     def _rotate(self, x, tokens_shape, cos, sin):
         """(N, n*hd) -> (N, n, hd), rotated by cos/sin (N, 1, hd)."""
+        if self.rotary_kernel:
+            return self.rotary_op(x, cos, sin, self.rotary_pairs)
         x = self.reshape(x, tokens_shape)
         if self.use_rotary:
             partner = self.reshape(self.rotary.matmul(self.reshape(x, self.dyn.rows), self.rotary.p), tokens_shape)

@@ -29,12 +29,13 @@ from exporter.models.top_query import TopQueryLayer
 class DecoderLayer(nn.Cell):
     def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
         super().__init__()
-        self.attn_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        k = ctx.layer_kernels
+        self.attn_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype, k)
         self.attn = Attention(cfg, ctx)
-        self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        self.mlp_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype, k)
         lora = {n: ctx.lora_width for n in ("gate", "up", "down") if f"mlp.{n}" in ctx.lora_targets}
         self.mlp = make_mlp(cfg.mlp, cfg.hidden_size, cfg.intermediate_size, ctx.world_size, ctx.dtype, cfg.mlp_bias,
-                            ctx.flat, lora, ctx.graph_collectives)
+                            ctx.flat, lora, ctx.graph_collectives, k)
         self.deepnorm, self.alpha = cfg.deepnorm, cfg.deepnorm_alpha
 
     def finish(self, x, attn_out, select=None, normed=None):
@@ -83,9 +84,9 @@ class CausalLM(nn.Cell):
             self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size, ctx.dtype, packed)
         self.use_embed_norm = cfg.embed_norm
         if cfg.embed_norm:
-            self.embed_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+            self.embed_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype, ctx.layer_kernels)
         self.layers = nn.CellList([DecoderLayer(cfg, ctx) for _ in range(cfg.num_blocks)])
-        self.final_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype)
+        self.final_norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, ctx.dtype, ctx.layer_kernels)
         self.use_top_query = cfg.top_query
         if cfg.top_query:
             self.top_query = TopQueryLayer(cfg, ctx)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mindspore import ops
 
-from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPE, OP_TYPES, aot_func
+from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPE, OP_TYPES, ROTARY_TYPE, aot_func
 
 
 def _out_shape(x, w, *scales):
@@ -52,4 +52,23 @@ def attend_op() -> ops.Custom:
     meta (N, 4), slopes (kv·g,), scale (1,)): the packed call's attention (native/attention_math.h)."""
     op = ops.Custom(aot_func(ATTEND_TYPE), out_shape=_attend_shape, out_dtype=_out_dtype, func_type="aot")
     op.add_prim_attr("type", ATTEND_TYPE)
+    return op
+
+
+def _same_shape(x, *rest):
+    return list(x)
+
+
+def _rotated_shape(x, cos, sin, pair):
+    if len(x) < 2 or x[1] < 0:      # (GLM's graphs reach this with x's rank unknown)
+        return [-1, -1, pair[1]]
+    return [x[0], x[1] // pair[1], pair[1]]
+
+
+def layer_op(op_type: str) -> ops.Custom:
+    """One of a layer's small float32 ops (native/layer_ops_kernel.cc): LiteRMSNorm (x, weight, eps) and
+    LiteSwiGLU (gate, up) keep x's shape; LiteRotary (x (N, n·hd), cos, sin, pair (2, hd)) gives (N, n, hd)."""
+    shape = _rotated_shape if op_type == ROTARY_TYPE else _same_shape
+    op = ops.Custom(aot_func(op_type), out_shape=shape, out_dtype=_out_dtype, func_type="aot")
+    op.add_prim_attr("type", op_type)
     return op

@@ -6,22 +6,30 @@ import math
 from mindspore import nn, ops
 
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear
+from lite_runtime.contract.quant import SWIGLU_TYPE
 
 
 class SwiGLU(nn.Cell):
     """down(silu(gate(x)) * up(x))."""
 
     def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool = False, flat: bool = False,
-                 lora=None, reduce: bool = True):
+                 lora=None, reduce: bool = True, kernel: bool = False):
+        """`kernel`: silu(gate) * up as one node of the project's Lite kernels (float32 graphs only)."""
         super().__init__()
         lora = lora or {}
         self.gate = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("gate", 0))
         self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
         self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0), reduce)
         self.sigmoid = ops.Sigmoid()
+        self.kernel = kernel
+        if kernel:
+            from exporter.models.kernels import layer_op
+            self.op = layer_op(SWIGLU_TYPE)
 
     def construct(self, x, select=None):
         gate = self.gate(x, select)
+        if self.kernel:
+            return self.down(self.op(gate, self.up(x, select)), select)
         return self.down(gate * self.sigmoid(gate) * self.up(x, select), select)
 
 
@@ -62,9 +70,10 @@ class GeluMLP(nn.Cell):
 
 
 def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, bias: bool,
-             flat: bool = False, lora=None, reduce: bool = True) -> nn.Cell:
+             flat: bool = False, lora=None, reduce: bool = True, kernel: bool = False) -> nn.Cell:
     """`flat`: inputs are (tokens, hidden), the packed step's layout; `lora`: SLoRA width per
-    adapted layer name (gate, up, down); `reduce` False: no all-reduce in the graph (segment form)."""
+    adapted layer name (gate, up, down); `reduce` False: no all-reduce in the graph (segment form);
+    `kernel`: SwiGLU's activation on the project's Lite kernels."""
     if kind == "swiglu":
-        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora, reduce)
+        return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora, reduce, kernel)
     return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind, flat, lora, reduce)

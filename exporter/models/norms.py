@@ -5,14 +5,18 @@ Lite 2.0's CPU LayerNorm kernel is wrong on 3-D inputs and its Rsqrt is an appro
 """
 from __future__ import annotations
 
+import numpy as np
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
 
 from exporter.models.linear import weight_param
+from lite_runtime.contract.quant import NORM_TYPE
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float, dtype):
+    """`kernel`: one node of the project's Lite kernels (float32 graphs only), the same arithmetic."""
+
+    def __init__(self, dim: int, eps: float, dtype, kernel: bool = False):
         super().__init__()
         self.weight = weight_param((dim,), ms.float32, "weight")
         self.eps = eps
@@ -20,8 +24,15 @@ class RMSNorm(nn.Cell):
         self.mean = ops.ReduceMean(keep_dims=True)
         self.sqrt = ops.Sqrt()
         self.cast = ops.Cast()
+        self.kernel = kernel
+        if kernel:
+            from exporter.models.kernels import layer_op
+            self.op = layer_op(NORM_TYPE)
+            self.eps_tensor = Tensor(np.array([eps], np.float32))
 
     def construct(self, x):
+        if self.kernel:
+            return self.op(x, self.weight, self.eps_tensor)
         x32 = self.cast(x, ms.float32)
         y = x32 / self.sqrt(self.mean(x32 * x32, -1) + self.eps)
         return self.cast(y * self.weight, self.dtype)
@@ -45,5 +56,6 @@ class LayerNorm(nn.Cell):
         return self.cast(y * self.weight + self.bias, self.dtype)
 
 
-def make_norm(kind: str, dim: int, eps: float, dtype) -> nn.Cell:
-    return RMSNorm(dim, eps, dtype) if kind == "rms" else LayerNorm(dim, eps, dtype)
+def make_norm(kind: str, dim: int, eps: float, dtype, kernel: bool = False) -> nn.Cell:
+    """`kernel`: an RMS norm as one node of the project's Lite kernels."""
+    return RMSNorm(dim, eps, dtype, kernel) if kind == "rms" else LayerNorm(dim, eps, dtype)

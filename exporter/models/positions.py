@@ -57,6 +57,15 @@ def rotate_matrix(head_dim: int, rotary_dim: int, interleaved: bool, blocks: int
     return p
 
 
+def rotate_pairs(p: np.ndarray) -> np.ndarray:
+    """P of rotate_matrix as the kernels' (2, head_dim) table: column i's partner row j (-1: none) and its sign."""
+    rows, cols = np.nonzero(p.T)
+    pairs = np.zeros((2, p.shape[0]), np.float32)
+    pairs[0] = -1.0
+    pairs[0, rows], pairs[1, rows] = cols, p[cols, rows]
+    return pairs
+
+
 class Rotary(nn.Cell):
     """Rotates x (B, heads, T, head_dim) by cos/sin broadcastable to it."""
 

@@ -16,7 +16,7 @@ from lite_runtime.contract.families import STEP, get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
-from lite_runtime.contract.quant import ATTEND_TYPE, kernels_for, quantization_record
+from lite_runtime.contract.quant import kernels_for, layer_kernels, quantization_record
 from lite_runtime.contract.manifest import GraphEntry, Manifest
 from exporter.config.schema import ExportConfig
 from exporter.writing.export_plan import ExportPlan, plan_export
@@ -173,7 +173,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
         ge_config = GE_CONFIG_NAME
         shutil.copyfile(config.infer.ge_config_path, os.path.join(tmp, ge_config))
     model_config = dict(source.config.to_json(), **source.token_ids)     # the runtime's feed builder reads the ids
-    quant = config.kernel_quantization
+    quant, cfg = config.kernel_quantization, source.config
     manifest = Manifest(family=source.family.name, model_config=model_config, graph_dims=plan.dims.to_json(),
                         kv_cache=plan.kv_cache, seq_length=config.seq_length, batch_size=config.batch_size,
                         world_size=config.world_size, compute_dtype=config.compute_dtype, graphs=graphs,
@@ -187,7 +187,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
                         quantization=weight_quant.record() if config.converter_quantizes else
                         quantization_record(quant.weights, quant.group_size, quant.head, quant.embedding),
                         kernels=kernels_for(quant.weights, quant.head, quant.embedding)
-                        + ([ATTEND_TYPE] if config.attention == "kernel" else []))
+                        + (layer_kernels(cfg.norm, cfg.mlp, cfg.positions) if config.attention == "kernel" else []))
     manifest.save(tmp)
     return manifest
 

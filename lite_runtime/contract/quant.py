@@ -32,6 +32,9 @@ OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8P4"
 GATHER_TYPE = "LiteGatherI8P4"
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
 ATTEND_TYPE = "LiteAttend"
+# A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
+NORM_TYPE, SWIGLU_TYPE, ROTARY_TYPE = "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"
+LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, SWIGLU_TYPE, ROTARY_TYPE]
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
 
@@ -51,6 +54,13 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32") 
     if kernels and embedding == "int8":
         kernels.append(GATHER_TYPE)
     return kernels
+
+
+def layer_kernels(norm: str, mlp: str, positions: str) -> List[str]:
+    """The Custom types a packed step with `attention: kernel` runs for a model of these DecoderConfig kinds (the
+    manifest's `kernels` beside the linear layers'): the attention, and the norms, SwiGLU and rotary it has."""
+    used = ((NORM_TYPE, norm == "rms"), (SWIGLU_TYPE, mlp == "swiglu"), (ROTARY_TYPE, positions in ("rotary", "rotary_2d")))
+    return [ATTEND_TYPE] + [op_type for op_type, yes in used if yes]
 
 
 def quantization_record(scheme: str, group_size: int, head: str = "float32", embedding: str = "float32"

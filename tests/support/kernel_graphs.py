@@ -1,9 +1,11 @@
-"""Graphs of one linear layer as a Custom node run by the project's Lite kernels, for tests/support/lite_kernel_cases.py.
+"""Graphs of one Custom node run by the project's Lite kernels, for tests/support/lite_kernel_cases.py.
 
 Run with MindSpore 2.0 (the MindIR Lite 2.0 reads), from the repository:
     .venv-ms20/bin/python tests/support/kernel_graphs.py OUT_DIR
 Writes OUT_DIR/<case>.mindir, y (M, N) = Custom(x (M, K), constants...) with M dynamic, and
-OUT_DIR/<case>.npz with the constants and the dequantized weight `w` the test compares against.
+OUT_DIR/<case>.npz with the constants and the dequantized weight `w` the test compares against; and the
+layer ops (LAYER_CASES): OUT_DIR/<name>.mindir of their graph inputs, with M dynamic, and <name>.npz with
+their constants.
 """
 import os
 import sys
@@ -14,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn  # noqa: E402
 
-from exporter.models.kernels import linear_op  # noqa: E402
+from exporter.models.kernels import layer_op, linear_op  # noqa: E402
+from exporter.models.positions import rotate_matrix, rotate_pairs  # noqa: E402
 from lite_runtime.contract import quant  # noqa: E402
 
 # name: (storage, K, N, group); K and N not multiples of 8, 32 or a group, N not of the 4-row blocks
@@ -56,6 +59,64 @@ class OneLinear(nn.Cell):
         return self.op(x, self.c0, self.c1, self.c2)
 
 
+# The layer ops: name -> (type, (head_dim, rotary_dim, interleaved) for rotary, else the row width)
+LAYER_CASES = {
+    "rms_norm": (quant.NORM_TYPE, 37),
+    "swiglu": (quant.SWIGLU_TYPE, 37),
+    "rotary_half": (quant.ROTARY_TYPE, (8, 8, False)),            # Llama's rotate-half, 3 heads
+    "rotary_pairs_partial": (quant.ROTARY_TYPE, (8, 4, True)),    # interleaved pairs over half the head
+}
+ROTARY_HEADS = 3
+
+
+class Norm(nn.Cell):
+    def __init__(self, consts):
+        super().__init__()
+        self.op = layer_op(quant.NORM_TYPE)
+        self.weight = Parameter(Tensor(consts[0]), name="weight", requires_grad=False)
+        self.eps = Tensor(consts[1])
+
+    def construct(self, x):
+        return self.op(x, self.weight, self.eps)
+
+
+class SwiGLU(nn.Cell):
+    def __init__(self, consts):
+        super().__init__()
+        self.op = layer_op(quant.SWIGLU_TYPE)
+
+    def construct(self, gate, up):
+        return self.op(gate, up)
+
+
+class Rotary(nn.Cell):
+    def __init__(self, consts):
+        super().__init__()
+        self.op = layer_op(quant.ROTARY_TYPE)
+        self.pairs = Tensor(consts[0])
+
+    def construct(self, x, cos, sin):
+        return self.op(x, cos, sin, self.pairs)
+
+
+def layer_graphs(out, rng):
+    for name, (op_type, shape) in LAYER_CASES.items():
+        if op_type == quant.ROTARY_TYPE:
+            hd, rotary_dim, interleaved = shape
+            consts = [rotate_pairs(rotate_matrix(hd, rotary_dim, interleaved)), np.array(shape + (ROTARY_HEADS,))]
+            inputs = [Tensor(shape=[None, ROTARY_HEADS * hd], dtype=ms.float32)] + \
+                [Tensor(shape=[None, 1, hd], dtype=ms.float32)] * 2
+            cell = Rotary(consts)
+        elif op_type == quant.NORM_TYPE:
+            consts = [rng.standard_normal(shape).astype(np.float32), np.array([1e-5], np.float32)]
+            inputs, cell = [Tensor(shape=[None, shape], dtype=ms.float32)], Norm(consts)
+        else:
+            consts, cell = [], SwiGLU([])
+            inputs = [Tensor(shape=[None, shape], dtype=ms.float32)] * 2
+        np.savez(os.path.join(out, f"{name}.npz"), *consts)     # (rotary: its shape last, for the test)
+        ms.export(cell, *inputs, file_name=os.path.join(out, name), file_format="MINDIR")
+
+
 def main(out):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     os.makedirs(out, exist_ok=True)
@@ -68,6 +129,7 @@ def main(out):
         np.savez(os.path.join(out, f"{name}.npz"), w=deq, *consts)
         ms.export(OneLinear(storage, consts), Tensor(shape=[None, k], dtype=ms.float32),
                   file_name=os.path.join(out, name), file_format="MINDIR")
+    layer_graphs(out, rng)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
 CASES = ("f32", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
+LAYER_CASES = ("rms_norm", "swiglu", "rotary_half", "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
 
 
@@ -47,12 +48,12 @@ def graphs(tmp_path_factory, library):
     out = tmp_path_factory.mktemp("kernel_graphs")
     subprocess.run([VENV_MS20_PYTHON, os.path.join(REPO, "tests", "support", "kernel_graphs.py"), str(out)], check=True,
                    cwd=REPO, timeout=600)
-    convert_graphs(str(out), {"step": [f"{case}.mindir" for case in CASES]}, converter_python("test"))
+    convert_graphs(str(out), {"step": [f"{case}.mindir" for case in CASES + LAYER_CASES]}, converter_python("test"))
     return out
 
 
 def test_the_library_registers_every_kernel_kind(library):
-    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | {quant.GATHER_TYPE, quant.ATTEND_TYPE}
+    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | {quant.GATHER_TYPE} | set(quant.LAYER_KERNELS)
     assert lite_kernels.isa() in ("avx512", "avx2", "generic")
 
 
@@ -76,6 +77,63 @@ def test_a_custom_linear_on_lite_equals_numpy(graphs, case, fmt):
                              f"{case}.{fmt}, {threads} threads, M={rows}")
         finally:
             model.close()
+
+
+def rotate_reference(x, hd, rotary_dim, interleaved):
+    """Each head's rotated partner, written as Hugging Face's models do: rotate_half (Llama) concatenates
+    (-x2, x1) over the rotated dims; interleaved pairs (GPT-J, ChatGLM2) take (-x[2i+1], x[2i]); the dims
+    past rotary_dim have none."""
+    heads = x.reshape(x.shape[0], -1, hd).astype(np.float64)
+    r, out = heads[..., :rotary_dim], np.zeros_like(heads)
+    if interleaved:
+        out[..., 0:rotary_dim:2], out[..., 1:rotary_dim:2] = -r[..., 1::2], r[..., 0::2]
+    else:
+        half = rotary_dim // 2
+        out[..., :rotary_dim] = np.concatenate([-r[..., half:], r[..., :half]], -1)
+    return heads, out
+
+
+def layer_reference(case, consts, inputs):
+    x = inputs[0].astype(np.float64)
+    if case == "rms_norm":
+        weight, eps = consts["arr_0"], float(consts["arr_1"][0])
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+    if case == "swiglu":
+        return x / (1.0 + np.exp(-x)) * inputs[1]
+    hd, rotary_dim, interleaved, _ = (int(v) for v in consts["arr_1"])
+    heads, partner = rotate_reference(x, hd, rotary_dim, bool(interleaved))
+    return heads * inputs[1] + partner * inputs[2]
+
+
+@pytest.mark.parametrize("fmt", ["mindir", "ms"])
+@pytest.mark.parametrize("case", LAYER_CASES)
+def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
+    """RMS norm, SwiGLU and rotary (rotate-half; interleaved pairs over part of a head) as one node each; 3000
+    rows are shared by the kernels' threads when they hold them."""
+    consts = np.load(graphs / f"{case}.npz")
+    rng = np.random.default_rng(len(case))
+    for threads, kernels_hold in ((1, 0), (2, 0), (1, 2)):
+        lite_kernels.set_threads(kernels_hold)
+        model = LiteModel(str(graphs / f"{case}.{fmt}"), num_threads=threads)
+        try:
+            for rows in (1, 3, 70, 3000, 1):
+                if case.startswith("rotary"):
+                    hd, _, _, heads = (int(v) for v in consts["arr_1"])
+                    cos = rng.standard_normal((rows, 1, hd)).astype(np.float32)
+                    inputs = [rng.standard_normal((rows, heads * hd)).astype(np.float32), cos, cos * 0.5 + 0.1]
+                    out = [rows, heads, hd]
+                else:
+                    inputs = [rng.standard_normal((rows, 37)).astype(np.float32) * 3 for _ in model.inputs]
+                    out = [rows, 37]
+                model.resize([list(a.shape) for a in inputs], [out])
+                model.bind_inputs(inputs)
+                y, = model.predict()
+                assert list(y.shape) == out
+                assert_close(y, layer_reference(case, consts, inputs),
+                             f"{case}.{fmt}, {threads} threads, the kernels {kernels_hold}, M={rows}")
+        finally:
+            model.close()
+            lite_kernels.set_threads(0)
 
 
 # (2, 4096, 1030): a decode call large enough to be split across threads (kSplitWeights); M 13 and 17: on

@@ -345,7 +345,7 @@ const char *lk_last_error() { return g_last_error.c_str(); }
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
-const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend"; }
+const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend,LiteRMSNorm,LiteSwiGLU,LiteRotary"; }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
 // entries a MindIR Build needs. Once per process; later calls do nothing.
@@ -382,7 +382,7 @@ int lk_register(int op_info) {
   if (!kernels && mindspore::registry::RegisterKernelInterface::CustomReg(
                     V(kProvider), V(kGatherType), [] { return std::make_shared<GatherInfer>(); }) != mindspore::kSuccess)
     return Fail(std::string("Lite refused to register the shape inference of ") + kGatherType);
-  if (!kernels && lk::RegisterAttend(false)) return 1;
+  if (!kernels && (lk::RegisterAttend(false) || lk::RegisterLayerOps(false))) return 1;
   kernels = true;
   if (op_info && !infos) {
     for (const TypeInfo &type : kTypes) {
@@ -393,7 +393,7 @@ int lk_register(int op_info) {
     }
     if (!mindspore::kernel::OpLib::RegOp(OpInfo(kGatherType, {"int32", "int8", "float32"}), ""))
       return Fail(std::string("MindSpore's op-info library refused ") + kGatherType);
-    if (lk::RegisterAttend(true)) return 1;
+    if (lk::RegisterAttend(true) || lk::RegisterLayerOps(true)) return 1;
     infos = true;
   }
   return 0;
