@@ -51,19 +51,23 @@ def test_lite_matches_transformers(hf_family, family_export, family, variant):
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
 
 
+LLAMA_OPS, GELU_OPS = {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"}, {"LiteLayerNorm", "LiteGELU"}
+
+
 @pytest.mark.parametrize("family, variant, layer_ops", [
-    ("llama", "lite_packed_attn", {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"}), ("bloom", "lite_packed_attn", set()),
-    ("glm", "lite_packed_attn", {"LiteRotary"}), ("glm2", "lite_packed_attn", {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"}),
-    ("pangualpha", "lite_packed_attn", set()), ("qwen", "lite_segments_packed_attn", {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"})])
+    ("llama", "lite_packed_attn", LLAMA_OPS), ("bloom", "lite_packed_attn", GELU_OPS),
+    ("glm", "lite_packed_attn", GELU_OPS | {"LiteRotary"}), ("glm2", "lite_packed_attn", LLAMA_OPS),
+    ("pangualpha", "lite_packed_attn", GELU_OPS), ("qwen", "lite_segments_packed_attn", LLAMA_OPS)])
 def test_the_attention_kernel_matches_transformers(hf_family, family_export, family, variant, layer_ops):
     """`attention: kernel`: each layer's attention one node of the project's kernels (grouped heads and rotary,
-    ALiBi, GLM's prefix context and 2-D positions, PanGu's top query layer, segments), and its RMS norms,
-    SwiGLU and rotary (rotate-half: Llama, Qwen; interleaved pairs over half the head: GLM2) nodes too."""
+    ALiBi, GLM's prefix context and 2-D positions, PanGu's top query layer, segments), and its norms, MLP
+    activations (SwiGLU; GELU's tanh form: Bloom, GLM; FastGeLU: PanGu) and rotary (rotate-half: Llama, Qwen;
+    interleaved pairs over half the head: GLM2; GLM's 2-D) as nodes of the kernels too."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
     export = family_export(family, variant)
     kernels = set(load_manifest(export).kernels)
-    assert "LiteAttend" in kernels and kernels & {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"} == layer_ops
+    assert "LiteAttend" in kernels and kernels & (LLAMA_OPS | GELU_OPS) == layer_ops
     logits, tokens = lite_run(folder, export, f"{variant}_run")
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
 

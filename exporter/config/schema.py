@@ -131,8 +131,8 @@ class ExportConfig:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     quantization: QuantizationSection = field(default_factory=QuantizationSection)
     # graph | kernel: the packed step's attention as graph ops, or one Custom node of the project's Lite
-    # kernels reading each token's own cache row in place, with the layers' RMS norms, SwiGLU and rotary as
-    # nodes of those kernels too (Lite on CPU only); None: kernel for target cpu
+    # kernels reading each token's own cache row in place, with the layers' norms, MLP activations and rotary
+    # as nodes of those kernels too (Lite on CPU only); None: kernel for target cpu
     attention: Optional[str] = None
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key

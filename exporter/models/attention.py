@@ -49,7 +49,7 @@ class BuildContext(NamedTuple):
 
     @property
     def layer_kernels(self) -> bool:
-        """The packed step's norms, SwiGLU and rotary run on the project's kernels too (kernels.layer_op):
+        """The packed step's norms, MLP activations and rotary run on the project's kernels too (kernels.layer_op):
         where its attention does, in float32."""
         return self.attention_kernel and self.flat
 

@@ -66,8 +66,9 @@ def _rotated_shape(x, cos, sin, pair):
 
 
 def layer_op(op_type: str) -> ops.Custom:
-    """One of a layer's small float32 ops (native/layer_ops_kernel.cc): LiteRMSNorm (x, weight, eps) and
-    LiteSwiGLU (gate, up) keep x's shape; LiteRotary (x (N, n·hd), cos, sin, pair (2, hd)) gives (N, n, hd)."""
+    """One of a layer's small float32 ops (native/layer_ops_kernel.cc): LiteRMSNorm (x, weight, eps), LiteLayerNorm
+    (x, weight, bias, eps), LiteSwiGLU (gate, up) and LiteGELU (x, form) keep x's shape; LiteRotary (x (N, n·hd),
+    cos, sin, pair (2, hd)) gives (N, n, hd)."""
     shape = _rotated_shape if op_type == ROTARY_TYPE else _same_shape
     op = ops.Custom(aot_func(op_type), out_shape=shape, out_dtype=_out_dtype, func_type="aot")
     op.add_prim_attr("type", op_type)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import math
 
-from mindspore import nn, ops
+import numpy as np
+from mindspore import Tensor, nn, ops
 
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear
-from lite_runtime.contract.quant import SWIGLU_TYPE
+from lite_runtime.contract.quant import GELU_FORMS, GELU_TYPE, SWIGLU_TYPE
 
 
 class SwiGLU(nn.Cell):
@@ -45,8 +46,9 @@ class GeluMLP(nn.Cell):
     """
 
     def __init__(self, hidden: int, intermediate: int, world_size: int, dtype, bias: bool, form: str,
-                 flat: bool = False, lora=None, reduce: bool = True):
-        """`form`: gelu (erf), gelu_tanh or fast_gelu."""
+                 flat: bool = False, lora=None, reduce: bool = True, kernel: bool = False):
+        """`form`: gelu (erf), gelu_tanh or fast_gelu; `kernel`: the activation as one node of the project's Lite
+        kernels (float32 graphs only), the same formula."""
         super().__init__()
         lora = lora or {}
         self.up = ColumnParallelLinear(hidden, intermediate, world_size, dtype, bias, flat, lora.get("up", 0))
@@ -57,10 +59,17 @@ class GeluMLP(nn.Cell):
         self.erf = ops.Erf()
         self.k_sigmoid = 2.0 * math.sqrt(2.0 / math.pi)     # 2z of the sigmoid
         self.k_erf = 1.0 / math.sqrt(2.0)
+        self.kernel = kernel
+        if kernel:
+            from exporter.models.kernels import layer_op
+            self.op = layer_op(GELU_TYPE)
+            self.form = Tensor(np.array([GELU_FORMS[form]], np.float32))
 
     def construct(self, x, select=None):
         h = self.up(x, select)
-        if self.fast:
+        if self.kernel:
+            g = self.op(h, self.form)
+        elif self.fast:
             g = h * self.sigmoid(1.702 * h)
         elif self.approximate:
             g = h * self.sigmoid(self.k_sigmoid * (h + 0.044715 * h * h * h))
@@ -73,7 +82,7 @@ def make_mlp(kind: str, hidden: int, intermediate: int, world_size: int, dtype, 
              flat: bool = False, lora=None, reduce: bool = True, kernel: bool = False) -> nn.Cell:
     """`flat`: inputs are (tokens, hidden), the packed step's layout; `lora`: SLoRA width per
     adapted layer name (gate, up, down); `reduce` False: no all-reduce in the graph (segment form);
-    `kernel`: SwiGLU's activation on the project's Lite kernels."""
+    `kernel`: the activation on the project's Lite kernels."""
     if kind == "swiglu":
         return SwiGLU(hidden, intermediate, world_size, dtype, bias, flat, lora, reduce, kernel)
-    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind, flat, lora, reduce)
+    return GeluMLP(hidden, intermediate, world_size, dtype, bias, kind, flat, lora, reduce, kernel)

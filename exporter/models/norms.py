@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from exporter.models.linear import weight_param
-from lite_runtime.contract.quant import NORM_TYPE
+from lite_runtime.contract.quant import LAYER_NORM_TYPE, NORM_TYPE
 
 
 class RMSNorm(nn.Cell):
@@ -39,7 +39,9 @@ class RMSNorm(nn.Cell):
 
 
 class LayerNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float, dtype):
+    """`kernel`: one node of the project's Lite kernels (float32 graphs only), the same arithmetic."""
+
+    def __init__(self, dim: int, eps: float, dtype, kernel: bool = False):
         super().__init__()
         self.weight = weight_param((dim,), ms.float32, "weight")
         self.bias = weight_param((dim,), ms.float32, "bias")
@@ -48,8 +50,15 @@ class LayerNorm(nn.Cell):
         self.mean = ops.ReduceMean(keep_dims=True)
         self.sqrt = ops.Sqrt()
         self.cast = ops.Cast()
+        self.kernel = kernel
+        if kernel:
+            from exporter.models.kernels import layer_op
+            self.op = layer_op(LAYER_NORM_TYPE)
+            self.eps_tensor = Tensor(np.array([eps], np.float32))
 
     def construct(self, x):
+        if self.kernel:
+            return self.op(x, self.weight, self.bias, self.eps_tensor)
         x32 = self.cast(x, ms.float32)
         centred = x32 - self.mean(x32, -1)
         y = centred / self.sqrt(self.mean(centred * centred, -1) + self.eps)
@@ -57,5 +66,5 @@ class LayerNorm(nn.Cell):
 
 
 def make_norm(kind: str, dim: int, eps: float, dtype, kernel: bool = False) -> nn.Cell:
-    """`kernel`: an RMS norm as one node of the project's Lite kernels."""
-    return RMSNorm(dim, eps, dtype, kernel) if kind == "rms" else LayerNorm(dim, eps, dtype)
+    """`kernel`: the norm as one node of the project's Lite kernels."""
+    return RMSNorm(dim, eps, dtype, kernel) if kind == "rms" else LayerNorm(dim, eps, dtype, kernel)

@@ -33,8 +33,10 @@ GATHER_TYPE = "LiteGatherI8P4"
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
 ATTEND_TYPE = "LiteAttend"
 # A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
-NORM_TYPE, SWIGLU_TYPE, ROTARY_TYPE = "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"
-LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, SWIGLU_TYPE, ROTARY_TYPE]
+NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
+    "LiteRMSNorm", "LiteLayerNorm", "LiteSwiGLU", "LiteGELU", "LiteRotary")
+LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
+GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
 
@@ -58,9 +60,10 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32") 
 
 def layer_kernels(norm: str, mlp: str, positions: str) -> List[str]:
     """The Custom types a packed step with `attention: kernel` runs for a model of these DecoderConfig kinds (the
-    manifest's `kernels` beside the linear layers'): the attention, and the norms, SwiGLU and rotary it has."""
-    used = ((NORM_TYPE, norm == "rms"), (SWIGLU_TYPE, mlp == "swiglu"), (ROTARY_TYPE, positions in ("rotary", "rotary_2d")))
-    return [ATTEND_TYPE] + [op_type for op_type, yes in used if yes]
+    manifest's `kernels` beside the linear layers'): the attention, its norms, its MLP's activation and rotary."""
+    norm_type = NORM_TYPE if norm == "rms" else LAYER_NORM_TYPE
+    mlp_type = SWIGLU_TYPE if mlp == "swiglu" else GELU_TYPE
+    return [ATTEND_TYPE, norm_type, mlp_type] + ([ROTARY_TYPE] if positions in ("rotary", "rotary_2d") else [])
 
 
 def quantization_record(scheme: str, group_size: int, head: str = "float32", embedding: str = "float32"

@@ -62,7 +62,11 @@ class OneLinear(nn.Cell):
 # The layer ops: name -> (type, (head_dim, rotary_dim, interleaved) for rotary, else the row width)
 LAYER_CASES = {
     "rms_norm": (quant.NORM_TYPE, 37),
+    "layer_norm": (quant.LAYER_NORM_TYPE, 37),
     "swiglu": (quant.SWIGLU_TYPE, 37),
+    "gelu": (quant.GELU_TYPE, 37),
+    "gelu_tanh": (quant.GELU_TYPE, 37),
+    "fast_gelu": (quant.GELU_TYPE, 37),
     "rotary_half": (quant.ROTARY_TYPE, (8, 8, False)),            # Llama's rotate-half, 3 heads
     "rotary_pairs_partial": (quant.ROTARY_TYPE, (8, 4, True)),    # interleaved pairs over half the head
 }
@@ -78,6 +82,28 @@ class Norm(nn.Cell):
 
     def construct(self, x):
         return self.op(x, self.weight, self.eps)
+
+
+class LayerNorm(nn.Cell):
+    def __init__(self, consts):
+        super().__init__()
+        self.op = layer_op(quant.LAYER_NORM_TYPE)
+        self.weight = Parameter(Tensor(consts[0]), name="weight", requires_grad=False)
+        self.bias = Parameter(Tensor(consts[1]), name="bias", requires_grad=False)
+        self.eps = Tensor(consts[2])
+
+    def construct(self, x):
+        return self.op(x, self.weight, self.bias, self.eps)
+
+
+class Gelu(nn.Cell):
+    def __init__(self, consts):
+        super().__init__()
+        self.op = layer_op(quant.GELU_TYPE)
+        self.form = Tensor(consts[0])
+
+    def construct(self, x):
+        return self.op(x, self.form)
 
 
 class SwiGLU(nn.Cell):
@@ -107,9 +133,14 @@ def layer_graphs(out, rng):
             inputs = [Tensor(shape=[None, ROTARY_HEADS * hd], dtype=ms.float32)] + \
                 [Tensor(shape=[None, 1, hd], dtype=ms.float32)] * 2
             cell = Rotary(consts)
-        elif op_type == quant.NORM_TYPE:
-            consts = [rng.standard_normal(shape).astype(np.float32), np.array([1e-5], np.float32)]
-            inputs, cell = [Tensor(shape=[None, shape], dtype=ms.float32)], Norm(consts)
+        elif op_type in (quant.NORM_TYPE, quant.LAYER_NORM_TYPE):
+            consts = [rng.standard_normal(shape).astype(np.float32) for _ in range(op_type == quant.LAYER_NORM_TYPE)]
+            consts = [rng.standard_normal(shape).astype(np.float32)] + consts + [np.array([1e-5], np.float32)]
+            inputs = [Tensor(shape=[None, shape], dtype=ms.float32)]
+            cell = (Norm if op_type == quant.NORM_TYPE else LayerNorm)(consts)
+        elif op_type == quant.GELU_TYPE:
+            consts = [np.array([quant.GELU_FORMS[name]], np.float32)]
+            inputs, cell = [Tensor(shape=[None, shape], dtype=ms.float32)], Gelu(consts)
         else:
             consts, cell = [], SwiGLU([])
             inputs = [Tensor(shape=[None, shape], dtype=ms.float32)] * 2

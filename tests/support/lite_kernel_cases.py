@@ -2,6 +2,7 @@
 directly) against numpy, directly and
 as Custom nodes of MindSpore 2.0 graphs that MindSpore Lite runs, as MindIR and as .ms (registered in
 the converter's process), on 1 and 2 threads, at decode and prefill row counts."""
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
 CASES = ("f32", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
-LAYER_CASES = ("rms_norm", "swiglu", "rotary_half", "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
+LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
+               "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
 
 
@@ -98,8 +100,18 @@ def layer_reference(case, consts, inputs):
     if case == "rms_norm":
         weight, eps = consts["arr_0"], float(consts["arr_1"][0])
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+    if case == "layer_norm":
+        weight, bias, eps = consts["arr_0"], consts["arr_1"], float(consts["arr_2"][0])
+        centred = x - x.mean(-1, keepdims=True)
+        return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + eps) * weight + bias
     if case == "swiglu":
         return x / (1.0 + np.exp(-x)) * inputs[1]
+    if case == "gelu":        # the exact form, by the error function (math.erf: numpy has none)
+        return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    if case == "gelu_tanh":   # as GPT-2 and Bloom write it
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    if case == "fast_gelu":   # MindSpore's FastGeLU
+        return x / (1.0 + np.exp(-1.702 * x))
     hd, rotary_dim, interleaved, _ = (int(v) for v in consts["arr_1"])
     heads, partner = rotate_reference(x, hd, rotary_dim, bool(interleaved))
     return heads * inputs[1] + partner * inputs[2]
@@ -108,7 +120,8 @@ def layer_reference(case, consts, inputs):
 @pytest.mark.parametrize("fmt", ["mindir", "ms"])
 @pytest.mark.parametrize("case", LAYER_CASES)
 def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
-    """RMS norm, SwiGLU and rotary (rotate-half; interleaved pairs over part of a head) as one node each; 3000
+    """RMS and layer norm, SwiGLU, GELU's three forms and rotary (rotate-half; interleaved pairs over part of a
+    head) as one node each; 3000
     rows are shared by the kernels' threads when they hold them."""
     consts = np.load(graphs / f"{case}.npz")
     rng = np.random.default_rng(len(case))

@@ -23,22 +23,51 @@ void RmsNorm(const float *x, const float *w, float eps, int64_t rows, int64_t H,
   }
 }
 
+void LayerNorm(const float *x, const float *w, const float *b, float eps, int64_t rows, int64_t H, float *y) {
+  for (int64_t r = 0; r < rows; ++r, x += H, y += H) {
+    float sum = 0.0f, sq = 0.0f;
+    for (int64_t k = 0; k < H; ++k) sum += x[k];
+    const float mean = sum / static_cast<float>(H);
+    for (int64_t k = 0; k < H; ++k) sq += (x[k] - mean) * (x[k] - mean);
+    const float d = std::sqrt(sq / static_cast<float>(H) + eps);
+    for (int64_t k = 0; k < H; ++k) y[k] = (x[k] - mean) / d * w[k] + b[k];
+  }
+}
+
+namespace {
+// s[j] = sigmoid(z[j]) for 8 values, from e = exp(-|z|) <= 1 (the vectors' exp takes x <= 0): 1 / (1 + e),
+// or e / (1 + e) for z < 0.
+void Sigmoid8(const float *z, float *s) {
+  float e[8];
+  for (int j = 0; j < 8; ++j) e[j] = -std::fabs(z[j]);
+  Store(e, Exp(Load(e)));
+  for (int j = 0; j < 8; ++j) s[j] = (z[j] >= 0.0f ? 1.0f : e[j]) / (1.0f + e[j]);
+}
+}  // namespace
+
 void SwiGLU(const float *gate, const float *up, int64_t count, float *y) {
-  float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail_up[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t i = 0; i < count; i += 8) {
-    const bool whole = i + 8 <= count;
-    const int64_t n = whole ? 8 : count - i;
-    for (int64_t j = 0; !whole && j < n; ++j) tail[j] = gate[i + j], tail_up[j] = up[i + j];
-    const V8 g = Load(whole ? gate + i : tail), u = Load(whole ? up + i : tail_up);
-    // sigmoid(g) from e = exp(-|g|) <= 1 (the vectors' exp takes x <= 0): 1 / (1 + e), or e / (1 + e) for g < 0
-    float gs[8], es[8];
-    Store(gs, g);
-    for (int j = 0; j < 8; ++j) es[j] = -std::fabs(gs[j]);
-    Store(es, Exp(Load(es)));
-    for (int j = 0; j < 8; ++j) es[j] = (gs[j] >= 0.0f ? 1.0f : es[j]) / (1.0f + es[j]);
-    float out[8];
-    Store(out, Mul(Mul(g, Load(es)), u));
-    for (int64_t j = 0; j < n; ++j) y[i + j] = out[j];
+    const int64_t n = count - i < 8 ? count - i : 8;
+    float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s[8];
+    for (int64_t j = 0; j < n; ++j) g[j] = gate[i + j];
+    Sigmoid8(g, s);
+    for (int64_t j = 0; j < n; ++j) y[i + j] = g[j] * s[j] * up[i + j];
+  }
+}
+
+void Gelu(int form, const float *x, int64_t count, float *y) {
+  const float k_tanh = 2.0f * std::sqrt(2.0f / 3.14159265358979f), k_erf = 1.0f / std::sqrt(2.0f);
+  if (form == kGeluErf) {
+    for (int64_t i = 0; i < count; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * k_erf));
+    return;
+  }
+  for (int64_t i = 0; i < count; i += 8) {
+    const int64_t n = count - i < 8 ? count - i : 8;
+    float h[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z[8], s[8];
+    for (int64_t j = 0; j < n; ++j) h[j] = x[i + j];
+    for (int j = 0; j < 8; ++j) z[j] = form == kGeluTanh ? k_tanh * (h[j] + 0.044715f * h[j] * h[j] * h[j]) : 1.702f * h[j];
+    Sigmoid8(z, s);
+    for (int64_t j = 0; j < n; ++j) y[i + j] = h[j] * s[j];
   }
 }
 

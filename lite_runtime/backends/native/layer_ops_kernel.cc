@@ -1,6 +1,8 @@
 // A decoder layer's small float32 ops as Custom kernels of Lite, each one node where the graph form is several:
 //   LiteRMSNorm  x (..., H), weight (H,), eps (1,)       -> x / sqrt(mean(x²) + eps) · weight
+//   LiteLayerNorm x (..., H), weight, bias (H,), eps (1,) -> (x - mean) / sqrt(var + eps) · weight + bias
 //   LiteSwiGLU   gate (..., F), up (..., F)               -> gate · sigmoid(gate) · up
+//   LiteGELU     x (..., F), form (1,) (layer_math.h's GeluForm) -> GELU(x)
 //   LiteRotary   x (N, n·hd), cos, sin (N·hd), pair (2, hd) -> (N, n, hd): x · cos + partner · sin, where
 //                partner[i] = pair[1][i] · x[pair[0][i]] (pair[0][i] < 0: no partner), as positions.py's P
 // Each costs Lite one node's dispatch instead of 3-7 (a decode step of SmolLM2-135M ran 1,233 Lite kernels, 23 % of
@@ -22,13 +24,14 @@ namespace {
 using mindspore::DataType;
 using mindspore::MSTensor;
 
-enum Op { kNorm, kSwiGLU, kRotary };
+enum Op { kNorm, kLayerNorm, kSwiGLU, kGelu, kRotary };
 struct OpType {
   const char *name;
   Op op;
   int inputs;
 };
-const OpType kOps[] = {{"LiteRMSNorm", kNorm, 3}, {"LiteSwiGLU", kSwiGLU, 2}, {"LiteRotary", kRotary, 4}};
+const OpType kOps[] = {{"LiteRMSNorm", kNorm, 3}, {"LiteLayerNorm", kLayerNorm, 4}, {"LiteSwiGLU", kSwiGLU, 2},
+                       {"LiteGELU", kGelu, 2}, {"LiteRotary", kRotary, 4}};
 constexpr int64_t kSplitFloats = int64_t(1) << 16;   // a call of fewer floats runs on one thread
 
 // Rows [r0, r1) of the op's output: rows of H floats (norm, SwiGLU) or tokens (rotary).
@@ -37,7 +40,10 @@ void RunRows(Op op, const float *const *in, const std::vector<int64_t> &ys, int6
   const int64_t H = ys.back(), token = op == kRotary ? ys[1] * ys[2] : H;
   const int64_t at = r0 * token;
   if (op == kNorm) (avx2 ? avx2::RmsNorm : generic::RmsNorm)(in[0] + at, in[1], *in[2], r1 - r0, H, out + at);
+  if (op == kLayerNorm)
+    (avx2 ? avx2::LayerNorm : generic::LayerNorm)(in[0] + at, in[1], in[2], *in[3], r1 - r0, H, out + at);
   if (op == kSwiGLU) (avx2 ? avx2::SwiGLU : generic::SwiGLU)(in[0] + at, in[1] + at, (r1 - r0) * H, out + at);
+  if (op == kGelu) (avx2 ? avx2::Gelu : generic::Gelu)(static_cast<int>(*in[1]), in[0] + at, (r1 - r0) * H, out + at);
   if (op == kRotary)
     (avx2 ? avx2::Rotary : generic::Rotary)(in[0] + at, in[1] + r0 * ys[2], in[2] + r0 * ys[2], in[3], r1 - r0, ys[1],
                                             ys[2], out + at);
@@ -52,8 +58,16 @@ std::vector<int64_t> OutShape(const OpType &type, const std::vector<MSTensor> &i
         *why = "x " + Shape(xs) + " does not fit the weight " + Shape(in[1].Shape()) + " and eps " +
                Shape(in[2].Shape());
       return xs;
+    case kLayerNorm:
+      if (xs.empty() || in[1].ElementNum() != xs.back() || in[2].ElementNum() != xs.back() || in[3].ElementNum() != 1)
+        *why = "x " + Shape(xs) + " does not fit the weight " + Shape(in[1].Shape()) + ", bias " +
+               Shape(in[2].Shape()) + " and eps " + Shape(in[3].Shape());
+      return xs;
     case kSwiGLU:
       if (in[1].Shape() != xs) *why = "gate " + Shape(xs) + " and up " + Shape(in[1].Shape()) + " differ";
+      return xs;
+    case kGelu:
+      if (xs.empty() || in[1].ElementNum() != 1) *why = "the form " + Shape(in[1].Shape()) + " must be one value";
       return xs;
     case kRotary: {
       const auto &ps = in[3].Shape();
@@ -102,6 +116,8 @@ class LayerOpKernel : public mindspore::kernel::Kernel {
     const int64_t count = inputs_[0].ElementNum();
     if (out == nullptr && count > 0) return Report(std::string(type_.name) + ": no output buffer");
     if (count == 0) return 0;
+    if (type_.op == kGelu && !(*in[1] == kGeluErf || *in[1] == kGeluTanh || *in[1] == kGeluFast))
+      return Report(std::string(type_.name) + ": form " + std::to_string(*in[1]) + " is none of 0 (erf), 1 (tanh), 2 (fast)");
     const int64_t rows = type_.op == kRotary ? ys[0] : count / ys.back();
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
     const int threads = count < kSplitFloats || !KernelsHoldThreads() ? 1 : KernelThreads(lite_threads);
