@@ -65,7 +65,8 @@ void Gelu(int form, const float *x, int64_t count, float *y) {
     const int64_t n = count - i < 8 ? count - i : 8;
     float h[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z[8], s[8];
     for (int64_t j = 0; j < n; ++j) h[j] = x[i + j];
-    for (int j = 0; j < 8; ++j) z[j] = form == kGeluTanh ? k_tanh * (h[j] + 0.044715f * h[j] * h[j] * h[j]) : 1.702f * h[j];
+    for (int j = 0; j < 8; ++j)
+      z[j] = form == kGeluTanh ? k_tanh * (h[j] + 0.044715f * h[j] * h[j] * h[j]) : 1.702f * h[j];
     Sigmoid8(z, s);
     for (int64_t j = 0; j < n; ++j) y[i + j] = h[j] * s[j];
   }

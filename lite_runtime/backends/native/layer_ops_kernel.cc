@@ -5,7 +5,7 @@
 //   LiteGELU     x (..., F), form (1,) (layer_math.h's GeluForm) -> GELU(x)
 //   LiteRotary   x (N, n·hd), cos, sin (N·hd), pair (2, hd) -> (N, n, hd): x · cos + partner · sin, where
 //                partner[i] = pair[1][i] · x[pair[0][i]] (pair[0][i] < 0: no partner), as positions.py's P
-// Each costs Lite one node's dispatch instead of 3-7 (a decode step of SmolLM2-135M ran 1,233 Lite kernels, 23 % of
+// Each costs Lite one node's dispatch instead of 3-9 (a decode step of SmolLM2-135M ran 1,233 Lite kernels, 23 % of
 // its time outside the matrix products). Their work is a few µs per token (the loops: layer_math.cc): a call of many
 // tokens shares its rows over the kernels' pool where the kernels hold the threads (as the attention kernel does).
 #include <algorithm>
@@ -34,7 +34,7 @@ const OpType kOps[] = {{"LiteRMSNorm", kNorm, 3}, {"LiteLayerNorm", kLayerNorm, 
                        {"LiteGELU", kGelu, 2}, {"LiteRotary", kRotary, 4}};
 constexpr int64_t kSplitFloats = int64_t(1) << 16;   // a call of fewer floats runs on one thread
 
-// Rows [r0, r1) of the op's output: rows of H floats (norm, SwiGLU) or tokens (rotary).
+// Rows [r0, r1) of the op's output: rows of H floats (norms, activations) or tokens (rotary).
 void RunRows(Op op, const float *const *in, const std::vector<int64_t> &ys, int64_t r0, int64_t r1, float *out) {
   const bool avx2 = Avx2Loops();
   const int64_t H = ys.back(), token = op == kRotary ? ys[1] * ys[2] : H;
@@ -117,7 +117,8 @@ class LayerOpKernel : public mindspore::kernel::Kernel {
     if (out == nullptr && count > 0) return Report(std::string(type_.name) + ": no output buffer");
     if (count == 0) return 0;
     if (type_.op == kGelu && !(*in[1] == kGeluErf || *in[1] == kGeluTanh || *in[1] == kGeluFast))
-      return Report(std::string(type_.name) + ": form " + std::to_string(*in[1]) + " is none of 0 (erf), 1 (tanh), 2 (fast)");
+      return Report(std::string(type_.name) + ": form " + std::to_string(*in[1]) +
+                    " is none of 0 (erf), 1 (tanh), 2 (fast)");
     const int64_t rows = type_.op == kRotary ? ys[0] : count / ys.back();
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
     const int threads = count < kSplitFloats || !KernelsHoldThreads() ? 1 : KernelThreads(lite_threads);
