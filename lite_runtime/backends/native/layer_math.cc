@@ -1,6 +1,7 @@
 // The loops of layer_math.h over the 8-float vector type (vec8.h).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "layer_math.h"
 #include "vec8.h"
@@ -35,24 +36,31 @@ void LayerNorm(const float *x, const float *w, const float *b, float eps, int64_
 }
 
 namespace {
-// s[j] = sigmoid(z[j]) for 8 values, from e = exp(-|z|) <= 1 (the vectors' exp takes x <= 0): 1 / (1 + e),
-// or e / (1 + e) for z < 0.
-void Sigmoid8(const float *z, float *s) {
-  float e[8];
-  for (int j = 0; j < 8; ++j) e[j] = -std::fabs(z[j]);
-  Store(e, Exp(Load(e)));
-  for (int j = 0; j < 8; ++j) s[j] = (z[j] >= 0.0f ? 1.0f : e[j]) / (1.0f + e[j]);
+// sigmoid(z) from e = exp(-|z|) <= 1 (the vectors' exp takes x <= 0): 1 / (1 + e), or e / (1 + e) for z < 0.
+inline V8 Sigmoid(V8 z) {
+  const V8 e = Exp(NegAbs(z)), one = Bcast(1.0f);
+  return Div(SelectNonNegative(z, one, e), Add(one, e));
+}
+
+// f(v, i) stores 8 results from 8 values at i; the last count % 8 go through a padded copy.
+template <typename F>
+inline void Each8(const float *x, int64_t count, float *y, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) Store(y + i, f(Load(x + i), i));
+  if (i == count) return;
+  float in[8] = {0, 0, 0, 0, 0, 0, 0, 0}, out[8];
+  std::memcpy(in, x + i, sizeof(float) * (count - i));
+  Store(out, f(Load(in), i));
+  std::memcpy(y + i, out, sizeof(float) * (count - i));
 }
 }  // namespace
 
 void SwiGLU(const float *gate, const float *up, int64_t count, float *y) {
-  for (int64_t i = 0; i < count; i += 8) {
-    const int64_t n = count - i < 8 ? count - i : 8;
-    float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s[8];
-    for (int64_t j = 0; j < n; ++j) g[j] = gate[i + j];
-    Sigmoid8(g, s);
-    for (int64_t j = 0; j < n; ++j) y[i + j] = g[j] * s[j] * up[i + j];
-  }
+  Each8(gate, count, y, [&](V8 g, int64_t i) {
+    float u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const V8 upv = i + 8 <= count ? Load(up + i) : (std::memcpy(u, up + i, sizeof(float) * (count - i)), Load(u));
+    return Mul(Mul(g, Sigmoid(g)), upv);
+  });
 }
 
 void Gelu(int form, const float *x, int64_t count, float *y) {
@@ -61,26 +69,27 @@ void Gelu(int form, const float *x, int64_t count, float *y) {
     for (int64_t i = 0; i < count; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * k_erf));
     return;
   }
-  for (int64_t i = 0; i < count; i += 8) {
-    const int64_t n = count - i < 8 ? count - i : 8;
-    float h[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z[8], s[8];
-    for (int64_t j = 0; j < n; ++j) h[j] = x[i + j];
-    for (int j = 0; j < 8; ++j)
-      z[j] = form == kGeluTanh ? k_tanh * (h[j] + 0.044715f * h[j] * h[j] * h[j]) : 1.702f * h[j];
-    Sigmoid8(z, s);
-    for (int64_t j = 0; j < n; ++j) y[i + j] = h[j] * s[j];
-  }
+  const V8 cubic = Bcast(0.044715f), scale = Bcast(form == kGeluTanh ? k_tanh : 1.702f);
+  Each8(x, count, y, [&](V8 h, int64_t) {
+    const V8 z = form == kGeluTanh ? Mul(scale, Add(h, Mul(Mul(Mul(cubic, h), h), h))) : Mul(scale, h);
+    return Mul(h, Sigmoid(z));
+  });
 }
 
 void Rotary(const float *x, const float *cos, const float *sin, const float *pair, int64_t N, int64_t n, int64_t hd,
             float *y) {
   const float *partner = pair, *sign = pair + hd;
+  const int64_t hd8 = hd & ~int64_t(7);
   for (int64_t t = 0; t < N; ++t, cos += hd, sin += hd)
-    for (int64_t h = 0; h < n; ++h, x += hd, y += hd)
-      for (int64_t i = 0; i < hd; ++i) {
+    for (int64_t h = 0; h < n; ++h, x += hd, y += hd) {
+      for (int64_t i = 0; i < hd8; i += 8)
+        Store(y + i, Fma(Mul(Load(sign + i), GatherOrZero(x, partner + i)), Load(sin + i),
+                         Mul(Load(x + i), Load(cos + i))));
+      for (int64_t i = hd8; i < hd; ++i) {
         const int64_t j = static_cast<int64_t>(partner[i]);
         y[i] = x[i] * cos[i] + (j < 0 ? 0.0f : sign[i] * x[j]) * sin[i];
       }
+    }
 }
 
 }  // namespace LK_NS

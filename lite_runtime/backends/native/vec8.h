@@ -30,6 +30,18 @@ inline void Store(float *p, V8 a) { _mm256_storeu_ps(p, a.v); }
 inline V8 Sub(V8 a, V8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline V8 Mul(V8 a, V8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline V8 Max(V8 a, V8 b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline V8 Div(V8 a, V8 b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline V8 NegAbs(V8 a) { return {_mm256_or_ps(a.v, _mm256_set1_ps(-0.0f))}; }   // -|a|
+// a where z >= 0, else b
+inline V8 SelectNonNegative(V8 z, V8 a, V8 b) {
+  return {_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(z.v, _mm256_setzero_ps(), _CMP_GE_OQ))};
+}
+// base[index[i]] where index[i] (a whole number as a float) >= 0, else 0
+inline V8 GatherOrZero(const float *base, const float *index) {
+  const __m256 at = _mm256_loadu_ps(index);
+  const __m256 valid = _mm256_cmp_ps(at, _mm256_setzero_ps(), _CMP_GE_OQ);
+  return {_mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, _mm256_cvttps_epi32(at), valid, 4)};
+}
 inline float Hmax(V8 a) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -142,6 +154,23 @@ inline V8 Mul(V8 a, V8 b) {
 inline V8 Max(V8 a, V8 b) {
   for (int i = 0; i < 8; ++i) a.f[i] = a.f[i] > b.f[i] ? a.f[i] : b.f[i];
   return a;
+}
+inline V8 Div(V8 a, V8 b) {
+  for (int i = 0; i < 8; ++i) a.f[i] /= b.f[i];
+  return a;
+}
+inline V8 NegAbs(V8 a) {
+  for (int i = 0; i < 8; ++i) a.f[i] = -std::fabs(a.f[i]);
+  return a;
+}
+inline V8 SelectNonNegative(V8 z, V8 a, V8 b) {
+  for (int i = 0; i < 8; ++i) a.f[i] = z.f[i] >= 0.0f ? a.f[i] : b.f[i];
+  return a;
+}
+inline V8 GatherOrZero(const float *base, const float *index) {
+  V8 r;
+  for (int i = 0; i < 8; ++i) r.f[i] = index[i] >= 0.0f ? base[static_cast<int64_t>(index[i])] : 0.0f;
+  return r;
 }
 inline float Hmax(V8 a) {
   float m = a.f[0];
