@@ -1,7 +1,8 @@
 """Two exports of one model, A against B, loaded in one process and called in alternation on Lite: a prompt
 call and greedy decode steps after it, medians, and whether both gave the same greedy tokens. Alternating
 within one process keeps the machine's drift (other tenants, memory bandwidth) out of the ratio, which
-separate runs a minute apart do not.
+separate runs a minute apart do not. The kernels' thread setting is the process's: before each side's calls it is
+set as that export's own process would have it (mslite_backend.kernel_threads).
 
     .venv/bin/python tools/ab_exports.py A_DIR B_DIR --rows 1 --prompts 12 --steps 16
 """
@@ -42,7 +43,7 @@ def run_prompt(session, rows: int, active: int, ids: np.ndarray, steps: int):
 @click.option("--steps", default=16, show_default=True, help="greedy steps after each prompt")
 @click.option("--threads", default=2, show_default=True)
 def main(a_dir, b_dir, rows, prompts, steps, threads):
-    from lite_runtime.backends import load_session
+    from lite_runtime.backends import lite_kernels, load_session
     from lite_runtime.contract.manifest import load_manifest
     manifests = [load_manifest(d) for d in (a_dir, b_dir)]
     batch = manifests[0].batch_size
@@ -55,6 +56,8 @@ def main(a_dir, b_dir, rows, prompts, steps, threads):
     for i in range(prompts):
         ids = rng.integers(0, vocab, (batch, 26 + i % 6)).astype(np.int32)
         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            if lite_kernels.loaded():
+                lite_kernels.set_threads(threads if manifests[side].quantization.get("head_on_kernel") else 0)
             p, s, t = run_prompt(sessions[side], batch, rows, ids, steps)
             prompt_ms[side].append(p)
             step_ms[side] += s
