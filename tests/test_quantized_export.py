@@ -18,7 +18,8 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, ra
 SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
            ("int4", 128, "tied"), ("int8", 32, "head"),      # head: the head quantized to int8 too
            ("int8", 32, "tied_head"),     # a head tied to the embedding, quantized as an int8 copy of it
-           ("int8", 32, "tied_shared")]   # the embedding int8 too: the tied head reads its int8 table
+           ("int8", 32, "tied_shared"),   # the embedding int8 too: the tied head reads its int8 table
+           ("float32", 32, "tied")]       # float32 weights as the kernels' panels, the tied head on the row kernel
 
 
 def schemes_of(form):
@@ -76,7 +77,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    layers = {"int8": "LiteLinearI8P4", "int4": "LiteLinearI4Min"}[scheme]
+    layers = {"float32": "LiteLinearF32P16", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4Min"}[scheme]
     head, embedding = schemes_of(form)
     head_type = "LiteLinearI8P4" if head == "int8" else "LiteLinearF32"    # the head on a kernel too
     assert manifest.kernels == ([layers] + ([head_type] if head_type != layers else [])
@@ -89,7 +90,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     assert (manifest.collectives == "host") == (form == "segments")
     logits, tokens = lite_run(hf_family("llama"), export, f"q_{scheme}_{group}_{form}_run")
     what = f"llama {scheme} g{group} ({form}) on Lite"
-    if scheme == "int8":
+    if scheme in ("int8", "float32"):
         check_parity(logits, tokens, ref_logits, ref_tokens, what)
     else:
         check_parity_to_a_near_tie(logits, tokens, ref_logits, ref_tokens, what, ROUNDED_TOLERANCE)
@@ -158,7 +159,7 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
     from exporter.config.schema import config_from_dict
     base = {"model": {"hf_dir": "x"}, "seq_length": 8, "output_dir": str(tmp_path), "target": "cpu"}
     with pytest.raises(ConfigError, match=r"^<dict>: quantization.weights 'int3' is not allowed; allowed: none, "
-                                          r"int8, int4$"):
+                                          r"float32, int8, int4$"):
         config_from_dict(dict(base, quantization={"weights": "int3"}))
     with pytest.raises(ConfigError, match=r"quantization.group_size 48 is not allowed; allowed: 32, 64, 128$"):
         config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 48}))
@@ -172,6 +173,9 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
         config_from_dict(dict(base, quantization={"weights": "int4", "head": "int4"}))
     with pytest.raises(ConfigError, match=r"quantization.head int8 needs quantized weights"):
         config_from_dict(dict(base, quantization={"head": "int8"}))
+    with pytest.raises(ConfigError, match=r"quantization.embedding int8 needs quantized weights \(quantization.weights "
+                                          r"int8 or int4, not float32\)$"):
+        config_from_dict(dict(base, quantization={"weights": "float32", "embedding": "int8"}))
     with pytest.raises(ConfigError, match=r"quantization.embedding 'int4' is not allowed; allowed: float32, int8$"):
         config_from_dict(dict(base, quantization={"weights": "int8", "embedding": "int4"}))
     with pytest.raises(ConfigError, match=r"quantization.embedding int8 needs quantized weights"):

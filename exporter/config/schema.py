@@ -77,7 +77,7 @@ class ParallelSection:
 class QuantizationSection:
     """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu), or
     by Lite's converter for GE (target ascend, int8)."""
-    weights: str = "none"        # none | int8 (per output channel) | int4 (groups along the input)
+    weights: str = "none"        # none | float32 (on the kernels) | int8 (per output channel) | int4 (groups)
     group_size: int = 32         # int4: weights per scale
     head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
     embedding: str = "float32"   # float32 | int8 (the token embedding's table, per row)
@@ -92,9 +92,9 @@ class QuantizationSection:
             raise ConfigError(f"quantization.embedding {self.embedding!r} is not allowed; allowed: "
                               f"{', '.join(EMBEDDING_SCHEMES)}")
         for key in ("head", "embedding"):
-            if getattr(self, key) != "float32" and self.weights == "none":
+            if getattr(self, key) != "float32" and self.weights in ("none", "float32"):
                 raise ConfigError(f"quantization.{key} {getattr(self, key)} needs quantized weights "
-                                  "(quantization.weights int8 or int4)")
+                                  f"(quantization.weights int8 or int4, not {self.weights})")
         if self.group_size not in GROUP_SIZES:
             raise ConfigError(f"quantization.group_size {self.group_size!r} is not allowed; allowed: "
                               f"{', '.join(map(str, GROUP_SIZES))}")

@@ -122,7 +122,7 @@ class LinearKernels:
 
     def __init__(self, net: nn.Cell, scheme: str, group_size: int, head: str = "float32",
                  embedding: str = "float32"):
-        self.scheme = "none" if scheme == "float32" else scheme
+        self.scheme = scheme
         self.group_size = group_size
         self.cells = {f"{name}.weight": cell for name, cell in net.cells_and_names()
                       if (isinstance(cell, Linear) or name == "embed" and embedding == "int8") and cell.kernel is None}

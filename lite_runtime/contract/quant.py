@@ -18,16 +18,16 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 KERNEL_LIBRARY = "liblite_kernels.so"
-# Float32 weights are not offered on the kernels: they decoded SmolLM2-135M slower than Lite's own MatMul
-# (docs/quantization.md); the float32 kernel runs the head of a quantized export.
-WEIGHT_SCHEMES = ("none", "int8", "int4")
+# "none": float32 weights on Lite's own MatMul; "float32": float32 weights on the project's kernels, stored as
+# a float GEMM's panels (batch-1 decode faster, prompts slower than Lite's MatMul: docs/quantization.md).
+WEIGHT_SCHEMES = ("none", "float32", "int8", "int4")
 HEAD_SCHEMES = ("float32", "int8")
 EMBEDDING_SCHEMES = ("float32", "int8")
 GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
-OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4",
-                            "int4_min": "LiteLinearI4Min"}
+OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P4",
+                            "int4": "LiteLinearI4", "int4_min": "LiteLinearI4Min"}
 # The int8 embedding's lookup: ids, and the table as the int8 linear storage (a tied int8 head reads it).
 GATHER_TYPE = "LiteGatherI8P4"
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
@@ -38,7 +38,7 @@ NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
 LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
-KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3}   # lk::Kind
+KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3, "float32_p16": 4}   # lk::Kind
 
 
 def aot_func(op_type: str) -> str:
@@ -49,7 +49,8 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32") 
     """The Custom op types an export quantized by `scheme` (its head by `head`, its embedding by
     `embedding`) runs (the manifest's `kernels`). The head of a quantized export runs on a kernel too,
     float32 or int8."""
-    kernels = {"none": [], "int8": [OP_TYPES["int8"]], "int4": [OP_TYPES["int4_min"]]}[scheme]
+    kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"]],
+               "int4": [OP_TYPES["int4_min"]]}[scheme]
     head_type = OP_TYPES["float32" if head == "float32" else "int8"]
     if kernels and head_type not in kernels:
         kernels.append(head_type)
@@ -72,8 +73,9 @@ def quantization_record(scheme: str, group_size: int, head: str = "float32", emb
     if scheme == "none":
         return {}
     # head_on_kernel: every large product runs on the kernels (the runtime gives them the threads)
-    record: Dict[str, object] = {"weights": scheme, "rounding": "nearest", "head": head, "embedding": embedding,
-                                 "head_on_kernel": True}
+    record: Dict[str, object] = {"weights": scheme, "head": head, "embedding": embedding, "head_on_kernel": True}
+    if scheme != "float32":
+        record["rounding"] = "nearest"
     if scheme == "int4":
         record.update(group_size=group_size, symmetric=False)
     return record
@@ -93,6 +95,31 @@ def quantize_int8(w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
     return pack_int8(q), scale
+
+
+PANEL_ROWS = 16     # float32_p16: rows of W per panel (linear_math.h kF32P16)
+
+
+def pack_f32_panels(w: np.ndarray) -> np.ndarray:
+    """W (N, K) float32 by rows -> the float GEMM's panel layout, still shaped (N, K): rows 16p .. 16p+15 become
+    one panel transposed, (K, 16); the last N % 16 rows stay whole (linear_math.h)."""
+    w = _rows(w)
+    n, k = w.shape
+    n16 = n - n % PANEL_ROWS
+    out = np.empty_like(w)
+    out[:n16] = w[:n16].reshape(n16 // PANEL_ROWS, PANEL_ROWS, k).transpose(0, 2, 1).reshape(n16, k)
+    out[n16:] = w[n16:]
+    return out
+
+
+def unpack_f32_panels(packed: np.ndarray) -> np.ndarray:
+    """The panel layout (pack_f32_panels) -> W (N, K) by rows."""
+    n, k = packed.shape
+    n16 = n - n % PANEL_ROWS
+    out = np.empty_like(packed)
+    out[:n16] = packed[:n16].reshape(n16 // PANEL_ROWS, k, PANEL_ROWS).transpose(0, 2, 1).reshape(n16, k)
+    out[n16:] = packed[n16:]
+    return out
 
 
 def _panel_split(n: int, k: int) -> Tuple[int, int]:
@@ -197,6 +224,8 @@ def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
         return "int4_min", list(quantize_int4(w, group, with_min=True))
     if scheme == "none":
         return "float32", [_rows(w)]
+    if scheme == "float32":
+        return "float32_p16", [pack_f32_panels(w)]
     raise ValueError(f"quantization weights {scheme!r}: allowed {', '.join(WEIGHT_SCHEMES)}")
 
 
@@ -207,4 +236,6 @@ def dequantize(storage: str, constants: list, k: int, group: int = 32) -> np.nda
     if storage == "int4_min":
         packed, scale, mins = constants
         return dequantize_int4(packed, scale, k, group, mins)
+    if storage == "float32_p16":
+        return unpack_f32_panels(constants[0])
     return constants[0]

@@ -23,6 +23,8 @@ from lite_runtime.contract import quant  # noqa: E402
 # name: (storage, K, N, group); K and N not multiples of 8, 32 or a group, N not of the 4-row blocks
 CASES = {
     "f32": ("float32", 100, 37, 0),
+    "f32p16": ("float32_p16", 100, 37, 0),
+    "f32p16_wide": ("float32_p16", 576, 203, 0),
     "i8": ("int8", 100, 37, 0),
     "i8_wide": ("int8", 576, 203, 0),
     "i4_g32": ("int4", 100, 37, 32),
@@ -35,6 +37,8 @@ CASES = {
 def constants(storage, w, group):
     if storage == "float32":
         return [w], w
+    if storage == "float32_p16":
+        return [quant.pack_f32_panels(w)], w
     if storage == "int8":
         q, s = quant.quantize_int8(w)
         return [q, s], quant.dequantize_int8(q, s)

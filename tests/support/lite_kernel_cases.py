@@ -17,7 +17,7 @@ from support.activation_rounding import round_activations
 from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
-CASES = ("f32", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
+CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
 LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
                "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
@@ -153,12 +153,14 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 # either side of int8's switch to dequantised tiles (kPairRowsI8), N 35 and 24: tiles of 8 rows and fewer
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
           (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24)]
-KINDS = [("float32", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32), ("int4_min", 128)]
+KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32), ("int4_min", 128)]
 
 
 def _consts(storage, w, group):
     if storage == "float32":
         return [w], w
+    if storage == "float32_p16":
+        return [quant.pack_f32_panels(w)], w
     if storage == "int8":
         q, s = quant.quantize_int8(w)
         return [q, s], quant.dequantize_int8(q, s)

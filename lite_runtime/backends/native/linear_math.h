@@ -5,6 +5,9 @@
 //
 // Weight layouts (written by lite_runtime/contract/quant.py):
 //   kF32   W float32 (N, K)
+//   kF32P16 W float32 (N, K) in panels for a float GEMM: rows 16p .. 16p+15 are one panel of 16K floats,
+//          transposed: weight (16p + j, k) at 16Kp + 16k + j; the last N % 16 rows are stored whole after
+//          the panels (row n at nK).
 //   kI8    W int8 (N, K) in panels, scale float32 (N): w = q * scale[n]. Rows 4p .. 4p+3 are one panel of
 //          4K bytes: for each run of 8 weights along K the four rows' 8 bytes in turn, then the K % 8 last
 //          weights of each row in turn; the last N % 4 rows are stored whole after the panels.
@@ -21,7 +24,7 @@
 
 namespace lk {
 
-enum Kind { kF32 = 0, kI8 = 1, kI4 = 2, kI4Min = 3 };
+enum Kind { kF32 = 0, kI8 = 1, kI4 = 2, kI4Min = 3, kF32P16 = 4 };
 
 struct LinearArgs {
   int kind = kF32;
@@ -47,11 +50,12 @@ inline int64_t I8Offset(int64_t N, int64_t K, int64_t n, int64_t k) {
   return k < K8 ? base + (k >> 3) * 32 + j * 8 + (k & 7) : base + 4 * K8 + j * (K - K8) + (k - K8);
 }
 
+// Columns of W packed together for prefill-sized M (and kF32P16's panels).
+constexpr int64_t kTileCols = 16;
+
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
-
-// Columns of W packed together for prefill-sized M.
-constexpr int64_t kTileCols = 16;
+inline int64_t BlockRows(int kind) { return kind == kF32P16 ? kTileCols : kBlockRows; }
 
 // Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);

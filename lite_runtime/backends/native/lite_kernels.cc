@@ -55,6 +55,7 @@ struct TypeInfo {
   const char *weight_dtype;   // op-info name of input 1's dtype
 };
 const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
+                           {"LiteLinearF32P16", lk::kF32P16, 2, "float32"},
                            {"LiteLinearI8P4", lk::kI8, 3, "int8"},
                            {"LiteLinearI4", lk::kI4, 3, "int8"},
                            {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
@@ -133,7 +134,7 @@ namespace {
 // `lite_workers`: Lite's own threads run the graph beside the kernels (its context has more than one).
 int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
               int64_t N, int64_t G, float *y, int threads, bool lite_workers) {
-  if (kind < lk::kF32 || kind > lk::kI4Min) return Fail("kind " + std::to_string(kind) + ": allowed 0 to 3");
+  if (kind < lk::kF32 || kind > lk::kF32P16) return Fail("kind " + std::to_string(kind) + ": allowed 0 to 4");
   if (M < 0 || K <= 0 || N <= 0) return Fail("shape M=" + std::to_string(M) + " K=" + std::to_string(K) +
                                               " N=" + std::to_string(N) + ": K and N must be positive");
   if (M == 0) return 0;
@@ -178,7 +179,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
       }
     a.xsum = sums.data();
   }
-  const int64_t blocks = (N + lk::kBlockRows - 1) / lk::kBlockRows;
+  const int64_t block = lk::BlockRows(kind), blocks = (N + block - 1) / block;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
   // Where Lite's own workers run beside the kernels, decode-sized calls stream the weights on the calling
@@ -194,7 +195,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
     // 64-byte aligned: a tile row is one AVX-512 load that must not straddle two cache lines
     float *aligned = scratch.data() + (16 - (reinterpret_cast<uintptr_t>(scratch.data()) / sizeof(float)) % 16) % 16;
     const int64_t b0 = blocks * c / chunks, b1 = blocks * (c + 1) / chunks;
-    g_range(a, b0 * lk::kBlockRows, std::min(N, b1 * lk::kBlockRows), aligned);
+    g_range(a, b0 * block, std::min(N, b1 * block), aligned);
   });
   return 0;
 }
@@ -217,7 +218,8 @@ std::string CheckInputs(const TypeInfo &type, const std::vector<MSTensor> &in) {
   if (static_cast<int>(in.size()) != type.inputs)
     return who + std::to_string(in.size()) + " inputs, expected " + std::to_string(type.inputs);
   if (in[0].DataType() != DataType::kNumberTypeFloat32) return who + "input x must be float32";
-  DataType wt = type.kind == lk::kF32 ? DataType::kNumberTypeFloat32 : DataType::kNumberTypeInt8;
+  DataType wt = type.kind == lk::kF32 || type.kind == lk::kF32P16 ? DataType::kNumberTypeFloat32
+                                                                  : DataType::kNumberTypeInt8;
   if (in[1].DataType() != wt) return who + "weight must be " + type.weight_dtype;
   if (in[1].Shape().size() != 2) return who + "weight must be 2-D, got " + Shape(in[1].Shape());
   for (int i = 2; i < type.inputs; ++i) {
@@ -231,9 +233,16 @@ class LinearKernel : public mindspore::kernel::Kernel {
  public:
   LinearKernel(const TypeInfo &type, const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
                const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx)
-      : Kernel(inputs, outputs, primitive, ctx), type_info_(type) {}
+      : Kernel(inputs, outputs, primitive, ctx), type_info_(type) {
+    if (CheckInputs(type_info_, inputs_).empty()) AlignedPanels();
+  }
 
-  int Prepare() override { return Report(CheckInputs(type_info_, inputs_)); }
+  int Prepare() override {
+    std::string error = CheckInputs(type_info_, inputs_);
+    if (error.empty() && type_info_.kind == lk::kF32P16 && !AlignedPanels())
+      error = std::string(type_info_.name) + ": no weight data";
+    return Report(error);
+  }
   int ReSize() override { return Prepare(); }
 
   int Execute() override {
@@ -250,7 +259,8 @@ class LinearKernel : public mindspore::kernel::Kernel {
     auto &y = outputs_[0];
     if (y.Shape() != ys) y.SetShape(ys);
     float *out = static_cast<float *>(y.MutableData());
-    auto x = inputs_[0].Data(), w = inputs_[1].Data();
+    auto x = inputs_[0].Data();
+    std::shared_ptr<const void> w = type_info_.kind == lk::kF32P16 ? panels_ : inputs_[1].Data();
     std::shared_ptr<const void> scale, mins;
     if (type_info_.inputs > 2) scale = inputs_[2].Data();
     if (type_info_.inputs > 3) mins = inputs_[3].Data();
@@ -266,7 +276,23 @@ class LinearKernel : public mindspore::kernel::Kernel {
   }
 
  private:
+  // kF32P16's weight copied to 64-byte aligned memory once, when the kernel is made (before the loader
+  // gives back the model's pages of it, lite_weights.py): a tile row is then one cache line (constants sit
+  // 4-byte aligned in the model; SmolLM2-135M's products at M 32 took 1.3-1.4x as long unaligned).
+  bool AlignedPanels() {
+    if (type_info_.kind != lk::kF32P16 || panels_) return true;
+    auto w = inputs_[1].Data();
+    if (!w) return false;
+    const size_t bytes = static_cast<size_t>(inputs_[1].ElementNum()) * sizeof(float);
+    void *copy = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (copy == nullptr) return false;
+    std::memcpy(copy, w.get(), bytes);
+    panels_ = std::shared_ptr<const void>(copy, std::free);
+    return true;
+  }
+
   const TypeInfo &type_info_;
+  std::shared_ptr<const void> panels_;
 };
 
 class GatherKernel : public mindspore::kernel::Kernel {
@@ -345,7 +371,7 @@ const char *lk_last_error() { return g_last_error.c_str(); }
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
-const char *lk_types() { return "LiteLinearF32,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,"
+const char *lk_types() { return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,"
                               "LiteRotary"; }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
