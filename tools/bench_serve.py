@@ -239,7 +239,8 @@ os.rename(out + ".part", out)
 def build_gguf_peers(args) -> tuple:
     """(our export, OpenVINO GenAI's folder) of the --gguf model, made once under --work_dir."""
     work = os.path.join(args.work_dir, "peers_" + os.path.basename(args.gguf).split(".")[0])
-    suffix = ("" if args.rows == CACHE_ROWS else f"_r{args.rows}") + ("" if args.attention == "kernel" else "_graph")
+    suffix = (("" if args.rows == CACHE_ROWS else f"_r{args.rows}") + ("" if args.attention == "kernel" else "_graph")
+              + ("" if args.weights == "none" else f"_{args.weights}"))
     ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu" + suffix, "hf", "openvino"))
     os.makedirs(work, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
@@ -249,7 +250,8 @@ def build_gguf_peers(args) -> tuple:
         config = ours + ".yaml"
         with open(config, "w") as f:
             json.dump({"model": {"gguf": os.path.abspath(args.gguf)}, "target": "cpu", "seq_length": BENCH_SEQ_LENGTH,
-                       "batch_size": args.rows, "attention": args.attention, "output_dir": ours}, f)
+                       "batch_size": args.rows, "attention": args.attention, "output_dir": ours,
+                       "quantization": {"weights": args.weights}}, f)
         steps.insert(0, (None, [VENV_MS20_PYTHON, "-m", "exporter", "--config", config], "our export"))
     for folder, cmd, what in steps:
         if folder is not None and os.path.isdir(folder):
@@ -374,6 +376,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
               help="the GGUF llama-server runs (tools/bench_quant.py --llama_cpp F32 writes it)")
 @click.option("--attention", type=click.Choice(["kernel", "graph"]), default="kernel", show_default=True,
               help="with --gguf: our export's `attention` key")
+@click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="none", show_default=True,
+              help="with --gguf: our export's `quantization.weights` (float32: float32 weights on the project's kernels)")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)

@@ -36,10 +36,12 @@ from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
-OURS = ("mslite", "mslite_io")   # the project's forms (see above) and the static io pair
+OURS = ("mslite", "mslite_f32k", "mslite_io")   # the project's forms (see above) and the static io pair
 # each form's export keys; mslite_cpu is whatever `target: cpu` writes (the packed step, as segments
 # above 2 GiB of weights): what tools/bench_serve.py serves
 EXPORTS = {"mslite": dict(kv_cache="packed", lite_ms=True, attention="kernel"),
+           # float32 weights on the project's kernels (quantization.weights: float32)
+           "mslite_f32k": dict(target="cpu", quantization={"weights": "float32"}),
            "mslite_io": dict(kv_cache="io", lite_ms=False), "mslite_cpu": dict(target="cpu")}
 PEERS = ("ort", "openvino", "transformers")
 REFERENCE = "transformers"

@@ -153,7 +153,8 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 # either side of int8's switch to dequantised tiles (kPairRowsI8), N 35 and 24: tiles of 8 rows and fewer
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
           (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24)]
-KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32), ("int4_min", 128)]
+KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32),
+         ("int4_min", 128)]
 
 
 def _consts(storage, w, group):

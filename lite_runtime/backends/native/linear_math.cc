@@ -280,6 +280,43 @@ __attribute__((target("avx512f"))) inline void GemmTile16(const float *x, int64_
   for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + m * ldy, keep, acc[m]);
 }
 
+// Two stored panels side by side (32 columns): MB rows of X take 2 x MB registers of sums (up to 24 of the 32),
+// two loads and MB broadcasts a step of k, so that the products, not the loads, bound the loop (SmolLM2-135M's
+// products at M 256: 1.7x the speed of one panel at a time). `Ahead`: the panels stream from memory.
+template <int MB, bool Ahead>
+__attribute__((target("avx512f"))) inline void GemmPair16(const float *x, int64_t ldx, const float *t0, const float *t1,
+                                                          int64_t K, float *y, int64_t ldy) {
+  __m512 acc[MB][2];
+  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    if (Ahead) {
+      __builtin_prefetch(t0 + (k + kPrefetchTileRows) * kTileCols);
+      __builtin_prefetch(t1 + (k + kPrefetchTileRows) * kTileCols);
+    }
+    const __m512 w0 = _mm512_loadu_ps(t0 + k * kTileCols), w1 = _mm512_loadu_ps(t1 + k * kTileCols);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
+      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    _mm512_storeu_ps(y + m * ldy, acc[m][0]);
+    _mm512_storeu_ps(y + m * ldy + kTileCols, acc[m][1]);
+  }
+}
+
+template <bool Ahead>
+__attribute__((target("avx512f"))) void GemmPairRows(const float *x, int64_t ldx, int64_t rows, const float *t0,
+                                                     const float *t1, int64_t K, float *y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + 12 <= rows; m += 12) GemmPair16<12, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy);
+  if (m + 8 <= rows) GemmPair16<8, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy), m += 8;
+  if (m + 4 <= rows) GemmPair16<4, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy), m += 4;
+  if (m + 2 <= rows) GemmPair16<2, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy), m += 2;
+  if (m < rows) GemmPair16<1, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy);
+}
+
 __attribute__((target("avx512f"))) void GemmRows16(const float *x, int64_t ldx, int64_t rows, const float *tile,
                                                    int64_t K, float *y, int64_t ldy, int64_t nb) {
   int64_t m = 0;
@@ -338,6 +375,17 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     const int64_t nb = std::min(kTileCols, n1 - n);
     const bool stored = n + kTileCols <= panels_end;     // a stored panel is the tile (n0 on a panel's start)
     const float *tile = stored ? static_cast<const float *>(a.w) + n * a.K : scratch;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (a.wide && n + 2 * kTileCols <= std::min(panels_end, n1)) {     // this panel and the next together
+      for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
+        const int64_t rows = std::min(kRowsPerPass, a.M - m);
+        if (m == 0) GemmPairRows<true>(a.x, a.ldx, rows, tile, tile + kTileCols * a.K, a.K, a.y + n, a.N);
+        else GemmPairRows<false>(a.x + m * a.ldx, a.ldx, rows, tile, tile + kTileCols * a.K, a.K, a.y + m * a.N + n, a.N);
+      }
+      n += kTileCols;
+      continue;
+    }
+#endif
     if (!stored) PackTile(a, n, nb, scratch);
     for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
       const int64_t rows = std::min(kRowsPerPass, a.M - m);

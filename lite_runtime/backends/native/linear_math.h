@@ -55,7 +55,7 @@ constexpr int64_t kTileCols = 16;
 
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
-inline int64_t BlockRows(int kind) { return kind == kF32P16 ? kTileCols : kBlockRows; }
+inline int64_t BlockRows(int kind) { return kind == kF32P16 ? 2 * kTileCols : kBlockRows; }   // panel pairs
 
 // Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);

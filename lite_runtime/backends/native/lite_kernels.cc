@@ -371,8 +371,10 @@ const char *lk_last_error() { return g_last_error.c_str(); }
 const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
-const char *lk_types() { return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,"
-                              "LiteRotary"; }
+const char *lk_types() {
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend,LiteRMSNorm,"
+         "LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
+}
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
 // entries a MindIR Build needs. Once per process; later calls do nothing.
