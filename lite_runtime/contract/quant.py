@@ -19,7 +19,7 @@ import numpy as np
 
 KERNEL_LIBRARY = "liblite_kernels.so"
 # "none": float32 weights on Lite's own MatMul; "float32": float32 weights on the project's kernels, stored as
-# a float GEMM's panels (batch-1 decode faster, prompts slower than Lite's MatMul: docs/quantization.md).
+# a float GEMM's panels (decode steps faster than Lite's MatMul where the CPU has AVX-512: docs/quantization.md).
 WEIGHT_SCHEMES = ("none", "float32", "int8", "int4")
 HEAD_SCHEMES = ("float32", "int8")
 EMBEDDING_SCHEMES = ("float32", "int8")
