@@ -100,26 +100,27 @@ def quantize_int8(w: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 PANEL_ROWS = 16     # float32_p16: rows of W per panel (linear_math.h kF32P16)
 
 
+def _transpose_panels(a: np.ndarray, by_rows: bool) -> np.ndarray:
+    """Each whole panel of PANEL_ROWS rows of `a` (N, K) transposed: read as (16, K) when `by_rows`, else as
+    (K, 16); the last N % 16 rows copied as they are."""
+    n, k = a.shape
+    n16 = n - n % PANEL_ROWS
+    panel = (PANEL_ROWS, k) if by_rows else (k, PANEL_ROWS)
+    out = np.empty_like(a)
+    out[:n16] = a[:n16].reshape((n16 // PANEL_ROWS,) + panel).transpose(0, 2, 1).reshape(n16, k)
+    out[n16:] = a[n16:]
+    return out
+
+
 def pack_f32_panels(w: np.ndarray) -> np.ndarray:
     """W (N, K) float32 by rows -> the float GEMM's panel layout, still shaped (N, K): rows 16p .. 16p+15 become
     one panel transposed, (K, 16); the last N % 16 rows stay whole (linear_math.h)."""
-    w = _rows(w)
-    n, k = w.shape
-    n16 = n - n % PANEL_ROWS
-    out = np.empty_like(w)
-    out[:n16] = w[:n16].reshape(n16 // PANEL_ROWS, PANEL_ROWS, k).transpose(0, 2, 1).reshape(n16, k)
-    out[n16:] = w[n16:]
-    return out
+    return _transpose_panels(_rows(w), by_rows=True)
 
 
 def unpack_f32_panels(packed: np.ndarray) -> np.ndarray:
     """The panel layout (pack_f32_panels) -> W (N, K) by rows."""
-    n, k = packed.shape
-    n16 = n - n % PANEL_ROWS
-    out = np.empty_like(packed)
-    out[:n16] = packed[:n16].reshape(n16 // PANEL_ROWS, k, PANEL_ROWS).transpose(0, 2, 1).reshape(n16, k)
-    out[n16:] = packed[n16:]
-    return out
+    return _transpose_panels(packed, by_rows=False)
 
 
 def _panel_split(n: int, k: int) -> Tuple[int, int]:
