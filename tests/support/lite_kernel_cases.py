@@ -81,6 +81,15 @@ def test_a_custom_linear_on_lite_equals_numpy(graphs, case, fmt):
             model.close()
 
 
+def test_the_weights_only_copying_kernels_read_are_the_ones_given_back(graphs):
+    """The float32 tiles' kernel reads its weight once, into an aligned copy: the loader gives back the model's
+    pages of it (lite_weights), as for Lite's MatMul; an int8 kernel reads its weight in place: kept."""
+    from lite_runtime.backends.lite_weights import matmul_weight_ranges
+    tiles = (graphs / "f32p16_wide.ms").read_bytes()
+    assert [length for _, length in matmul_weight_ranges(tiles)] == [203 * 576 * 4]
+    assert matmul_weight_ranges((graphs / "i8_wide.ms").read_bytes()) == []
+
+
 def rotate_reference(x, hd, rotary_dim, interleaved):
     """Each head's rotated partner, written as Hugging Face's models do: rotate_half (Llama) concatenates
     (-x2, x1) over the rotated dims; interleaved pairs (GPT-J, ChatGLM2) take (-x[2i+1], x[2i]); the dims
