@@ -143,7 +143,8 @@ def family_export(hf_family, tmp_path_factory):
     """(family, variant) -> export folder. Variants: io, in_graph, packed (MindSpore 2.10), lite,
     lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
     lite_tp2_packed (MindSpore 2.0, 2 ranks as step segments), lite_segments_packed (one rank as step
-    segments, .ms); a `_b1` suffix: batch size 1; `_attn`: `attention: kernel`."""
+    segments, .ms); a `_b1` suffix: batch size 1; `_cpu`: `target: cpu` (attention, layer ops and float32
+    products as nodes of the project's kernels)."""
     def get(family, variant):
         folder = hf_family(family)
 
@@ -167,8 +168,8 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["lite_ms"] = True
                 if variant.endswith("_b1"):      # one cache row: tensors of (1,) shape
                     cfg["batch_size"] = 1
-                if variant.endswith("_attn"):    # the attention as one node of the project's kernels
-                    cfg["attention"] = "kernel"
+                if variant.endswith("_cpu"):     # target cpu: its attention, layer ops and products on the kernels
+                    cfg["target"] = "cpu"
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             export_in_subprocess(write_yaml(str(out) + ".yaml", cfg), python=python)
         return str(built_once(tmp_path_factory, f"family_{family}_export_{variant}", build))

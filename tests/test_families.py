@@ -11,6 +11,8 @@ run in a process without mindspore); a MindFormers-named .ckpt with a MindFormer
 the HF folder's logits; TP=2 under the launcher gives TP=1's as segments on Lite (and on `ms` for GLM).
 """
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,19 +57,28 @@ LLAMA_OPS, GELU_OPS = {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"}, {"LiteLayerNo
 
 
 @pytest.mark.parametrize("family, variant, layer_ops", [
-    ("llama", "lite_packed_attn", LLAMA_OPS), ("bloom", "lite_packed_attn", GELU_OPS),
-    ("glm", "lite_packed_attn", GELU_OPS | {"LiteRotary"}), ("glm2", "lite_packed_attn", LLAMA_OPS),
-    ("pangualpha", "lite_packed_attn", GELU_OPS), ("qwen", "lite_segments_packed_attn", LLAMA_OPS)])
-def test_the_attention_kernel_matches_transformers(hf_family, family_export, family, variant, layer_ops):
-    """`attention: kernel`: each layer's attention one node of the project's kernels (grouped heads and rotary,
-    ALiBi, GLM's prefix context and 2-D positions, PanGu's top query layer, segments), and its norms, MLP
-    activations (SwiGLU; GELU's tanh form: Bloom, GLM; FastGeLU: PanGu) and rotary (rotate-half: Llama, Qwen;
-    interleaved pairs over half the head: GLM2; GLM's 2-D) as nodes of the kernels too."""
+    ("llama", "lite_packed_cpu", LLAMA_OPS), ("bloom", "lite_packed_cpu", GELU_OPS),
+    ("gpt2", "lite_packed_cpu", GELU_OPS), ("glm", "lite_packed_cpu", GELU_OPS | {"LiteRotary"}),
+    ("glm2", "lite_packed_cpu", LLAMA_OPS), ("pangualpha", "lite_packed_cpu", GELU_OPS),
+    ("qwen", "lite_segments_packed_cpu", LLAMA_OPS)])
+def test_target_cpus_kernels_match_transformers(hf_family, family_export, family, variant, layer_ops):
+    """`target: cpu`: each layer's attention one node of the project's kernels (grouped heads and rotary,
+    ALiBi, GLM's prefix context and 2-D positions, PanGu's top query layer, segments), its norms, MLP
+    activations (SwiGLU; GELU's tanh form: Bloom, GPT-2, GLM; FastGeLU: PanGu) and rotary (rotate-half: Llama,
+    Qwen; interleaved pairs over half the head: GLM2; GLM's 2-D) as nodes of the kernels too, and every linear
+    layer's product on the float32 kernels (biases beside them: Bloom, GPT-2, GLM, Qwen's q, k, v; the head on
+    the rows kernel, tied or not)."""
     folder = hf_family(family)
     prompts, ref_logits, ref_tokens = reference(folder)
     export = family_export(family, variant)
-    kernels = set(load_manifest(export).kernels)
+    manifest = load_manifest(export)
+    kernels = set(manifest.kernels)
     assert "LiteAttend" in kernels and kernels & (LLAMA_OPS | GELU_OPS) == layer_ops
+    assert manifest.quantization["weights"] == "float32" and {"LiteLinearF32P16", "LiteLinearF32"} <= kernels
+    graphs = b"".join(path.read_bytes() for path in Path(export).rglob("*.ms"))     # Lite's node names, by scope
+    on_kernels, on_matmul = (len(re.findall(rb"Linear/" + node, graphs)) for node in (rb"kernel-KernelProduct",
+                                                                                       rb"MatMul"))
+    assert on_kernels >= manifest.dims.num_layers and on_matmul == 0, (on_kernels, on_matmul)
     logits, tokens = lite_run(folder, export, f"{variant}_run")
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
 

@@ -240,7 +240,7 @@ def build_gguf_peers(args) -> tuple:
     """(our export, OpenVINO GenAI's folder) of the --gguf model, made once under --work_dir."""
     work = os.path.join(args.work_dir, "peers_" + os.path.basename(args.gguf).split(".")[0])
     suffix = (("" if args.rows == CACHE_ROWS else f"_r{args.rows}") + ("" if args.attention == "kernel" else "_graph")
-              + ("" if args.weights == "none" else f"_{args.weights}"))
+              + ("" if args.weights == "float32" else f"_{args.weights}"))
     ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu" + suffix, "hf", "openvino"))
     os.makedirs(work, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
@@ -271,7 +271,7 @@ def build_peers(args) -> tuple:
     if args.gguf:
         return build_gguf_peers(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    ours = "mslite_cpu"
+    ours = "mslite"
     folders = prepare(os.path.join(args.work_dir, f"peers_{args.shape}"), [args.rows], [ours, "openvino"],
                       args.threads, False, log, shape=PEER_SHAPES[args.shape])
     return folders[(ours, args.rows)], folders[("openvino", args.rows)]
@@ -376,8 +376,9 @@ def summary(name: str, rows: list, tokens: list) -> dict:
               help="the GGUF llama-server runs (tools/bench_quant.py --llama_cpp F32 writes it)")
 @click.option("--attention", type=click.Choice(["kernel", "graph"]), default="kernel", show_default=True,
               help="with --gguf: our export's `attention` key")
-@click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="none", show_default=True,
-              help="with --gguf: our export's `quantization.weights` (float32: float32 weights on the project's kernels)")
+@click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="float32", show_default=True,
+              help="with --gguf: our export's `quantization.weights` (float32, target cpu's default: float32 weights "
+                   "on the project's kernels; none: Lite's MatMul)")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)

@@ -2,7 +2,8 @@
 
 One random Llama (the benchmark sizes: hidden 256, 4 layers, 4 heads, ffn 1024, vocab 32000, fp32,
 untied) is made as a Hugging Face folder and run by every runtime from that folder:
-  - mslite: this project's export (MindSpore 2.0, the packed step graph, Lite's .ms) on real Lite 2.0;
+  - mslite: this project's export for `target: cpu` (MindSpore 2.0, the packed step graph, Lite's .ms, the
+    project's kernels) on real Lite 2.0 (mslite_matmul: the same with Lite's MatMul, `weights: none`);
   - ort: ONNX Runtime GenAI (its model builder, fp32, CPU);
   - openvino: OpenVINO GenAI (a stateful f32 IR, f32 KV cache);
   - transformers: Hugging Face `generate` on torch (the tokens reference).
@@ -36,13 +37,12 @@ from lite_runtime.contract.manifest import FORMAT_VERSION  # noqa: E402
 PEERS_PYTHON = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 DEFAULT_WORK_DIR = os.path.join(REPO, "build", "peers")
-OURS = ("mslite", "mslite_f32k", "mslite_io")   # the project's forms (see above) and the static io pair
-# each form's export keys; mslite_cpu is whatever `target: cpu` writes (the packed step, as segments
-# above 2 GiB of weights): what tools/bench_serve.py serves
-EXPORTS = {"mslite": dict(kv_cache="packed", lite_ms=True, attention="kernel"),
-           # float32 weights on the project's kernels (quantization.weights: float32)
-           "mslite_f32k": dict(target="cpu", quantization={"weights": "float32"}),
-           "mslite_io": dict(kv_cache="io", lite_ms=False), "mslite_cpu": dict(target="cpu")}
+OURS = ("mslite", "mslite_matmul", "mslite_io")   # the project's forms (see above) and the static io pair
+# each form's export keys; mslite is what `target: cpu` writes (the packed step, as segments above 2 GiB of
+# weights; float32 weights on the project's kernels), what tools/bench_serve.py serves
+EXPORTS = {"mslite": dict(target="cpu"),
+           "mslite_matmul": dict(target="cpu", quantization={"weights": "none"}),   # Lite's own MatMul
+           "mslite_io": dict(kv_cache="io", lite_ms=False)}
 PEERS = ("ort", "openvino", "transformers")
 REFERENCE = "transformers"
 METRICS = (("step", "step med ms"), ("ttft", "TTFT ms"), ("rss", "peak RSS MB"))

@@ -77,13 +77,15 @@ class ParallelSection:
 class QuantizationSection:
     """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu), or
     by Lite's converter for GE (target ascend, int8)."""
-    weights: str = "none"        # none | float32 (on the kernels) | int8 (per output channel) | int4 (groups)
+    # none (Lite's MatMul) | float32 (the project's kernels) | int8 (per output channel) | int4 (groups);
+    # None: by target (ExportConfig._check_quantization)
+    weights: Optional[str] = None
     group_size: int = 32         # int4: weights per scale
     head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
     embedding: str = "float32"   # float32 | int8 (the token embedding's table, per row)
 
     def __post_init__(self):
-        if self.weights not in WEIGHT_SCHEMES:
+        if self.weights is not None and self.weights not in WEIGHT_SCHEMES:
             raise ConfigError(f"quantization.weights {self.weights!r} is not allowed; allowed: "
                               f"{', '.join(WEIGHT_SCHEMES)}")
         if self.head not in HEAD_SCHEMES:
@@ -92,9 +94,9 @@ class QuantizationSection:
             raise ConfigError(f"quantization.embedding {self.embedding!r} is not allowed; allowed: "
                               f"{', '.join(EMBEDDING_SCHEMES)}")
         for key in ("head", "embedding"):
-            if getattr(self, key) != "float32" and self.weights in ("none", "float32"):
+            if getattr(self, key) != "float32" and self.weights not in ("int8", "int4"):
                 raise ConfigError(f"quantization.{key} {getattr(self, key)} needs quantized weights "
-                                  f"(quantization.weights int8 or int4, not {self.weights})")
+                                  f"(quantization.weights int8 or int4, not {self.weights or 'the default'})")
         if self.group_size not in GROUP_SIZES:
             raise ConfigError(f"quantization.group_size {self.group_size!r} is not allowed; allowed: "
                               f"{', '.join(map(str, GROUP_SIZES))}")
@@ -239,8 +241,7 @@ class ExportConfig:
         """The packed step's attention on the project's kernel where the export is for Lite on CPU: each token reads
         its own row's cache in place (SmolLM2-135M: a batch-8 decode step 0.85x, int8 weights 0.76x; docs)."""
         if self.attention is None:
-            on_cpu = self.target == "cpu" and self.kv_cache == "packed" and self.compute_dtype == "float32"
-            self.attention = "kernel" if on_cpu else "graph"
+            self.attention = "kernel" if self._step_on_cpu else "graph"
         if self.attention not in ATTENTION_FORMS:
             raise ConfigError(f"{self.source}: attention {self.attention!r} is not allowed; allowed: "
                               f"{', '.join(ATTENTION_FORMS)}")
@@ -256,6 +257,8 @@ class ExportConfig:
         """Quantized linear layers are Custom nodes that only the project's kernels run (Lite on CPU); on
         Ascend, Lite's converter quantizes the float graphs' weights for GE (lite_runtime/ascend/weight_quant.py)."""
         q = self.quantization
+        if q.weights is None:      # float32 products on the kernels: on CPU at least Lite's MatMul's speed (docs)
+            q.weights = "float32" if self._step_on_cpu else "none"
         if q.weights == "none":
             return
         if self.target == "ascend":
@@ -276,6 +279,11 @@ class ExportConfig:
                               f"ascend, int8 only: Lite's converter quantizes for GE); this config has {', '.join(needs)}")
 
     @property
+    def _step_on_cpu(self) -> bool:
+        """The packed step for Lite on CPU: where the project's kernels run by default."""
+        return self.target == "cpu" and self.kv_cache == "packed" and self.compute_dtype == "float32"
+
+    @property
     def converter_quantizes(self) -> bool:
         """Lite's converter quantizes the weights on the Ascend server; the graphs stay float."""
         return self.target == "ascend" and self.quantization.weights != "none"
@@ -283,7 +291,7 @@ class ExportConfig:
     @property
     def kernel_quantization(self) -> QuantizationSection:
         """What the project's kernels run: float32 when Lite's converter quantizes instead."""
-        return QuantizationSection() if self.converter_quantizes else self.quantization
+        return QuantizationSection("none") if self.converter_quantizes else self.quantization
 
     @property
     def world_size(self) -> int:
