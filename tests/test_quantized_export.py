@@ -6,6 +6,7 @@ in another order); the manifest records the scheme; what cannot run them is refu
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segment
            ("int4", 128, "tied"), ("int8", 32, "head"),      # head: the head quantized to int8 too
            ("int8", 32, "tied_head"),     # a head tied to the embedding, quantized as an int8 copy of it
            ("int8", 32, "tied_shared"),   # the embedding int8 too: the tied head reads its int8 table
-           ("float32", 32, "tied")]       # float32 weights as the kernels' panels, the tied head on the row kernel
+           ("float32", 32, "tied"),       # float32 weights as the kernels' panels, the tied table too
+           ("float32", 32, "tied_segments")]   # and so as segments: the embedding's and the head's each hold it
 
 
 def schemes_of(form):
@@ -60,7 +62,7 @@ def quantized(hf_family):
             assert result.returncode == 0, result.stderr[-3000:]
             cfg = {"model": {"hf_dir": str(hf)}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
                    "quantization": {"weights": scheme, "group_size": group}, "output_dir": str(folder / name)}
-            if form == "segments":     # one rank's step as segments of whole layers, each a .ms
+            if form.endswith("segments"):     # one rank's step as segments of whole layers, each a .ms
                 cfg["parallel"] = {"collectives": "host"}
             cfg["quantization"].update(head=head, embedding=embedding)
             if form == "tp2":          # two ranks' steps as segments, the all-reduces on the host
@@ -79,15 +81,23 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     manifest = load_manifest(export)
     layers = {"float32": "LiteLinearF32P16", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4Min"}[scheme]
     head, embedding = schemes_of(form)
-    head_type = "LiteLinearI8P4" if head == "int8" else "LiteLinearF32"    # the head on a kernel too
-    assert manifest.kernels == ([layers] + ([head_type] if head_type != layers else [])
-                                + (["LiteGatherI8P4"] if embedding == "int8" else [])
+    head_type = "LiteLinearI8P4" if head == "int8" else "LiteLinearF32P16"    # the head on a kernel too
+    # the embedding looked up by a kernel: int8, or the float32 panels a tied head reads
+    lookup = "LiteGatherI8P4" if embedding == "int8" else "LiteGatherF32P16" if form.startswith("tied") \
+        and head == embedding else None
+    assert manifest.kernels == ([layers] + ([head_type] if head_type != layers else []) + ([lookup] if lookup else [])
                                 + ["LiteAttend", "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"])
+    if lookup == "LiteGatherF32P16":    # the tied table read by the head and the lookup, each into one shared copy:
+        from lite_runtime.backends.lite_weights import matmul_weight_ranges     # the model's pages given back
+        table = manifest.dims.vocab_size * manifest.model_config["hidden_size"] * 4
+        given_back = [[length for _, length in matmul_weight_ranges(ms.read_bytes())].count(table)
+                      for ms in sorted(Path(export).rglob("*.ms"))]
+        assert sum(given_back) == (2 if form == "tied_segments" else 1), given_back
     assert (manifest.quantization["head"], manifest.quantization["embedding"]) == (head, embedding)
     assert manifest.quantization["head_on_kernel"] is True
     assert manifest.quantization["weights"] == scheme
     assert manifest.quantization.get("group_size", group) == group
-    assert (manifest.collectives == "host") == (form == "segments")
+    assert (manifest.collectives == "host") == form.endswith("segments")
     logits, tokens = lite_run(hf_family("llama"), export, f"q_{scheme}_{group}_{form}_run")
     what = f"llama {scheme} g{group} ({form}) on Lite"
     if scheme in ("int8", "float32"):

@@ -16,6 +16,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from lite_runtime.contract.families import PACKED_INPUTS
+from lite_runtime.contract.quant import head_reads_embedding
 from exporter.models.attention import Attention, BuildContext, ScoreBias, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
@@ -92,15 +93,16 @@ class CausalLM(nn.Cell):
             self.top_query = TopQueryLayer(cfg, ctx)
         # A tied head on one rank reads the embedding table itself (no second copy); under tensor
         # parallelism each rank holds its vocabulary rows of it as `head.weight`, and so does one rank
-        # whose head's scheme is not the embedding's. In a quantized export the tied head's product runs on
-        # a kernel reading the table as it is stored: float32, or int8 with its scales.
-        self.head_is_embedding = cfg.tie_word_embeddings and ctx.world_size == 1 and not ctx.own_head
+        # whose head's scheme is not the embedding's. In an export with the products on the kernels the tied
+        # head's product runs on a kernel reading the table as it is stored (float32 panels, or int8 with its
+        # scales), and a kernel looks the embeddings up in it.
+        self.head_is_embedding = head_reads_embedding(cfg.tie_word_embeddings, ctx.world_size, ctx.own_head)
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=packed)
         if self.head_is_embedding and ctx.head_kernel:
             from exporter.models.kernels import linear_op
-            self.head_matmul = linear_op("int8" if ctx.embedding_int8 else "float32")
+            self.head_matmul = linear_op("int8" if ctx.embedding_int8 else "float32_p16")
         else:
             self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
@@ -172,8 +174,10 @@ class CausalLM(nn.Cell):
         """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab). The final norm
         is applied here, or (top query layer) already before that layer."""
         h = hidden if self.use_top_query else self.final_norm(hidden)
-        if self.head_is_embedding and self.embed.kernel is not None:     # the int8 table and its scales
-            logits = self.head_matmul(h, self.embed.kernel.weight, self.embed.kernel.weight_scale)
+        if self.head_is_embedding and self.embed.kernel is not None and self.embed.kernel.count == 2:
+            logits = self.head_matmul(h, self.embed.kernel.weight, self.embed.kernel.weight_scale)   # int8, scales
+        elif self.head_is_embedding and self.embed.kernel is not None:     # float32 panels
+            logits = self.head_matmul(h, self.embed.kernel.weight)
         elif self.head_is_embedding:
             logits = self.head_matmul(h, self.embed.weight)
         else:

@@ -7,9 +7,10 @@ that type; the aot library in `func` is never opened (not at export, not by Lite
 """
 from __future__ import annotations
 
+from mindspore import dtype as mstype
 from mindspore import ops
 
-from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPE, OP_TYPES, ROTARY_TYPE, aot_func
+from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPES, OP_TYPES, ROTARY_TYPE, aot_func
 
 
 def _out_shape(x, w, *scales):
@@ -28,18 +29,20 @@ def linear_op(storage: str) -> ops.Custom:
     return op
 
 
-def _rows_shape(ids, table, scale):
+def _rows_shape(ids, table, *scale):
     return list(ids) + [table[1]]
 
 
-def _float_dtype(ids, table, scale):
-    return scale
+def _float_dtype(ids, table, *scale):
+    return mstype.float32
 
 
-def gather_op() -> ops.Custom:
-    """y (ids' shape, H) = op(ids int32, table int8 (V, H) in the int8 linear storage, scale float32 (V,))."""
-    op = ops.Custom(aot_func(GATHER_TYPE), out_shape=_rows_shape, out_dtype=_float_dtype, func_type="aot")
-    op.add_prim_attr("type", GATHER_TYPE)
+def gather_op(storage: str) -> ops.Custom:
+    """y (ids' shape, H) = op(ids int32, table (V, H) in a linear storage: int8 with its scale float32 (V,), or
+    float32 in the GEMM's panels)."""
+    op_type = GATHER_TYPES[storage]
+    op = ops.Custom(aot_func(op_type), out_shape=_rows_shape, out_dtype=_float_dtype, func_type="aot")
+    op.add_prim_attr("type", op_type)
     return op
 
 

@@ -79,14 +79,15 @@ class Linear(nn.Cell):
 class KernelProduct(nn.Cell):
     """x . W^T as a Custom node run by the project's Lite kernels, W in one of their storages
     (lite_runtime/contract/quant.py) as the node's constant inputs, named after the layer's weight.
-    `lookup`: an embedding's int8 table instead, whose rows the node gathers for ids."""
+    `lookup`: an embedding's table instead (int8, or float32 that a tied head reads), whose rows the node
+    gathers for ids."""
 
     NAMES = ("weight", "weight_scale", "weight_min")
 
     def __init__(self, storage: str, constants, lookup: bool = False):
         super().__init__()
         from exporter.models.kernels import gather_op, linear_op
-        self.op = gather_op() if lookup else linear_op(storage)
+        self.op = gather_op(storage) if lookup else linear_op(storage)
         self.count = len(constants)
         for name, array in zip(self.NAMES, constants):
             setattr(self, name, Parameter(Tensor.from_numpy(np.ascontiguousarray(array)), name=name,
@@ -114,7 +115,9 @@ class LinearKernels:
     """The Linear layers of `net` that an export runs on the project's kernels, their weights quantized by
     `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel), the head's by `head` (quant.HEAD_SCHEMES;
     "float32": the float32 kernel), so that Lite's own ops are left only small products; and with
-    `embedding` int8 the token embedding's table, looked up by a kernel.
+    `embedding` int8 the token embedding's table, looked up by a kernel; so is a float32 table a tied head
+    reads, stored as the head's GEMM panels (a tied head's product at batch 8 on the table by rows took 1.7x
+    as long: SmolLM2-135M's).
 
     `finish` quantizes a weight as soon as the reader has it in the layer's shape, so a model is never
     held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.
@@ -124,10 +127,11 @@ class LinearKernels:
                  embedding: str = "float32"):
         self.scheme = scheme
         self.group_size = group_size
+        table = embedding == "int8" or net.head_is_embedding
         self.cells = {f"{name}.weight": cell for name, cell in net.cells_and_names()
-                      if (isinstance(cell, Linear) or name == "embed" and embedding == "int8") and cell.kernel is None}
+                      if (isinstance(cell, Linear) or name == "embed" and table) and cell.kernel is None}
         # a layer's own scheme, where it is not `scheme`
-        self.schemes = {"head.weight": "none" if head == "float32" else head, "embed.weight": embedding}
+        self.schemes = {"head.weight": head, "embed.weight": embedding}
 
     def takes(self, name: str) -> bool:
         return name in self.cells

@@ -16,7 +16,7 @@ from lite_runtime.contract.families import STEP, get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
-from lite_runtime.contract.quant import kernels_for, layer_kernels, quantization_record
+from lite_runtime.contract.quant import head_reads_embedding, kernels_for, layer_kernels, own_head, quantization_record
 from lite_runtime.contract.manifest import GraphEntry, Manifest
 from exporter.config.schema import ExportConfig
 from exporter.writing.export_plan import ExportPlan, plan_export
@@ -186,7 +186,9 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
                         ge_config=ge_config, mindir_kept=plan.mindir_kept,
                         quantization=weight_quant.record() if config.converter_quantizes else
                         quantization_record(quant.weights, quant.group_size, quant.head, quant.embedding),
-                        kernels=kernels_for(quant.weights, quant.head, quant.embedding)
+                        kernels=kernels_for(quant.weights, quant.head, quant.embedding, head_reads_embedding(
+                            bool(cfg.tie_word_embeddings), config.world_size,
+                            own_head(quant.weights, quant.head, quant.embedding)))
                         + (layer_kernels(cfg.norm, cfg.mlp, cfg.positions) if config.attention == "kernel" else []))
     manifest.save(tmp)
     return manifest

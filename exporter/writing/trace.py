@@ -13,6 +13,7 @@ import numpy as np
 from lite_runtime.contract.errors import ConfigError, WeightError
 from lite_runtime.contract.families import DYNAMIC, STEP
 from lite_runtime.contract.mindir import SPLIT_GRAPH_SUFFIX
+from lite_runtime.contract.quant import own_head
 from exporter.writing.export_plan import ExportPlan, lora_fields
 from exporter.writing.output_folder import check_room
 from exporter.writing.progress import stage
@@ -75,7 +76,7 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     scheme = config.kernel_quantization
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
                        **lora_fields(source), graph_collectives=graph_collectives,
-                       own_head=scheme.weights != "none" and scheme.head != scheme.embedding,
+                       own_head=own_head(scheme.weights, scheme.head, scheme.embedding),
                        head_kernel=scheme.weights != "none", embedding_int8=scheme.embedding == "int8",
                        attention_kernel=config.attention == "kernel")
     where = _where(config, rank)

@@ -44,8 +44,8 @@ def load(path: str):
         lib.lk_linear.restype = ctypes.c_int
         lib.lk_set_threads.argtypes = [ctypes.c_int]
         lib.lk_set_threads.restype = None
-        lib.lk_gather_i8.argtypes = [vp, i64, vp, vp, i64, i64, vp]
-        lib.lk_gather_i8.restype = ctypes.c_int
+        lib.lk_gather.argtypes = [ctypes.c_int, vp, i64, vp, vp, i64, i64, vp]
+        lib.lk_gather.restype = ctypes.c_int
         lib.lk_attend.argtypes = [vp] * 7 + [ctypes.c_float] + [i64] * 6 + [vp, ctypes.c_int]
         lib.lk_attend.restype = ctypes.c_int
         lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
@@ -113,18 +113,23 @@ def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lit
     return y
 
 
-def gather_i8(ids, table, scale):
-    """out (ids' shape, H): the rows `ids` of an int8 table (V, H) in the int8 linear storage, times their
-    scales (the embedding's lookup, LiteGatherI8P4). Needs the library loaded (`load`)."""
+def gather(ids, storage: str, constants: Sequence):
+    """out (ids' shape, H): the rows `ids` of a table (V, H) in a linear storage, "int8" (times its scales) or
+    "float32_p16" (the embedding's lookups, contract.quant.GATHER_TYPES), given as the graph's constant inputs
+    after the ids. Needs the library loaded (`load`)."""
     import numpy as np
+    from lite_runtime.contract.quant import GATHER_TYPES, KIND_CODES
     if _lib is None:
         raise RuntimeError("the kernel library is not loaded")
+    if storage not in GATHER_TYPES:
+        raise ValueError(f"a lookup reads {', '.join(GATHER_TYPES)} tables, not {storage}")
     ids = np.ascontiguousarray(ids, np.int32)
-    table = np.ascontiguousarray(table, np.int8)
-    scale = np.ascontiguousarray(scale, np.float32)
+    table = np.ascontiguousarray(constants[0], np.int8 if storage == "int8" else np.float32)
+    scale = np.ascontiguousarray(constants[1], np.float32) if storage == "int8" else None
     out = np.empty(ids.shape + (table.shape[1],), np.float32)
-    if _lib.lk_gather_i8(ids.ctypes.data, ids.size, table.ctypes.data, scale.ctypes.data, table.shape[0],
-                         table.shape[1], out.ctypes.data):
+    if _lib.lk_gather(KIND_CODES[storage], ids.ctypes.data, ids.size, table.ctypes.data,
+                      scale.ctypes.data if scale is not None else None, table.shape[0], table.shape[1],
+                      out.ctypes.data):
         raise ValueError(_lib.lk_last_error().decode())
     return out
 

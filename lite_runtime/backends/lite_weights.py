@@ -28,7 +28,8 @@ import numpy as np
 
 MATMUL_FUSION = 89              # schema::PrimitiveType_MatMulFusion of Lite 2.0's ops.fbs
 CUSTOM = 191                    # schema::PrimitiveType_Custom; its table's field 0 is the type
-COPYING_CUSTOM = b"LiteLinearF32P16"    # a kernel of the project's that reads its weight once, into a copy
+# the project's kernels that read their weight (a tied head's table) once, into a copy shared among them
+COPYING_CUSTOM = (b"LiteLinearF32P16", b"LiteGatherF32P16")
 PAGE = mmap.PAGESIZE
 MIN_TENSOR_BYTES = 2 * PAGE     # a smaller weight holds at most one whole page
 _PROT_NONE, _PROT_RW, _MADV_DONTNEED = 0, mmap.PROT_READ | mmap.PROT_WRITE, 4
@@ -84,15 +85,15 @@ class _Table:
 
 
 def _copies_weight(primitive, buf) -> bool:
-    """A node that reads its weight (second input) only into a copy of its own: Lite's MatMul (packed)
-    or the project's float32 panels kernel (aligned)."""
+    """A node that reads its weight (second input) only into a copy: Lite's MatMul (packed) or the project's
+    float32 panels kernels (aligned)."""
     if primitive is None:
         return False
     if primitive.byte(0) == MATMUL_FUSION:
         return True
     custom = primitive.table(1) if primitive.byte(0) == CUSTOM else None
     at = custom._target(0) if custom is not None else None
-    return at is not None and bytes(buf[at + 4:at + 4 + struct.unpack_from("<I", buf, at)[0]]) == COPYING_CUSTOM
+    return at is not None and bytes(buf[at + 4:at + 4 + struct.unpack_from("<I", buf, at)[0]]) in COPYING_CUSTOM
 
 
 def matmul_weight_ranges(buf) -> List[Tuple[int, int]]:

@@ -28,8 +28,9 @@ GROUP_SIZES = (32, 64, 128)
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P4",
                             "int4": "LiteLinearI4", "int4_min": "LiteLinearI4Min"}
-# The int8 embedding's lookup: ids, and the table as the int8 linear storage (a tied int8 head reads it).
-GATHER_TYPE = "LiteGatherI8P4"
+# The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
+# int8 with its scales, or float32 in the GEMM's panels.
+GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P4", "float32_p16": "LiteGatherF32P16"}
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
 ATTEND_TYPE = "LiteAttend"
 # A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
@@ -45,17 +46,31 @@ def aot_func(op_type: str) -> str:
     return f"{KERNEL_LIBRARY}:{op_type}"
 
 
-def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32") -> List[str]:
+def own_head(scheme: str, head: str, embedding: str) -> bool:
+    """A tied head kept as a layer of its own: its product runs on the kernels in another storage than the
+    embedding's table."""
+    return scheme != "none" and head != embedding
+
+
+def head_reads_embedding(tied: bool, world_size: int, own: bool) -> bool:
+    """A tied head on one rank reads the embedding's table itself (under tensor parallelism each rank holds its
+    vocabulary rows as a head of its own, and so does an `own_head`)."""
+    return tied and world_size == 1 and not own
+
+
+def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", tied_table: bool = False
+                ) -> List[str]:
     """The Custom op types an export quantized by `scheme` (its head by `head`, its embedding by
     `embedding`) runs (the manifest's `kernels`). The head of a quantized export runs on a kernel too,
-    float32 or int8."""
+    float32 (the GEMM's panels) or int8; the embedding's table is looked up by a kernel when it is int8 or
+    when the head reads it (`tied_table`)."""
     kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"]],
                "int4": [OP_TYPES["int4_min"]]}[scheme]
-    head_type = OP_TYPES["float32" if head == "float32" else "int8"]
+    head_type = OP_TYPES["float32_p16" if head == "float32" else "int8"]
     if kernels and head_type not in kernels:
         kernels.append(head_type)
-    if kernels and embedding == "int8":
-        kernels.append(GATHER_TYPE)
+    if kernels and (embedding == "int8" or tied_table):
+        kernels.append(GATHER_TYPES["int8" if embedding == "int8" else "float32_p16"])
     return kernels
 
 

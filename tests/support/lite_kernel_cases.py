@@ -55,7 +55,8 @@ def graphs(tmp_path_factory, library):
 
 
 def test_the_library_registers_every_kernel_kind(library):
-    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | {quant.GATHER_TYPE} | set(quant.LAYER_KERNELS)
+    assert set(kernel_types()) == set(quant.OP_TYPES.values()) | set(quant.GATHER_TYPES.values()) | \
+        set(quant.LAYER_KERNELS)
     assert lite_kernels.isa() in ("avx512", "avx2", "generic")
 
 
@@ -281,17 +282,25 @@ def test_quantizers_round_to_nearest_within_half_a_step():
             == np.arange(64).reshape(2, 32) % 16).all()
 
 
-def test_the_int8_lookup_gives_the_dequantized_rows(library):
+@pytest.mark.parametrize("storage", ["int8", "float32_p16"])
+def test_a_lookup_gives_the_tables_rows(library, storage):
     """LiteGatherI8P4 reads rows of the int8 panels (rows in a panel and the last N % 4 rows stored whole,
-    K off the runs of 8), each times its scale; an id outside the table is refused."""
+    K off the runs of 8), each times its scale; LiteGatherF32P16 rows of the float32 panels (a row is a column
+    of its panel; the last N % 16 rows whole); an id outside the table is refused."""
     rng = np.random.default_rng(5)
-    for v, h in ((7, 19), (12, 64), (5, 3)):
-        q, s = quant.quantize_int8(rng.standard_normal((v, h)).astype(np.float32))
+    scheme = "int8" if storage == "int8" else "float32"
+    for v, h in ((7, 19), (12, 64), (5, 3), (37, 20), (48, 9)):
+        w = rng.standard_normal((v, h)).astype(np.float32)
+        stored, constants = quant.quantize(w, scheme)
+        assert stored == storage
         ids = rng.integers(0, v, (3, 4)).astype(np.int32)
-        ids[0, :2] = 0, v - 1
-        assert np.array_equal(lite_kernels.gather_i8(ids, q, s), quant.dequantize_int8(q, s)[ids])
-    with pytest.raises(ValueError, match="id 5 is outside the table's 5 rows"):
-        lite_kernels.gather_i8(np.array([1, 5]), q, s)
+        ids[0, :3] = 0, v - 1, min(17, v - 1)
+        rows = quant.dequantize(storage, constants, h)
+        assert np.array_equal(lite_kernels.gather(ids, storage, constants), rows[ids])
+        if storage == "float32_p16":
+            assert np.array_equal(rows, w)
+    with pytest.raises(ValueError, match="id 48 is outside the table's 48 rows"):
+        lite_kernels.gather(np.array([1, 48]), storage, constants)
 
 
 def test_a_weight_that_does_not_fit_x_is_refused_in_one_line(library):

@@ -53,6 +53,11 @@ inline int64_t I8Offset(int64_t N, int64_t K, int64_t n, int64_t k) {
 // Columns of W packed together for prefill-sized M (and kF32P16's panels).
 constexpr int64_t kTileCols = 16;
 
+// Index of W[n][k] in kF32P16's layout (N, K): a panel's row n is its column n % 16, the last N % 16 rows whole.
+inline int64_t F32P16Offset(int64_t N, int64_t K, int64_t n, int64_t k) {
+  return n < N / kTileCols * kTileCols ? (n - n % kTileCols) * K + k * kTileCols + n % kTileCols : n * K + k;
+}
+
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
 inline int64_t BlockRows(int kind) { return kind == kF32P16 ? 2 * kTileCols : kBlockRows; }   // panel pairs

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,9 +60,18 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
                            {"LiteLinearI8P4", lk::kI8, 3, "int8"},
                            {"LiteLinearI4", lk::kI4, 3, "int8"},
                            {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
-// The lookup: ids int32 (any shape), the table int8 (V, H) in LiteLinearI8P4's panels and its scale float32
-// (V,) -> float32 (ids' shape, H). A tied head's product reads the same two constants.
-constexpr char kGatherType[] = "LiteGatherI8P4";
+// The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
+// A tied head's product reads the same constants: int8 in LiteLinearI8P4's panels with its scale float32 (V,),
+// or float32 in LiteLinearF32P16's.
+struct GatherInfo {
+  const char *name;
+  lk::Kind kind;
+  int inputs;
+  DataType table;
+  const char *table_dtype;   // op-info name
+};
+const GatherInfo kGathers[] = {{"LiteGatherI8P4", lk::kI8, 3, DataType::kNumberTypeInt8, "int8"},
+                               {"LiteGatherF32P16", lk::kF32P16, 2, DataType::kNumberTypeFloat32, "float32"}};
 
 // The loops for this CPU: AVX2 + FMA with the prefill GEMM on AVX-512 registers ("avx512"), AVX2 + FMA, or
 // portable.
@@ -200,16 +210,45 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   return 0;
 }
 
-// out (count, H) = the rows `ids` of an int8 table (V, H) in panels, each times its scale.
-int GatherI8(const int32_t *ids, int64_t count, const int8_t *q, const float *scale, int64_t V, int64_t H, float *out) {
+// out (count, H) = the rows `ids` of a table (V, H) stored as `kind` (kI8: int8 in panels, each row times its
+// scale; kF32P16: float32 panels).
+int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const float *scale, int64_t V, int64_t H,
+           float *out) {
   for (int64_t i = 0; i < count; ++i) {
     const int64_t v = ids[i];
     if (v < 0 || v >= V)
       return Fail("id " + std::to_string(v) + " is outside the table's " + std::to_string(V) + " rows");
     float *row = out + i * H;
-    for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::I8Offset(V, H, v, k)]);
+    if (kind == lk::kI8) {
+      const int8_t *q = static_cast<const int8_t *>(table);
+      for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::I8Offset(V, H, v, k)]);
+    } else {
+      const float *w = static_cast<const float *>(table);
+      for (int64_t k = 0; k < H; ++k) row[k] = w[lk::F32P16Offset(V, H, v, k)];
+    }
   }
   return 0;
+}
+
+// A 64-byte aligned copy of a constant, one per constant however many kernels read it (a tied head's product
+// and the lookup share the table), made when Lite makes the kernels: the loader then gives back the model's
+// pages of it (lite_weights.py), and a tile row is one cache line (constants sit 4-byte aligned in a model;
+// SmolLM2-135M's products at M 32 took 1.3-1.4x as long unaligned).
+std::shared_ptr<const void> AlignedCopy(const MSTensor &tensor) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void *, size_t>, std::weak_ptr<const void>> copies;
+  auto data = tensor.Data();
+  if (!data) return nullptr;
+  const size_t bytes = tensor.DataSize();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto &slot = copies[{data.get(), bytes}];
+  if (auto held = slot.lock()) return held;
+  void *copy = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (copy == nullptr) return nullptr;
+  std::memcpy(copy, data.get(), bytes);
+  std::shared_ptr<const void> shared(copy, std::free);
+  slot = shared;
+  return shared;
 }
 
 // Checks a node's inputs; `known`: shapes are final (Execute), not possibly -1 (Prepare).
@@ -234,12 +273,12 @@ class LinearKernel : public mindspore::kernel::Kernel {
   LinearKernel(const TypeInfo &type, const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
                const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx)
       : Kernel(inputs, outputs, primitive, ctx), type_info_(type) {
-    if (CheckInputs(type_info_, inputs_).empty()) AlignedPanels();
+    if (type_info_.kind == lk::kF32P16 && CheckInputs(type_info_, inputs_).empty()) panels_ = AlignedCopy(inputs_[1]);
   }
 
   int Prepare() override {
     std::string error = CheckInputs(type_info_, inputs_);
-    if (error.empty() && type_info_.kind == lk::kF32P16 && !AlignedPanels())
+    if (error.empty() && type_info_.kind == lk::kF32P16 && !panels_ && !(panels_ = AlignedCopy(inputs_[1])))
       error = std::string(type_info_.name) + ": no weight data";
     return Report(error);
   }
@@ -276,38 +315,23 @@ class LinearKernel : public mindspore::kernel::Kernel {
   }
 
  private:
-  // kF32P16's weight copied to 64-byte aligned memory once, when the kernel is made (before the loader
-  // gives back the model's pages of it, lite_weights.py): a tile row is then one cache line (constants sit
-  // 4-byte aligned in the model; SmolLM2-135M's products at M 32 took 1.3-1.4x as long unaligned).
-  bool AlignedPanels() {
-    if (type_info_.kind != lk::kF32P16 || panels_) return true;
-    auto w = inputs_[1].Data();
-    if (!w) return false;
-    const size_t bytes = static_cast<size_t>(inputs_[1].ElementNum()) * sizeof(float);
-    void *copy = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (copy == nullptr) return false;
-    std::memcpy(copy, w.get(), bytes);
-    panels_ = std::shared_ptr<const void>(copy, std::free);
-    return true;
-  }
-
   const TypeInfo &type_info_;
-  std::shared_ptr<const void> panels_;
+  std::shared_ptr<const void> panels_;   // kF32P16: the weight's aligned copy (AlignedCopy)
 };
 
 class GatherKernel : public mindspore::kernel::Kernel {
  public:
-  using Kernel::Kernel;
+  GatherKernel(const GatherInfo &info, const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+               const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx)
+      : Kernel(inputs, outputs, primitive, ctx), info_(info) {
+    if (info_.kind == lk::kF32P16 && Check().empty()) table_ = AlignedCopy(inputs_[1]);
+  }
 
   int Prepare() override {
-    const std::string who = std::string(kGatherType) + ": ";
-    if (inputs_.size() != 3) return Report(who + std::to_string(inputs_.size()) + " inputs, expected 3");
-    if (inputs_[0].DataType() != DataType::kNumberTypeInt32) return Report(who + "ids must be int32");
-    if (inputs_[1].DataType() != DataType::kNumberTypeInt8 || inputs_[1].Shape().size() != 2)
-      return Report(who + "the table must be int8 and 2-D");
-    if (inputs_[2].DataType() != DataType::kNumberTypeFloat32 || inputs_[2].ElementNum() != inputs_[1].Shape()[0])
-      return Report(who + "the scales must be float32, one a row of the table");
-    return 0;
+    std::string error = Check();
+    if (error.empty() && info_.kind == lk::kF32P16 && !table_ && !(table_ = AlignedCopy(inputs_[1])))
+      error = std::string(info_.name) + ": no table data";
+    return Report(error);
   }
   int ReSize() override { return Prepare(); }
 
@@ -317,22 +341,41 @@ class GatherKernel : public mindspore::kernel::Kernel {
     ys.push_back(table[1]);
     auto &y = outputs_[0];
     if (y.Shape() != ys) y.SetShape(ys);
-    auto ids = inputs_[0].Data(), q = inputs_[1].Data(), scale = inputs_[2].Data();
+    auto ids = inputs_[0].Data();
+    std::shared_ptr<const void> w = info_.kind == lk::kF32P16 ? table_ : inputs_[1].Data();
+    std::shared_ptr<const void> scale = info_.inputs > 2 ? inputs_[2].Data() : nullptr;
     float *out = static_cast<float *>(y.MutableData());
-    if (out == nullptr || ids == nullptr || q == nullptr || scale == nullptr)
-      return Report(std::string(kGatherType) + ": no data");
-    if (GatherI8(static_cast<const int32_t *>(ids.get()), inputs_[0].ElementNum(), static_cast<const int8_t *>(q.get()),
-                 static_cast<const float *>(scale.get()), table[0], table[1], out))
-      return Report(std::string(kGatherType) + ": " + g_last_error);
+    if (out == nullptr || ids == nullptr || w == nullptr || (info_.inputs > 2 && scale == nullptr))
+      return Report(std::string(info_.name) + ": no data");
+    if (Gather(info_.kind, static_cast<const int32_t *>(ids.get()), inputs_[0].ElementNum(), w.get(),
+               static_cast<const float *>(scale.get()), table[0], table[1], out))
+      return Report(std::string(info_.name) + ": " + g_last_error);
     return 0;
   }
+
+ private:
+  std::string Check() const {
+    const std::string who = std::string(info_.name) + ": ";
+    if (static_cast<int>(inputs_.size()) != info_.inputs)
+      return who + std::to_string(inputs_.size()) + " inputs, expected " + std::to_string(info_.inputs);
+    if (inputs_[0].DataType() != DataType::kNumberTypeInt32) return who + "ids must be int32";
+    if (inputs_[1].DataType() != info_.table || inputs_[1].Shape().size() != 2)
+      return who + "the table must be " + info_.table_dtype + " and 2-D";
+    if (info_.inputs > 2 && (inputs_[2].DataType() != DataType::kNumberTypeFloat32 ||
+                             inputs_[2].ElementNum() != inputs_[1].Shape()[0]))
+      return who + "the scales must be float32, one a row of the table";
+    return "";
+  }
+
+  const GatherInfo &info_;
+  std::shared_ptr<const void> table_;    // kF32P16: the table's aligned copy (AlignedCopy)
 };
 
 class GatherInfer : public mindspore::kernel::KernelInterface {
  public:
   mindspore::Status Infer(std::vector<MSTensor> *inputs, std::vector<MSTensor> *outputs,
                           const mindspore::schema::Primitive *) override {
-    if (inputs->size() != 3 || outputs->size() != 1 || (*inputs)[1].Shape().size() != 2) return mindspore::kLiteError;
+    if (inputs->size() < 2 || outputs->size() != 1 || (*inputs)[1].Shape().size() != 2) return mindspore::kLiteError;
     std::vector<int64_t> shape = (*inputs)[0].Shape();
     shape.push_back((*inputs)[1].Shape()[1]);
     auto &y = (*outputs)[0];
@@ -372,8 +415,8 @@ const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
 const char *lk_types() {
-  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteAttend,LiteRMSNorm,"
-         "LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteGatherF32P16,"
+         "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
@@ -396,21 +439,24 @@ int lk_register(int op_info) {
     if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
       return Fail(std::string("Lite refused to register the kernel ") + type.name);
   }
-  // Lite looks a Custom kernel up by the data type of one of its tensors; the lookup's differ (ids int32,
-  // table int8, output float32), so it is registered under each
-  for (DataType key : {DataType::kNumberTypeInt8, DataType::kNumberTypeFloat32, DataType::kNumberTypeInt32}) {
+  // Lite looks a Custom kernel up by the data type of one of its tensors; a lookup's differ (ids int32,
+  // table int8 or float32, output float32), so it is registered under each
+  for (const GatherInfo &gather : kGathers) {
     if (kernels) break;
-    auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
-      V("CPU"), V(kProvider), key, V(kGatherType),
-      [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
-         const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
-        return std::make_shared<GatherKernel>(inputs, outputs, primitive, ctx);
-      });
-    if (created != mindspore::kSuccess) return Fail(std::string("Lite refused to register the kernel ") + kGatherType);
+    const GatherInfo *info = &gather;
+    for (DataType key : {DataType::kNumberTypeInt8, DataType::kNumberTypeFloat32, DataType::kNumberTypeInt32}) {
+      auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
+        V("CPU"), V(kProvider), key, V(gather.name),
+        [info](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+               const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
+          return std::make_shared<GatherKernel>(*info, inputs, outputs, primitive, ctx);
+        });
+      if (created != mindspore::kSuccess) return Fail(std::string("Lite refused to register the kernel ") + gather.name);
+    }
+    if (mindspore::registry::RegisterKernelInterface::CustomReg(
+          V(kProvider), V(gather.name), [] { return std::make_shared<GatherInfer>(); }) != mindspore::kSuccess)
+      return Fail(std::string("Lite refused to register the shape inference of ") + gather.name);
   }
-  if (!kernels && mindspore::registry::RegisterKernelInterface::CustomReg(
-                    V(kProvider), V(kGatherType), [] { return std::make_shared<GatherInfer>(); }) != mindspore::kSuccess)
-    return Fail(std::string("Lite refused to register the shape inference of ") + kGatherType);
   if (!kernels && (lk::RegisterAttend(false) || lk::RegisterLayerOps(false))) return 1;
   kernels = true;
   if (op_info && !infos) {
@@ -420,8 +466,12 @@ int lk_register(int op_info) {
       if (!mindspore::kernel::OpLib::RegOp(OpInfo(type.name, dtypes), ""))
         return Fail(std::string("MindSpore's op-info library refused ") + type.name);
     }
-    if (!mindspore::kernel::OpLib::RegOp(OpInfo(kGatherType, {"int32", "int8", "float32"}), ""))
-      return Fail(std::string("MindSpore's op-info library refused ") + kGatherType);
+    for (const GatherInfo &gather : kGathers) {
+      std::vector<std::string> dtypes = {"int32", gather.table_dtype, "float32"};
+      dtypes.resize(gather.inputs);
+      if (!mindspore::kernel::OpLib::RegOp(OpInfo(gather.name, dtypes), ""))
+        return Fail(std::string("MindSpore's op-info library refused ") + gather.name);
+    }
     if (lk::RegisterAttend(true) || lk::RegisterLayerOps(true)) return 1;
     infos = true;
   }
@@ -439,10 +489,12 @@ int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   return RunLinear(kind, x, M, K, w, scale, mins, N, G, y, threads, lite_workers != 0);
 }
 
-// The int8 lookup without Lite (tests): out (count, H) = rows `ids` of q (V, H) in panels times their scale.
-int lk_gather_i8(const int32_t *ids, int64_t count, const int8_t *q, const float *scale, int64_t V, int64_t H,
-                 float *out) {
-  return GatherI8(ids, count, q, scale, V, H, out);
+// A lookup without Lite (tests): out (count, H) = rows `ids` of a table (V, H) stored as `kind` (lk::Kind: kI8
+// with its scales, or kF32P16).
+int lk_gather(int kind, const int32_t *ids, int64_t count, const void *table, const float *scale, int64_t V, int64_t H,
+              float *out) {
+  if (kind != lk::kI8 && kind != lk::kF32P16) return Fail("kind " + std::to_string(kind) + ": allowed 1 or 4");
+  return Gather(kind, ids, count, table, scale, V, H, out);
 }
 
 // A plain read of `bytes` bytes over `threads` threads of the pool (the bandwidth a benchmark compares
