@@ -396,19 +396,4 @@ int lite_profile(void *handle, int runs, int by_name, char *text, size_t text_le
   });
 }
 
-// Where Predict left output `index` (Lite's memory, valid until the next Predict) and its size in
-// bytes: how a graph with dynamic dimensions returns its outputs. Their shapes are the caller's to
-// know (Lite 2.0 reports the shapes of the previous call after a Resize).
-int lite_result(void *handle, int index, void **data, size_t *nbytes) {
-  return Guarded("lite_result", [&]() -> int {
-    auto *h = AsHandle(handle);
-    if (CheckIndex(h->results.size(), index, "result")) return 1;
-    auto &result = h->results[index];
-    *data = result.MutableData();
-    *nbytes = result.DataSize();
-    if (*data == nullptr) return Fail("result " + h->output_names[index] + " has no data");
-    return 0;
-  });
-}
-
 }  // extern "C"
