@@ -27,9 +27,6 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 MATMUL_FUSION = 89              # schema::PrimitiveType_MatMulFusion of Lite 2.0's ops.fbs
-CUSTOM = 191                    # schema::PrimitiveType_Custom; its table's field 0 is the type
-# the project's kernels that read their weight (a tied head's table) once, into a copy shared among them
-COPYING_CUSTOM = (b"LiteLinearF32P16", b"LiteGatherF32P16")
 PAGE = mmap.PAGESIZE
 MIN_TENSOR_BYTES = 2 * PAGE     # a smaller weight holds at most one whole page
 _PROT_NONE, _PROT_RW, _MADV_DONTNEED = 0, mmap.PROT_READ | mmap.PROT_WRITE, 4
@@ -84,27 +81,16 @@ class _Table:
         return list(struct.unpack_from(f"<{count}I", self.buf, start)) if count else []
 
 
-def _copies_weight(primitive, buf) -> bool:
-    """A node that reads its weight (second input) only into a copy: Lite's MatMul (packed) or the project's
-    float32 panels kernels (aligned)."""
-    if primitive is None:
-        return False
-    if primitive.byte(0) == MATMUL_FUSION:
-        return True
-    custom = primitive.table(1) if primitive.byte(0) == CUSTOM else None
-    at = custom._target(0) if custom is not None else None
-    return at is not None and bytes(buf[at + 4:at + 4 + struct.unpack_from("<I", buf, at)[0]]) in COPYING_CUSTOM
-
-
 def matmul_weight_ranges(buf) -> List[Tuple[int, int]]:
-    """(offset, length) in a `.ms` file of the data of every constant tensor that only nodes copying their
-    weight read, each as its weight (second) input. Lite's schema (model.fbs): MetaGraph fields 3
-    inputIndex, 4 outputIndex, 6 nodes, 7 allTensors; CNode 2 primitive, 3 inputIndex; Primitive 0
-    value_type, 1 value; Custom 0 type; Tensor 6 data."""
+    """(offset, length) in a `.ms` file of the data of every constant tensor that only MatMul nodes read,
+    each as its weight (second) input: Lite reads those into packed copies. Lite's schema (model.fbs):
+    MetaGraph fields 3 inputIndex, 4 outputIndex, 6 nodes, 7 allTensors; CNode 2 primitive, 3 inputIndex;
+    Primitive 0 value_type; Tensor 6 data."""
     graph = _Table(buf, struct.unpack_from("<I", buf, 0)[0])
     readers: Dict[int, List[bool]] = {}
     for node in graph.tables(6):
-        copies = _copies_weight(node.table(2), buf)
+        primitive = node.table(2)
+        copies = primitive is not None and primitive.byte(0) == MATMUL_FUSION
         for position, tensor in enumerate(node.uints(3)):
             readers.setdefault(tensor, []).append(copies and position == 1)
     boundary = set(graph.uints(3)) | set(graph.uints(4))

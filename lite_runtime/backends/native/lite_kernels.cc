@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -230,27 +229,6 @@ int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const
   return 0;
 }
 
-// A 64-byte aligned copy of a constant, one per constant however many kernels read it (a tied head's product
-// and the lookup share the table), made when Lite makes the kernels: the loader then gives back the model's
-// pages of it (lite_weights.py), and a tile row is one cache line (constants sit 4-byte aligned in a model;
-// SmolLM2-135M's products at M 32 took 1.3-1.4x as long unaligned).
-std::shared_ptr<const void> AlignedCopy(const MSTensor &tensor) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void *, size_t>, std::weak_ptr<const void>> copies;
-  auto data = tensor.Data();
-  if (!data) return nullptr;
-  const size_t bytes = tensor.DataSize();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto &slot = copies[{data.get(), bytes}];
-  if (auto held = slot.lock()) return held;
-  void *copy = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (copy == nullptr) return nullptr;
-  std::memcpy(copy, data.get(), bytes);
-  std::shared_ptr<const void> shared(copy, std::free);
-  slot = shared;
-  return shared;
-}
-
 // Checks a node's inputs; `known`: shapes are final (Execute), not possibly -1 (Prepare).
 std::string CheckInputs(const TypeInfo &type, const std::vector<MSTensor> &in) {
   std::string who = std::string(type.name) + ": ";
@@ -272,16 +250,9 @@ class LinearKernel : public mindspore::kernel::Kernel {
  public:
   LinearKernel(const TypeInfo &type, const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
                const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx)
-      : Kernel(inputs, outputs, primitive, ctx), type_info_(type) {
-    if (type_info_.kind == lk::kF32P16 && CheckInputs(type_info_, inputs_).empty()) panels_ = AlignedCopy(inputs_[1]);
-  }
+      : Kernel(inputs, outputs, primitive, ctx), type_info_(type) {}
 
-  int Prepare() override {
-    std::string error = CheckInputs(type_info_, inputs_);
-    if (error.empty() && type_info_.kind == lk::kF32P16 && !panels_ && !(panels_ = AlignedCopy(inputs_[1])))
-      error = std::string(type_info_.name) + ": no weight data";
-    return Report(error);
-  }
+  int Prepare() override { return Report(CheckInputs(type_info_, inputs_)); }
   int ReSize() override { return Prepare(); }
 
   int Execute() override {
@@ -299,7 +270,7 @@ class LinearKernel : public mindspore::kernel::Kernel {
     if (y.Shape() != ys) y.SetShape(ys);
     float *out = static_cast<float *>(y.MutableData());
     auto x = inputs_[0].Data();
-    std::shared_ptr<const void> w = type_info_.kind == lk::kF32P16 ? panels_ : inputs_[1].Data();
+    auto w = inputs_[1].Data();
     std::shared_ptr<const void> scale, mins;
     if (type_info_.inputs > 2) scale = inputs_[2].Data();
     if (type_info_.inputs > 3) mins = inputs_[3].Data();
@@ -316,23 +287,15 @@ class LinearKernel : public mindspore::kernel::Kernel {
 
  private:
   const TypeInfo &type_info_;
-  std::shared_ptr<const void> panels_;   // kF32P16: the weight's aligned copy (AlignedCopy)
 };
 
 class GatherKernel : public mindspore::kernel::Kernel {
  public:
   GatherKernel(const GatherInfo &info, const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
                const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx)
-      : Kernel(inputs, outputs, primitive, ctx), info_(info) {
-    if (info_.kind == lk::kF32P16 && Check().empty()) table_ = AlignedCopy(inputs_[1]);
-  }
+      : Kernel(inputs, outputs, primitive, ctx), info_(info) {}
 
-  int Prepare() override {
-    std::string error = Check();
-    if (error.empty() && info_.kind == lk::kF32P16 && !table_ && !(table_ = AlignedCopy(inputs_[1])))
-      error = std::string(info_.name) + ": no table data";
-    return Report(error);
-  }
+  int Prepare() override { return Report(Check()); }
   int ReSize() override { return Prepare(); }
 
   int Execute() override {
@@ -342,7 +305,7 @@ class GatherKernel : public mindspore::kernel::Kernel {
     auto &y = outputs_[0];
     if (y.Shape() != ys) y.SetShape(ys);
     auto ids = inputs_[0].Data();
-    std::shared_ptr<const void> w = info_.kind == lk::kF32P16 ? table_ : inputs_[1].Data();
+    auto w = inputs_[1].Data();
     std::shared_ptr<const void> scale = info_.inputs > 2 ? inputs_[2].Data() : nullptr;
     float *out = static_cast<float *>(y.MutableData());
     if (out == nullptr || ids == nullptr || w == nullptr || (info_.inputs > 2 && scale == nullptr))
@@ -368,7 +331,6 @@ class GatherKernel : public mindspore::kernel::Kernel {
   }
 
   const GatherInfo &info_;
-  std::shared_ptr<const void> table_;    // kF32P16: the table's aligned copy (AlignedCopy)
 };
 
 class GatherInfer : public mindspore::kernel::KernelInterface {
