@@ -41,6 +41,8 @@ def build(shapes, storage: str, group: int, rng):
         w = (rng.standard_normal((n, k), dtype=np.float32) * 0.05)
         if storage == "float32":
             layers.append([w])
+        elif storage == "float32_p16":     # what `weights: float32` stores: the float GEMM's panels
+            layers.append([quant.pack_f32_panels(w)])
         elif storage == "int8":
             layers.append(list(quant.quantize_int8(w)))
         else:
@@ -65,7 +67,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps timed per round")
-    p.add_argument("--kinds", nargs="+", default=["float32", "int8", "int4"])
+    p.add_argument("--kinds", nargs="+", default=["float32_p16", "int8", "int4"],
+                   help="storages: float32_p16 (weights: float32), float32 (by rows), int8, int4")
     p.add_argument("--group", type=int, default=32)
     p.add_argument("--head", action="store_true", help="include the output head")
     args = p.parse_args()
