@@ -175,11 +175,13 @@ class PackedKVCache(KVCache):
             [np.ascontiguousarray(a[:, :, :span] if i % 2 else a[..., :span]) for i, a in enumerate(self.arrays)]
         outputs = run(STEP, [ids, rows, positions, past, last, *extra, *arrays])
         self.ensure(int(positions.max()) + 1)
+        one = len(rows) == 1        # a batch-1 decode step: plain indices, a quarter of index arrays' cost
+        r, p = (int(rows[0]), int(positions[0])) if one else (rows, positions)
         for i, (cache, new) in enumerate(zip(self.arrays, outputs[1:])):
             if i % 2:
-                cache[rows, :, positions, :] = new
+                cache[r, :, p, :] = new[0] if one else new
             else:
-                cache[rows, :, :, positions] = new
+                cache[r, :, :, p] = new[0] if one else new
         return outputs[0]
 
     def prefill(self, run, input_ids, valid_length, extra):

@@ -122,7 +122,7 @@ class NativeStepGraph(_NativeGraphs):
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
         model, bound = self._models[STEP], self._bound
         first_cache = len(feeds) - self._caches
-        if [np.shape(f) for f in feeds] != [b.shape for b in bound]:
+        if len(feeds) != len(bound) or any(f is not b and np.shape(f) != b.shape for f, b in zip(feeds, bound)):
             tokens, picks = len(feeds[0]), len(feeds[self._picks])     # N tokens, L of them given logits
             per_call = lambda spec: picks if spec.name == "logits" else tokens
             model.resize([np.shape(f) for f in feeds],
