@@ -86,7 +86,10 @@ def test_the_load_estimate_is_a_multiple_of_the_weight_files_the_manifest_lists(
 
     cpu = load_manifest(first_exports["cpu"][0])
     estimate = estimate_load(cpu)
-    assert estimate.form == "ms" and estimate.files == ["mindir_step/rank_0_graph.ms"] and estimate.multiple == 2.0
+    assert cpu.quantization["head_on_kernel"]     # target cpu's products on the kernels, reading Lite's copy
+    assert estimate.form == "ms" and estimate.files == ["mindir_step/rank_0_graph.ms"] and estimate.multiple == 1.5
+    matmul = dataclasses.replace(cpu, quantization=dict(cpu.quantization, head_on_kernel=False))
+    assert estimate_load(matmul).multiple == 2.0       # Lite's MatMul keeps a packed copy beside its own
     assert estimate.weight_bytes == os.path.getsize(os.path.join(cpu.root, "mindir_step/rank_0_graph.ms"))
     mindir = estimate_load(cpu, lite_format="mindir")
     assert mindir.form == "mindir" and mindir.files == ["mindir_step/rank_0_graph.mindir"]
@@ -94,7 +97,7 @@ def test_the_load_estimate_is_a_multiple_of_the_weight_files_the_manifest_lists(
 
 def test_the_load_estimate_of_other_forms_and_what_each_refusal_advises(first_exports, monkeypatch):
     """Float16 counts twice (Lite widens it on CPU); .ms segments 1.2x with the weight release, 2.0x
-    without, one .ms 3.0x without. A refusal advises what loads with less: target cpu for MindIR,
+    without, one .ms on the kernels 2.0x without (on Lite's MatMul 3.0x). A refusal advises what loads with less: target cpu for MindIR,
     segments for one .ms, nothing to export for segments."""
     cpu = load_manifest(first_exports["cpu"][0])
     base = estimate_load(cpu)
@@ -108,7 +111,9 @@ def test_the_load_estimate_of_other_forms_and_what_each_refusal_advises(first_ex
         with pytest.raises(ResourceError, match=re.escape(advice)):
             check_load_memory(manifest)
     monkeypatch.setenv("LITE_RELEASE_WEIGHTS", "0")
-    assert estimate_load(cpu).multiple == 3.0 and estimate_load(segments).multiple == 2.0
+    assert estimate_load(cpu).multiple == 2.0 and estimate_load(segments).multiple == 2.0
+    matmul = dataclasses.replace(cpu, quantization=dict(cpu.quantization, head_on_kernel=False))
+    assert estimate_load(matmul).multiple == 3.0
 
 
 @pytest.mark.fast
