@@ -55,6 +55,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from bench_scale import SHAPES, weight_counts  # noqa: E402
 from bench_decode import VENV_MS20_PYTHON  # noqa: E402
+from bench_quant import llama_file  # noqa: E402
 from compare_peers import BENCH_MODELS, BENCH_SEQ_LENGTH, PEER_TOOL, PEERS_PYTHON, prepare, wait_until_idle  # noqa: E402
 from lite_runtime.contract.command_line import CONTEXT, entry_point  # noqa: E402
 from lite_runtime.contract.errors import ToolchainError  # noqa: E402
@@ -236,9 +237,14 @@ os.rename(out + ".part", out)
 """
 
 
+def gguf_work_dir(args) -> str:
+    """Where the --gguf model's exports and copies are kept."""
+    return os.path.join(args.work_dir, "peers_" + os.path.basename(args.gguf).split(".")[0])
+
+
 def build_gguf_peers(args) -> tuple:
     """(our export, OpenVINO GenAI's folder) of the --gguf model, made once under --work_dir."""
-    work = os.path.join(args.work_dir, "peers_" + os.path.basename(args.gguf).split(".")[0])
+    work = gguf_work_dir(args)
     suffix = (("" if args.rows == CACHE_ROWS else f"_r{args.rows}") + ("" if args.attention == "kernel" else "_graph")
               + ("" if args.weights == "float32" else f"_{args.weights}"))
     ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu" + suffix, "hf", "openvino"))
@@ -372,8 +378,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
               "build/models/SmolLM2-135M-Instruct.Q4_1.gguf, which `make setup` fetches)")
 @click.option("--llama_server", default=None, help="with --gguf: llama.cpp's llama-server binary (`make llama-server`) "
               "run on --llama_gguf, the same weights as float32")
-@click.option("--llama_gguf", default=os.path.join(REPO, "build", "bench_quant", "llama_F32.gguf"), show_default=True,
-              help="the GGUF llama-server runs (tools/bench_quant.py --llama_cpp F32 writes it)")
+@click.option("--llama_gguf", default=None,
+              help="the GGUF llama-server runs (default: llama.cpp's F32 copy of --gguf, made beside our export of it)")
 @click.option("--attention", type=click.Choice(["kernel", "graph"]), default="kernel", show_default=True,
               help="with --gguf: our export's `attention` key")
 @click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="float32", show_default=True,
@@ -396,6 +402,12 @@ def command(**options):
         raise click.UsageError("--peers runs our side on --backend mslite (the export is a Lite .ms)")
     if args.gguf and not (args.peers and os.path.isfile(args.gguf)):
         raise click.UsageError(f"--gguf {args.gguf!r}: give an existing GGUF file, with --peers")
+    if args.llama_server and not (args.gguf and os.path.isfile(args.llama_server)):
+        raise click.UsageError(f"--llama_server {args.llama_server!r}: give llama-server's binary (`make llama-server` "
+                               "builds it), with --gguf")
+    if args.llama_gguf and not os.path.isfile(args.llama_gguf):
+        raise click.UsageError(f"--llama_gguf {args.llama_gguf!r} does not exist; leave it out for llama.cpp's F32 "
+                               "copy of --gguf")
     os.makedirs(args.work_dir, exist_ok=True)
     model_dir, ov_dir = build_peers(args) if args.peers else (args.model_dir, None)
     manifest = load_manifest(model_dir)
@@ -415,8 +427,9 @@ def command(**options):
     static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
     engine_rows = ov_rows = llama_rows = None
     if args.llama_server:
+        gguf = args.llama_gguf or llama_file(args.gguf, gguf_work_dir(args), "F32")   # our float32 weights, llama.cpp's
         idle()
-        llama_rows = with_ends(llama_server_side(args.llama_server, args.llama_gguf, jobs, args))
+        llama_rows = with_ends(llama_server_side(args.llama_server, gguf, jobs, args))
     if ov_dir:
         idle()
         engine_rows = with_ends(child_side(ENGINE, "engine", model_dir, args.backend, jobs, args.work_dir,
