@@ -97,8 +97,8 @@ def test_the_load_estimate_is_a_multiple_of_the_weight_files_the_manifest_lists(
 
 def test_the_load_estimate_of_other_forms_and_what_each_refusal_advises(first_exports, monkeypatch):
     """Float16 counts twice (Lite widens it on CPU); .ms segments 1.2x with the weight release, 2.0x
-    without, one .ms on the kernels 2.0x without (on Lite's MatMul 3.0x). A refusal advises what loads with less: target cpu for MindIR,
-    segments for one .ms, nothing to export for segments."""
+    without, one .ms on the kernels 2.0x without (on Lite's MatMul 3.0x). A refusal advises what loads
+    with less: target cpu for MindIR, segments for one .ms, nothing to export for segments."""
     cpu = load_manifest(first_exports["cpu"][0])
     base = estimate_load(cpu)
     assert estimate_load(dataclasses.replace(cpu, compute_dtype="float16")).weight_bytes == 2 * base.weight_bytes
