@@ -79,11 +79,11 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    layers = {"float32": "LiteLinearF32P16", "int8": "LiteLinearI8P4", "int4": "LiteLinearI4Min"}[scheme]
+    layers = {"float32": "LiteLinearF32P16", "int8": "LiteLinearI8P16", "int4": "LiteLinearI4Min"}[scheme]
     head, embedding = schemes_of(form)
-    head_type = "LiteLinearI8P4" if head == "int8" else "LiteLinearF32P16"    # the head on a kernel too
+    head_type = "LiteLinearI8P16" if head == "int8" else "LiteLinearF32P16"    # the head on a kernel too
     # the embedding looked up by a kernel: int8, or the float32 panels a tied head reads
-    lookup = "LiteGatherI8P4" if embedding == "int8" else "LiteGatherF32P16" if form.startswith("tied") \
+    lookup = "LiteGatherI8P16" if embedding == "int8" else "LiteGatherF32P16" if form.startswith("tied") \
         and head == embedding else None
     assert manifest.kernels == ([layers] + ([head_type] if head_type != layers else []) + ([lookup] if lookup else [])
                                 + ["LiteAttend", "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"])
@@ -221,9 +221,11 @@ def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quan
         load_session("ms", load_manifest(export))
 
 
-def test_an_int8_export_of_the_retired_row_layout_is_refused_with_the_command_that_exports_it_again(quantized,
-                                                                                                     tmp_path):
-    export = int8_export_naming_kernels(quantized, tmp_path, ["LiteLinearI8"])
-    with pytest.raises(ArtifactError, match=r"linear layers run the kernel LiteLinearI8 \(int8 rows stored whole.*\), which is "
+@pytest.mark.parametrize("kernel, layout", [("LiteLinearI8", "int8 rows stored whole"),
+                                            ("LiteLinearI8P4", "int8 in panels of 4 rows")])
+def test_an_int8_export_of_a_retired_layout_is_refused_with_the_command_that_exports_it_again(quantized, tmp_path,
+                                                                                              kernel, layout):
+    export = int8_export_naming_kernels(quantized, tmp_path, [kernel])
+    with pytest.raises(ArtifactError, match=rf"linear layers run the kernel {kernel} \({layout}.*\), which is "
                                             r"retired: export it again with this version: python -m exporter"):
         load_manifest(export)

@@ -3,8 +3,8 @@
 types that run them on MindSpore Lite, and numpy quantizers / dequantizers. numpy only.
 
 Storage of a linear weight W (N, K) (out, in):
-  int8          q int8 (N, K) stored in panels of 4 rows (pack_int8: the kernel reads a panel as one stream),
-                scale float32 (N,): w = q * scale[n]; q in [-127, 127]
+  int8          q int8 (N, K) stored as float32's panels (pack_int8: 16 rows transposed, the float GEMM's
+                tiles, converted as they are read), scale float32 (N,): w = q * scale[n]; q in [-127, 127]
   int4          u in [0, 15] packed two to a byte, int8 (N, Kp / 2), Kp = K rounded up to 32; in each run of
                 32 weights along K byte j holds weight j (low nibble) and j + 16 (high nibble);
                 scale float32 (N, G), G = ceil(K / group): w = (u - 8) * scale[n, g]
@@ -26,11 +26,11 @@ EMBEDDING_SCHEMES = ("float32", "int8")
 GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
-OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P4",
+OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P16",
                             "int4": "LiteLinearI4", "int4_min": "LiteLinearI4Min"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
 # int8 with its scales, or float32 in the GEMM's panels.
-GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P4", "float32_p16": "LiteGatherF32P16"}
+GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16"}
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
 ATTEND_TYPE = "LiteAttend"
 # A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
@@ -138,34 +138,14 @@ def unpack_f32_panels(packed: np.ndarray) -> np.ndarray:
     return _transpose_panels(packed, by_rows=False)
 
 
-def _panel_split(n: int, k: int) -> Tuple[int, int]:
-    return n - n % 4, k - k % 8
-
-
 def pack_int8(q: np.ndarray) -> np.ndarray:
-    """q (N, K) by rows -> the panel layout, still shaped (N, K): rows 4p .. 4p+3 become 4K bytes, for each
-    run of 8 weights along K the four rows' 8 in turn, then each row's last K % 8; the last N % 4 rows stay
-    whole (linear_math.h)."""
-    n, k = q.shape
-    n4, k8 = _panel_split(n, k)
-    out = np.array(q, np.int8, copy=True)
-    head = q[:n4]
-    runs = head[:, :k8].reshape(n4 // 4, 4, k8 // 8, 8).transpose(0, 2, 1, 3).reshape(n4 // 4, 4 * k8)
-    tails = head[:, k8:].reshape(n4 // 4, 4 * (k - k8))
-    out[:n4] = np.concatenate([runs, tails], axis=1).reshape(n4, k)
-    return out
+    """q (N, K) int8 by rows -> the panel layout of pack_f32_panels, still shaped (N, K)."""
+    return _transpose_panels(np.asarray(q, np.int8), by_rows=True)
 
 
 def unpack_int8(packed: np.ndarray) -> np.ndarray:
     """The panel layout (pack_int8) -> q (N, K) by rows."""
-    n, k = packed.shape
-    n4, k8 = _panel_split(n, k)
-    out = np.array(packed, np.int8, copy=True)
-    panels = packed[:n4].reshape(n4 // 4, 4 * k)
-    runs = panels[:, :4 * k8].reshape(n4 // 4, k8 // 8, 4, 8).transpose(0, 2, 1, 3).reshape(n4, k8)
-    tails = panels[:, 4 * k8:].reshape(n4, k - k8)
-    out[:n4] = np.concatenate([runs, tails], axis=1)
-    return out
+    return _transpose_panels(packed, by_rows=False)
 
 
 def _groups(w: np.ndarray, group: int) -> Tuple[np.ndarray, int]:

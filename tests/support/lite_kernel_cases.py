@@ -284,9 +284,8 @@ def test_quantizers_round_to_nearest_within_half_a_step():
 
 @pytest.mark.parametrize("storage", ["int8", "float32_p16"])
 def test_a_lookup_gives_the_tables_rows(library, storage):
-    """LiteGatherI8P4 reads rows of the int8 panels (rows in a panel and the last N % 4 rows stored whole,
-    K off the runs of 8), each times its scale; LiteGatherF32P16 rows of the float32 panels (a row is a column
-    of its panel; the last N % 16 rows whole); an id outside the table is refused."""
+    """LiteGatherI8P16 reads rows of the int8 panels, each times its scale, LiteGatherF32P16 rows of the float32
+    panels (a row is a column of its panel; the last N % 16 rows whole); an id outside the table is refused."""
     rng = np.random.default_rng(5)
     scheme = "int8" if storage == "int8" else "float32"
     for v, h in ((7, 19), (12, 64), (5, 3), (37, 20), (48, 9)):

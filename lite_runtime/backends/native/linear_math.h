@@ -8,9 +8,7 @@
 //   kF32P16 W float32 (N, K) in panels for a float GEMM: rows 16p .. 16p+15 are one panel of 16K floats,
 //          transposed: weight (16p + j, k) at 16Kp + 16k + j; the last N % 16 rows are stored whole after
 //          the panels (row n at nK).
-//   kI8    W int8 (N, K) in panels, scale float32 (N): w = q * scale[n]. Rows 4p .. 4p+3 are one panel of
-//          4K bytes: for each run of 8 weights along K the four rows' 8 bytes in turn, then the K % 8 last
-//          weights of each row in turn; the last N % 4 rows are stored whole after the panels.
+//   kI8    W int8 (N, K) in kF32P16's panels, scale float32 (N): w = q * scale[n].
 //   kI4    W uint8 (N, Kp/2), Kp = K rounded up to 32; in each run of 32 weights along K, byte j holds
 //          weight j in its low nibble and weight j + 16 in its high nibble (llama.cpp's Q4_0 order).
 //          scale float32 (N, G), G groups of `group` weights (a multiple of 32; the last may be short):
@@ -42,25 +40,20 @@ struct LinearArgs {
   bool wide = false;          // AVX-512 present (avx2 build only): the prefill GEMM on 16-float registers
 };
 
-// Byte offset of weight (n, k) of an int8 W (N, K) in the panel layout above.
-inline int64_t I8Offset(int64_t N, int64_t K, int64_t n, int64_t k) {
-  const int64_t K8 = K & ~int64_t(7);
-  if (n >= (N & ~int64_t(3))) return n * K + k;
-  const int64_t base = (n & ~int64_t(3)) * K, j = n & 3;
-  return k < K8 ? base + (k >> 3) * 32 + j * 8 + (k & 7) : base + 4 * K8 + j * (K - K8) + (k - K8);
-}
-
 // Columns of W packed together for prefill-sized M (and kF32P16's panels).
 constexpr int64_t kTileCols = 16;
 
-// Index of W[n][k] in kF32P16's layout (N, K): a panel's row n is its column n % 16, the last N % 16 rows whole.
-inline int64_t F32P16Offset(int64_t N, int64_t K, int64_t n, int64_t k) {
+// Index of W[n][k] in the panel layout of kF32P16 and kI8 (N, K): a panel's row n is its column n % 16, the
+// last N % 16 rows whole.
+inline int64_t PanelOffset(int64_t N, int64_t K, int64_t n, int64_t k) {
   return n < N / kTileCols * kTileCols ? (n - n % kTileCols) * K + k * kTileCols + n % kTileCols : n * K + k;
 }
 
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
-inline int64_t BlockRows(int kind) { return kind == kF32P16 ? 2 * kTileCols : kBlockRows; }   // panel pairs
+inline int64_t BlockRows(int kind) {     // the panel layouts: pairs of panels
+  return kind == kF32P16 || kind == kI8 ? 2 * kTileCols : kBlockRows;
+}
 
 // Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);

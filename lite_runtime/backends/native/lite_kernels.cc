@@ -56,11 +56,11 @@ struct TypeInfo {
 };
 const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
                            {"LiteLinearF32P16", lk::kF32P16, 2, "float32"},
-                           {"LiteLinearI8P4", lk::kI8, 3, "int8"},
+                           {"LiteLinearI8P16", lk::kI8, 3, "int8"},
                            {"LiteLinearI4", lk::kI4, 3, "int8"},
                            {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
 // The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
-// A tied head's product reads the same constants: int8 in LiteLinearI8P4's panels with its scale float32 (V,),
+// A tied head's product reads the same constants: int8 in LiteLinearI8P16's panels with its scale float32 (V,),
 // or float32 in LiteLinearF32P16's.
 struct GatherInfo {
   const char *name;
@@ -69,7 +69,7 @@ struct GatherInfo {
   DataType table;
   const char *table_dtype;   // op-info name
 };
-const GatherInfo kGathers[] = {{"LiteGatherI8P4", lk::kI8, 3, DataType::kNumberTypeInt8, "int8"},
+const GatherInfo kGathers[] = {{"LiteGatherI8P16", lk::kI8, 3, DataType::kNumberTypeInt8, "int8"},
                                {"LiteGatherF32P16", lk::kF32P16, 2, DataType::kNumberTypeFloat32, "float32"}};
 
 // The loops for this CPU: AVX2 + FMA with the prefill GEMM on AVX-512 registers ("avx512"), AVX2 + FMA, or
@@ -220,10 +220,10 @@ int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const
     float *row = out + i * H;
     if (kind == lk::kI8) {
       const int8_t *q = static_cast<const int8_t *>(table);
-      for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::I8Offset(V, H, v, k)]);
+      for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::PanelOffset(V, H, v, k)]);
     } else {
       const float *w = static_cast<const float *>(table);
-      for (int64_t k = 0; k < H; ++k) row[k] = w[lk::F32P16Offset(V, H, v, k)];
+      for (int64_t k = 0; k < H; ++k) row[k] = w[lk::PanelOffset(V, H, v, k)];
     }
   }
   return 0;
@@ -377,7 +377,7 @@ const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
 const char *lk_types() {
-  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P4,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P4,LiteGatherF32P16,"
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P16,LiteGatherF32P16,"
          "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 
