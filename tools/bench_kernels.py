@@ -46,8 +46,7 @@ def build(shapes, storage: str, group: int, rng):
         elif storage == "int8":
             layers.append(list(quant.quantize_int8(w)))
         else:
-            packed, scale, _ = quant.quantize_int4(w, group)
-            layers.append([packed, scale])
+            layers.append(list(quant.quantize_int4(w, group)))
     return layers
 
 
@@ -55,7 +54,8 @@ def nbytes(layers) -> int:
     return sum(a.nbytes for consts in layers for a in consts)
 
 
-def step(layers, storage, xs, ys, threads):
+def step(layers, kind, xs, ys, threads):
+    storage = "int4_min" if kind == "int4" else kind
     for consts, x, y in zip(layers, xs, ys):
         lite_kernels.linear(x, storage, consts, threads, out=y)
 

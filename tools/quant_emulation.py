@@ -6,8 +6,9 @@
 The model is read by transformers from the GGUF (dequantized to float32); each scheme replaces every
 linear layer's weight but the head's by its quantized-then-dequantized values (the scheme's storage,
 rounding to nearest) and, with `+x`, rounds each layer's input to int8 per run of 32 along it
-(d = max|x| / 127, as llama.cpp's Q8_0 activations and the project's int4 kernels do). Teacher-forced over
---tokens tokens of the text, cut into 8 rows, as `tools/bench_quant.py --accuracy` measures exports:
+(d = max|x| / 127, as llama.cpp's Q8_0 activations do; the project's int4 kernels did until 2026-11-28).
+Teacher-forced over --tokens tokens of the text, cut into 8 rows, as `tools/bench_quant.py --accuracy`
+measures exports:
 prints each scheme's top-1 agreement with float32 and its perplexity.
 
 Schemes: int8 (per output channel, the kernels'), int8_g32 (a float32 scale per 32 inputs, llama.cpp's

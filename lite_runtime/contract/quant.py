@@ -5,10 +5,10 @@ types that run them on MindSpore Lite, and numpy quantizers / dequantizers. nump
 Storage of a linear weight W (N, K) (out, in):
   int8          q int8 (N, K) stored as float32's panels (pack_int8: 16 rows transposed, the float GEMM's
                 tiles, converted as they are read), scale float32 (N,): w = q * scale[n]; q in [-127, 127]
-  int4          u in [0, 15] packed two to a byte, int8 (N, Kp / 2), Kp = K rounded up to 32; in each run of
-                32 weights along K byte j holds weight j (low nibble) and j + 16 (high nibble);
-                scale float32 (N, G), G = ceil(K / group): w = (u - 8) * scale[n, g]
-  int4 with min as int4 with min float32 (N, G): w = u * scale[n, g] + min[n, g]
+  int4          u in [0, 15], K zero-padded to Kp (a multiple of 32), per group of `group` along K a float32
+                scale and min (N, G), G = ceil(K / group): w = u * scale[n, g] + min[n, g]; stored as the
+                panels of float32 (pack_int4: per pair of steps of k, 16 rows' u two to a byte; the scales and
+                mins transposed alike), converted as they are read
 Rounding is to nearest (numpy's, half to even).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P16",
-                            "int4": "LiteLinearI4", "int4_min": "LiteLinearI4Min"}
+                            "int4_min": "LiteLinearI4MinP16"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
 # int8 with its scales, or float32 in the GEMM's panels.
 GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16"}
@@ -39,7 +39,7 @@ NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
 LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
-KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4": 2, "int4_min": 3, "float32_p16": 4}   # lk::Kind
+KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 3, "float32_p16": 4}   # lk::Kind
 
 
 def aot_func(op_type: str) -> str:
@@ -160,53 +160,69 @@ def _groups(w: np.ndarray, group: int) -> Tuple[np.ndarray, int]:
 
 
 def pack_u4(u: np.ndarray) -> np.ndarray:
-    """u (N, K) in [0, 15] -> int8 (N, Kp / 2) in the kernels' nibble order (zero-padded to Kp)."""
-    n, k = u.shape
-    kp = -(-k // 32) * 32
-    full = np.zeros((n, kp), np.uint8)
-    full[:, :k] = u
-    runs = full.reshape(n, kp // 32, 2, 16)
+    """u (N, Kp) in [0, 15] -> int8 (N, Kp / 2): in each run of 32 along K byte j holds u j (low nibble) and
+    u j + 16 (high nibble)."""
+    n, kp = u.shape
+    runs = np.asarray(u, np.uint8).reshape(n, kp // 32, 2, 16)
     return (runs[:, :, 0, :] | (runs[:, :, 1, :] << 4)).reshape(n, kp // 2).view(np.int8)
 
 
-def unpack_u4(packed: np.ndarray, k: int) -> np.ndarray:
+def unpack_u4(packed: np.ndarray) -> np.ndarray:
     b = np.asarray(packed).view(np.uint8)
-    n = b.shape[0]
-    runs = b.reshape(n, -1, 16)
-    return np.stack([runs & 15, runs >> 4], axis=2).reshape(n, -1)[:, :k]
+    n, kp = b.shape[0], b.shape[1] * 2
+    runs = b.reshape(n, kp // 32, 16)
+    return np.stack([runs & 15, runs >> 4], axis=2).reshape(n, kp)
 
 
-def quantize_int4(w: np.ndarray, group: int, with_min: bool = False
-                  ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """(packed int8 (N, Kp / 2), scale (N, G), min (N, G) or None). Symmetric: u = q + 8, q in [-8, 7],
-    scale = max|w| / 7 per group; with a min: scale = (max - min) / 15."""
+def pack_int4(u: np.ndarray) -> np.ndarray:
+    """u (N, Kp) in [0, 15] -> int8 (N, Kp / 2) in panels: rows 16p .. 16p+15 as, for each pair of steps k, k + 1
+    (k even), 16 bytes whose byte j holds row 16p + j's u at k (low nibble) and at k + 1 (high nibble); the
+    last N % 16 rows whole (pack_u4) (linear_math.h)."""
+    n, kp = u.shape
+    n16 = n - n % PANEL_ROWS
+    u = np.asarray(u, np.uint8)
+    out = np.empty((n, kp // 2), np.int8)
+    pairs = u[:n16].reshape(n16 // PANEL_ROWS, PANEL_ROWS, kp // 2, 2).transpose(0, 2, 3, 1)    # (P, Kp/2, 2, 16)
+    out[:n16] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n16, kp // 2).view(np.int8)
+    out[n16:] = pack_u4(u[n16:])
+    return out
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:
+    """The panel layout (pack_int4) -> u (N, Kp)."""
+    b = np.asarray(packed).view(np.uint8)
+    n, kp = b.shape[0], b.shape[1] * 2
+    n16 = n - n % PANEL_ROWS
+    out = np.empty((n, kp), np.uint8)
+    pairs = b[:n16].reshape(n16 // PANEL_ROWS, kp // 2, 1, PANEL_ROWS)
+    out[:n16] = np.concatenate([pairs & 15, pairs >> 4], axis=2).transpose(0, 3, 1, 2).reshape(n16, kp)
+    out[n16:] = unpack_u4(b[n16:])
+    return out
+
+
+def quantize_int4(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packed int8 (N, Kp / 2), scale (N, G), min (N, G)), the three in panels (pack_int4,
+    pack_f32_panels): per group, scale = (max - min) / 15, u = rint((w - min) / scale)."""
     w = _rows(w)
-    k = w.shape[1]
+    n, k = w.shape
     grouped, _ = _groups(w, group)
-    if with_min:
-        lo, hi = grouped.min(axis=2), grouped.max(axis=2)
-        scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
-        u = np.clip(np.rint((grouped - lo[:, :, None]) / scale[:, :, None]), 0, 15)
-        mins = lo.astype(np.float32)
-    else:
-        amax = np.abs(grouped).max(axis=2)
-        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
-        u = np.clip(np.rint(grouped / scale[:, :, None]), -8, 7) + 8
-        mins = None
-    u = u.reshape(w.shape[0], -1)[:, :k].astype(np.uint8)
-    return pack_u4(u), scale, mins
+    lo, hi = grouped.min(axis=2), grouped.max(axis=2)
+    scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
+    u = np.clip(np.rint((grouped - lo[:, :, None]) / scale[:, :, None]), 0, 15).reshape(n, -1)
+    kp = -(-k // 32) * 32
+    full = np.zeros((n, kp), np.uint8)
+    full[:, :k] = u[:, :k]
+    return pack_int4(full), pack_f32_panels(scale), pack_f32_panels(lo.astype(np.float32))
 
 
 def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (unpack_int8(packed).astype(np.float32) * scale[:, None]).astype(np.float32)
 
 
-def dequantize_int4(packed: np.ndarray, scale: np.ndarray, k: int, group: int,
-                    mins: Optional[np.ndarray] = None) -> np.ndarray:
-    u = unpack_u4(packed, k).astype(np.float32)
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: np.ndarray, k: int, group: int) -> np.ndarray:
+    u = unpack_int4(packed)[:, :k].astype(np.float32)
     g = np.arange(k) // group
-    s = scale[:, g]
-    return (u * s + (mins[:, g] if mins is not None else -8.0 * s)).astype(np.float32)
+    return (u * unpack_f32_panels(scale)[:, g] + unpack_f32_panels(mins)[:, g]).astype(np.float32)
 
 
 def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
@@ -217,7 +233,7 @@ def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
     if scheme == "int8":
         return "int8", list(quantize_int8(w))
     if scheme == "int4":
-        return "int4_min", list(quantize_int4(w, group, with_min=True))
+        return "int4_min", list(quantize_int4(w, group))
     if scheme == "none":
         return "float32", [_rows(w)]
     if scheme == "float32":
@@ -230,8 +246,7 @@ def dequantize(storage: str, constants: list, k: int, group: int = 32) -> np.nda
     if storage == "int8":
         return dequantize_int8(*constants)
     if storage == "int4_min":
-        packed, scale, mins = constants
-        return dequantize_int4(packed, scale, k, group, mins)
+        return dequantize_int4(*constants, k, group)
     if storage == "float32_p16":
         return unpack_f32_panels(constants[0])
     return constants[0]

@@ -27,10 +27,10 @@ CASES = {
     "f32p16_wide": ("float32_p16", 576, 203, 0),
     "i8": ("int8", 100, 37, 0),
     "i8_wide": ("int8", 576, 203, 0),
-    "i4_g32": ("int4", 100, 37, 32),
-    "i4_g64": ("int4", 200, 37, 64),
-    "i4_g128": ("int4", 300, 37, 128),
-    "i4min_g32": ("int4_min", 100, 37, 32),
+    "i4_g32": ("int4_min", 100, 37, 32),
+    "i4_g64": ("int4_min", 200, 37, 64),
+    "i4_g128": ("int4_min", 300, 37, 128),
+    "i4_g32_wide": ("int4_min", 576, 203, 32),
 }
 
 
@@ -42,9 +42,8 @@ def constants(storage, w, group):
     if storage == "int8":
         q, s = quant.quantize_int8(w)
         return [q, s], quant.dequantize_int8(q, s)
-    packed, s, mins = quant.quantize_int4(w, group, with_min=storage == "int4_min")
-    deq = quant.dequantize_int4(packed, s, w.shape[1], group, mins)
-    return [packed, s] + ([mins] if mins is not None else []), deq
+    packed, s, mins = quant.quantize_int4(w, group)
+    return [packed, s, mins], quant.dequantize_int4(packed, s, mins, w.shape[1], group)
 
 
 class OneLinear(nn.Cell):

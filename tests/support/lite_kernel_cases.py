@@ -13,20 +13,16 @@ import pytest
 from lite_runtime.backends import lite_kernels
 from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
 from lite_runtime.contract import quant
-from support.activation_rounding import round_activations
 from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
-CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4min_g32")
+CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4_g32_wide")
 LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
                "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
 
 
-def reference(x, w, storage="float32"):
-    """int4 products take x rounded to int8 per run of 32 (activation_rounding.py)."""
-    if storage.startswith("int4"):
-        x = round_activations(x)
+def reference(x, w):
     return x.astype(np.float64) @ w.astype(np.float64).T
 
 
@@ -76,7 +72,7 @@ def test_a_custom_linear_on_lite_equals_numpy(graphs, case, fmt):
                 model.bind_inputs([x])
                 y, = model.predict()
                 assert y.shape == (rows, n)
-                assert_close(y, reference(x, w, "int4" if case.startswith("i4") else "float32"),
+                assert_close(y, reference(x, w),
                              f"{case}.{fmt}, {threads} threads, M={rows}")
         finally:
             model.close()
@@ -163,8 +159,7 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 # either side of int8's switch to dequantised tiles (kPairRowsI8), N 35 and 24: tiles of 8 rows and fewer
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
           (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24)]
-KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128), ("int4_min", 32),
-         ("int4_min", 128)]
+KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4_min", 32), ("int4_min", 64), ("int4_min", 128)]
 
 
 def _consts(storage, w, group):
@@ -175,9 +170,8 @@ def _consts(storage, w, group):
     if storage == "int8":
         q, s = quant.quantize_int8(w)
         return [q, s], quant.dequantize_int8(q, s)
-    packed, s, mins = quant.quantize_int4(w, group, with_min=storage == "int4_min")
-    return [packed, s] + ([mins] if mins is not None else []), quant.dequantize_int4(packed, s, w.shape[1], group,
-                                                                                     mins)
+    packed, s, mins = quant.quantize_int4(w, group)
+    return [packed, s, mins], quant.dequantize_int4(packed, s, mins, w.shape[1], group)
 
 
 def check_direct():
@@ -188,7 +182,7 @@ def check_direct():
         w = rng.standard_normal((n, k)).astype(np.float32)
         for storage, group in KINDS:
             consts, deq = _consts(storage, w, group)
-            ref = reference(x, deq, storage)
+            ref = reference(x, deq)
             for threads in (1, 2):
                 assert_close(lite_kernels.linear(x, storage, consts, threads), ref,
                              f"{storage} g{group} M={m} K={k} N={n} threads={threads}")
@@ -273,13 +267,15 @@ def test_quantizers_round_to_nearest_within_half_a_step():
     w = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
     q, s = quant.quantize_int8(w)
     assert np.abs(quant.dequantize_int8(q, s) - w).max() <= s.max() / 2 + 1e-7
-    for with_min in (False, True):
-        packed, s, mins = quant.quantize_int4(w, 32, with_min=with_min)
-        assert packed.shape == (5, 48) and s.shape == (5, 3)
-        err = np.abs(quant.dequantize_int4(packed, s, 70, 32, mins) - w)
-        assert (err <= np.repeat(s, 32, axis=1)[:, :70] / 2 + 1e-6).all()
-    assert (quant.unpack_u4(quant.pack_u4(np.arange(64, dtype=np.uint8).reshape(2, 32) % 16), 32)
-            == np.arange(64).reshape(2, 32) % 16).all()
+    packed, s, mins = quant.quantize_int4(w, 32)
+    assert packed.shape == (5, 48) and s.shape == mins.shape == (5, 3)
+    err = np.abs(quant.dequantize_int4(packed, s, mins, 70, 32) - w)
+    assert (err <= np.repeat(quant.unpack_f32_panels(s), 32, axis=1)[:, :70] / 2 + 1e-6).all()
+    u = np.arange(37 * 64, dtype=np.uint8).reshape(37, 64) % 16     # two panels and 5 rows whole
+    assert (quant.unpack_int4(quant.pack_int4(u)) == u).all()
+    packed = quant.pack_int4(u).view(np.uint8)     # the layout of linear_math.h, read byte by byte
+    assert packed[0, 0] == u[0, 0] | u[0, 1] << 4 and packed[0, 16 + 3] == u[3, 2] | u[3, 3] << 4
+    assert packed[32, 0] == u[32, 0] | u[32, 16] << 4
 
 
 @pytest.mark.parametrize("storage", ["int8", "float32_p16"])
@@ -307,5 +303,6 @@ def test_a_weight_that_does_not_fit_x_is_refused_in_one_line(library):
         lite_kernels.linear(np.zeros((1, 64), np.float32), "int8", [np.zeros((3, 32), np.int8),
                                                                     np.ones(3, np.float32)])
     with pytest.raises(ValueError, match="int4 scales have 5 groups per row"):
-        lite_kernels.linear(np.zeros((1, 64), np.float32), "int4", [np.zeros((3, 32), np.int8),
-                                                                    np.ones((3, 5), np.float32)])
+        lite_kernels.linear(np.zeros((1, 64), np.float32), "int4_min", [np.zeros((3, 32), np.int8),
+                                                                        np.ones((3, 5), np.float32),
+                                                                        np.zeros((3, 5), np.float32)])

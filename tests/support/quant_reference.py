@@ -1,7 +1,6 @@
 """transformers' greedy tokens and logits of an HF folder with its linear layers' weights replaced by
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
-in float32 as the exporter keeps them, and for int4 each layer's input rounded as the kernels round it
-(activation_rounding.py): the reference a quantized export must give. Run in its own process (torch):
+in float32 as the exporter keeps them: the reference a quantized export must give. Run in its own process (torch):
     python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD [EMBEDDING]]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
 across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
@@ -15,7 +14,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
-from support.activation_rounding import round_activations  # noqa: E402
 from support.hf_models import greedy_reference  # noqa: E402
 from lite_runtime.contract.quant import dequantize, quantize  # noqa: E402
 
@@ -50,9 +48,6 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", emb
                 def dequantized(w):
                     return dequantize(*quantize(w, scheme, group), w.shape[1], group)
                 module.weight.copy_(torch.from_numpy(per_share(dequantized, module.weight.numpy(), n)))
-                if scheme == "int4":
-                    module.register_forward_pre_hook(lambda _, args, n=n: (
-                        torch.from_numpy(per_share(round_activations, args[0].numpy(), n)),) + args[1:])
                 count += 1
     assert count, "no linear layer found"
     if embedding_scheme != "float32":       # in place: a head still tied to it follows

@@ -2,19 +2,19 @@
 // type: AVX2 + FMA registers when compiled with -mavx2 -mfma (namespace lk::avx2), plain arrays the
 // compiler vectorises as it can otherwise (lk::generic; vec8.h).
 //
-// float32 (kF32P16) and int8 (kI8) weights are stored as the tiles of a float GEMM, panels of 16 rows of W
-// transposed to (K, 16), and every M runs that GEMM straight from the stored panels, which it asks the cache
-// for ahead of use: each x[m, k] broadcast against a panel row (int8 converted to floats as it is loaded, the
-// rows' scales applied to the sums), 6 x 16 register blocks, 12 x 32 (two panels at a time) on AVX-512
-// registers where the CPU has them (args.wide). At one or two rows of X the sums run in several chains along
-// k, so that the loop waits on loads rather than on each FMA's latency. The panels are read where the model
-// holds them, 4-byte aligned: an aligned copy of SmolLM2-135M's weights raised its load's peak RSS 1.5x,
-// for steps 0.97-1.00x and prompt calls 0.99-1.01x the time on an AMD Zen 5.
-// int4 up to a few rows of X takes integer dot products of a row of W at a time against x rounded to int8
-// (up to 8 rows of X pair after pair, 6 with AVX-512); float32 stored by rows (kF32) up to 16 rows of X dot
-// products against one row of W at a time. Otherwise their rows of W are dequantised 16 at a time into a
-// tile transposed to (K, 16) (8 x 8 blocks transposed in registers; the tile 64-byte aligned by the caller),
-// which runs the same GEMM; so do the last N % 16 rows of the panel layouts, stored whole.
+// float32 (kF32P16), int8 (kI8) and int4 (kI4Min) weights are stored as the tiles of a float GEMM, panels of 16
+// rows of W transposed to (K, 16), and every M runs that GEMM straight from the stored panels, which it asks
+// the cache for ahead of use: each x[m, k] broadcast against a panel row (int8 and int4 converted to floats as
+// they are loaded: int8's rows' scales applied to the sums, int4 dequantised), 6 x 16 register blocks, 12 x 32
+// (two panels at a time) on AVX-512 registers where the CPU has them (args.wide). At one or two rows of X the
+// sums run in several chains along k, so that the loop waits on loads rather than on each FMA's latency, and
+// int4 takes its own loop (DecodeI4: scales and mins once a group). The panels are read where the model holds
+// them, 4-byte aligned: an aligned copy of SmolLM2-135M's weights raised its load's peak RSS 1.5x, for steps
+// 0.97-1.00x and prompt calls 0.99-1.01x the time on an AMD Zen 5.
+// float32 stored by rows (kF32) up to 16 rows of X takes dot products against one row of W at a time, more
+// rows dequantise 16 rows of W into a tile transposed to (K, 16) (8 x 8 blocks transposed in registers; the
+// tile 64-byte aligned by the caller), which runs the same GEMM; so do the last N % 16 rows of the panel
+// layouts, stored whole.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -66,54 +66,6 @@ inline void RowsF32(const float *x, int64_t ldx, int64_t rows, const float *w, i
   if (m < rows) RowF32<1, 4>(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
 }
 
-// Bytes ahead of the int4 decode loop that it asks the cache for: without it the int8 decode loop of the time
-// read 9 GB/s against a plain read's 16-21 (one core, SmolLM2-135M's layers), 2 KB ahead 14; 0.25-1 KB and 4 KB
-// ahead less.
-constexpr int64_t kPrefetchBytes = 2048;
-
-// Up to these M, int4 runs its decode loop over pairs of X rows against each block of W (in L1 after the
-// first pair), beyond them the dequantised tiles ("Wide": their GEMM on AVX-512). A 1536 x 576 layer on one
-// thread, pairs against tiles (integer dot products): M 6 202 / 238 us wide (204 AVX2), M 8 262 / 208 (257),
-// M 12 400 / 269 (315).
-constexpr int64_t kPairRowsI4 = 8, kPairRowsI4Wide = 6;
-
-// Decode: MB (1 or 2) rows of X, rounded to int8 (a.xq, a.xs), against one row of int4 W: an integer dot
-// product per run of 32, scaled by x's scale of the run times the weights' of its group; runs in pairs
-// into two sums each, so that no sum waits for the one before.
-template <int MB>
-inline void RowI4(const LinearArgs &a, int64_t n) {
-  const int64_t runs = a.K / 32, per_group = a.group / 32;
-  const uint8_t *w = static_cast<const uint8_t *>(a.w) + n * (a.K / 2);
-  const float *scale = a.scale + n * a.G;
-  auto group_scale = [&](int64_t r) { return scale[a.group_shift >= 0 ? r >> a.group_shift : r / per_group]; };
-  V8 acc[MB][2];
-  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
-  int64_t r = 0;
-  for (; r + 2 <= runs; r += 2) {
-    if ((r & 3) == 0) __builtin_prefetch(w + r * 16 + kPrefetchBytes);
-    const U32 u0 = U4Bytes(w + r * 16), u1 = U4Bytes(w + r * 16 + 16);
-    const float s0 = group_scale(r), s1 = group_scale(r + 1);
-    for (int m = 0; m < MB; ++m) {
-      const int8_t *xq = a.xq + m * a.K + r * 32;
-      const float *xs = a.xs + m * runs + r;
-      acc[m][0] = Fma(DotU4(u0, xq), Bcast(xs[0] * s0), acc[m][0]);
-      acc[m][1] = Fma(DotU4(u1, xq + 32), Bcast(xs[1] * s1), acc[m][1]);
-    }
-  }
-  if (r < runs) {
-    const U32 u = U4Bytes(w + r * 16);
-    const float s0 = group_scale(r);
-    for (int m = 0; m < MB; ++m)
-      acc[m][0] = Fma(DotU4(u, a.xq + m * a.K + r * 32), Bcast(a.xs[m * runs + r] * s0), acc[m][0]);
-  }
-  for (int m = 0; m < MB; ++m) {
-    float y = Hsum(Add(acc[m][0], acc[m][1]));
-    const float *xsum = a.xsum + m * a.G;
-    for (int64_t g = 0; g < a.G; ++g) y += (a.min ? a.min[n * a.G + g] : -8.0f * scale[g]) * xsum[g];
-    a.y[m * a.N + n] = y;
-  }
-}
-
 // Rows [n, n + nb) of W (nb <= kTileCols), dequantized, transposed into tile[k * kTileCols + j]; the
 // columns past nb are zeros.
 void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
@@ -143,11 +95,11 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
       for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = one(n + j, k);
     return;
   }
-  const uint8_t *w = static_cast<const uint8_t *>(a.w);
+  const uint8_t *w = static_cast<const uint8_t *>(a.w);     // kI4Min: its rows stored whole
   auto run32 = [&](int64_t r, int64_t run, V8 u[4]) {   // row r's run of 32 weights, dequantized
     const int64_t g = run * 32 / a.group;
     const float scale = a.scale[r * a.G + g];
-    const V8 sv = Bcast(scale), off = Bcast(a.min ? a.min[r * a.G + g] : -8.0f * scale);
+    const V8 sv = Bcast(scale), off = Bcast(a.min[r * a.G + g]);
     FromU4(w + r * (a.K / 2) + run * 16, u);
     for (int i = 0; i < 4; ++i) u[i] = Fma(u[i], sv, off);
   };
@@ -172,18 +124,82 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
     }
 }
 
-// A tile row's 8 weights as floats: float32 as stored, int8 converted.
-inline V8 LoadW(const float *p) { return Load(p); }
-inline V8 LoadW(const int8_t *p) { return FromI8(p); }
-
 // Bytes of a stored panel ahead of the GEMM that it asks the cache for (3 KB; SmolLM2-135M's float32
-// products at M 8: 0.73x the time without), once per cache line: every tile row of floats, every fourth of int8.
+// products at M 8: 0.73x the time without), once per cache line.
 constexpr int64_t kPrefetchTileBytes = 3072;
-template <typename T>
-inline void PrefetchRow(const T *tile, int64_t k) {
-  if (sizeof(T) == 4 || (k & 3) == 0)
-    __builtin_prefetch(tile + (k + kPrefetchTileBytes / int64_t(kTileCols * sizeof(T))) * kTileCols);
-}
+
+// The rows of a stored panel as the GEMM reads them, a step of k at a time: the 16 weights of row k of the
+// transposed panel as floats (Get: two halves of 8, Get16: one AVX-512 register), and the sums' last step
+// (Finish). Bytes: a row's size in the panel.
+struct F32Panel {     // float32 as stored (also a tile dequantised into scratch)
+  static constexpr int64_t kBytes = 64;
+  const float *t;
+  void Prefetch(int64_t k) const { __builtin_prefetch(t + (k + kPrefetchTileBytes / kBytes) * kTileCols); }
+  void Get(int64_t k, V8 &lo, V8 &hi) const {
+    lo = Load(t + k * kTileCols);
+    hi = Load(t + k * kTileCols + 8);
+  }
+  void Finish(V8 &, V8 &) const {}
+#if defined(__AVX2__) && defined(__FMA__)
+  __attribute__((target("avx512f"))) __m512 Get16(int64_t k) const { return _mm512_loadu_ps(t + k * kTileCols); }
+  __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
+#endif
+};
+
+struct I8Panel {      // int8 converted; the sums times the rows' scales
+  static constexpr int64_t kBytes = 16;
+  const int8_t *t;
+  const float *scale;   // the panel's 16
+  void Prefetch(int64_t k) const {
+    if ((k & 3) == 0) __builtin_prefetch(t + (k + kPrefetchTileBytes / kBytes) * kTileCols);
+  }
+  void Get(int64_t k, V8 &lo, V8 &hi) const {
+    lo = FromI8(t + k * kTileCols);
+    hi = FromI8(t + k * kTileCols + 8);
+  }
+  void Finish(V8 &lo, V8 &hi) const {
+    lo = Mul(lo, Load(scale));
+    hi = Mul(hi, Load(scale + 8));
+  }
+#if defined(__AVX2__) && defined(__FMA__)
+  __attribute__((target("avx512f"))) __m512 Get16(int64_t k) const {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(t + k * 16))));
+  }
+  __attribute__((target("avx512f"))) void Finish16(__m512 &sums) const {
+    sums = _mm512_mul_ps(sums, _mm512_loadu_ps(scale));
+  }
+#endif
+};
+
+struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row's group of k
+  static constexpr int64_t kBytes = 8;
+  const uint8_t *t;           // per pair of steps of k 16 bytes: the even step's u in the low nibbles
+  const float *scale, *min;   // the panel's (G, 16)
+  int64_t group;
+  int shift;                  // log2(group) when a power of two, else -1
+  int64_t Group(int64_t k) const { return (shift >= 0 ? k >> shift : k / group) * kTileCols; }
+  void Prefetch(int64_t k) const {
+    if ((k & 7) == 0) __builtin_prefetch(t + (k + kPrefetchTileBytes / kBytes) * kBytes);
+  }
+  void Get(int64_t k, V8 &lo, V8 &hi) const {
+    const int64_t g = Group(k);
+    FromNibbles(t + (k >> 1) * 16, static_cast<int>(k & 1) * 4, lo, hi);
+    lo = Fma(lo, Load(scale + g), Load(min + g));
+    hi = Fma(hi, Load(scale + g + 8), Load(min + g + 8));
+  }
+  void Finish(V8 &, V8 &) const {}
+#if defined(__AVX2__) && defined(__FMA__)
+  __attribute__((target("avx512f"))) __m512 Get16(int64_t k) const {
+    const int64_t g = Group(k);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(t + (k >> 1) * 16));
+    const __m128i u = _mm_and_si128(_mm_srl_epi16(b, _mm_cvtsi32_si128(static_cast<int>(k & 1) * 4)),
+                                    _mm_set1_epi8(0x0F));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), _mm512_loadu_ps(scale + g),
+                           _mm512_loadu_ps(min + g));
+  }
+  __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
+#endif
+};
 
 // Chains of sums along k per row of X (k by turns, added at the end): one chain a row at M 1 would wait on
 // each FMA's latency.
@@ -192,11 +208,12 @@ constexpr int Chains() { return MB == 1 ? 4 : MB == 2 ? 2 : 1; }
 
 // One step of k of GemmTile into one chain of sums (inlined, or the sums leave the registers: GemmTile at
 // M 6 took 1.9x as long).
-template <int MB, bool Ahead, typename T>
-__attribute__((always_inline)) inline void TileStep(const float *x, int64_t ldx, const T *tile, int64_t k,
+template <int MB, bool Ahead, typename P>
+__attribute__((always_inline)) inline void TileStep(const float *x, int64_t ldx, const P &panel, int64_t k,
                                                     V8 (&sums)[MB][2]) {
-  if (Ahead) PrefetchRow(tile, k);
-  const V8 w0 = LoadW(tile + k * kTileCols), w1 = LoadW(tile + k * kTileCols + 8);
+  if (Ahead) panel.Prefetch(k);
+  V8 w0, w1;
+  panel.Get(k, w0, w1);
   for (int m = 0; m < MB; ++m) {
     const V8 xb = Bcast(x[m * ldx + k]);
     sums[m][0] = Fma(xb, w0, sums[m][0]);
@@ -204,12 +221,10 @@ __attribute__((always_inline)) inline void TileStep(const float *x, int64_t ldx,
   }
 }
 
-// MB rows of X against a tile: each x[m, k] broadcast over kTileCols columns (2 x MB registers of sums a
-// chain), the register block of a float GEMM; nb columns stored, times `scale` (16 floats) where given.
-// `Ahead`: the tile streams from memory.
-template <int MB, bool Ahead, typename T>
-inline void GemmTile(const float *x, int64_t ldx, const T *tile, int64_t K, float *y, int64_t ldy, int64_t nb,
-                     const float *scale) {
+// MB rows of X against a panel: each x[m, k] broadcast over kTileCols columns (2 x MB registers of sums a
+// chain), the register block of a float GEMM; nb columns stored. `Ahead`: the panel streams from memory.
+template <int MB, bool Ahead, typename P>
+inline void GemmTile(const float *x, int64_t ldx, const P &panel, int64_t K, float *y, int64_t ldy, int64_t nb) {
   constexpr int U = Chains<MB>();
   V8 acc[U][MB][2];
   for (int u = 0; u < U; ++u)
@@ -217,12 +232,12 @@ inline void GemmTile(const float *x, int64_t ldx, const T *tile, int64_t K, floa
   const int64_t KU = K / U * U;
   int64_t k = 0;
   for (; k < KU; k += U)
-    for (int u = 0; u < U; ++u) TileStep<MB, Ahead>(x, ldx, tile, k + u, acc[u]);
-  for (; k < K; ++k) TileStep<MB, Ahead>(x, ldx, tile, k, acc[0]);
+    for (int u = 0; u < U; ++u) TileStep<MB, Ahead>(x, ldx, panel, k + u, acc[u]);
+  for (; k < K; ++k) TileStep<MB, Ahead>(x, ldx, panel, k, acc[0]);
   for (int m = 0; m < MB; ++m) {
     V8 lo = acc[0][m][0], hi = acc[0][m][1];
     for (int u = 1; u < U; ++u) lo = Add(lo, acc[u][m][0]), hi = Add(hi, acc[u][m][1]);
-    if (scale) lo = Mul(lo, Load(scale)), hi = Mul(hi, Load(scale + 8));
+    panel.Finish(lo, hi);
     if (nb == kTileCols) {
       Store(y + m * ldy, lo);
       Store(y + m * ldy + 8, hi);
@@ -236,18 +251,13 @@ inline void GemmTile(const float *x, int64_t ldx, const T *tile, int64_t K, floa
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// With AVX-512 (args.wide; only the GEMM uses it: the int4 decode loop built for it ran slower) a tile row of
-// kTileCols is one register.
-__attribute__((target("avx512f"))) inline __m512 LoadW16(const float *p) { return _mm512_loadu_ps(p); }
-__attribute__((target("avx512f"))) inline __m512 LoadW16(const int8_t *p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
-}
+// With AVX-512 (args.wide; only the GEMM uses it) a panel row of kTileCols is one register.
 
-// One tile, MB rows of X: MB registers of sums a chain (up to 12 of the 32), a load and MB broadcasts a step
-// of k; nb columns stored, times `scale` where given.
-template <int MB, typename T>
-__attribute__((target("avx512f"))) inline void GemmTile16(const float *x, int64_t ldx, const T *tile, int64_t K,
-                                                          float *y, int64_t ldy, int64_t nb, const float *scale) {
+// One panel, MB rows of X: MB registers of sums a chain (up to 12 of the 32), a load and MB broadcasts a step
+// of k; nb columns stored.
+template <int MB, typename P>
+__attribute__((target("avx512f"))) inline void GemmTile16(const float *x, int64_t ldx, const P &panel, int64_t K,
+                                                          float *y, int64_t ldy, int64_t nb) {
   constexpr int U = Chains<MB>();
   __m512 acc[U][MB];
   for (int u = 0; u < U; ++u)
@@ -256,31 +266,31 @@ __attribute__((target("avx512f"))) inline void GemmTile16(const float *x, int64_
   int64_t k = 0;
   for (; k < KU; k += U)
     for (int u = 0; u < U; ++u) {
-      const __m512 w = LoadW16(tile + (k + u) * kTileCols);
+      const __m512 w = panel.Get16(k + u);
       for (int m = 0; m < MB; ++m) acc[u][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * ldx + k + u]), w, acc[u][m]);
     }
   for (; k < K; ++k) {
-    const __m512 w = LoadW16(tile + k * kTileCols);
+    const __m512 w = panel.Get16(k);
     for (int m = 0; m < MB; ++m) acc[0][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * ldx + k]), w, acc[0][m]);
   }
   const __mmask16 keep = static_cast<__mmask16>((1u << nb) - 1);
   for (int m = 0; m < MB; ++m) {
     for (int u = 1; u < U; ++u) acc[0][m] = _mm512_add_ps(acc[0][m], acc[u][m]);
-    if (scale) acc[0][m] = _mm512_mul_ps(acc[0][m], _mm512_loadu_ps(scale));
+    panel.Finish16(acc[0][m]);
     _mm512_mask_storeu_ps(y + m * ldy, keep, acc[0][m]);
   }
 }
 
 // One step of k of GemmPair16 into one chain of sums.
-template <int MB, bool Ahead, typename T>
-__attribute__((target("avx512f"), always_inline)) inline void PairStep(const float *x, int64_t ldx, const T *t0,
-                                                                       const T *t1, int64_t k,
+template <int MB, bool Ahead, typename P>
+__attribute__((target("avx512f"), always_inline)) inline void PairStep(const float *x, int64_t ldx, const P &p0,
+                                                                       const P &p1, int64_t k,
                                                                        __m512 (&sums)[MB][2]) {
   if (Ahead) {
-    PrefetchRow(t0, k);
-    PrefetchRow(t1, k);
+    p0.Prefetch(k);
+    p1.Prefetch(k);
   }
-  const __m512 w0 = LoadW16(t0 + k * kTileCols), w1 = LoadW16(t1 + k * kTileCols);
+  const __m512 w0 = p0.Get16(k), w1 = p1.Get16(k);
   for (int m = 0; m < MB; ++m) {
     const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
     sums[m][0] = _mm512_fmadd_ps(b, w0, sums[m][0]);
@@ -290,11 +300,11 @@ __attribute__((target("avx512f"), always_inline)) inline void PairStep(const flo
 
 // Two stored panels side by side (32 columns): MB rows of X take 2 x MB registers of sums a chain (up to 24
 // of the 32), two loads and MB broadcasts a step of k, so that the products, not the loads, bound the loop
-// (SmolLM2-135M's products at M 256: 1.7x the speed of one panel at a time); sums times `scale` (32 floats)
-// where given. `Ahead`: the panels stream from memory.
-template <int MB, bool Ahead, typename T>
-__attribute__((target("avx512f"))) inline void GemmPair16(const float *x, int64_t ldx, const T *t0, const T *t1,
-                                                          int64_t K, float *y, int64_t ldy, const float *scale) {
+// (SmolLM2-135M's float32 products at M 256: 1.7x the speed of one panel at a time). `Ahead`: the panels
+// stream from memory.
+template <int MB, bool Ahead, typename P>
+__attribute__((target("avx512f"))) inline void GemmPair16(const float *x, int64_t ldx, const P &p0, const P &p1,
+                                                          int64_t K, float *y, int64_t ldy) {
   constexpr int U = Chains<MB>();
   __m512 acc[U][MB][2];
   for (int u = 0; u < U; ++u)
@@ -302,175 +312,219 @@ __attribute__((target("avx512f"))) inline void GemmPair16(const float *x, int64_
   const int64_t KU = K / U * U;
   int64_t k = 0;
   for (; k < KU; k += U)
-    for (int u = 0; u < U; ++u) PairStep<MB, Ahead>(x, ldx, t0, t1, k + u, acc[u]);
-  for (; k < K; ++k) PairStep<MB, Ahead>(x, ldx, t0, t1, k, acc[0]);
+    for (int u = 0; u < U; ++u) PairStep<MB, Ahead>(x, ldx, p0, p1, k + u, acc[u]);
+  for (; k < K; ++k) PairStep<MB, Ahead>(x, ldx, p0, p1, k, acc[0]);
   for (int m = 0; m < MB; ++m)
     for (int h = 0; h < 2; ++h) {
       for (int u = 1; u < U; ++u) acc[0][m][h] = _mm512_add_ps(acc[0][m][h], acc[u][m][h]);
-      if (scale) acc[0][m][h] = _mm512_mul_ps(acc[0][m][h], _mm512_loadu_ps(scale + h * kTileCols));
+      (h ? p1 : p0).Finish16(acc[0][m][h]);
       _mm512_storeu_ps(y + m * ldy + h * kTileCols, acc[0][m][h]);
     }
 }
 
-template <bool Ahead, typename T>
-__attribute__((target("avx512f"))) void GemmPairRows(const float *x, int64_t ldx, int64_t rows, const T *t0,
-                                                     const T *t1, int64_t K, float *y, int64_t ldy,
-                                                     const float *scale) {
+template <bool Ahead, typename P>
+__attribute__((target("avx512f"))) void GemmPairRows(const float *x, int64_t ldx, int64_t rows, const P &p0,
+                                                     const P &p1, int64_t K, float *y, int64_t ldy) {
   int64_t m = 0;
-  for (; m + 12 <= rows; m += 12) GemmPair16<12, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy, scale);
-  if (m + 8 <= rows) GemmPair16<8, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy, scale), m += 8;
-  if (m + 4 <= rows) GemmPair16<4, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy, scale), m += 4;
-  if (m + 2 <= rows) GemmPair16<2, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy, scale), m += 2;
-  if (m < rows) GemmPair16<1, Ahead>(x + m * ldx, ldx, t0, t1, K, y + m * ldy, ldy, scale);
+  for (; m + 12 <= rows; m += 12) GemmPair16<12, Ahead>(x + m * ldx, ldx, p0, p1, K, y + m * ldy, ldy);
+  if (m + 8 <= rows) GemmPair16<8, Ahead>(x + m * ldx, ldx, p0, p1, K, y + m * ldy, ldy), m += 8;
+  if (m + 4 <= rows) GemmPair16<4, Ahead>(x + m * ldx, ldx, p0, p1, K, y + m * ldy, ldy), m += 4;
+  if (m + 2 <= rows) GemmPair16<2, Ahead>(x + m * ldx, ldx, p0, p1, K, y + m * ldy, ldy), m += 2;
+  if (m < rows) GemmPair16<1, Ahead>(x + m * ldx, ldx, p0, p1, K, y + m * ldy, ldy);
 }
 
-template <typename T>
-__attribute__((target("avx512f"))) void GemmRows16(const float *x, int64_t ldx, int64_t rows, const T *tile,
-                                                   int64_t K, float *y, int64_t ldy, int64_t nb, const float *scale) {
+template <typename P>
+__attribute__((target("avx512f"))) void GemmRows16(const float *x, int64_t ldx, int64_t rows, const P &panel,
+                                                   int64_t K, float *y, int64_t ldy, int64_t nb) {
   int64_t m = 0;
-  for (; m + 12 <= rows; m += 12) GemmTile16<12>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
-  if (m + 8 <= rows) GemmTile16<8>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale), m += 8;
-  if (m + 4 <= rows) GemmTile16<4>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale), m += 4;
-  if (m + 2 <= rows) GemmTile16<2>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale), m += 2;
-  if (m < rows) GemmTile16<1>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
+  for (; m + 12 <= rows; m += 12) GemmTile16<12>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
+  if (m + 8 <= rows) GemmTile16<8>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb), m += 8;
+  if (m + 4 <= rows) GemmTile16<4>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb), m += 4;
+  if (m + 2 <= rows) GemmTile16<2>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb), m += 2;
+  if (m < rows) GemmTile16<1>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
 }
 #endif
 
-template <bool Ahead, typename T>
-void GemmRows(const float *x, int64_t ldx, int64_t rows, const T *tile, int64_t K, float *y, int64_t ldy,
-              int64_t nb, const float *scale) {
+template <bool Ahead, typename P>
+void GemmRows(const float *x, int64_t ldx, int64_t rows, const P &panel, int64_t K, float *y, int64_t ldy,
+              int64_t nb) {
   int64_t m = 0;
-  for (; m + 6 <= rows; m += 6) GemmTile<6, Ahead>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
+  for (; m + 6 <= rows; m += 6) GemmTile<6, Ahead>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
   switch (rows - m) {
-    case 5: return GemmTile<5, Ahead>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
-    case 4: return GemmTile<4, Ahead>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
-    case 3: return GemmTile<3, Ahead>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
-    case 2: return GemmTile<2, Ahead>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
-    case 1: return GemmTile<1, Ahead>(x + m * ldx, ldx, tile, K, y + m * ldy, ldy, nb, scale);
+    case 5: return GemmTile<5, Ahead>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
+    case 4: return GemmTile<4, Ahead>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
+    case 3: return GemmTile<3, Ahead>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
+    case 2: return GemmTile<2, Ahead>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
+    case 1: return GemmTile<1, Ahead>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
     default: return;
   }
 }
 
-// Every pass of kRowsPerPass rows of X over one tile (columns [n, n + nb)); `ahead`: a stored panel, which
+// Every pass of kRowsPerPass rows of X over one panel (columns [n, n + nb)); `ahead`: a stored panel, which
 // the first pass streams from memory.
-template <typename T>
-void TilePasses(const LinearArgs &a, const T *tile, int64_t n, int64_t nb, const float *scale, bool ahead) {
+template <typename P>
+void PanelPasses(const LinearArgs &a, const P &panel, int64_t n, int64_t nb, bool ahead) {
   for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
     const int64_t rows = std::min(kRowsPerPass, a.M - m);
     const float *x = a.x + m * a.ldx;
     float *y = a.y + m * a.N + n;
 #if defined(__AVX2__) && defined(__FMA__)
     if (a.wide) {
-      GemmRows16(x, a.ldx, rows, tile, a.K, y, a.N, nb, scale);
+      GemmRows16(x, a.ldx, rows, panel, a.K, y, a.N, nb);
       continue;
     }
 #endif
-    if (ahead && m == 0) GemmRows<true>(x, a.ldx, rows, tile, a.K, y, a.N, nb, scale);
-    else GemmRows<false>(x, a.ldx, rows, tile, a.K, y, a.N, nb, scale);
+    if (ahead && m == 0) GemmRows<true>(x, a.ldx, rows, panel, a.K, y, a.N, nb);
+    else GemmRows<false>(x, a.ldx, rows, panel, a.K, y, a.N, nb);
   }
 }
 
-// Up to this M int8 panels are read one at a time on AVX-512 too, not in pairs: two int8 streams at 16 bytes a
-// step of k each left the hardware's prefetch behind (SmolLM2-135M's layers from memory on one thread, M 1:
-// 13 GB/s in pairs, 28 one at a time, software prefetch or not; in L3 53 and 55); on two threads, pairs
-// against one at a time: M 2 1.21x the time, M 4 1.03-1.13x, M 8 0.93-0.95x.
-constexpr int64_t kSinglePanelRowsI8 = 4;
+// The stored panel of columns [n, n + 16).
+F32Panel PanelAt(const LinearArgs &a, int64_t n, const float *) { return {static_cast<const float *>(a.w) + n * a.K}; }
+I8Panel PanelAt(const LinearArgs &a, int64_t n, const int8_t *) {
+  return {static_cast<const int8_t *>(a.w) + n * a.K, a.scale + n};
+}
+I4Panel PanelAt(const LinearArgs &a, int64_t n, const uint8_t *) {
+  return {static_cast<const uint8_t *>(a.w) + n * a.K / 2, a.scale + n * a.G, a.min + n * a.G, a.group,
+          a.group_shift >= 0 ? a.group_shift + 5 : -1};
+}
 
-// Y's columns [n0, n1) tile by tile: the stored panels of kF32P16 and kI8 (T their element type) as they are,
-// other rows of W dequantised into `scratch` first.
+// int4 panels at one or two rows of X (decode): per group of k the products with u as stored, in two chains
+// (even and odd steps of k, one 16-byte load for both), then times the group's scales, plus its mins times
+// the group's sums of x (a.xsum): no dequantising FMA or scale loads a step of k, as the GEMM's rows have.
+template <int MB>
+void DecodeI4(const LinearArgs &a, const I4Panel &p, int64_t n) {
+  const float *x = a.x;
+  V8 acc[MB][2];
+  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
+  for (int64_t g = 0; g < a.G; ++g) {
+    const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
+    V8 sums[2][MB][2];
+    for (int c = 0; c < 2; ++c)
+      for (int m = 0; m < MB; ++m) sums[c][m][0] = sums[c][m][1] = Zero();
+    for (int64_t k = k0; k < k1; k += 2) {
+      p.Prefetch(k);
+      for (int c = 0; c < 2; ++c) {
+        V8 lo, hi;
+        FromNibbles(p.t + (k >> 1) * 16, 4 * c, lo, hi);
+        for (int m = 0; m < MB; ++m) {
+          const V8 xb = Bcast(x[m * a.ldx + k + c]);
+          sums[c][m][0] = Fma(xb, lo, sums[c][m][0]);
+          sums[c][m][1] = Fma(xb, hi, sums[c][m][1]);
+        }
+      }
+    }
+    const float *scale = p.scale + g * kTileCols, *min = p.min + g * kTileCols;
+    for (int m = 0; m < MB; ++m)
+      for (int h = 0; h < 2; ++h) {
+        acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), Load(scale + 8 * h), acc[m][h]);
+        acc[m][h] = Fma(Bcast(a.xsum[m * a.G + g]), Load(min + 8 * h), acc[m][h]);
+      }
+  }
+  for (int m = 0; m < MB; ++m) {
+    Store(a.y + m * a.N + n, acc[m][0]);
+    Store(a.y + m * a.N + n + 8, acc[m][1]);
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// DecodeI4 on AVX-512 registers: a step of k's 16 values one register.
+template <int MB>
+__attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const I4Panel &p, int64_t n) {
+  const float *x = a.x;
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
+    __m512 sums[2][MB];
+    for (int c = 0; c < 2; ++c)
+      for (int m = 0; m < MB; ++m) sums[c][m] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 2) {
+      p.Prefetch(k);
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + (k >> 1) * 16));
+      const __m512 even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
+      const __m512 odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+      for (int m = 0; m < MB; ++m) {
+        sums[0][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k]), even, sums[0][m]);
+        sums[1][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k + 1]), odd, sums[1][m]);
+      }
+    }
+    const __m512 scale = _mm512_loadu_ps(p.scale + g * kTileCols), min = _mm512_loadu_ps(p.min + g * kTileCols);
+    for (int m = 0; m < MB; ++m) {
+      acc[m] = _mm512_fmadd_ps(_mm512_add_ps(sums[0][m], sums[1][m]), scale, acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[m * a.G + g]), min, acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + m * a.N + n, acc[m]);
+}
+#endif
+
+// int4 panels [n0, n1) (no rows stored whole) at up to two rows of X.
+void DecodeI4Range(const LinearArgs &a, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += kTileCols) {
+    const I4Panel p = PanelAt(a, n, static_cast<const uint8_t *>(nullptr));
+#if defined(__AVX2__) && defined(__FMA__)
+    if (a.wide) {
+      if (a.M == 2) DecodeI4Wide<2>(a, p, n); else DecodeI4Wide<1>(a, p, n);
+      continue;
+    }
+#endif
+    if (a.M == 2) DecodeI4<2>(a, p, n); else DecodeI4<1>(a, p, n);
+  }
+}
+
+// Up to this M int8 and int4 panels are read one at a time on AVX-512 too, not in pairs: two int8 streams at
+// 16 bytes a step of k each left the hardware's prefetch behind (SmolLM2-135M's layers from memory on one
+// thread, M 1: 13 GB/s in pairs, 28 one at a time, software prefetch or not; in L3 53 and 55); on two
+// threads, pairs against one at a time: M 2 1.21x the time, M 4 1.03-1.13x, M 8 0.93-0.95x.
+constexpr int64_t kSinglePanelRows = 4;
+
+// Y's columns [n0, n1) panel by panel: the stored panels of the panel layouts (T their element type) as they
+// are, other rows of W dequantised into `scratch` first.
 template <typename T>
-void TileRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
-  const int64_t panels_end = a.kind == kF32P16 || a.kind == kI8 ? a.N / kTileCols * kTileCols : 0;
-  const T *w = static_cast<const T *>(a.w);
+void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
+  const int64_t panels_end = a.kind == kF32 ? 0 : a.N / kTileCols * kTileCols;
+  if (a.kind == kI4Min && a.M <= 2 && n0 < panels_end) {
+    DecodeI4Range(a, n0, std::min(n1, panels_end));
+    n0 = std::min(n1, panels_end);
+  }
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const int64_t nb = std::min(kTileCols, n1 - n);
     if (n + kTileCols > panels_end) {     // n0 is on a panel's start
       PackTile(a, n, nb, scratch);
-      TilePasses<float>(a, scratch, n, nb, nullptr, false);
+      PanelPasses(a, F32Panel{scratch}, n, nb, false);
       continue;
     }
-    const float *scale = a.kind == kI8 ? a.scale + n : nullptr;
+    const auto panel = PanelAt(a, n, static_cast<const T *>(nullptr));
 #if defined(__AVX2__) && defined(__FMA__)
-    const bool pair = a.kind != kI8 || a.M > kSinglePanelRowsI8;
+    const bool pair = sizeof(T) == 4 || a.M > kSinglePanelRows;
     if (a.wide && pair && n + 2 * kTileCols <= std::min(panels_end, n1)) {     // this panel and the next together
-      const T *t0 = w + n * a.K, *t1 = t0 + kTileCols * a.K;
+      const auto next = PanelAt(a, n + kTileCols, static_cast<const T *>(nullptr));
       for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
         const int64_t rows = std::min(kRowsPerPass, a.M - m);
-        if (m == 0) GemmPairRows<true>(a.x, a.ldx, rows, t0, t1, a.K, a.y + n, a.N, scale);
-        else GemmPairRows<false>(a.x + m * a.ldx, a.ldx, rows, t0, t1, a.K, a.y + m * a.N + n, a.N, scale);
+        if (m == 0) GemmPairRows<true>(a.x, a.ldx, rows, panel, next, a.K, a.y + n, a.N);
+        else GemmPairRows<false>(a.x + m * a.ldx, a.ldx, rows, panel, next, a.K, a.y + m * a.N + n, a.N);
       }
       n += kTileCols;
       continue;
     }
 #endif
-    TilePasses(a, w + n * a.K, n, nb, scale, true);
+    PanelPasses(a, panel, n, nb, true);
   }
 }
 
 }  // namespace
 
 void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
-  if ((a.kind == kI4 || a.kind == kI4Min) && a.M <= (a.wide ? kPairRowsI4Wide : kPairRowsI4)) {
-    for (int64_t n = n0; n < n1; n += kBlockRows) {    // a block of W in L1 for every pair of rows of X
-      const int64_t end = std::min(n + kBlockRows, n1);
-      for (int64_t m = 0; m < a.M; m += 2) {
-        LinearArgs rows = a;
-        rows.x = a.x + m * a.ldx;
-        rows.y = a.y + m * a.N;
-        rows.xq = a.xq + m * a.K;
-        rows.xs = a.xs + m * (a.K / 32);
-        rows.xsum = a.xsum + m * a.G;
-        for (int64_t j = n; j < end; ++j)
-          if (m + 2 <= a.M) RowI4<2>(rows, j); else RowI4<1>(rows, j);
-      }
-    }
-    return;
-  }
   if (a.kind == kF32 && a.M <= kDotRows) {     // a few rows: a transposed tile would cost more than it saves
     for (int64_t n = n0; n < n1; ++n)
       RowsF32(a.x, a.ldx, a.M, static_cast<const float *>(a.w) + n * a.K, a.K, a.y + n, a.N);
     return;
   }
-  if (a.kind == kI8) return TileRange<int8_t>(a, n0, n1, scratch);
-  TileRange<float>(a, n0, n1, scratch);
-}
-
-void RoundActivations(float *x, int64_t runs, int8_t *q, float *d) {
-  for (int64_t r = 0; r < runs; ++r) {
-    float *v = x + r * 32;
-    int8_t *qr = q + r * 32;
-#if defined(__AVX2__) && defined(__FMA__)
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 amax8 = _mm256_setzero_ps();
-    for (int i = 0; i < 32; i += 8) amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-#else
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-#endif
-    const float scale = amax / 127.0f, inverse = amax > 0.0f ? 1.0f / scale : 0.0f;
-    d[r] = scale;
-#if defined(__AVX2__) && defined(__FMA__)
-    const __m256 inv = _mm256_set1_ps(inverse), sc = _mm256_set1_ps(scale);
-    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-    alignas(32) int32_t ints[32];
-    for (int i = 0; i < 32; i += 8) {   // cvtps rounds to nearest even (the default MXCSR), as numpy's rint
-      __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
-      qi = _mm256_max_epi32(lo, _mm256_min_epi32(hi, qi));
-      _mm256_store_si256(reinterpret_cast<__m256i *>(ints + i), qi);
-      _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_cvtepi32_ps(qi), sc));
-    }
-    for (int i = 0; i < 32; ++i) qr[i] = static_cast<int8_t>(ints[i]);
-#else
-    for (int i = 0; i < 32; ++i) {
-      const float rounded = std::nearbyint(v[i] * inverse);
-      qr[i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, rounded)));
-      v[i] = static_cast<float>(qr[i]) * scale;
-    }
-#endif
-  }
+  if (a.kind == kI8) return PanelRange<int8_t>(a, n0, n1, scratch);
+  if (a.kind == kI4Min) return PanelRange<uint8_t>(a, n0, n1, scratch);
+  PanelRange<float>(a, n0, n1, scratch);
 }
 
 }  // namespace LK_NS

@@ -57,8 +57,7 @@ struct TypeInfo {
 const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
                            {"LiteLinearF32P16", lk::kF32P16, 2, "float32"},
                            {"LiteLinearI8P16", lk::kI8, 3, "int8"},
-                           {"LiteLinearI4", lk::kI4, 3, "int8"},
-                           {"LiteLinearI4Min", lk::kI4Min, 4, "int8"}};
+                           {"LiteLinearI4MinP16", lk::kI4Min, 4, "int8"}};
 // The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
 // A tied head's product reads the same constants: int8 in LiteLinearI8P16's panels with its scale float32 (V,),
 // or float32 in LiteLinearF32P16's.
@@ -85,7 +84,6 @@ const char *PickIsa() {
 const char *const g_isa = PickIsa();
 const bool g_avx512 = std::strcmp(g_isa, "avx512") == 0, g_avx2 = std::strcmp(g_isa, "avx2") == 0;
 const lk::RangeFn g_range = g_avx512 || g_avx2 ? lk::avx2::Range : lk::generic::Range;
-const lk::RoundFn g_round = g_avx512 || g_avx2 ? lk::avx2::RoundActivations : lk::generic::RoundActivations;
 }  // namespace
 
 namespace lk {
@@ -143,7 +141,8 @@ namespace {
 // `lite_workers`: Lite's own threads run the graph beside the kernels (its context has more than one).
 int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
               int64_t N, int64_t G, float *y, int threads, bool lite_workers) {
-  if (kind < lk::kF32 || kind > lk::kF32P16) return Fail("kind " + std::to_string(kind) + ": allowed 0 to 4");
+  if (kind != lk::kF32 && kind != lk::kI8 && kind != lk::kI4Min && kind != lk::kF32P16)
+    return Fail("kind " + std::to_string(kind) + ": allowed 0, 1, 3, 4");
   if (M < 0 || K <= 0 || N <= 0) return Fail("shape M=" + std::to_string(M) + " K=" + std::to_string(K) +
                                               " N=" + std::to_string(N) + ": K and N must be positive");
   if (M == 0) return 0;
@@ -158,9 +157,8 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   a.min = kind == lk::kI4Min ? mins : nullptr;
   a.y = y;
   a.wide = g_avx512;
-  std::vector<float> padded, sums, xs;
-  std::vector<int8_t> xq;
-  if (kind == lk::kI4 || kind == lk::kI4Min) {
+  std::vector<float> padded, sums;
+  if (kind == lk::kI4Min) {
     const int64_t runs = (K + 31) / 32, runs_per_group = G > 0 ? (runs + G - 1) / G : 0;
     if (G <= 0 || (runs + runs_per_group - 1) / runs_per_group != G)
       return Fail("int4 scales have " + std::to_string(G) + " groups per row; a row of " + std::to_string(K) +
@@ -170,23 +168,18 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
     a.group = runs_per_group * 32;
     for (int shift = 0; shift < 31; ++shift)
       if ((int64_t(1) << shift) == runs_per_group) a.group_shift = shift;
-    padded.assign(M * a.K, 0.0f);
-    for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
-    xq.resize(M * a.K);
-    xs.resize(M * runs);
-    g_round(padded.data(), M * runs, xq.data(), xs.data());
-    a.x = padded.data();
-    a.xq = xq.data();
-    a.xs = xs.data();
-    sums.assign(M * G, 0.0f);      // per run of 32, then into its group: no division per value
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t r = 0; r < runs; ++r) {
-        const float *v = &padded[m * a.K + r * 32];
-        float s = 0.0f;
-        for (int i = 0; i < 32; ++i) s += v[i];
-        sums[m * G + r / runs_per_group] += s;
-      }
-    a.xsum = sums.data();
+    if (a.K != K) {     // X padded with zeros to the weights' 32-multiple
+      padded.assign(M * a.K, 0.0f);
+      for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
+      a.x = padded.data();
+    }
+    if (M <= 2) {       // the decode loop's sums of x over each group (linear_math.cc DecodeI4)
+      sums.assign(M * G, 0.0f);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t k = g * a.group; k < std::min(K, (g + 1) * a.group); ++k) sums[m * G + g] += x[m * K + k];
+      a.xsum = sums.data();
+    }
   }
   const int64_t block = lk::BlockRows(kind), blocks = (N + block - 1) / block;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
@@ -261,7 +254,7 @@ class LinearKernel : public mindspore::kernel::Kernel {
     const int64_t K = xs.empty() ? 0 : xs.back(), N = ws[0];
     int64_t M = 1;
     for (size_t i = 0; i + 1 < xs.size(); ++i) M *= xs[i];
-    const bool int4 = type_info_.kind == lk::kI4 || type_info_.kind == lk::kI4Min;
+    const bool int4 = type_info_.kind == lk::kI4Min;
     if (int4 ? ws[1] != (K + 31) / 32 * 16 : ws[1] != K)
       return Report(std::string(type_info_.name) + ": x " + Shape(xs) + " does not fit the weight " + Shape(ws));
     std::vector<int64_t> ys(xs.begin(), xs.end() - 1);
@@ -377,7 +370,7 @@ const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
 const char *lk_types() {
-  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4,LiteLinearI4Min,LiteGatherI8P16,LiteGatherF32P16,"
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4MinP16,LiteGatherI8P16,LiteGatherF32P16,"
          "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 

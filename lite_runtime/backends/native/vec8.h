@@ -86,20 +86,12 @@ inline void FromU4(const uint8_t *p, V8 u[4]) {
   u[2].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
   u[3].v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
-// A run of 32 int4 weights as bytes 0..15 in weight order, and its dot products with 32 int8 values of x
-// as 8 partial sums (maddubs: unsigned weights times signed x, pairs summed to int16 without saturation,
-// 15 * 127 * 2 < 2^15; madd: pairs of those to int32).
-struct U32 {
-  __m256i v;
-};
-inline U32 U4Bytes(const uint8_t *p) {
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
-  return {_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask))};
-}
-inline V8 DotU4(U32 u, const int8_t *x) {
-  __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x));
-  return {_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u.v, xv), _mm256_set1_epi16(1)))};
+// 16 bytes of 4-bit values -> the nibbles at bit `shift` (0 or 4) of bytes 0-7 (lo) and 8-15 (hi) as floats.
+inline void FromNibbles(const uint8_t *p, int shift, V8 &lo, V8 &hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+  const __m128i u = _mm_and_si128(_mm_srl_epi16(b, _mm_cvtsi32_si128(shift)), _mm_set1_epi8(0x0F));
+  lo.v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u));
+  hi.v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(u, 8)));
 }
 // r[i] (row i, 8 values along k) -> r[i] (k = i, the 8 rows' values).
 inline void Transpose8(V8 r[8]) {
@@ -197,25 +189,11 @@ inline void FromU4(const uint8_t *p, V8 u[4]) {
     u[3].f[i] = static_cast<float>(p[8 + i] >> 4);
   }
 }
-struct U32 {
-  uint8_t b[32];
-};
-inline U32 U4Bytes(const uint8_t *p) {
-  U32 u;
-  for (int i = 0; i < 16; ++i) {
-    u.b[i] = p[i] & 15;
-    u.b[16 + i] = p[i] >> 4;
-  }
-  return u;
-}
-inline V8 DotU4(const U32 &u, const int8_t *x) {
-  V8 r;
+inline void FromNibbles(const uint8_t *p, int shift, V8 &lo, V8 &hi) {
   for (int i = 0; i < 8; ++i) {
-    int32_t s = 0;
-    for (int t = 4 * i; t < 4 * i + 4; ++t) s += u.b[t] * x[t];
-    r.f[i] = static_cast<float>(s);
+    lo.f[i] = static_cast<float>((p[i] >> shift) & 15);
+    hi.f[i] = static_cast<float>((p[8 + i] >> shift) & 15);
   }
-  return r;
 }
 inline void Transpose8(V8 r[8]) {
   V8 t[8];
