@@ -1,9 +1,10 @@
 """transformers' greedy tokens and logits of an HF folder with its linear layers' weights replaced by
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
-in float32 as the exporter keeps them: the reference a quantized export must give. Run in its own process (torch):
+in float32 as the exporter keeps them: the reference a quantized export must give. Run in its own process
+(torch):
     python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD [EMBEDDING]]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
-across ranks) are quantized, and their input rounded, share by share along the input, as each rank does.
+across ranks) are quantized share by share along the input, as each rank does.
 With HEAD int8, the head is quantized to int8 too; with EMBEDDING int8, the embedding. A tied head stays tied
 when both have the same scheme, as exported (the head reads the embedding's table), else it is a weight of its own.
 """

@@ -460,7 +460,7 @@ __attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const 
 }
 #endif
 
-// int4 panels [n0, n1) (no rows stored whole) at up to two rows of X.
+// int4 panels [n0, n1) (no rows stored whole) at up to kDecodeRowsI4 (2) rows of X.
 void DecodeI4Range(const LinearArgs &a, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const I4Panel p = PanelAt(a, n, static_cast<const uint8_t *>(nullptr));
@@ -485,7 +485,7 @@ constexpr int64_t kSinglePanelRows = 4;
 template <typename T>
 void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   const int64_t panels_end = a.kind == kF32 ? 0 : a.N / kTileCols * kTileCols;
-  if (a.kind == kI4Min && a.M <= 2 && n0 < panels_end) {
+  if (a.kind == kI4Min && a.M <= kDecodeRowsI4 && n0 < panels_end) {
     DecodeI4Range(a, n0, std::min(n1, panels_end));
     n0 = std::min(n1, panels_end);
   }

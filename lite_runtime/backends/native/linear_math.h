@@ -13,8 +13,9 @@
 //          of `group` weights along K (a multiple of 32; the last may be short): w = u * scale[n, g] + min[n, g].
 //          In the panels' rows 16p .. 16p+15 as 8Kp bytes: for each pair of steps k, k + 1 (k even) 16 bytes,
 //          byte j holding row 16p + j's u at k (low nibble) and at k + 1 (high nibble); their scales and mins
-//          (G, 16) each, as kF32P16's panels of an (N, G) array. The last N % 16 rows are stored whole: in each run of 32 weights along K
-//          byte j holds weight j in its low nibble and j + 16 in its high one (llama.cpp's Q4 order).
+//          (G, 16) each, as kF32P16's panels of an (N, G) array. The last N % 16 rows are stored whole: in each
+//          run of 32 weights along K byte j holds weight j in its low nibble and j + 16 in its high one
+//          (llama.cpp's Q4 order).
 #pragma once
 #include <cstdint>
 
@@ -31,7 +32,7 @@ struct LinearArgs {
   const float *min = nullptr;
   int64_t G = 0, group = 0;   // int4: groups per row and weights per group
   int group_shift = -1;       // int4: log2(group / 32) when a power of two, else -1
-  const float *xsum = nullptr;  // int4: (M, G) sums of x over each group
+  const float *xsum = nullptr;  // int4 up to kDecodeRowsI4 rows: (M, G) sums of x over each group
   float *y = nullptr;         // (M, N)
   bool wide = false;          // AVX-512 present (avx2 build only): the prefill GEMM on 16-float registers
 };
@@ -48,6 +49,9 @@ inline int64_t PanelOffset(int64_t N, int64_t K, int64_t n, int64_t k) {
 // Rows of W (output columns of Y) per block: a thread's share of N is a run of whole blocks.
 constexpr int64_t kBlockRows = 4;
 inline int64_t BlockRows(int kind) { return kind == kF32 ? kBlockRows : 2 * kTileCols; }   // pairs of panels
+
+// Up to this M int4 panels take their decode loop (linear_math.cc DecodeI4), which needs args.xsum.
+constexpr int64_t kDecodeRowsI4 = 2;
 
 // Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);

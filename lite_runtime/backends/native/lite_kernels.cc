@@ -173,7 +173,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
       for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
       a.x = padded.data();
     }
-    if (M <= 2) {       // the decode loop's sums of x over each group (linear_math.cc DecodeI4)
+    if (M <= lk::kDecodeRowsI4) {       // the decode loop's sums of x over each group
       sums.assign(M * G, 0.0f);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t g = 0; g < G; ++g)
