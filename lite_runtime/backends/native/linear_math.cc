@@ -428,45 +428,72 @@ void DecodeI4(const LinearArgs &a, const I4Panel &p, int64_t n) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// DecodeI4 on AVX-512 registers: a step of k's 16 values one register.
+// DecodeI4 on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register. Chains of
+// sums a row: four at one row (steps k, k + 1, k + 2, k + 3 by turns), two at two (even and odd steps), one
+// from three (enough sums in flight, and 2 x MB registers).
 template <int MB>
-__attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const I4Panel &p, int64_t n) {
-  const float *x = a.x;
+__attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const I4Panel &p, int64_t n, int64_t m0) {
+  constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  const float *x = a.x + m0 * a.ldx, *xsum = a.xsum + m0 * a.G;
   const __m128i mask = _mm_set1_epi8(0x0F);
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
     const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
-    __m512 sums[2][MB];
-    for (int c = 0; c < 2; ++c)
+    __m512 sums[C][MB];
+    for (int c = 0; c < C; ++c)
       for (int m = 0; m < MB; ++m) sums[c][m] = _mm512_setzero_ps();
-    for (int64_t k = k0; k < k1; k += 2) {
+    constexpr int H = C == 4 ? 2 : 1;           // pairs of steps of k an iteration
+    for (int64_t k = k0; k < k1; k += 2 * H) {   // groups are whole runs of 32
       p.Prefetch(k);
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + (k >> 1) * 16));
-      const __m512 even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
-      const __m512 odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
-      for (int m = 0; m < MB; ++m) {
-        sums[0][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k]), even, sums[0][m]);
-        sums[1][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k + 1]), odd, sums[1][m]);
+      for (int h = 0; h < H; ++h) {
+        const int64_t kh = k + 2 * h;
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + (kh >> 1) * 16));
+        const __m512 even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
+        const __m512 odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+        constexpr int kOdd = C > 1 ? 1 : 0;
+        for (int m = 0; m < MB; ++m) {
+          sums[2 * h][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + kh]), even, sums[2 * h][m]);
+          sums[2 * h + kOdd][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + kh + 1]), odd, sums[2 * h + kOdd][m]);
+        }
       }
     }
     const __m512 scale = _mm512_loadu_ps(p.scale + g * kTileCols), min = _mm512_loadu_ps(p.min + g * kTileCols);
     for (int m = 0; m < MB; ++m) {
-      acc[m] = _mm512_fmadd_ps(_mm512_add_ps(sums[0][m], sums[1][m]), scale, acc[m]);
-      acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[m * a.G + g]), min, acc[m]);
+      __m512 s = sums[0][m];
+      for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, sums[c][m]);
+      acc[m] = _mm512_fmadd_ps(s, scale, acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[m * a.G + g]), min, acc[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + m * a.N + n, acc[m]);
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, acc[m]);
+}
+
+// Every row of X against one panel, twelve rows at a time (24 of the 32 registers).
+__attribute__((target("avx512f"))) void DecodeI4WideRows(const LinearArgs &a, const I4Panel &p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 12 <= a.M; m += 12) DecodeI4Wide<12>(a, p, n, m);
+  if (m + 8 <= a.M) DecodeI4Wide<8>(a, p, n, m), m += 8;
+  switch (a.M - m) {
+    case 7: return DecodeI4Wide<7>(a, p, n, m);
+    case 6: return DecodeI4Wide<6>(a, p, n, m);
+    case 5: return DecodeI4Wide<5>(a, p, n, m);
+    case 4: return DecodeI4Wide<4>(a, p, n, m);
+    case 3: return DecodeI4Wide<3>(a, p, n, m);
+    case 2: return DecodeI4Wide<2>(a, p, n, m);
+    case 1: return DecodeI4Wide<1>(a, p, n, m);
+    default: return;
+  }
 }
 #endif
 
-// int4 panels [n0, n1) (no rows stored whole) at up to kDecodeRowsI4 (2) rows of X.
+// int4 panels [n0, n1) (no rows stored whole) at up to kDecodeRowsI4 rows of X on AVX-512, 2 on AVX2.
 void DecodeI4Range(const LinearArgs &a, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const I4Panel p = PanelAt(a, n, static_cast<const uint8_t *>(nullptr));
 #if defined(__AVX2__) && defined(__FMA__)
     if (a.wide) {
-      if (a.M == 2) DecodeI4Wide<2>(a, p, n); else DecodeI4Wide<1>(a, p, n);
+      DecodeI4WideRows(a, p, n);
       continue;
     }
 #endif
@@ -485,7 +512,7 @@ constexpr int64_t kSinglePanelRows = 4;
 template <typename T>
 void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   const int64_t panels_end = a.kind == kF32 ? 0 : a.N / kTileCols * kTileCols;
-  if (a.kind == kI4Min && a.M <= kDecodeRowsI4 && n0 < panels_end) {
+  if (a.kind == kI4Min && a.M <= (a.wide ? kDecodeRowsI4 : 2) && n0 < panels_end) {
     DecodeI4Range(a, n0, std::min(n1, panels_end));
     n0 = std::min(n1, panels_end);
   }
