@@ -11,12 +11,12 @@ graph`). Then, round after round, every scheme and batch in turn, each in a chil
 /usr/bin/time: a 31-token prompt per row, --new_tokens greedy tokens (EOS ignored) through `Session.step`
 (idle cache rows cost nothing), 2 threads. Prints per scheme and batch the median decode ms per step, TTFT,
 peak RSS, the same-round ratios to `none`, and how many greedy tokens of row 0 equal `none`'s before the
-first difference. `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one and its perplexity, teacher-forced
-over --accuracy_tokens tokens of the text (one slice per cache row).
+first difference. `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one
+and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (one slice per cache row).
 
-`--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at batch 1
+`--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at each batch
 on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
-by llama.cpp's own quantizer into --work_dir, fed the same prompt ids, timed per `eval` of one token.
+by llama.cpp's own quantizer into --work_dir, fed the same prompt ids on each row, timed per decode call.
 `--reference F16` compares every run's logits after the prompt with llama.cpp's at that type (cosine and
 top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at
 sizes whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`).
@@ -102,29 +102,44 @@ def prompt_ids(export_dir: str) -> list:
     return export_tokenizer(load_manifest(export_dir)).encode(PROMPT)[:31]
 
 
-def llama_child(gguf: str, ids: list, new_tokens: int, threads: int) -> None:
-    """Runs in the peers venv: llama.cpp at batch 1, one JSON line as child() prints."""
-    import llama_cpp
+def llama_child(gguf: str, ids: list, batch: int, new_tokens: int, threads: int) -> None:
+    """Runs in the peers venv: llama.cpp on `batch` sequences of the prompt (one decode call a step for all of
+    them, each sequence its own cache), one JSON line as child() prints."""
+    import llama_cpp as lc
     import numpy as np
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=256, n_batch=256, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_seq_max = 256 * batch, 256 * batch, batch
+    params.n_threads = params.n_threads_batch = threads
+    ctx = lc.llama_init_from_model(model, params)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    calls = lc.llama_batch_init(len(ids) * batch, 0, 1)
 
-    def last_logits():               # `Llama.scores` keeps no row without logits_all: read the context's own
-        logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-        return np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))
-
-    def last_choice() -> int:
-        return int(last_logits().argmax())
+    def decode(rows: list, position: int) -> np.ndarray:
+        """rows[r]: sequence r's next tokens from `position`; returns each sequence's last logits."""
+        n, last = 0, []
+        for r, tokens in enumerate(rows):
+            for i, token in enumerate(tokens):
+                calls.token[n], calls.pos[n], calls.n_seq_id[n] = token, position + i, 1
+                calls.seq_id[n][0], calls.logits[n] = r, i == len(tokens) - 1
+                n += 1
+            last.append(n - 1)
+        calls.n_tokens = n
+        if lc.llama_decode(ctx, calls) != 0:
+            raise SystemExit(f"error: llama_decode failed on {gguf}")
+        return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,)) for i in last])
     start = time.perf_counter()
-    llm.eval(ids)
+    logits = decode([ids] * batch, 0)
     ttft = time.perf_counter() - start
-    first = last_logits().tolist()
-    out, steps = [last_choice()], []
-    for _ in range(new_tokens):
+    first = logits[0].tolist()
+    out, steps = [int(logits[0].argmax())], []
+    for t in range(new_tokens):
+        nxt = [[int(i)] for i in logits.argmax(-1)]
         start = time.perf_counter()
-        llm.eval([out[-1]])
+        logits = decode(nxt, len(ids) + t)
         steps.append(time.perf_counter() - start)
-        out.append(last_choice())
+        out.append(int(logits[0].argmax()))
     print(json.dumps({"ttft_ms": ttft * 1e3, "step_ms": statistics.median(steps) * 1e3, "tokens": out,
                       "first": first}))
 
@@ -192,7 +207,7 @@ def measure(export_dir: str, batch: int, new_tokens: int, threads: int, llama_id
     """One run in a child under /usr/bin/time; `llama_ids`: export_dir is a GGUF for llama.cpp."""
     if llama_ids is not None:
         command = ["/usr/bin/time", "-f", "%M", PEERS, os.path.abspath(__file__), "--llama_child", export_dir,
-                   json.dumps(llama_ids), str(new_tokens), str(threads)]
+                   json.dumps(llama_ids), str(batch), str(new_tokens), str(threads)]
     else:
         command = ["/usr/bin/time", "-f", "%M", sys.executable, os.path.abspath(__file__), "--child", export_dir,
                    str(batch), str(new_tokens), str(threads)]
@@ -231,14 +246,14 @@ def main():
     p.add_argument("--accuracy_child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
-                   help="llama.cpp at batch 1 on the GGUF in these types (needs the peers venv: make peers)")
+                   help="llama.cpp on the GGUF in these types (needs the peers venv: make peers)")
     p.add_argument("--reference", choices=sorted(LLAMA_FTYPES), help="compare every run's logits after the prompt "
                    "with llama.cpp's at this type (e.g. F16: the model unquantized, where ours cannot hold it)")
-    p.add_argument("--llama_child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--llama_child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.llama_child:
         a = args.llama_child
-        return llama_child(a[0], json.loads(a[1]), int(a[2]), int(a[3]))
+        return llama_child(a[0], json.loads(a[1]), int(a[2]), int(a[3]), int(a[4]))
     if args.child or args.accuracy_child:
         sys.path.insert(0, REPO)
         if args.accuracy_child:
@@ -268,7 +283,7 @@ def main():
         for b in args.batch:
             for s in args.schemes:
                 results[(s, b)].append(measure(exports[s], b, args.new_tokens, args.threads))
-            for name, path in llama.items() if b == 1 else ():    # llama-cpp-python decodes one sequence
+            for name, path in llama.items():
                 results[(name, b)].append(measure(path, b, args.new_tokens, args.threads, llama_ids=ids))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     args.schemes += list(llama)
