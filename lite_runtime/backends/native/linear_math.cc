@@ -435,7 +435,7 @@ template <int MB>
 __attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const I4Panel &p, int64_t n, int64_t m0) {
   constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
   const float *x = a.x + m0 * a.ldx, *xsum = a.xsum + m0 * a.G;
-  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m512i mask = _mm512_set1_epi32(0x0F);
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -448,9 +448,10 @@ __attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const 
       p.Prefetch(k);
       for (int h = 0; h < H; ++h) {
         const int64_t kh = k + 2 * h;
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + (kh >> 1) * 16));
-        const __m512 even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
-        const __m512 odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+        // the 16 bytes widened once: a lane's low nibble is step kh's u, the rest step kh + 1's
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + kh * 8)));
+        const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(b, mask));
+        const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
         constexpr int kOdd = C > 1 ? 1 : 0;
         for (int m = 0; m < MB; ++m) {
           sums[2 * h][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + kh]), even, sums[2 * h][m]);
