@@ -121,3 +121,17 @@ def test_an_architecture_it_does_not_map_is_refused_by_name(tmp_path):
     assert result.returncode != 0 and len(lines) == 1, result.stderr
     assert "architecture 'phi3' is not supported; allowed: llama, qwen2" in lines[0]
     assert json.loads(json.dumps(lines))       # one plain line
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
+    """A Q4_0 or Q4_1 tensor (as the gguf package quantizes, llama.cpp's rules) exported as int4 g32 keeps its
+    values (up to float32's rounding of Q4_1's d q + m): a Q4_0 block seldom reaches both ends of its grid,
+    and a grid from the block's min and max would round it a second time."""
+    from gguf import GGMLQuantizationType, quants
+    from lite_runtime.contract import quant
+    kind = GGMLQuantizationType[kind]
+    values = quants.dequantize(quants.quantize(np.random.default_rng(5).standard_normal((24, 96)).astype(np.float32),
+                                               kind), kind)
+    back = quant.dequantize_int4(*quant.quantize_int4(values, 32), 96, 32)
+    assert np.abs(back - values).max() <= 1e-6 * np.abs(values).max()

@@ -200,14 +200,31 @@ def unpack_int4(packed: np.ndarray) -> np.ndarray:
     return out
 
 
+def _grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per group the step of the 4-bit grid from its min: (max - min) / 15, or, where every value of the group
+    lies on it, the step of a GGUF Q4_0 block (values d (q - 8), q in 0..15, its largest magnitude at q = 0:
+    min -8|d| or max 8|d|), whose values seldom reach both ends and would be rounded again on the first."""
+    step = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
+
+    def on_grid(values, low, candidate):
+        r = (values - low[:, None]) / candidate[:, None]
+        return (np.abs(r - np.rint(r)) < 1e-3).all(axis=1)
+    for candidate in (-lo / 8, hi / 8):
+        fits = (candidate > 0) & (hi - lo <= candidate * (15 + 1e-4))
+        fits[fits] = on_grid(grouped[fits][:, :4], lo[fits], candidate[fits])   # most groups fail on these
+        fits[fits] = on_grid(grouped[fits], lo[fits], candidate[fits])
+        step[fits] = candidate[fits]
+    return step
+
+
 def quantize_int4(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed int8 (N, Kp / 2), scale (N, G), min (N, G)), the three in panels (pack_int4,
-    pack_f32_panels): per group, scale = (max - min) / 15, u = rint((w - min) / scale)."""
+    pack_f32_panels): per group, scale = the grid's step (_grid_steps), u = rint((w - min) / scale)."""
     w = _rows(w)
     n, k = w.shape
     grouped, _ = _groups(w, group)
     lo, hi = grouped.min(axis=2), grouped.max(axis=2)
-    scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
+    scale = _grid_steps(grouped, lo, hi)
     u = np.clip(np.rint((grouped - lo[:, :, None]) / scale[:, :, None]), 0, 15).reshape(n, -1)
     kp = -(-k // 32) * 32
     full = np.zeros((n, kp), np.uint8)
