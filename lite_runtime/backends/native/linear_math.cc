@@ -343,6 +343,16 @@ __attribute__((target("avx512f"))) void GemmRows16(const float *x, int64_t ldx, 
   if (m + 2 <= rows) GemmTile16<2>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb), m += 2;
   if (m < rows) GemmTile16<1>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, nb);
 }
+
+// A stored panel dequantised into `out` (kTileCols x K floats, 64-byte aligned), the float32 panel layout.
+template <typename P>
+__attribute__((target("avx512f"))) void StageWide(const P &panel, int64_t K, float *out) {
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 w = panel.Get16(k);
+    panel.Finish16(w);
+    _mm512_store_ps(out + k * kTileCols, w);
+  }
+}
 #endif
 
 template <bool Ahead, typename P>
@@ -508,8 +518,22 @@ void DecodeI4Range(const LinearArgs &a, int64_t n0, int64_t n1) {
 // threads, pairs against one at a time: M 2 1.21x the time, M 4 1.03-1.13x, M 8 0.93-0.95x.
 constexpr int64_t kSinglePanelRows = 4;
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Every pass of kRowsPerPass rows of X over two panels side by side (columns [n, n + 32)); `ahead`: stored
+// panels, which the first pass streams from memory.
+template <typename P>
+__attribute__((target("avx512f"))) void PairPasses(const LinearArgs &a, const P &p0, const P &p1, int64_t n,
+                                                   bool ahead) {
+  for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
+    const int64_t rows = std::min(kRowsPerPass, a.M - m);
+    if (ahead && m == 0) GemmPairRows<true>(a.x, a.ldx, rows, p0, p1, a.K, a.y + n, a.N);
+    else GemmPairRows<false>(a.x + m * a.ldx, a.ldx, rows, p0, p1, a.K, a.y + m * a.N + n, a.N);
+  }
+}
+#endif
+
 // Y's columns [n0, n1) panel by panel: the stored panels of the panel layouts (T their element type) as they
-// are, other rows of W dequantised into `scratch` first.
+// are, other rows of W dequantised into `scratch` (2 x kTileCols x K floats) first.
 template <typename T>
 void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   const int64_t panels_end = a.kind == kF32 ? 0 : a.N / kTileCols * kTileCols;
@@ -526,14 +550,24 @@ void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     }
     const auto panel = PanelAt(a, n, static_cast<const T *>(nullptr));
 #if defined(__AVX2__) && defined(__FMA__)
-    const bool pair = sizeof(T) == 4 || a.M > kSinglePanelRows;
-    if (a.wide && pair && n + 2 * kTileCols <= std::min(panels_end, n1)) {     // this panel and the next together
-      const auto next = PanelAt(a, n + kTileCols, static_cast<const T *>(nullptr));
-      for (int64_t m = 0; m < a.M; m += kRowsPerPass) {
-        const int64_t rows = std::min(kRowsPerPass, a.M - m);
-        if (m == 0) GemmPairRows<true>(a.x, a.ldx, rows, panel, next, a.K, a.y + n, a.N);
-        else GemmPairRows<false>(a.x + m * a.ldx, a.ldx, rows, panel, next, a.K, a.y + m * a.N + n, a.N);
+    const bool two = n + 2 * kTileCols <= std::min(panels_end, n1);     // this panel and the next together
+    // On AVX-512 int4 panels past the decode loop are dequantised once a call into `scratch`, not again for
+    // each block of rows as the GEMM reads them (SmolLM2-135M's int4 products on two threads: M 128 and 256
+    // 0.74-0.78x the time). Not int8 panels (M 64-256 1.0-1.1x), nor on AVX2 (int4 M 8-128 1.3-1.5x).
+    if (a.wide && a.kind == kI4Min) {
+      float *second = scratch + kTileCols * a.K;
+      StageWide(panel, a.K, scratch);
+      if (two) {
+        StageWide(PanelAt(a, n + kTileCols, static_cast<const T *>(nullptr)), a.K, second);
+        PairPasses(a, F32Panel{scratch}, F32Panel{second}, n, false);
+        n += kTileCols;
+      } else {
+        PanelPasses(a, F32Panel{scratch}, n, nb, false);
       }
+      continue;
+    }
+    if (a.wide && two && (sizeof(T) == 4 || a.M > kSinglePanelRows)) {
+      PairPasses(a, panel, PanelAt(a, n + kTileCols, static_cast<const T *>(nullptr)), n, true);
       n += kTileCols;
       continue;
     }

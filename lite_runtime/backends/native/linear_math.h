@@ -56,7 +56,8 @@ inline int64_t BlockRows(int kind) { return kind == kF32 ? kBlockRows : 2 * kTil
 // equal, 256 1.04x.
 constexpr int64_t kDecodeRowsI4 = 64;
 
-// Computes Y's columns [n0, n1); `scratch` holds at least kTileCols * K floats (K as padded for int4).
+// Computes Y's columns [n0, n1); `scratch` holds at least 2 * kTileCols * K floats (K as padded for int4),
+// 64-byte aligned.
 using RangeFn = void (*)(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
 
 namespace avx2 {
