@@ -123,15 +123,27 @@ def test_an_architecture_it_does_not_map_is_refused_by_name(tmp_path):
     assert json.loads(json.dumps(lines))       # one plain line
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
 def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
-    """A Q4_0 or Q4_1 tensor (as the gguf package quantizes, llama.cpp's rules) exported as int4 g32 keeps its
-    values (up to float32's rounding of Q4_1's d q + m): a Q4_0 block seldom reaches both ends of its grid,
-    and a grid from the block's min and max would round it a second time."""
+    """A Q4_0 or Q4_1 tensor (as the gguf package quantizes, llama.cpp's rules) or one of random Q4_K blocks,
+    exported as int4 g32, keeps its values (up to float32's rounding of d q + m): such blocks seldom reach both
+    ends of their grid, and a grid from a block's min and max would round it a second time."""
     from gguf import GGMLQuantizationType, quants
     from lite_runtime.contract import quant
-    kind = GGMLQuantizationType[kind]
-    values = quants.dequantize(quants.quantize(np.random.default_rng(5).standard_normal((24, 96)).astype(np.float32),
-                                               kind), kind)
-    back = quant.dequantize_int4(*quant.quantize_int4(values, 32), 96, 32)
+    from support.gguf_models import k_blocks
+    rng = np.random.default_rng(5)
+    qtype = GGMLQuantizationType[kind]
+    blocks = (k_blocks(kind, (24, 256), rng) if kind == "Q4_K"
+              else quants.quantize(rng.standard_normal((24, 256)).astype(np.float32), qtype))
+    values = quants.dequantize(blocks, qtype)
+    back = quant.dequantize_int4(*quant.quantize_int4(values, 32), 256, 32)
     assert np.abs(back - values).max() <= 1e-6 * np.abs(values).max()
+
+
+def test_int4_grids_of_other_weights_stay_min_to_max():
+    """Weights on no 4-bit grid keep 15 steps from each group's min to its max."""
+    from lite_runtime.contract import quant
+    w = np.random.default_rng(6).standard_normal((64, 256)).astype(np.float32)
+    _, scale, _ = quant.quantize_int4(w, 32)
+    groups = w.reshape(64, 8, 32)
+    assert np.array_equal(quant.unpack_f32_panels(scale), (groups.max(2) - groups.min(2)) / np.float32(15))

@@ -13,6 +13,7 @@ Rounding is to nearest (numpy's, half to even).
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -200,21 +201,40 @@ def unpack_int4(packed: np.ndarray) -> np.ndarray:
     return out
 
 
-def _grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per group the step of the 4-bit grid from its min: (max - min) / 15, or, where every value of the group
-    lies on it, the step of a GGUF Q4_0 block (values d (q - 8), q in 0..15, its largest magnitude at q = 0:
-    min -8|d| or max 8|d|), whose values seldom reach both ends and would be rounded again on the first."""
-    step = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
+# q / n for every n in 1..15 (0 <= q <= n) in lowest terms, ascending, each with the distance from it within
+# which a value may lie on the grid of n steps (1e-3 of a step of its lowest denominator: the widest)
+_PLACES = sorted({(q // math.gcd(q, n), n // math.gcd(q, n)) for n in range(1, 16) for q in range(n + 1)},
+                 key=lambda f: f[0] / f[1])
+_PLACE = np.array([q / n for q, n in _PLACES])
+_PLACE_TOLERANCE = np.array([1e-3 / n for _, n in _PLACES])
 
-    def on_grid(values, low, candidate):
-        r = (values - low[:, None]) / candidate[:, None]
-        return (np.abs(r - np.rint(r)) < 1e-3).all(axis=1)
-    for candidate in (-lo / 8, hi / 8):
-        fits = (candidate > 0) & (hi - lo <= candidate * (15 + 1e-4))
-        fits[fits] = on_grid(grouped[fits][:, :4], lo[fits], candidate[fits])   # most groups fail on these
-        fits[fits] = on_grid(grouped[fits], lo[fits], candidate[fits])
-        step[fits] = candidate[fits]
-    return step
+
+def _grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per group the step of the 4-bit grid from its min: (max - min) / n for the largest n in 1..15 that puts
+    every value of the group on the grid, else (max - min) / 15. A GGUF's 4-bit blocks (Q4_0's d (q - 8), Q4_1's
+    d q + m, Q4_K's per 32) seldom reach both ends of their 16 steps (Q4_0's never do): a grid of 15 steps
+    between min and max would round their values a second time."""
+    span = (hi - lo).reshape(-1)
+    flat = grouped.reshape(span.size, -1)
+    low = lo.reshape(-1)
+    step = np.where(span > 0, span / 15, 1).astype(np.float32)
+    # a group's first two values must lie at some q / n between its min and max: that rejects almost every
+    # group of other weights at once
+    near = span > 0
+    for j in range(min(2, flat.shape[1])):
+        place = (flat[:, j] - low) / np.where(span > 0, span, 1)
+        at = np.clip(np.searchsorted(_PLACE, place), 1, len(_PLACE) - 1)
+        near &= ((np.abs(place - _PLACE[at]) < _PLACE_TOLERANCE[at]) |
+                 (np.abs(place - _PLACE[at - 1]) < _PLACE_TOLERANCE[at - 1]))
+    left = np.flatnonzero(near)
+    for n in range(15, 0, -1):
+        if left.size == 0:
+            break
+        places = (flat[left] - low[left, None]) / (span[left, None] / n)
+        fits = (np.abs(places - np.rint(places)) < 1e-3).all(axis=1)
+        step[left[fits]] = span[left[fits]] / n
+        left = left[~fits]
+    return step.reshape(lo.shape)
 
 
 def quantize_int4(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
