@@ -190,7 +190,7 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   // one kernel thread's; on a 7B shape, 16-45 M weights a layer, two took 0.83x one's).
   if (lite_workers && M <= kDecodeRows && N * K < kSplitWeights) n = 1;
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : 8 * n);
-  const int64_t tile = 2 * lk::kTileCols * a.K;     // two panels (linear_math.cc Stage)
+  const int64_t tile = 2 * lk::kTileCols * a.K;     // two panels (linear_math.cc StageWide)
   Pool::Get().Run(n, chunks, [&](int64_t c) {
     thread_local std::vector<float> scratch;
     if (static_cast<int64_t>(scratch.size()) < tile + 16) scratch.resize(tile + 16);
