@@ -17,6 +17,8 @@ and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (on
 `--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at each batch
 on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
 by llama.cpp's own quantizer into --work_dir, fed the same prompt ids on each row, timed per decode call.
+`--ort_int4 HF_DIR` adds ONNX Runtime GenAI's int4 (its model builder on that folder of the same model, blocks
+of 32, x rounded to int8: tools/peer_runtimes.py) at each batch, fed the same ids.
 `--reference F16` compares every run's logits after the prompt with llama.cpp's at that type (cosine and
 top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at
 sizes whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`).
@@ -37,6 +39,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MS20 = os.path.join(REPO, ".venv-ms20", "bin", "python")
 PEERS = os.path.join(REPO, ".venv-peers", "bin", "python")
+PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 LLAMA_FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}   # llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type with an oil-based ink and a wooden press.")
@@ -144,6 +147,30 @@ def llama_child(gguf: str, ids: list, batch: int, new_tokens: int, threads: int)
                       "first": first}))
 
 
+def ort_int4(hf_dir: str, work: str, threads: int) -> str:
+    """ONNX Runtime GenAI's int4 model of `hf_dir` (its builder, tools/peer_runtimes.py) in --work_dir."""
+    out = os.path.join(work, "ort_int4")
+    if not os.path.isfile(os.path.join(out, "genai_config.json")):
+        subprocess.run([PEERS, PEER_TOOL, "ort", os.path.abspath(hf_dir), out, str(threads), "int4"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+def measure_ort(model_dir: str, ids: list, batch: int, new_tokens: int, threads: int) -> dict:
+    """One ONNX Runtime GenAI run (tools/peer_runtimes.py measure) as measure() reports it (no logits)."""
+    job, out = os.path.join(model_dir, "job.json"), os.path.join(model_dir, "result.json")
+    with open(job, "w", encoding="utf-8") as f:
+        json.dump({"runtime": "ort", "model_dir": model_dir, "prompts": [ids] * batch, "warmup": 1,
+                   "new_tokens": new_tokens, "threads": threads}, f)
+    result = subprocess.run([PEERS, PEER_TOOL, "measure", job, out], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"error: measuring {model_dir} at batch {batch} failed: {result.stderr.strip()[-500:]}")
+    with open(out, encoding="utf-8") as f:
+        got = json.load(f)
+    return {"ttft_ms": got["ttft_ms"], "step_ms": got["step_ms"]["median"], "rss_mb": got["peak_rss_mb"],
+            "tokens": got["tokens"][0], "first": None}
+
+
 def llama_file(gguf: str, work: str, ftype: str) -> str:
     """The GGUF itself when it is of type `ftype` (its file name says), else llama.cpp's requantized copy."""
     if f".{ftype}.".lower() in os.path.basename(gguf).lower():
@@ -247,6 +274,8 @@ def main():
     p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
                    help="llama.cpp on the GGUF in these types (needs the peers venv: make peers)")
+    p.add_argument("--ort_int4", metavar="HF_DIR", help="ONNX Runtime GenAI's int4 (its model builder, blocks of "
+                   "32) built from this Hugging Face folder of the same model (needs the peers venv)")
     p.add_argument("--reference", choices=sorted(LLAMA_FTYPES), help="compare every run's logits after the prompt "
                    "with llama.cpp's at this type (e.g. F16: the model unquantized, where ours cannot hold it)")
     p.add_argument("--llama_child", nargs=5, help=argparse.SUPPRESS)
@@ -269,24 +298,29 @@ def main():
         return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads)
     if args.rounds < 1:
         return
-    if (args.llama_cpp or args.reference) and not os.path.isfile(PEERS):
-        raise SystemExit(f"error: --llama_cpp and --reference need the peers venv {PEERS}: run `make peers` "
-                         "(it builds llama-cpp-python)")
+    if (args.llama_cpp or args.reference or args.ort_int4) and not os.path.isfile(PEERS):
+        raise SystemExit(f"error: --llama_cpp, --reference and --ort_int4 need the peers venv {PEERS}: run `make "
+                         "peers` (it builds llama-cpp-python)")
+    if args.ort_int4 and not os.path.isfile(os.path.join(args.ort_int4, "config.json")):
+        raise SystemExit(f"error: --ort_int4 {args.ort_int4}: not a Hugging Face folder (no config.json)")
     llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
-    ids = prompt_ids(exports[args.schemes[0]]) if llama or args.reference else None
+    ort = {"onnxruntime-genai int4": ort_int4(args.ort_int4, args.work_dir, args.threads)} if args.ort_int4 else {}
+    ids = prompt_ids(exports[args.schemes[0]]) if llama or ort or args.reference else None
     reference = None
     if args.reference:       # the prompt's last logits of the model as llama.cpp runs it at that type
         path = llama_file(args.gguf, args.work_dir, args.reference)
         reference = np.array(measure(path, 1, 1, args.threads, llama_ids=ids)["first"])
-    results = {(s, b): [] for s in args.schemes + list(llama) for b in args.batch}
+    results = {(s, b): [] for s in args.schemes + list(llama) + list(ort) for b in args.batch}
     for r in range(args.rounds):
         for b in args.batch:
             for s in args.schemes:
                 results[(s, b)].append(measure(exports[s], b, args.new_tokens, args.threads))
             for name, path in llama.items():
                 results[(name, b)].append(measure(path, b, args.new_tokens, args.threads, llama_ids=ids))
+            for name, path in ort.items():
+                results[(name, b)].append(measure_ort(path, ids, b, args.new_tokens, args.threads))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
-    args.schemes += list(llama)
+    args.schemes += list(llama) + list(ort)
     base = args.schemes[0]
     print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after a 31-token prompt, {args.threads} "
           f"threads, {args.rounds} rounds (medians; ratios to {base} of the same round)")
@@ -305,7 +339,8 @@ def main():
                   f"{statistics.median(x['rss_mb'] for x in runs):.0f} | {agree}/{len(ref[0]['tokens'])} |"
                   + (f" {cosine(runs[0]['first'], reference):.4f}, "
                      f"{'same' if np.argmax(runs[0]['first']) == reference.argmax() else 'differs'} |"
-                     if reference is not None else ""))
+                     if reference is not None and runs[0]["first"] is not None else
+                     " - |" if reference is not None else ""))
 
 
 def cosine(a, b) -> float:
