@@ -17,8 +17,10 @@ and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (on
 `--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at each batch
 on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
 by llama.cpp's own quantizer into --work_dir, fed the same prompt ids on each row, timed per decode call.
-`--ort_int4 HF_DIR` adds ONNX Runtime GenAI's int4 (its model builder on that folder of the same model, blocks
-of 32, x rounded to int8: tools/peer_runtimes.py) at each batch, fed the same ids.
+`--peers ort_int4 openvino_int8 openvino_int4 --hf_dir HF_DIR` adds ONNX Runtime GenAI's int4 (its model
+builder, blocks of 32, x rounded to int8) and OpenVINO GenAI with NNCF's int8 / int4 weights (int4 in groups
+of 32), built from that Hugging Face folder of the same model (tools/peer_runtimes.py), at each batch, fed the
+same ids.
 `--reference F16` compares every run's logits after the prompt with llama.cpp's at that type (cosine and
 top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at
 sizes whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`).
@@ -147,20 +149,23 @@ def llama_child(gguf: str, ids: list, batch: int, new_tokens: int, threads: int)
                       "first": first}))
 
 
-def ort_int4(hf_dir: str, work: str, threads: int) -> str:
-    """ONNX Runtime GenAI's int4 model of `hf_dir` (its builder, tools/peer_runtimes.py) in --work_dir."""
-    out = os.path.join(work, "ort_int4")
-    if not os.path.isfile(os.path.join(out, "genai_config.json")):
-        subprocess.run([PEERS, PEER_TOOL, "ort", os.path.abspath(hf_dir), out, str(threads), "int4"], check=True,
+def peer_model(peer: str, hf_dir: str, work: str, threads: int) -> str:
+    """The model of a --peers runtime ("ort_int4", "openvino_int8", ...) built from `hf_dir` in --work_dir."""
+    out = os.path.join(work, peer)
+    runtime, weights = peer.split("_")
+    if not os.path.isdir(out):
+        extra = [str(threads), weights] if runtime == "ort" else [weights]
+        subprocess.run([PEERS, PEER_TOOL, runtime, os.path.abspath(hf_dir), out + ".part"] + extra, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.replace(out + ".part", out)
     return out
 
 
-def measure_ort(model_dir: str, ids: list, batch: int, new_tokens: int, threads: int) -> dict:
-    """One ONNX Runtime GenAI run (tools/peer_runtimes.py measure) as measure() reports it (no logits)."""
+def measure_peer(peer: str, model_dir: str, ids: list, batch: int, new_tokens: int, threads: int) -> dict:
+    """One run of a --peers runtime (tools/peer_runtimes.py measure) as measure() reports it (no logits)."""
     job, out = os.path.join(model_dir, "job.json"), os.path.join(model_dir, "result.json")
     with open(job, "w", encoding="utf-8") as f:
-        json.dump({"runtime": "ort", "model_dir": model_dir, "prompts": [ids] * batch, "warmup": 1,
+        json.dump({"runtime": peer.split("_")[0], "model_dir": model_dir, "prompts": [ids] * batch, "warmup": 1,
                    "new_tokens": new_tokens, "threads": threads}, f)
     result = subprocess.run([PEERS, PEER_TOOL, "measure", job, out], capture_output=True, text=True)
     if result.returncode != 0:
@@ -274,8 +279,9 @@ def main():
     p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
                    help="llama.cpp on the GGUF in these types (needs the peers venv: make peers)")
-    p.add_argument("--ort_int4", metavar="HF_DIR", help="ONNX Runtime GenAI's int4 (its model builder, blocks of "
-                   "32) built from this Hugging Face folder of the same model (needs the peers venv)")
+    p.add_argument("--peers", nargs="*", default=[], choices=["ort_int4", "openvino_int8", "openvino_int4"],
+                   help="quantized peers built from --hf_dir (needs the peers venv)")
+    p.add_argument("--hf_dir", help="a Hugging Face folder of the GGUF's model, for --peers")
     p.add_argument("--reference", choices=sorted(LLAMA_FTYPES), help="compare every run's logits after the prompt "
                    "with llama.cpp's at this type (e.g. F16: the model unquantized, where ours cannot hold it)")
     p.add_argument("--llama_child", nargs=5, help=argparse.SUPPRESS)
@@ -298,29 +304,30 @@ def main():
         return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads)
     if args.rounds < 1:
         return
-    if (args.llama_cpp or args.reference or args.ort_int4) and not os.path.isfile(PEERS):
-        raise SystemExit(f"error: --llama_cpp, --reference and --ort_int4 need the peers venv {PEERS}: run `make "
+    if (args.llama_cpp or args.reference or args.peers) and not os.path.isfile(PEERS):
+        raise SystemExit(f"error: --llama_cpp, --reference and --peers need the peers venv {PEERS}: run `make "
                          "peers` (it builds llama-cpp-python)")
-    if args.ort_int4 and not os.path.isfile(os.path.join(args.ort_int4, "config.json")):
-        raise SystemExit(f"error: --ort_int4 {args.ort_int4}: not a Hugging Face folder (no config.json)")
+    if args.peers and not os.path.isfile(os.path.join(args.hf_dir or "", "config.json")):
+        raise SystemExit(f"error: --peers needs --hf_dir, a Hugging Face folder of the model; {args.hf_dir!r} "
+                         "has no config.json")
     llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
-    ort = {"onnxruntime-genai int4": ort_int4(args.ort_int4, args.work_dir, args.threads)} if args.ort_int4 else {}
-    ids = prompt_ids(exports[args.schemes[0]]) if llama or ort or args.reference else None
+    peers = {p: peer_model(p, args.hf_dir, args.work_dir, args.threads) for p in args.peers}
+    ids = prompt_ids(exports[args.schemes[0]]) if llama or peers or args.reference else None
     reference = None
     if args.reference:       # the prompt's last logits of the model as llama.cpp runs it at that type
         path = llama_file(args.gguf, args.work_dir, args.reference)
         reference = np.array(measure(path, 1, 1, args.threads, llama_ids=ids)["first"])
-    results = {(s, b): [] for s in args.schemes + list(llama) + list(ort) for b in args.batch}
+    results = {(s, b): [] for s in args.schemes + list(llama) + list(peers) for b in args.batch}
     for r in range(args.rounds):
         for b in args.batch:
             for s in args.schemes:
                 results[(s, b)].append(measure(exports[s], b, args.new_tokens, args.threads))
             for name, path in llama.items():
                 results[(name, b)].append(measure(path, b, args.new_tokens, args.threads, llama_ids=ids))
-            for name, path in ort.items():
-                results[(name, b)].append(measure_ort(path, ids, b, args.new_tokens, args.threads))
+            for name, path in peers.items():
+                results[(name, b)].append(measure_peer(name, path, ids, b, args.new_tokens, args.threads))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
-    args.schemes += list(llama) + list(ort)
+    args.schemes += list(llama) + list(peers)
     base = args.schemes[0]
     print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after a 31-token prompt, {args.threads} "
           f"threads, {args.rounds} rounds (medians; ratios to {base} of the same round)")

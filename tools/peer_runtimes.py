@@ -194,7 +194,9 @@ def _zero_state_initializers(ov_model) -> None:
     ov_model.validate_nodes_and_infer_types()
 
 
-def build_openvino(hf_dir: str, out_dir: str) -> None:
+def build_openvino(hf_dir: str, out_dir: str, weights: str = "f32") -> None:
+    """`weights`: f32, or int8 / int4 (NNCF's weight compression, asymmetric; int4 in groups of 32, every
+    linear layer)."""
     import openvino as ov
     import torch
     import transformers
@@ -224,6 +226,11 @@ def build_openvino(hf_dir: str, out_dir: str) -> None:
     ov_model.validate_nodes_and_infer_types()
     apply_make_stateful_transformation(ov_model, dict(zip(names[4:], outputs[1:])))
     _zero_state_initializers(ov_model)
+    if weights != "f32":
+        import nncf
+        mode = {"int8": nncf.CompressWeightsMode.INT8_ASYM, "int4": nncf.CompressWeightsMode.INT4_ASYM}[weights]
+        options = dict(group_size=32, ratio=1.0) if weights == "int4" else {}
+        ov_model = nncf.compress_weights(ov_model, mode=mode, **options)
     os.makedirs(out_dir, exist_ok=True)
     ov.save_model(ov_model, os.path.join(out_dir, "openvino_model.xml"), compress_to_fp16=False)
     tokenizer, detokenizer = convert_tokenizer(transformers.AutoTokenizer.from_pretrained(hf_dir),
@@ -400,7 +407,7 @@ def main(argv):
     elif command == "ort":
         build_ort(args[0], args[1], int(args[2]), *args[3:4])
     elif command == "openvino":
-        build_openvino(args[0], args[1])
+        build_openvino(args[0], args[1], *args[2:3])
     elif command == "measure":
         with open(args[0], encoding="utf-8") as f:
             job = json.load(f)
