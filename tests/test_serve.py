@@ -250,6 +250,27 @@ def test_metrics_parse_and_count_the_requests(server):
             "lite_requests_waiting", "lite_prompt_tokens", "lite_generation_tokens"} <= set(families)
 
 
+def test_a_steps_callbacks_reach_the_requests_together(demo_exports):
+    """The engine hands each step's on_token / on_finish calls to `deliver` in one list (the server
+    wakes its event loop once a step with them), in order: a row's last token before its finish."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    from lite_runtime.decode.engine import Engine, EngineRequest, call_each
+    m = load_manifest(demo_exports["ms"])
+    prompt = export_tokenizer(m).encode(PROMPTS[0], add_special_tokens=True)
+    engine = Engine(load_session("ms", m), threaded=False)
+    calls, sizes = [], []
+    engine.deliver = lambda told: sizes.append(len(told)) or call_each(told)
+    for i, budget in enumerate([3, 5]):
+        engine.submit(EngineRequest(prompt, budget, on_token=lambda t, lp, i=i: calls.append((i, "token")),
+                                    on_finish=lambda reason, i=i: calls.append((i, reason))))
+    engine.run_until_idle()
+    delivered = [calls[sum(sizes[:k]):sum(sizes[:k + 1])] for k in range(len(sizes))]
+    assert engine.steps == 5
+    assert delivered == [[(0, "token"), (1, "token")], [(0, "token"), (1, "token")],
+                         [(0, "token"), (0, "length"), (1, "token")], [(1, "token")], [(1, "token"), (1, "length")]]
+
+
 def test_requests_joining_at_different_moments_get_their_alone_tokens(demo_exports):
     """Seven requests on the 4 cache rows with budgets of 2 to 12, three of them submitted while the
     first runs (at its 3rd and 6th token): each gets the tokens it gets alone; rows freed by short

@@ -11,8 +11,9 @@ Each row keeps its own sampler (seeded per request), penalties, token budget and
 Served, the engine runs in one thread of its own; `submit` and `cancel` may be called from any thread.
 `pipeline()` and run_infer_main drive one without a thread: a static batch is requests submitted
 together, then `run_until_idle()` steps in the caller's thread until each has finished.
-A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called from
-the engine thread (the server hands them on to its event loop). Choosing a token is the request's
+A request reports through `on_token(token_id, TokenLogprobs or None)` and `on_finish(reason)`, called
+through the engine's `deliver`: by default at once, in the engine thread; the server's hands each step's
+calls to its event loop together (one wake-up a step, not one a token). Choosing a token is the request's
 `Sampler` (decode/sampling.py: every logits processor lives there). With `speculation`, a decoding
 row also feeds guessed tokens and keeps those its sampler confirms (speculation.py, draft.py).
 """
@@ -39,6 +40,11 @@ log = logging.getLogger("lite_runtime.engine")
 
 
 PREFILL_CHUNK = 128     # most prompt tokens a row feeds in one step
+
+
+def call_each(calls: list) -> None:
+    for callback, args in calls:
+        callback(*args)
 
 
 class QueueFull(Exception):
@@ -124,6 +130,9 @@ class Engine:
         self.steps = 0
         self.pick_seconds = 0.0    # host time in the rows' samplers (benchmarks)
         self.counted = self        # whose rows and queue the metrics report (Replicas: all of them)
+        # How the requests' callbacks run: given [(callback, args)] in order, those of a step together.
+        self.deliver: Callable[[list], None] = call_each
+        self._told: Optional[Tuple[int, list]] = None    # (the stepping thread, the step's callbacks so far)
         self._thread = None
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -169,7 +178,7 @@ class Engine:
         with self._wake:
             self._stopping = True
             while self.waiting:
-                self.waiting.popleft().on_finish("cancelled")
+                self._tell(self.waiting.popleft().on_finish, "cancelled")
             self._wake.notify()
         deadline = time.perf_counter() + timeout
         while self.busy_rows() and time.perf_counter() < deadline:
@@ -183,7 +192,7 @@ class Engine:
             if row is not None:
                 self._finish(slot, "cancelled")
         while self.waiting:
-            self.waiting.popleft().on_finish("cancelled")
+            self._tell(self.waiting.popleft().on_finish, "cancelled")
 
     def busy_rows(self) -> int:
         return sum(row is not None for row in self.rows)
@@ -228,7 +237,7 @@ class Engine:
         while self.waiting and None in self.rows:
             request = self.waiting.popleft()
             if request.cancelled:
-                request.on_finish("cancelled")
+                self._tell(request.on_finish, "cancelled")
                 continue
             request.admitted = time.perf_counter()
             slot = self.rows.index(None)
@@ -247,6 +256,22 @@ class Engine:
         return [int(v[0]) for v in rows]
 
     def _step(self) -> None:
+        self._told = (threading.get_ident(), [])
+        try:
+            self._run_step()
+        finally:
+            told, self._told = self._told[1], None
+            if told:
+                self.deliver(told)
+
+    def _tell(self, callback: Callable, *args) -> None:
+        """Call a request's callback: with the step's others when the engine is stepping in this thread."""
+        if self._told is not None and self._told[0] == threading.get_ident():
+            self._told[1].append((callback, args))
+        else:
+            self.deliver([(callback, args)])
+
+    def _run_step(self) -> None:
         for i, row in enumerate(self.rows):
             if row is not None and row.request.cancelled:
                 self._finish(i, "cancelled")
@@ -337,7 +362,7 @@ class Engine:
         row.tokens.append(token)
         row.pending = [token]
         row.generated += 1
-        row.request.on_token(token, logprob)
+        self._tell(row.request.on_token, token, logprob)
         reason = None
         if token in row.request.stop_ids:
             reason = "stop"
@@ -364,7 +389,7 @@ class Engine:
     def _finish(self, slot: int, reason: str) -> None:
         row = self.rows[slot]
         self.rows[slot] = None
-        row.request.on_finish(reason)
+        self._tell(row.request.on_finish, reason)
 
     def _observe(self) -> None:
         if self.metrics is not None:

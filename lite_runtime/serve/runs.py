@@ -13,7 +13,7 @@ from typing import List, Optional
 from lite_runtime.contract.errors import ToolchainError
 from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.serve.chat import ChatFormat
-from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs
+from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs, call_each
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import SamplingFields
 from lite_runtime.serve.text import RequestText, TokenText
@@ -34,6 +34,17 @@ class ServedModel:
         self.token_text = TokenText(tokenizer)
         template = self.chat.published.templates if self.chat.published is not None else {}
         self.tool_style = tool_calls.style_of(template.get("tool_use") or template.get("default"))
+        self.loop: Optional[asyncio.AbstractEventLoop] = None     # the routes' event loop, once a run starts
+        for replica in getattr(engine, "engines", [engine]):
+            replica.deliver = self._deliver
+
+    def _deliver(self, calls: list) -> None:
+        """The engine thread's callbacks (a step's together) run on the event loop, where the runs' queues
+        live: one wake-up of the loop for them all."""
+        try:
+            self.loop.call_soon_threadsafe(call_each, calls)
+        except RuntimeError:    # the loop has closed (the server stopped): nobody waits for these
+            pass
 
     def constraint(self, body: SamplingFields):
         """A new matcher of the JSON the request's response_format (or its forced tool call) asks for, or None."""
@@ -151,12 +162,12 @@ class _Choice:
         self.last = None
         max_tokens = min(body.max_tokens or served.context, served.context - len(prompt_ids))
         top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
-        put = run.loop.call_soon_threadsafe
+        put = run.queue.put_nowait          # on the event loop (ServedModel._deliver)
         self.engine_request = EngineRequest(
             prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot, top,
             served.constraint(body),
-            on_token=lambda t, lp: put(run.queue.put_nowait, (index, "token", t, lp)),
-            on_finish=lambda reason: put(run.queue.put_nowait, (index, "end", reason, None)))
+            on_token=lambda t, lp: put((index, "token", t, lp)),
+            on_finish=lambda reason: put((index, "end", reason, None)))
 
     def reason(self) -> str:
         return "stop" if self.stopped_by_text else self.finish_reason
@@ -170,7 +181,7 @@ class _Run:
         self.served, self.body, self.chat = served, body, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.loop = asyncio.get_running_loop()
+        served.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.prompts = prompts
         self.start = time.perf_counter()
