@@ -79,7 +79,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    layers = {"float32": "LiteLinearF32P16", "int8": "LiteLinearI8P16", "int4": "LiteLinearI4MinP16"}[scheme]
+    layers = {"float32": "LiteLinearF32P16", "int8": "LiteLinearI8P16", "int4": "LiteLinearI4F16P16"}[scheme]
     head, embedding = schemes_of(form)
     head_type = "LiteLinearI8P16" if head == "int8" else "LiteLinearF32P16"    # the head on a kernel too
     # the embedding looked up by a kernel: int8, or the float32 panels a tied head reads
@@ -193,7 +193,8 @@ def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quan
 
 @pytest.mark.parametrize("kernel, layout", [("LiteLinearI8", "int8 rows stored whole"),
                                             ("LiteLinearI8P4", "int8 in panels of 4 rows"),
-                                            ("LiteLinearI4Min", "int4 rows stored whole")])
+                                            ("LiteLinearI4Min", "int4 rows stored whole"),
+                                            ("LiteLinearI4MinP16", "int4 with float32 scales and mins")])
 def test_an_int8_export_of_a_retired_layout_is_refused_with_the_command_that_exports_it_again(quantized, tmp_path,
                                                                                               kernel, layout):
     export = int8_export_naming_kernels(quantized, tmp_path, [kernel])

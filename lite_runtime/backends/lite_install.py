@@ -185,7 +185,7 @@ def _build_kernels(prefix: str, cxx: str, say) -> str:
             f"-I{_NATIVE}", "-c"]
     builds = [(f"{stem}_{isa}", os.path.join(_NATIVE, stem + ".cc"), flags)
               for stem in ("linear_math", "attention_math", "layer_math")
-              for isa, flags in (("avx2", ["-DLK_NS=avx2", "-mavx2", "-mfma"]), ("generic", ["-DLK_NS=generic"]))]
+              for isa, flags in (("avx2", ["-DLK_NS=avx2", "-mavx2", "-mfma", "-mf16c"]), ("generic", ["-DLK_NS=generic"]))]
     objects = []
     builds += [(stem, os.path.join(_NATIVE, stem + ".cc"), []) for stem in ("lite_kernels", "attention_kernel", "layer_ops_kernel")]
     for name, source, flags in builds:

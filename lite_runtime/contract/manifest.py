@@ -22,8 +22,10 @@ RETIRED_KV_MODE = "dynamic"   # one step graph over B rows x T tokens, supersede
 RETIRED_OP_TYPES = {"LiteLinearI8": "int8 rows stored whole, replaced by LiteLinearI8P16's panels",
                     "LiteLinearI8P4": "int8 in panels of 4 rows, replaced by LiteLinearI8P16's panels of 16",
                     "LiteGatherI8P4": "an int8 table in panels of 4 rows, replaced by LiteGatherI8P16's panels of 16",
-                    "LiteLinearI4Min": "int4 rows stored whole, replaced by LiteLinearI4MinP16's panels",
-                    "LiteLinearI4": "symmetric int4, which no export writes"}
+                    "LiteLinearI4Min": "int4 rows stored whole, replaced by LiteLinearI4F16P16's panels",
+                    "LiteLinearI4": "symmetric int4, which no export writes",
+                    "LiteLinearI4MinP16": "int4 with float32 scales and mins, replaced by LiteLinearI4F16P16's "
+                                          "float16 ones"}
 COPY_MANIFEST_SUFFIX = ".manifest.json"   # beside an upstream infer.*_model_path graph copy
 GRAPH_FOLDERS = {"prefill": "mindir_full_checkpoint", "increment": "mindir_inc_checkpoint", "step": "mindir_step"}
 

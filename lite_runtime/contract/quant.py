@@ -5,10 +5,11 @@ types that run them on MindSpore Lite, and numpy quantizers / dequantizers. nump
 Storage of a linear weight W (N, K) (out, in):
   int8          q int8 (N, K) stored as float32's panels (pack_int8: 16 rows transposed, the float GEMM's
                 tiles, converted as they are read), scale float32 (N,): w = q * scale[n]; q in [-127, 127]
-  int4          u in [0, 15], K zero-padded to Kp (a multiple of 32), per group of `group` along K a float32
+  int4          u in [0, 15], K zero-padded to Kp (a multiple of 32), per group of `group` along K a float16
                 scale and min (N, G), G = ceil(K / group): w = u * scale[n, g] + min[n, g]; stored as the
                 panels of float32 (pack_int4: per pair of steps of k, 16 rows' u two to a byte; the scales and
-                mins transposed alike), converted as they are read
+                mins transposed alike, their float16 bits as int8 pairs (N, 2G), which Lite keeps as they are),
+                converted as they are read
 Rounding is to nearest (numpy's, half to even).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P16",
-                            "int4_min": "LiteLinearI4MinP16"}
+                            "int4_min": "LiteLinearI4F16P16"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
 # int8 with its scales, or float32 in the GEMM's panels.
 GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16"}
@@ -40,7 +41,7 @@ NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
 LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
-KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 3, "float32_p16": 4}   # lk::Kind
+KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "float32_p16": 4}   # lk::Kind
 
 
 def aot_func(op_type: str) -> str:
@@ -237,19 +238,61 @@ def _grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarr
     return step.reshape(lo.shape)
 
 
+def _half_grid(lo: np.ndarray, hi: np.ndarray, step: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(scale, min) float16 per group for the grid of `step` between `lo` and `hi`, w = u * scale + min. The
+    grid's start (u = 0) is whichever of lo, lo - step, ... or, counting down with a negative scale, hi, hi +
+    step, ... (while the grid stays within 16 values) lies nearest a float16, when within 1e-3 of a step of
+    it: a grid of float16s (a GGUF's: Q4_1's d and m, Q4_0's d and -8 d, d of either sign) is kept as it is,
+    though its values reach us rounded to float32; else lo rounded to nearest."""
+    top = max(np.abs(lo).max(initial=0), np.abs(hi).max(initial=0))
+    if top > np.finfo(np.float16).max:
+        raise ValueError(f"a weight of magnitude {top:.4g} is beyond float16's {np.finfo(np.float16).max:.0f}, "
+                         "the type of int4's scales and mins")
+    shape = lo.shape
+    lo, hi, step = lo.reshape(-1), hi.reshape(-1), step.reshape(-1)
+    levels = np.rint((hi - lo) / step)
+    scale, mins = step.astype(np.float16), lo.astype(np.float16)
+    best = np.full(lo.shape, np.inf, np.float32)
+    for j in range(16):
+        at = np.flatnonzero(levels + j <= 15)       # a full grid (most weights') has only j = 0
+        for start, sign in ((lo[at] - np.float32(j) * step[at], 1), (hi[at] + np.float32(j) * step[at], -1)):
+            start = start.astype(np.float32)
+            rounded = start.astype(np.float16)
+            off = np.abs(rounded.astype(np.float32) - start)
+            nearer = (off < best[at]) & (off <= 1e-3 * step[at])
+            where = at[nearer]
+            mins[where], best[where] = rounded[nearer], off[nearer]
+            scale[where] = np.float16(sign) * step[where].astype(np.float16)
+    return scale.reshape(shape), mins.reshape(shape)
+
+
+def pack_halves(a: np.ndarray) -> np.ndarray:
+    """(N, G) float16 -> the panel layout of pack_f32_panels as int8 pairs (N, 2G)."""
+    return np.ascontiguousarray(_transpose_panels(np.asarray(a, np.float16), by_rows=True)).view(np.int8)
+
+
+def unpack_halves(packed: np.ndarray) -> np.ndarray:
+    """pack_halves' layout -> (N, G) float32."""
+    return _transpose_panels(np.ascontiguousarray(packed).view(np.float16), by_rows=False).astype(np.float32)
+
+
 def quantize_int4(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(packed int8 (N, Kp / 2), scale (N, G), min (N, G)), the three in panels (pack_int4,
-    pack_f32_panels): per group, scale = the grid's step (_grid_steps), u = rint((w - min) / scale)."""
+    """(packed int8 (N, Kp / 2), scale (N, 2G), min (N, 2G)), the three in panels (pack_int4, pack_halves):
+    per group, scale = the grid's step (_grid_steps) and min its start, as float16s (_half_grid), u =
+    rint((w - min) / scale)."""
     w = _rows(w)
     n, k = w.shape
     grouped, _ = _groups(w, group)
     lo, hi = grouped.min(axis=2), grouped.max(axis=2)
-    scale = _grid_steps(grouped, lo, hi)
-    u = np.clip(np.rint((grouped - lo[:, :, None]) / scale[:, :, None]), 0, 15).reshape(n, -1)
+    scale, mins = _half_grid(lo, hi, _grid_steps(grouped, lo, hi))
+    step, low = scale.astype(np.float32), mins.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):     # a step below float16's least: every u 0
+        u = np.where(step[:, :, None] != 0, np.rint((grouped - low[:, :, None]) / step[:, :, None]), 0)
+    u = np.clip(u, 0, 15).reshape(n, -1)
     kp = -(-k // 32) * 32
     full = np.zeros((n, kp), np.uint8)
     full[:, :k] = u[:, :k]
-    return pack_int4(full), pack_f32_panels(scale), pack_f32_panels(lo.astype(np.float32))
+    return pack_int4(full), pack_halves(scale), pack_halves(mins)
 
 
 def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -259,14 +302,14 @@ def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
 def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: np.ndarray, k: int, group: int) -> np.ndarray:
     u = unpack_int4(packed)[:, :k].astype(np.float32)
     g = np.arange(k) // group
-    return (u * unpack_f32_panels(scale)[:, g] + unpack_f32_panels(mins)[:, g]).astype(np.float32)
+    return (u * unpack_halves(scale)[:, g] + unpack_halves(mins)[:, g]).astype(np.float32)
 
 
 def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
     """(op storage name of OP_TYPES, the constant inputs after x) of `w` under `scheme` (WEIGHT_SCHEMES;
     "none" keeps float32). int4 stores a min per group: symmetric int4 kept 58 % of SmolLM2-135M's top-1
-    choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is Q4_1: the same grid), at 0.75
-    instead of 0.625 bytes a weight in groups of 32 (docs/quantization.md)."""
+    choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is Q4_1: the same grid), at 0.625
+    instead of 0.5625 bytes a weight in groups of 32 (docs/quantization.md)."""
     if scheme == "int8":
         return "int8", list(quantize_int8(w))
     if scheme == "int4":

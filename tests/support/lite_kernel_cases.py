@@ -269,9 +269,9 @@ def test_quantizers_round_to_nearest_within_half_a_step():
     q, s = quant.quantize_int8(w)
     assert np.abs(quant.dequantize_int8(q, s) - w).max() <= s.max() / 2 + 1e-7
     packed, s, mins = quant.quantize_int4(w, 32)
-    assert packed.shape == (5, 48) and s.shape == mins.shape == (5, 3)
+    assert packed.shape == (5, 48) and s.shape == mins.shape == (5, 6) and s.dtype == np.int8   # float16 pairs
     err = np.abs(quant.dequantize_int4(packed, s, mins, 70, 32) - w)
-    assert (err <= np.repeat(quant.unpack_f32_panels(s), 32, axis=1)[:, :70] / 2 + 1e-6).all()
+    assert (err <= np.abs(np.repeat(quant.unpack_halves(s), 32, axis=1))[:, :70] / 2 + 1e-6).all()
     u = np.arange(37 * 64, dtype=np.uint8).reshape(37, 64) % 16     # two panels and 5 rows whole
     assert (quant.unpack_int4(quant.pack_int4(u)) == u).all()
     packed = quant.pack_int4(u).view(np.uint8)     # the layout of linear_math.h, read byte by byte
@@ -305,5 +305,5 @@ def test_a_weight_that_does_not_fit_x_is_refused_in_one_line(library):
                                                                     np.ones(3, np.float32)])
     with pytest.raises(ValueError, match="int4 scales have 5 groups per row"):
         lite_kernels.linear(np.zeros((1, 64), np.float32), "int4_min", [np.zeros((3, 32), np.int8),
-                                                                        np.ones((3, 5), np.float32),
-                                                                        np.zeros((3, 5), np.float32)])
+                                                                        np.ones((3, 10), np.int8),
+                                                                        np.zeros((3, 10), np.int8)])

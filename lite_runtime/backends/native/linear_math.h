@@ -1,5 +1,5 @@
 // Weight-only matrix products Y(M,N) = X(M,K) . W(N,K)^T for float32 X, shared by the Lite kernels
-// (lite_kernels.cc). linear_math.cc is compiled twice: with -mavx2 -mfma into namespace lk::avx2 (its
+// (lite_kernels.cc). linear_math.cc is compiled twice: with -mavx2 -mfma -mf16c into namespace lk::avx2 (its
 // prefill GEMM also for AVX-512, used where args.wide) and without into lk::generic; lite_kernels.cc picks
 // one at load time by cpuid.
 //
@@ -9,7 +9,7 @@
 //          transposed: weight (16p + j, k) at 16Kp + 16k + j; the last N % 16 rows are stored whole after
 //          the panels (row n at nK).
 //   kI8    W int8 (N, K) in kF32P16's panels, scale float32 (N): w = q * scale[n].
-//   kI4Min W uint8 (N, Kp / 2), Kp = K rounded up to 32, 4-bit values u; scale and min float32 (N, G), G groups
+//   kI4Min W uint8 (N, Kp / 2), Kp = K rounded up to 32, 4-bit values u; scale and min float16 (N, G), G groups
 //          of `group` weights along K (a multiple of 32; the last may be short): w = u * scale[n, g] + min[n, g].
 //          In the panels' rows 16p .. 16p+15 as 8Kp bytes: for each pair of steps k, k + 1 (k even) 16 bytes,
 //          byte j holding row 16p + j's u at k (low nibble) and at k + 1 (high nibble); their scales and mins
@@ -21,15 +21,15 @@
 
 namespace lk {
 
-enum Kind { kF32 = 0, kI8 = 1, kI4Min = 3, kF32P16 = 4 };   // 2: retired (symmetric int4)
+enum Kind { kF32 = 0, kI8 = 1, kI4Min = 5, kF32P16 = 4 };   // 2, 3: retired (symmetric int4, float32 scales)
 
 struct LinearArgs {
   int kind = kF32;
   const float *x = nullptr;   // (M, ldx); for kI4Min K == Kp and columns K.. are zeros
   int64_t M = 0, K = 0, N = 0, ldx = 0;
   const void *w = nullptr;
-  const float *scale = nullptr;
-  const float *min = nullptr;
+  const float *scale = nullptr;     // kI8
+  const uint16_t *scale16 = nullptr, *min16 = nullptr;   // kI4Min: float16 bits
   int64_t G = 0, group = 0;   // int4: groups per row and weights per group
   int group_shift = -1;       // int4: log2(group / 32) when a power of two, else -1
   const float *xsum = nullptr;  // int4 up to kDecodeRowsI4 rows: (M, G) sums of x over each group

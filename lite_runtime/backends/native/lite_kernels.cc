@@ -53,11 +53,13 @@ struct TypeInfo {
   lk::Kind kind;
   int inputs;
   const char *weight_dtype;   // op-info name of input 1's dtype
+  const char *scale_dtype;    // of the scales (and mins): int4's are float16 bits held as int8 pairs, which
+                              // Lite keeps as they are (it widens float16 constants on CPU)
 };
-const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32"},
-                           {"LiteLinearF32P16", lk::kF32P16, 2, "float32"},
-                           {"LiteLinearI8P16", lk::kI8, 3, "int8"},
-                           {"LiteLinearI4MinP16", lk::kI4Min, 4, "int8"}};
+const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32", ""},
+                           {"LiteLinearF32P16", lk::kF32P16, 2, "float32", ""},
+                           {"LiteLinearI8P16", lk::kI8, 3, "int8", "float32"},
+                           {"LiteLinearI4F16P16", lk::kI4Min, 4, "int8", "int8"}};
 // The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
 // A tied head's product reads the same constants: int8 in LiteLinearI8P16's panels with its scale float32 (V,),
 // or float32 in LiteLinearF32P16's.
@@ -76,7 +78,7 @@ const GatherInfo kGathers[] = {{"LiteGatherI8P16", lk::kI8, 3, DataType::kNumber
 // LITE_KERNELS_ISA=avx2 or generic forces those.
 const char *PickIsa() {
   const char *forced = std::getenv("LITE_KERNELS_ISA");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (forced && std::strcmp(forced, "generic") == 0) return "generic";
   if (avx2 && __builtin_cpu_supports("avx512f") && !(forced && std::strcmp(forced, "avx2") == 0)) return "avx512";
   return avx2 ? "avx2" : "generic";
@@ -139,10 +141,10 @@ namespace {
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
 // `lite_workers`: Lite's own threads run the graph beside the kernels (its context has more than one).
-int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
+int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const void *scale, const void *mins,
               int64_t N, int64_t G, float *y, int threads, bool lite_workers) {
   if (kind != lk::kF32 && kind != lk::kI8 && kind != lk::kI4Min && kind != lk::kF32P16)
-    return Fail("kind " + std::to_string(kind) + ": allowed 0, 1, 3, 4");
+    return Fail("kind " + std::to_string(kind) + ": allowed 0, 1, 4, 5");
   if (M < 0 || K <= 0 || N <= 0) return Fail("shape M=" + std::to_string(M) + " K=" + std::to_string(K) +
                                               " N=" + std::to_string(N) + ": K and N must be positive");
   if (M == 0) return 0;
@@ -153,8 +155,11 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   a.K = a.ldx = K;
   a.N = N;
   a.w = w;
-  a.scale = scale;
-  a.min = kind == lk::kI4Min ? mins : nullptr;
+  if (kind == lk::kI8) a.scale = static_cast<const float *>(scale);
+  if (kind == lk::kI4Min) {
+    a.scale16 = static_cast<const uint16_t *>(scale);
+    a.min16 = static_cast<const uint16_t *>(mins);
+  }
   a.y = y;
   a.wide = g_avx512;
   std::vector<float> padded, sums;
@@ -232,9 +237,12 @@ std::string CheckInputs(const TypeInfo &type, const std::vector<MSTensor> &in) {
                                                                   : DataType::kNumberTypeInt8;
   if (in[1].DataType() != wt) return who + "weight must be " + type.weight_dtype;
   if (in[1].Shape().size() != 2) return who + "weight must be 2-D, got " + Shape(in[1].Shape());
+  const bool halves = type.kind == lk::kI4Min;     // float16 bits as pairs of int8
   for (int i = 2; i < type.inputs; ++i) {
-    if (in[i].DataType() != DataType::kNumberTypeFloat32) return who + "scales and mins must be float32";
-    if (in[i].ElementNum() % in[1].Shape()[0] != 0) return who + "scales do not match the weight's rows";
+    if (in[i].DataType() != (halves ? DataType::kNumberTypeInt8 : DataType::kNumberTypeFloat32))
+      return who + "scales and mins must be " + type.scale_dtype;
+    if (in[i].ElementNum() % (in[1].Shape()[0] * (halves ? 2 : 1)) != 0)
+      return who + "scales do not match the weight's rows";
   }
   return "";
 }
@@ -268,12 +276,11 @@ class LinearKernel : public mindspore::kernel::Kernel {
     if (type_info_.inputs > 2) scale = inputs_[2].Data();
     if (type_info_.inputs > 3) mins = inputs_[3].Data();
     if (out == nullptr || x == nullptr || w == nullptr) return Report(std::string(type_info_.name) + ": no data");
-    const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N : 0;
+    const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N / (int4 ? 2 : 1) : 0;
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
     const int threads = KernelThreads(lite_threads);
-    if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(),
-                  static_cast<const float *>(scale.get()), static_cast<const float *>(mins.get()), N, G, out, threads,
-                  lite_threads > 1))
+    if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(), scale.get(), mins.get(), N, G,
+                  out, threads, lite_threads > 1))
       return Report(std::string(type_info_.name) + ": " + g_last_error);
     return 0;
   }
@@ -370,7 +377,7 @@ const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
 const char *lk_types() {
-  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4MinP16,LiteGatherI8P16,LiteGatherF32P16,"
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteGatherI8P16,LiteGatherF32P16,"
          "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 
@@ -416,7 +423,8 @@ int lk_register(int op_info) {
   kernels = true;
   if (op_info && !infos) {
     for (const TypeInfo &type : kTypes) {
-      std::vector<std::string> dtypes(type.inputs, "float32");
+      std::vector<std::string> dtypes(type.inputs, type.scale_dtype);
+      dtypes[0] = "float32";
       dtypes[1] = type.weight_dtype;
       if (!mindspore::kernel::OpLib::RegOp(OpInfo(type.name, dtypes), ""))
         return Fail(std::string("MindSpore's op-info library refused ") + type.name);
@@ -439,7 +447,7 @@ void lk_set_threads(int threads) { g_threads.store(std::max(0, threads)); }
 
 // The kernels' product without Lite (tests, benchmarks): y (M, N) = x (M, K) . W^T, W as in linear_math.h;
 // `lite_workers` non-zero: as beside Lite's own workers (decode-sized calls on one thread).
-int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, const float *scale, const float *mins,
+int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, const void *scale, const void *mins,
               int64_t N, int64_t G, float *y, int threads, int lite_workers) {
   return RunLinear(kind, x, M, K, w, scale, mins, N, G, y, threads, lite_workers != 0);
 }

@@ -1,5 +1,5 @@
 // The 8-float vector type the kernels' loops are written over (linear_math.cc, attention_math.cc): AVX2 + FMA
-// registers when compiled with -mavx2 -mfma (namespace lk::avx2), plain arrays the compiler vectorises as it
+// registers when compiled with -mavx2 -mfma -mf16c (namespace lk::avx2), plain arrays the compiler vectorises as it
 // can otherwise (lk::generic). LK_NS names the namespace; each file that includes this is compiled twice.
 #pragma once
 #include <cmath>
@@ -17,6 +17,19 @@
 namespace lk {
 namespace LK_NS {
 namespace {
+// A float16's bits as a float (normal, subnormal, zero, infinity, NaN).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  float f;
+  if (exponent == 0) {
+    f = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exponent == 0x1F ? 0x7F800000u : (exponent + 112) << 23) | mantissa << 13;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 struct V8 {
   __m256 v;
@@ -71,6 +84,8 @@ inline float Hsum(V8 a) {
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
+// 8 float16s (their bits) as floats: F16C, which every AVX2 CPU has (the avx2 build is compiled with -mf16c).
+inline V8 LoadHalf(const uint16_t *p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)))}; }
 inline V8 FromI8(const int8_t *p) {
   __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p));
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
@@ -175,6 +190,11 @@ inline V8 Exp(V8 a) {
 }
 inline float Hsum(V8 a) {
   return ((a.f[0] + a.f[4]) + (a.f[1] + a.f[5])) + ((a.f[2] + a.f[6]) + (a.f[3] + a.f[7]));
+}
+inline V8 LoadHalf(const uint16_t *p) {
+  V8 r;
+  for (int i = 0; i < 8; ++i) r.f[i] = HalfToFloat(p[i]);
+  return r;
 }
 inline V8 FromI8(const int8_t *p) {
   V8 r;
