@@ -128,8 +128,10 @@ def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
     """A Q4_0 or Q4_1 tensor (as the gguf package quantizes, llama.cpp's rules), exported as int4 g32, keeps its
     values (up to float32's rounding of d q + m): such blocks seldom reach both ends of their grid, and a grid
     from a block's min and max would round it a second time; their d and m (Q4_0's -8 d) are float16s, as
-    int4's scales and mins are. Random Q4_K blocks, whose steps and mins are 6-bit multiples of float16s, stay
-    within float16's rounding of their grid (1 % of a step; a second rounding moves values up to half a step)."""
+    int4's scales and mins are. Q4_0's is stored as Q4_0 is, without mins (int4_sym), and the general form
+    holds it too (with a negative scale where d is). Random Q4_K blocks, whose steps and mins are 6-bit
+    multiples of float16s, stay within float16's rounding of their grid (1 % of a step; a second rounding
+    moves values up to half a step)."""
     from gguf import GGMLQuantizationType, quants
     from lite_runtime.contract import quant
     from support.gguf_models import k_blocks
@@ -138,18 +140,23 @@ def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
     blocks = (k_blocks(kind, (24, 256), rng) if kind == "Q4_K"
               else quants.quantize(rng.standard_normal((24, 256)).astype(np.float32), qtype))
     values = quants.dequantize(blocks, qtype)
-    stored = quant.quantize_int4(values, 32)
-    error = np.abs(quant.dequantize_int4(*stored, 256, 32) - values)
-    if kind == "Q4_K":
-        assert (error <= 1e-2 * np.abs(np.repeat(quant.unpack_halves(stored[1]), 32, axis=1))).all()
-    else:
-        assert error.max() <= 1e-6 * np.abs(values).max()
+    values[3, 64:96] = 0        # a block of zeros (d 0)
+    storage, constants = quant.quantize(values, "int4", 32)
+    assert storage == ("int4_sym" if kind == "Q4_0" else "int4_min")
+    general = quant.quantize_int4(values, 32)
+    for error in (np.abs(quant.dequantize(storage, constants, 256, 32) - values),
+                  np.abs(quant.dequantize_int4(*general, 256, 32) - values)):
+        if kind == "Q4_K":
+            assert (error <= 1e-2 * np.abs(np.repeat(quant.unpack_halves(general[1]), 32, axis=1))).all()
+        else:
+            assert error.max() <= 1e-6 * np.abs(values).max()
 
 
 def test_int4_grids_of_other_weights_stay_min_to_max():
     """Weights on no 4-bit grid keep 15 steps from each group's min to its max."""
     from lite_runtime.contract import quant
     w = np.random.default_rng(6).standard_normal((64, 256)).astype(np.float32)
+    assert quant.quantize(w, "int4", 32)[0] == "int4_min"
     _, scale, _ = quant.quantize_int4(w, 32)
     groups = w.reshape(64, 8, 32)
     assert np.array_equal(np.abs(quant.unpack_halves(scale)),      # up from the min or down from the max

@@ -9,7 +9,8 @@ Storage of a linear weight W (N, K) (out, in):
                 scale and min (N, G), G = ceil(K / group): w = u * scale[n, g] + min[n, g]; stored as the
                 panels of float32 (pack_int4: per pair of steps of k, 16 rows' u two to a byte; the scales and
                 mins transposed alike, their float16 bits as int8 pairs (N, 2G), which Lite keeps as they are),
-                converted as they are read
+                converted as they are read. A weight whose every group's min is -8 scale (a GGUF's Q4_0
+                tensor: d (q - 8)) is stored without its mins (int4_sym, 0.5625 bytes a weight in groups of 32)
 Rounding is to nearest (numpy's, half to even).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P16",
-                            "int4_min": "LiteLinearI4F16P16"}
+                            "int4_min": "LiteLinearI4F16P16", "int4_sym": "LiteLinearI4SymF16P16"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
 # int8 with its scales, or float32 in the GEMM's panels.
 GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16"}
@@ -41,7 +42,7 @@ NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
 LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
-KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "float32_p16": 4}   # lk::Kind
+KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "int4_sym": 5, "float32_p16": 4}   # lk::Kind
 
 
 def aot_func(op_type: str) -> str:
@@ -67,7 +68,7 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", 
     float32 (the GEMM's panels) or int8; the embedding's table is looked up by a kernel when it is int8 or
     when the head reads it (`tied_table`)."""
     kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"]],
-               "int4": [OP_TYPES["int4_min"]]}[scheme]
+               "int4": [OP_TYPES["int4_min"], OP_TYPES["int4_sym"]]}[scheme]
     head_type = OP_TYPES["float32_p16" if head == "float32" else "int8"]
     if kernels and head_type not in kernels:
         kernels.append(head_type)
@@ -295,14 +296,43 @@ def quantize_int4(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray, np
     return pack_int4(full), pack_halves(scale), pack_halves(mins)
 
 
+def quantize_int4_symmetric(w: np.ndarray, group: int) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(packed int8 (N, Kp / 2), scale (N, 2G)) when every group of `w` is on Q4_0's grid, w = (u - 8) * scale
+    with the scale a float16 and u in [0, 15] (a GGUF's Q4_0 tensor: llama.cpp takes a block's scale as its
+    value of largest magnitude over -8); else None. Stored without mins, the kernels' min is -8 scale."""
+    w = _rows(w)
+    if len(w) > 1 and quantize_int4_symmetric(w[:1], group) is None:     # most weights fail at their first row
+        return None
+    n, k = w.shape
+    grouped, _ = _groups(w, group)
+    flat = grouped.reshape(-1, group)
+    extreme = flat[np.arange(len(flat)), np.abs(flat).argmax(axis=1)]
+    scale = (extreme / np.float32(-8)).astype(np.float16)
+    if not np.array_equal(scale.astype(np.float32), extreme / np.float32(-8)):
+        return None
+    step = scale.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.where(step[:, None] != 0, flat / step[:, None] + 8, 8)
+    q = np.rint(u)
+    if not ((np.abs(u - q) <= 1e-3).all() and q.min() >= 0 and q.max() <= 15):
+        return None
+    kp = -(-k // 32) * 32
+    full = np.zeros((n, kp), np.uint8)
+    full[:, :k] = q.reshape(n, -1)[:, :k]
+    return pack_int4(full), pack_halves(scale.reshape(n, -1))
+
+
 def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (unpack_int8(packed).astype(np.float32) * scale[:, None]).astype(np.float32)
 
 
-def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: np.ndarray, k: int, group: int) -> np.ndarray:
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: Optional[np.ndarray], k: int, group: int
+                    ) -> np.ndarray:
+    """The weight of quantize_int4's constants, or without mins (None) of quantize_int4_symmetric's."""
     u = unpack_int4(packed)[:, :k].astype(np.float32)
     g = np.arange(k) // group
-    return (u * unpack_halves(scale)[:, g] + unpack_halves(mins)[:, g]).astype(np.float32)
+    step = unpack_halves(scale)[:, g]
+    return (u * step + (unpack_halves(mins)[:, g] if mins is not None else -8 * step)).astype(np.float32)
 
 
 def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
@@ -313,7 +343,8 @@ def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
     if scheme == "int8":
         return "int8", list(quantize_int8(w))
     if scheme == "int4":
-        return "int4_min", list(quantize_int4(w, group))
+        symmetric = quantize_int4_symmetric(w, group)
+        return ("int4_sym", list(symmetric)) if symmetric else ("int4_min", list(quantize_int4(w, group)))
     if scheme == "none":
         return "float32", [_rows(w)]
     if scheme == "float32":
@@ -327,6 +358,8 @@ def dequantize(storage: str, constants: list, k: int, group: int = 32) -> np.nda
         return dequantize_int8(*constants)
     if storage == "int4_min":
         return dequantize_int4(*constants, k, group)
+    if storage == "int4_sym":
+        return dequantize_int4(*constants, None, k, group)
     if storage == "float32_p16":
         return unpack_f32_panels(constants[0])
     return constants[0]

@@ -13,12 +13,14 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))      # tests/, for support.*
 import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn  # noqa: E402
 
 from exporter.models.kernels import layer_op, linear_op  # noqa: E402
 from exporter.models.positions import rotate_matrix, rotate_pairs  # noqa: E402
 from lite_runtime.contract import quant  # noqa: E402
+from support.kernel_constants import constants  # noqa: E402
 
 # name: (storage, K, N, group); K and N not multiples of 8, 32 or a group, N not of the 4-row blocks
 CASES = {
@@ -31,19 +33,9 @@ CASES = {
     "i4_g64": ("int4_min", 200, 37, 64),
     "i4_g128": ("int4_min", 300, 37, 128),
     "i4_g32_wide": ("int4_min", 576, 203, 32),
+    "i4s_g32": ("int4_sym", 100, 37, 32),
+    "i4s_g32_wide": ("int4_sym", 576, 203, 32),
 }
-
-
-def constants(storage, w, group):
-    if storage == "float32":
-        return [w], w
-    if storage == "float32_p16":
-        return [quant.pack_f32_panels(w)], w
-    if storage == "int8":
-        q, s = quant.quantize_int8(w)
-        return [q, s], quant.dequantize_int8(q, s)
-    packed, s, mins = quant.quantize_int4(w, group)
-    return [packed, s, mins], quant.dequantize_int4(packed, s, mins, w.shape[1], group)
 
 
 class OneLinear(nn.Cell):

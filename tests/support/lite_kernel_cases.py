@@ -13,10 +13,12 @@ import pytest
 from lite_runtime.backends import lite_kernels
 from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
 from lite_runtime.contract import quant
+from support.kernel_constants import constants
 from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
-CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4_g32_wide")
+CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4_g32_wide", "i4s_g32",
+         "i4s_g32_wide")
 LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
                "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
@@ -160,19 +162,8 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 # (80, 96, 50): int4 past its decode loop (dequantised panels) on an odd number of panels
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
           (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24), (80, 96, 50)]
-KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4_min", 32), ("int4_min", 64), ("int4_min", 128)]
-
-
-def _consts(storage, w, group):
-    if storage == "float32":
-        return [w], w
-    if storage == "float32_p16":
-        return [quant.pack_f32_panels(w)], w
-    if storage == "int8":
-        q, s = quant.quantize_int8(w)
-        return [q, s], quant.dequantize_int8(q, s)
-    packed, s, mins = quant.quantize_int4(w, group)
-    return [packed, s, mins], quant.dequantize_int4(packed, s, mins, w.shape[1], group)
+KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4_min", 32), ("int4_min", 64), ("int4_min", 128),
+         ("int4_sym", 32), ("int4_sym", 128)]
 
 
 def check_direct():
@@ -182,7 +173,7 @@ def check_direct():
         x = rng.standard_normal((m, k)).astype(np.float32)
         w = rng.standard_normal((n, k)).astype(np.float32)
         for storage, group in KINDS:
-            consts, deq = _consts(storage, w, group)
+            consts, deq = constants(storage, w, group)
             ref = reference(x, deq)
             for threads in (1, 2):
                 assert_close(lite_kernels.linear(x, storage, consts, threads), ref,

@@ -98,7 +98,8 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
   const uint8_t *w = static_cast<const uint8_t *>(a.w);     // kI4Min: its rows stored whole
   auto run32 = [&](int64_t r, int64_t run, V8 u[4]) {   // row r's run of 32 weights, dequantized
     const int64_t g = run * 32 / a.group;
-    const V8 sv = Bcast(HalfToFloat(a.scale16[r * a.G + g])), off = Bcast(HalfToFloat(a.min16[r * a.G + g]));
+    const float scale = HalfToFloat(a.scale16[r * a.G + g]);
+    const V8 sv = Bcast(scale), off = Bcast(a.min16 ? HalfToFloat(a.min16[r * a.G + g]) : -8.0f * scale);
     FromU4(w + r * (a.K / 2) + run * 16, u);
     for (int i = 0; i < 4; ++i) u[i] = Fma(u[i], sv, off);
   };
@@ -180,7 +181,7 @@ __attribute__((target("avx512f"))) inline __m512 Half16(const uint16_t *p) {
 struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row's group of k
   static constexpr int64_t kBytes = 8;
   const uint8_t *t;           // per pair of steps of k 16 bytes: the even step's u in the low nibbles
-  const uint16_t *scale, *min;   // the panel's (G, 16), float16 bits
+  const uint16_t *scale, *min;   // the panel's (G, 16), float16 bits; no min: symmetric, min = -8 scale
   int64_t group;
   int shift;                  // log2(group) when a power of two, else -1
   int64_t Group(int64_t k) const { return (shift >= 0 ? k >> shift : k / group) * kTileCols; }
@@ -190,8 +191,9 @@ struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row'
   void Get(int64_t k, V8 &lo, V8 &hi) const {
     const int64_t g = Group(k);
     FromNibbles(t + (k >> 1) * 16, static_cast<int>(k & 1) * 4, lo, hi);
-    lo = Fma(lo, LoadHalf(scale + g), LoadHalf(min + g));
-    hi = Fma(hi, LoadHalf(scale + g + 8), LoadHalf(min + g + 8));
+    const V8 s0 = LoadHalf(scale + g), s1 = LoadHalf(scale + g + 8);
+    lo = Fma(lo, s0, min ? LoadHalf(min + g) : Mul(s0, Bcast(-8.0f)));
+    hi = Fma(hi, s1, min ? LoadHalf(min + g + 8) : Mul(s1, Bcast(-8.0f)));
   }
   void Finish(V8 &, V8 &) const {}
 #if defined(__AVX2__) && defined(__FMA__)
@@ -200,7 +202,9 @@ struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row'
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(t + (k >> 1) * 16));
     const __m128i u = _mm_and_si128(_mm_srl_epi16(b, _mm_cvtsi32_si128(static_cast<int>(k & 1) * 4)),
                                     _mm_set1_epi8(0x0F));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), Half16(scale + g), Half16(min + g));
+    const __m512 s = Half16(scale + g);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), s,
+                           min ? Half16(min + g) : _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)));
   }
   __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
 #endif
@@ -400,7 +404,8 @@ I8Panel PanelAt(const LinearArgs &a, int64_t n, const int8_t *) {
   return {static_cast<const int8_t *>(a.w) + n * a.K, a.scale + n};
 }
 I4Panel PanelAt(const LinearArgs &a, int64_t n, const uint8_t *) {
-  return {static_cast<const uint8_t *>(a.w) + n * a.K / 2, a.scale16 + n * a.G, a.min16 + n * a.G, a.group,
+  return {static_cast<const uint8_t *>(a.w) + n * a.K / 2, a.scale16 + n * a.G, a.min16 ? a.min16 + n * a.G : nullptr,
+          a.group,
           a.group_shift >= 0 ? a.group_shift + 5 : -1};
 }
 
@@ -429,12 +434,14 @@ void DecodeI4(const LinearArgs &a, const I4Panel &p, int64_t n) {
         }
       }
     }
-    const uint16_t *scale = p.scale + g * kTileCols, *min = p.min + g * kTileCols;
-    for (int m = 0; m < MB; ++m)
-      for (int h = 0; h < 2; ++h) {
-        acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), LoadHalf(scale + 8 * h), acc[m][h]);
-        acc[m][h] = Fma(Bcast(a.xsum[m * a.G + g]), LoadHalf(min + 8 * h), acc[m][h]);
+    for (int h = 0; h < 2; ++h) {
+      const V8 scale = LoadHalf(p.scale + g * kTileCols + 8 * h);
+      const V8 min = p.min ? LoadHalf(p.min + g * kTileCols + 8 * h) : Mul(scale, Bcast(-8.0f));
+      for (int m = 0; m < MB; ++m) {
+        acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), scale, acc[m][h]);
+        acc[m][h] = Fma(Bcast(a.xsum[m * a.G + g]), min, acc[m][h]);
       }
+    }
   }
   for (int m = 0; m < MB; ++m) {
     Store(a.y + m * a.N + n, acc[m][0]);
@@ -474,7 +481,8 @@ __attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const 
         }
       }
     }
-    const __m512 scale = Half16(p.scale + g * kTileCols), min = Half16(p.min + g * kTileCols);
+    const __m512 scale = Half16(p.scale + g * kTileCols);
+    const __m512 min = p.min ? Half16(p.min + g * kTileCols) : _mm512_mul_ps(scale, _mm512_set1_ps(-8.0f));
     for (int m = 0; m < MB; ++m) {
       __m512 s = sums[0][m];
       for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, sums[c][m]);

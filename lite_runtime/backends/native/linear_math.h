@@ -10,7 +10,8 @@
 //          the panels (row n at nK).
 //   kI8    W int8 (N, K) in kF32P16's panels, scale float32 (N): w = q * scale[n].
 //   kI4Min W uint8 (N, Kp / 2), Kp = K rounded up to 32, 4-bit values u; scale and min float16 (N, G), G groups
-//          of `group` weights along K (a multiple of 32; the last may be short): w = u * scale[n, g] + min[n, g].
+//          of `group` weights along K (a multiple of 32; the last may be short): w = u * scale[n, g] + min[n, g];
+//          without mins (symmetric: a GGUF's Q4_0 blocks) min = -8 * scale.
 //          In the panels' rows 16p .. 16p+15 as 8Kp bytes: for each pair of steps k, k + 1 (k even) 16 bytes,
 //          byte j holding row 16p + j's u at k (low nibble) and at k + 1 (high nibble); their scales and mins
 //          (G, 16) each, as kF32P16's panels of an (N, G) array. The last N % 16 rows are stored whole: in each
@@ -29,7 +30,7 @@ struct LinearArgs {
   int64_t M = 0, K = 0, N = 0, ldx = 0;
   const void *w = nullptr;
   const float *scale = nullptr;     // kI8
-  const uint16_t *scale16 = nullptr, *min16 = nullptr;   // kI4Min: float16 bits
+  const uint16_t *scale16 = nullptr, *min16 = nullptr;   // kI4Min: float16 bits (no mins: symmetric)
   int64_t G = 0, group = 0;   // int4: groups per row and weights per group
   int group_shift = -1;       // int4: log2(group / 32) when a power of two, else -1
   const float *xsum = nullptr;  // int4 up to kDecodeRowsI4 rows: (M, G) sums of x over each group

@@ -59,7 +59,8 @@ struct TypeInfo {
 const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32", ""},
                            {"LiteLinearF32P16", lk::kF32P16, 2, "float32", ""},
                            {"LiteLinearI8P16", lk::kI8, 3, "int8", "float32"},
-                           {"LiteLinearI4F16P16", lk::kI4Min, 4, "int8", "int8"}};
+                           {"LiteLinearI4F16P16", lk::kI4Min, 4, "int8", "int8"},
+                           {"LiteLinearI4SymF16P16", lk::kI4Min, 3, "int8", "int8"}};     // no mins: -8 scale
 // The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
 // A tied head's product reads the same constants: int8 in LiteLinearI8P16's panels with its scale float32 (V,),
 // or float32 in LiteLinearF32P16's.
@@ -377,7 +378,8 @@ const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
 const char *lk_types() {
-  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteGatherI8P16,LiteGatherF32P16,"
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteLinearI4SymF16P16,LiteGatherI8P16,"
+         "LiteGatherF32P16,"
          "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 
