@@ -177,6 +177,27 @@ def int8_export_naming_kernels(quantized, tmp_path, kernels) -> str:
     return export
 
 
+def test_a_weight_int4_cannot_hold_is_refused_naming_it():
+    """int4's scales and mins are float16: a weight beyond 65504 is refused by name, with what to use instead."""
+    import mindspore as ms
+    from mindspore import nn
+    from exporter.models.linear import Linear, LinearKernels
+    from lite_runtime.contract.errors import WeightError
+
+    class OneLayer(nn.Cell):
+        head_is_embedding = False
+
+        def __init__(self):
+            super().__init__()
+            self.proj = Linear(64, 16, ms.float32)
+    kernels = LinearKernels(OneLayer(), "int4", 32)
+    w = np.zeros((16, 64), np.float32)
+    w[3, 5] = 1e5
+    with pytest.raises(WeightError, match=r"proj\.weight: a weight of magnitude 1e\+05 is beyond float16's 65504.*"
+                                          r"another quantization\.weights \(int8 or float32\)"):
+        kernels.finish("proj.weight", w)
+
+
 def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quantized, tmp_path):
     from lite_runtime.backends import load_session
     export = int8_export_naming_kernels(quantized, tmp_path, ["LiteLinearQ3"])

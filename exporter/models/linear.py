@@ -142,9 +142,13 @@ class LinearKernels:
         cell = self.cells.get(name)
         if cell is None or isinstance(array, QuantizedWeight) or tuple(array.shape) != cell.weight.full_shape:
             return array
+        from lite_runtime.contract.errors import WeightError
         from lite_runtime.contract.quant import quantize
-        storage, constants = quantize(np.asarray(array, np.float32), self.schemes.get(name, self.scheme),
-                                      self.group_size)
+        scheme = self.schemes.get(name, self.scheme)
+        try:
+            storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size)
+        except ValueError as e:      # a value the scheme cannot hold
+            raise WeightError(f"{name}: {e}; export it with another quantization.weights (int8 or float32)") from None
         return QuantizedWeight(storage, constants, array.shape)
 
     def place(self, name: str, value) -> None:

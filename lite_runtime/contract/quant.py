@@ -277,23 +277,27 @@ def unpack_halves(packed: np.ndarray) -> np.ndarray:
     return _transpose_panels(np.ascontiguousarray(packed).view(np.float16), by_rows=False).astype(np.float32)
 
 
+def _pack_groups(u: np.ndarray, k: int) -> np.ndarray:
+    """u (N, G, group) of a row of k weights -> pack_int4 of its first k, zero-padded to a multiple of 32."""
+    n = u.shape[0]
+    full = np.zeros((n, -(-k // 32) * 32), np.uint8)
+    full[:, :k] = u.reshape(n, -1)[:, :k]
+    return pack_int4(full)
+
+
 def quantize_int4(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed int8 (N, Kp / 2), scale (N, 2G), min (N, 2G)), the three in panels (pack_int4, pack_halves):
     per group, scale = the grid's step (_grid_steps) and min its start, as float16s (_half_grid), u =
     rint((w - min) / scale)."""
     w = _rows(w)
-    n, k = w.shape
+    k = w.shape[1]
     grouped, _ = _groups(w, group)
     lo, hi = grouped.min(axis=2), grouped.max(axis=2)
     scale, mins = _half_grid(lo, hi, _grid_steps(grouped, lo, hi))
     step, low = scale.astype(np.float32), mins.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):     # a step below float16's least: every u 0
         u = np.where(step[:, :, None] != 0, np.rint((grouped - low[:, :, None]) / step[:, :, None]), 0)
-    u = np.clip(u, 0, 15).reshape(n, -1)
-    kp = -(-k // 32) * 32
-    full = np.zeros((n, kp), np.uint8)
-    full[:, :k] = u[:, :k]
-    return pack_int4(full), pack_halves(scale), pack_halves(mins)
+    return _pack_groups(np.clip(u, 0, 15), k), pack_halves(scale), pack_halves(mins)
 
 
 def quantize_int4_symmetric(w: np.ndarray, group: int) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -316,10 +320,7 @@ def quantize_int4_symmetric(w: np.ndarray, group: int) -> Optional[Tuple[np.ndar
     q = np.rint(u)
     if not ((np.abs(u - q) <= 1e-3).all() and q.min() >= 0 and q.max() <= 15):
         return None
-    kp = -(-k // 32) * 32
-    full = np.zeros((n, kp), np.uint8)
-    full[:, :k] = q.reshape(n, -1)[:, :k]
-    return pack_int4(full), pack_halves(scale.reshape(n, -1))
+    return _pack_groups(q.reshape(n, -1, group), k), pack_halves(scale.reshape(n, -1))
 
 
 def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -337,9 +338,10 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: Optional[np.nda
 
 def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
     """(op storage name of OP_TYPES, the constant inputs after x) of `w` under `scheme` (WEIGHT_SCHEMES;
-    "none" keeps float32). int4 stores a min per group: symmetric int4 kept 58 % of SmolLM2-135M's top-1
-    choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is Q4_1: the same grid), at 0.625
-    instead of 0.5625 bytes a weight in groups of 32 (docs/quantization.md)."""
+    "none" keeps float32). int4 stores a min per group (0.625 bytes a weight in groups of 32): symmetric int4
+    kept 58 % of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is
+    Q4_1: the same grid) (docs/quantization.md); a weight already on Q4_0's grid is stored as Q4_0 is,
+    without mins (0.5625 bytes)."""
     if scheme == "int8":
         return "int8", list(quantize_int8(w))
     if scheme == "int4":
