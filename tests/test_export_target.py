@@ -12,7 +12,8 @@ import pytest
 
 from exporter.config.schema import config_from_dict
 from exporter.models.config import DecoderConfig
-from exporter.writing.forms import LITE_MS_LIMIT, weight_bytes
+from exporter.writing.export_plan import _stored_bytes
+from exporter.writing.forms import LITE_MS_LIMIT, StoredBytes, blocks_per_segment, weight_bytes
 from support.export_scripts import LOWERED_LIMIT_EXPORT
 from support.family_cases import BATCH, SEQ, check_parity, lite_run, reference
 from support.tiny_models import VENV_MS20_PYTHON, error_lines, run_cli, write_yaml
@@ -98,6 +99,31 @@ def test_the_weight_count_is_the_published_one_of_tinyllama():
                         intermediate_size=5632)
     assert weight_bytes(cfg) // 4 == 1_100_048_384 - 45 * 2048
     assert weight_bytes(cfg) > LITE_MS_LIMIT      # so target cpu writes it as segments
+    assert blocks_per_segment(cfg, 1) == 3
+
+
+@pytest.mark.fast
+def test_quantized_weights_are_sized_as_stored():
+    """The plan counts a weight at the bytes it is stored in: TinyLlama-1.1B in int4 g32 (0.5 bytes and a
+    float16 scale and min a group of 32) with an int8 head and embedding fits one `.ms`; a 7B shape in int4
+    is cut four layers a segment (one in float32), in int8 two."""
+    tiny = DecoderConfig(vocab_size=32000, hidden_size=2048, num_layers=22, n_heads=32, n_kv_heads=4,
+                         intermediate_size=5632)
+    seven = DecoderConfig(vocab_size=32000, hidden_size=4096, num_layers=32, n_heads=32, n_kv_heads=32,
+                          intermediate_size=11008)
+    quantization = {"weights": "int4", "group_size": 32, "head": "int8", "embedding": "int8"}
+    int4 = _stored_bytes(config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"},
+                                           "target": "cpu", "quantization": quantization}))
+    assert int4 == StoredBytes(0.625, 1.0, 1.0)
+    assert weight_bytes(tiny, int4) == int(22 * (tiny.hidden_size * tiny.head_dim * 2 * 36 + 3 * 2048 * 5632)
+                                           * 0.625) + 2 * 32000 * 2048
+    assert weight_bytes(tiny, int4) < LITE_MS_LIMIT
+    assert [blocks_per_segment(seven, 1, stored) for stored in
+            (StoredBytes(), StoredBytes.of("int8", 32, "int8", "int8"), int4)] == [1, 2, 4]
+    tied = DecoderConfig(vocab_size=32000, hidden_size=2048, num_layers=1, n_heads=32, n_kv_heads=4,
+                         intermediate_size=5632, tie_word_embeddings=True)
+    one_table = weight_bytes(tied, StoredBytes(4.0, 1.0, 1.0))
+    assert weight_bytes(tied, StoredBytes(4.0, 4.0, 1.0)) == one_table + 3 * 32000 * 2048 + 32000 * 2048
 
 
 @pytest.fixture(scope="module")
