@@ -3,7 +3,8 @@
     .venv/bin/python tools/lite_profile.py --model_dir output/demo [--by_name] [--top 30]
 
 Runs one warm greedy request on the `mslite` backend (32-token prompts, 64 new tokens), then times
-`--runs` Predicts of the decode graph on the inputs it last ran with, using Lite's per-kernel
+`--runs` Predicts of the decode graph (of each segment, added up, for a segment export) on the inputs it
+last ran with, using Lite's per-kernel
 callbacks (which add a little time of their own to each kernel). `--new_tokens 1` profiles the call
 that read the prompts instead (a packed step: `--prompt_len` tokens a row, up to the step's 256).
 """
@@ -41,8 +42,14 @@ def command(model_dir, runs, by_name, top, threads, batch, lite_format, prompt_l
     models = session.lite_models
     if not models:
         raise ToolchainError("the official mindspore_lite API ran this export: profiling needs the native binding")
-    model = models.get("increment") or models["step"]
-    rows = model.profile(runs, by_name=by_name)
+    # the decode graph, or every segment of a segment export (their kernels added up)
+    chosen = [models[name] for name in ("increment", "step") if name in models][:1] or list(models.values())
+    merged = {}
+    for model in chosen:
+        for key, count, us in model.profile(runs, by_name=by_name):
+            seen = merged.get(key, (0, 0.0))
+            merged[key] = (seen[0] + count, seen[1] + us)
+    rows = sorted(((key, count, us) for key, (count, us) in merged.items()), key=lambda row: -row[2])
     total = sum(us for _, _, us in rows)
     print(f"{'kernel':<60} {'count':>5} {'us/run':>9} {'share':>6}")
     for key, count, us in rows[:top]:
