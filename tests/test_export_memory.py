@@ -163,10 +163,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 
-def test_loading_a_cpu_export_of_w_bytes_peaks_at_most_one_and_three_quarters_w_more(cpu_exports):
+def test_loading_a_cpu_export_of_w_bytes_peaks_at_most_one_and_a_third_w_more(cpu_exports):
     """Lite's Build copies the `.ms` (1 W; the mapped file's pages are dropped as it reads them) and the
-    project's kernels read their weights in that copy: the load peaks 1.47 W beyond the small model's
-    (int8: 0.71 W). A copy of their own, 64-byte aligned (as the float32 kernels once made), took 2.41 W."""
+    project's kernels read their weights in that copy: the load peaks 1.27 W beyond the small model's
+    (int8: 0.62 W). Reading the flatbuffer's tensor table through the file mapping after Build (instead of in
+    Lite's copy) mapped the page cache's large folios whole: 1.47 W (int8 0.71 W). A copy of the kernels' own,
+    64-byte aligned (as the float32 kernels once made), took 2.41 W."""
     ensure_lite_installed()
     kind, weights, made = cpu_exports
     peaks = {}
@@ -177,4 +179,5 @@ def test_loading_a_cpu_export_of_w_bytes_peaks_at_most_one_and_three_quarters_w_
     extra = (peaks["large"] - peaks["small"]) / weights
     print(f"load of the target cpu export ({kind}), {weights / 2**20:.0f} MiB of weights: peak "
           f"{peaks['large'] / 2**20:.0f} MiB ({peaks['small'] / 2**20:.0f} MiB small: {extra:.2f} W)")
-    assert extra <= 1.75, f"loading needed {extra:.2f} x the weights"
+    limit = {"default": 1.35, "int8": 0.67}[kind]
+    assert extra <= limit, f"loading needed {extra:.2f} x the weights"

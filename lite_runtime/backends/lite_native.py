@@ -225,9 +225,7 @@ class LiteModel:
                                                                  int(num_threads), ctypes.byref(self._handle))
             if not failed:
                 try:
-                    ranges = lite_weights.matmul_weight_ranges(mapped)
-                    self._released, self.release_note = lite_weights.release_packed_originals(
-                        address, size, ranges, before)
+                    self._released, self.release_note = lite_weights.release_packed_originals(address, size, before)
                 except (OSError, struct.error, IndexError) as e:    # no /proc, or not a flatbuffer we read
                     self.release_note = f"not released: {e}"
         finally:
