@@ -12,7 +12,7 @@ import pytest
 
 from exporter.config.schema import config_from_dict
 from exporter.models.config import DecoderConfig
-from exporter.writing.export_plan import _stored_bytes
+from exporter.writing.export_plan import stored_bytes
 from exporter.writing.forms import LITE_MS_LIMIT, StoredBytes, blocks_per_segment, weight_bytes
 from support.export_scripts import LOWERED_LIMIT_EXPORT
 from support.family_cases import BATCH, SEQ, check_parity, lite_run, reference
@@ -112,7 +112,7 @@ def test_quantized_weights_are_sized_as_stored():
     seven = DecoderConfig(vocab_size=32000, hidden_size=4096, num_layers=32, n_heads=32, n_kv_heads=32,
                           intermediate_size=11008)
     quantization = {"weights": "int4", "group_size": 32, "head": "int8", "embedding": "int8"}
-    int4 = _stored_bytes(config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"},
+    int4 = stored_bytes(config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"},
                                            "target": "cpu", "quantization": quantization}))
     assert int4 == StoredBytes(0.625, 1.0, 1.0)
     assert weight_bytes(tiny, int4) == int(22 * (tiny.hidden_size * tiny.head_dim * 2 * 36 + 3 * 2048 * 5632)

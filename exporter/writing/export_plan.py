@@ -90,7 +90,7 @@ def _settle_collectives(config: ExportConfig, source: ModelSource) -> str:
                           f"MindIR of MindSpore 2.0; this is MindSpore {ms.__version__}: export with the MindSpore 2.0 "
                           "environment (make export-lite), or give no target for backend ms")
     if (config.segments_by_size and config.compute_dtype == "float32"
-            and forms.weight_bytes(source.config, _stored_bytes(config)) > forms.LITE_MS_LIMIT):
+            and forms.weight_bytes(source.config, stored_bytes(config)) > forms.LITE_MS_LIMIT):
         return "host"
     return config.parallel.collectives
 
@@ -141,10 +141,11 @@ def _segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
                     if any(t.startswith(part + ".") for t in lora.get("lora_targets", ())))
     return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
                          cfg.top_query, lora.get("lora_width", 0), adapted,
-                         forms.blocks_per_segment(cfg, config.world_size, _stored_bytes(config)),
+                         forms.blocks_per_segment(cfg, config.world_size, stored_bytes(config)),
                          config.attention == "kernel")
 
 
-def _stored_bytes(config: ExportConfig) -> forms.StoredBytes:
+def stored_bytes(config: ExportConfig) -> forms.StoredBytes:
+    """The bytes a weight of this export is stored in, by the weights the kernels run."""
     q = config.kernel_quantization
     return forms.StoredBytes.of(q.weights, q.group_size, q.embedding, q.head)

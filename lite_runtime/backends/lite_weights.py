@@ -10,8 +10,9 @@ owns its data, never inside the model buffer, so a model stays at about twice it
 `release_packed_originals` finds Lite's copy of the file among the memory mapped since Build began
 (exactly one byte-exact copy, or nothing is done; read through the kernel, since other threads keep
 changing those mappings), then, from the flatbuffer in that copy, the constant tensors that only MatMul
-nodes read (as their weight input), returns the whole pages inside those tensors to the system (`MADV_DONTNEED`) and makes them inaccessible (`PROT_NONE`), so that a read
-Lite was not expected to make fails loudly instead of seeing zeros. `Released.restore()` makes the
+nodes read (as their weight input), returns the whole pages inside those tensors to the system
+(`MADV_DONTNEED`) and makes them inaccessible (`PROT_NONE`), so that a read Lite was not expected to make
+fails loudly instead of seeing zeros. `Released.restore()` makes the
 pages usable again; call it before Lite frees the model.
 """
 from __future__ import annotations
