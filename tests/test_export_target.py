@@ -11,6 +11,7 @@ import os
 import pytest
 
 from exporter.config.schema import config_from_dict
+from exporter.model_source import resolve_model
 from exporter.models.config import DecoderConfig
 from exporter.writing.export_plan import stored_bytes
 from exporter.writing.forms import LITE_MS_LIMIT, StoredBytes, blocks_per_segment, weight_bytes
@@ -124,6 +125,31 @@ def test_quantized_weights_are_sized_as_stored():
                          intermediate_size=5632, tie_word_embeddings=True)
     one_table = weight_bytes(tied, StoredBytes(4.0, 1.0, 1.0))
     assert weight_bytes(tied, StoredBytes(4.0, 4.0, 1.0)) == one_table + 3 * 32000 * 2048 + 32000 * 2048
+
+
+LIMIT_AT = """
+import runpy, sys
+import exporter.writing.forms as forms
+forms.LITE_MS_LIMIT = int(sys.argv.pop(1))      # bytes
+sys.argv = ["exporter"] + sys.argv[1:]
+runpy.run_module("exporter", run_name="__main__")
+"""
+
+
+def test_a_quantized_export_under_the_limit_as_stored_is_one_ms(hf_family, tmp_path):
+    """Lite's limit set between the tiny Llama's weights as stored in int4 and in float32: target cpu writes
+    its int4 export as one `.ms` step, where float32 weights would be segments (the case below)."""
+    out = tmp_path / "int4"
+    cfg = {"model": {"hf_dir": str(hf_family("llama") / "hf")}, "seq_length": SEQ, "batch_size": BATCH,
+           "target": "cpu", "output_dir": str(out), "quantization": {"weights": "int4"}}
+    yaml = write_yaml(str(out) + ".yaml", cfg)
+    config = config_from_dict(dict(cfg))
+    model = resolve_model(config).config
+    float32, int4 = weight_bytes(model), weight_bytes(model, stored_bytes(config))
+    assert int4 < float32
+    result = run_cli(["-c", LIMIT_AT, str((int4 + float32) // 2), "--config", yaml], python=str(VENV_MS20_PYTHON))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(json.load(open(out / "manifest.json"))["lite_files"]) == ["step"]
 
 
 @pytest.fixture(scope="module")
