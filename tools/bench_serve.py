@@ -11,7 +11,7 @@ GenAI's ContinuousBatchingPipeline, on a model every runtime builds from one Hug
 Requests arrive as a Poisson process (`--rate` per second; 0: all at once) with prompt and output
 lengths drawn per request (outputs `uniform` from 8 to half of seq_length, or `longtail`: four in five
 short, up to a sixteenth of seq_length, one in five long, from a quarter to a half); greedy. The server is driven by `--clients` concurrent streaming clients
-(the official `openai` client); pipeline() takes, whenever it is idle, up to the graph's batch of the
+(threads reading the server-sent events with httpx2, lighter than the `openai` client); pipeline() takes, whenever it is idle, up to the graph's batch of the
 requests that have arrived and runs them to the end. Printed: throughput (generated tokens per second
 of the whole run), time to first token and inter-token latency p50 / p99 from each request's arrival,
 the most requests between their first and last token at once, and same-run ratios. Each side runs in
@@ -121,28 +121,45 @@ def check_round_trip(tokenizer, jobs: list) -> None:
                              f"ids drawn {job['ids'][:8]}...: the sides would get different prompts")
 
 
-def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0) -> list:
-    from openai import OpenAI
-    from served_process import served
-    with served(model_dir, backend, "bench", ["--num_threads", str(threads)], cwd=REPO, output=None) as server:
-        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        client.completions.create(model="bench", prompt=jobs[0]["prompt"], max_tokens=2, temperature=0)   # warm
+def streaming_clients(url: str, jobs: list, clients: int, body, tokens_of) -> list:
+    """The jobs sent to the completions route at `url` at their arrival times by `clients` threads, each
+    answer streamed (server-sent events read as lines of JSON: the `openai` client's parsing of each chunk
+    took 1.1 s of CPU in a 14 s run, on the 2 cores the server computes on). `body(job)`: the request;
+    `tokens_of(chunk, tokens)`: the count of generated tokens a chunk reports, else `tokens`."""
+    import httpx2
+    with httpx2.Client(base_url=url, timeout=None, limits=httpx2.Limits(max_connections=clients)) as http:
+        def send(job, **extra):
+            return http.stream("POST", "/v1/completions", json=dict(body(job), temperature=0, **extra))
+
+        with send(jobs[0], max_tokens=2) as warm:       # warm
+            warm.raise_for_status()
+            warm.read()
         start = time.perf_counter()
 
         def run(job):
             time.sleep(max(0.0, start + job["arrival"] - time.perf_counter()))
             stamps, text, tokens = [], [], 0
-            for chunk in client.completions.create(model="bench", prompt=job["prompt"], max_tokens=job["max_tokens"],
-                                                   temperature=0, stream=True):
-                if chunk.choices and chunk.choices[0].text:
-                    stamps.append(time.perf_counter())
-                    text.append(chunk.choices[0].text)
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            return {"arrived": job["arrival"], "stamps": [s - start for s in stamps], "text": "".join(text),
-                    "tokens": tokens}
+            with send(job, max_tokens=job["max_tokens"], stream=True) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    piece = chunk["choices"][0].get("text") if chunk.get("choices") else None
+                    if piece:
+                        stamps.append(time.perf_counter() - start)
+                        text.append(piece)
+                    tokens = tokens_of(chunk, tokens)
+            return {"arrived": job["arrival"], "stamps": stamps, "text": "".join(text), "tokens": tokens or len(stamps)}
         with ThreadPoolExecutor(clients) as pool:
-            rows = list(pool.map(run, jobs))
+            return list(pool.map(run, jobs))
+
+
+def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0) -> list:
+    from served_process import served
+    with served(model_dir, backend, "bench", ["--num_threads", str(threads)], cwd=REPO, output=None) as server:
+        rows = streaming_clients(server.url, jobs, clients, lambda job: {"model": "bench", "prompt": job["prompt"]},
+                                 lambda chunk, tokens: (chunk.get("usage") or {}).get("completion_tokens", tokens))
         peak = server.rss_bytes(peak=True)
         print(f"server peak RSS {peak / 2 ** 30:.2f} GiB" + (f", {peak / weights:.2f}x the fp32 weights" if weights else ""),
               file=sys.stderr)
@@ -306,10 +323,10 @@ def openvino_side(ov_dir: str, jobs: list, args, dims) -> list:
 
 def llama_server_side(binary: str, gguf: str, jobs: list, args) -> list:
     """The workload through llama.cpp's own server (continuous batching over --parallel slots, here the
-    export's 8 rows of BENCH_SEQ_LENGTH tokens), driven as ours is: streaming clients of the official
-    `openai` client, the prompts as our token ids, greedy, prompt caching off; its count of generated
+    export's 8 rows of BENCH_SEQ_LENGTH tokens), driven as ours is (`streaming_clients`), the prompts as
+    our token ids, greedy, prompt caching off; its count of generated
     tokens from the last chunk's timings."""
-    from openai import OpenAI
+    import httpx2
     from served_process import free_port
     port = free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads), "-tb",
@@ -317,30 +334,19 @@ def llama_server_side(binary: str, gguf: str, jobs: list, args) -> list:
            "--no-webui"]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         deadline = time.monotonic() + 120
-        while True:
+        while True:       # until it has loaded the model and answers
             try:
-                client.completions.create(model="m", prompt=jobs[0]["ids"], max_tokens=2, temperature=0)    # warm
-                break
-            except Exception:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise ToolchainError(f"llama-server did not start: {server.stderr.read()[-2000:]}")
-                time.sleep(0.5)
-        start = time.perf_counter()
-
-        def run(job):
-            time.sleep(max(0.0, start + job["arrival"] - time.perf_counter()))
-            stamps, text, tokens = [], [], 0
-            for chunk in client.completions.create(model="m", prompt=job["ids"], max_tokens=job["max_tokens"],
-                                                   temperature=0, stream=True, extra_body={"cache_prompt": False}):
-                if chunk.choices and chunk.choices[0].text:
-                    stamps.append(time.perf_counter() - start)
-                    text.append(chunk.choices[0].text)
-                tokens = ((chunk.model_extra or {}).get("timings") or {}).get("predicted_n", tokens)
-            return {"arrived": job["arrival"], "stamps": stamps, "text": "".join(text), "tokens": tokens or len(stamps)}
-        with ThreadPoolExecutor(args.clients) as pool:
-            rows = list(pool.map(run, jobs))
+                if httpx2.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise ToolchainError(f"llama-server did not start: {server.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+        rows = streaming_clients(f"http://127.0.0.1:{port}", jobs, args.clients,
+                                 lambda job: {"model": "m", "prompt": job["ids"], "cache_prompt": False},
+                                 lambda chunk, tokens: (chunk.get("timings") or {}).get("predicted_n", tokens))
         with open(f"/proc/{server.pid}/status", encoding="ascii") as f:
             peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
         print(f"llama-server peak RSS {peak / 2 ** 20:.2f} GiB", file=sys.stderr)
