@@ -96,6 +96,42 @@ def test_a_gguf_exports_and_decodes_as_transformers(gguf_files, arch, tmp_path):
     assert np.abs(logits - ref_logits).max() <= TOLERANCE
 
 
+def test_q8_0_layers_exported_as_int8_keep_their_blocks_on_lite(tmp_path):
+    """A Llama GGUF whose every linear layer is Q8_0, exported with `weights: int8` (target cpu, MindSpore 2.0):
+    each layer is stored as its blocks are (LiteLinearI8GroupF16P16: int8 and a float16 scale per 32), not
+    rounded again per channel, so on Lite its greedy tokens are transformers' on the file and its logits within
+    TOLERANCE of them (rounded again per channel they differ by more: checked below on the same weights)."""
+    import gguf
+    from lite_runtime.contract import quant
+    from lite_runtime.contract.manifest import load_manifest
+    from support.tiny_models import VENV_MS20_PYTHON
+    result = run_cli([os.path.join(REPO, "tests", "support", "gguf_models.py"), "llama", str(tmp_path), "linear=Q8_0"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    path = str(tmp_path / "model.gguf")
+    model, tokenizer = _transformers(path)
+    prompts, ref_logits, ref_tokens = _greedy_reference(model, tokenizer)
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    yaml_path = write_yaml(str(tmp_path / "q8.yaml"), {"model": {"gguf": path}, "seq_length": 48, "batch_size": 3,
+                                                       "target": "cpu", "quantization": {"weights": "int8"},
+                                                       "output_dir": str(tmp_path / "out")})
+    export = export_in_subprocess(yaml_path, python=VENV_MS20_PYTHON)
+    assert "LiteLinearI8GroupF16P16" in load_manifest(export).kernels
+    out = str(tmp_path / "lite.npz")
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
+                      str(tmp_path / "prompts.json"), str(STEPS), out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(out)
+    np.testing.assert_array_equal(got["tokens"][:len(prompts)], ref_tokens)
+    assert np.abs(got["logits"][:len(prompts)] - ref_logits).max() <= TOLERANCE
+    weights = {t.name: gguf.quants.dequantize(t.data, t.tensor_type)
+               for t in gguf.GGUFReader(path).tensors if t.name.startswith("blk.")}
+    w = weights["blk.0.ffn_down.weight"]
+    again = quant.dequantize(*quant.quantize(w, "int8", blocks=False), w.shape[1])
+    stored = quant.quantize(w, "int8")
+    assert stored[0] == "int8_group" and np.array_equal(quant.dequantize(*stored, w.shape[1]), w)
+    assert np.abs(again - w).max() > 1e-3 * np.abs(w).max()
+
+
 def test_a_tensor_type_it_cannot_read_is_refused_by_name(tmp_path):
     result = run_cli([os.path.join(REPO, "tests", "support", "gguf_models.py"), "llama", str(tmp_path), "IQ4_NL"])
     assert result.returncode == 0, result.stderr[-3000:]

@@ -79,8 +79,9 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    # int4: with mins, or a weight on Q4_0's grid without (either may be met in the weights)
-    layers = {"float32": ["LiteLinearF32P16"], "int8": ["LiteLinearI8P16"],
+    # int4: with mins, or a weight on Q4_0's grid without; int8: per channel, or a weight in Q8_0's blocks as
+    # they are (either may be met in the weights)
+    layers = {"float32": ["LiteLinearF32P16"], "int8": ["LiteLinearI8P16", "LiteLinearI8GroupF16P16"],
               "int4": ["LiteLinearI4F16P16", "LiteLinearI4SymF16P16"]}[scheme]
     head, embedding = schemes_of(form)
     head_type = "LiteLinearI8P16" if head == "int8" else "LiteLinearF32P16"    # the head on a kernel too

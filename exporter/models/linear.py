@@ -146,7 +146,8 @@ class LinearKernels:
         from lite_runtime.contract.quant import quantize
         scheme = self.schemes.get(name, self.scheme)
         try:
-            storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size)
+            storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size,
+                                          blocks=name not in self.schemes)
         except ValueError as e:      # a value the scheme cannot hold
             raise WeightError(f"{name}: {e}; export it with another quantization.weights (int8 or float32)") from None
         return QuantizedWeight(storage, constants, array.shape)

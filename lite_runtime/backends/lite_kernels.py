@@ -90,13 +90,14 @@ def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lit
     constant inputs after x (quant.quantize). `lite_workers`: as beside Lite's own workers (decode-sized
     calls on one thread). Needs the library loaded (`load`)."""
     import numpy as np
-    from lite_runtime.contract.quant import KIND_CODES
+    from lite_runtime.contract.quant import HALF_SCALES, KIND_CODES
     if _lib is None:
         raise RuntimeError("the kernel library is not loaded")
     x = np.ascontiguousarray(x, np.float32)
     w = np.ascontiguousarray(constants[0])
-    int4 = storage.startswith("int4")     # its scales and mins: float16 bits as int8 pairs
-    kept = np.int8 if int4 else np.float32
+    int4 = storage.startswith("int4")
+    halves = storage in HALF_SCALES     # its scales and mins: float16 bits as int8 pairs
+    kept = np.int8 if halves else np.float32
     scale: Optional[np.ndarray] = np.ascontiguousarray(constants[1], kept) if len(constants) > 1 else None
     mins: Optional[np.ndarray] = np.ascontiguousarray(constants[2], kept) if len(constants) > 2 else None
     n = w.shape[0]
@@ -107,7 +108,7 @@ def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lit
         raise ValueError(f"x (..., {k}) does not fit a {storage} weight of shape {w.shape}: "
                          f"expected (N, {expected})")
     y = out if out is not None else np.empty(x.shape[:-1] + (n,), np.float32)
-    groups = scale.size // n // (2 if int4 else 1) if scale is not None else 0
+    groups = scale.size // n // (2 if halves else 1) if scale is not None else 0
     address = lambda a: a.ctypes.data if a is not None else None
     if _lib.lk_linear(KIND_CODES[storage], address(x), m, k, address(w), address(scale), address(mins), n, groups,
                       address(y), int(threads), int(lite_workers)):

@@ -11,6 +11,9 @@ Storage of a linear weight W (N, K) (out, in):
                 mins transposed alike, their float16 bits as int8 pairs (N, 2G), which Lite keeps as they are),
                 converted as they are read. A weight whose every group's min is -8 scale (a GGUF's Q4_0
                 tensor: d (q - 8)) is stored without its mins (int4_sym, 0.5625 bytes a weight in groups of 32)
+  int8 whose every group of 32 along K is q * d, d a float16 and q in [-127, 127] (a GGUF's Q8_0 tensor), K a
+                multiple of 32: q as int8's panels, d as int4's scales (int8_group, 1.0625 bytes a weight):
+                w = q * d[n, k // 32], the blocks as they are instead of rounded again per channel
 Rounding is to nearest (numpy's, half to even).
 """
 from __future__ import annotations
@@ -30,7 +33,8 @@ GROUP_SIZES = (32, 64, 128)
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P16",
-                            "int4_min": "LiteLinearI4F16P16", "int4_sym": "LiteLinearI4SymF16P16"}
+                            "int4_min": "LiteLinearI4F16P16", "int4_sym": "LiteLinearI4SymF16P16",
+                            "int8_group": "LiteLinearI8GroupF16P16"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
 # int8 with its scales, or float32 in the GEMM's panels.
 GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16"}
@@ -42,7 +46,10 @@ NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
 LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
-KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "int4_sym": 5, "float32_p16": 4}   # lk::Kind
+KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "int4_sym": 5, "float32_p16": 4,
+                              "int8_group": 6}   # lk::Kind
+HALF_SCALES = ("int4_min", "int4_sym", "int8_group")    # scales (and mins) as float16 bits in int8 pairs
+Q8_0_GROUP = 32
 
 
 def aot_func(op_type: str) -> str:
@@ -67,7 +74,7 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", 
     `embedding`) runs (the manifest's `kernels`). The head of a quantized export runs on a kernel too,
     float32 (the GEMM's panels) or int8; the embedding's table is looked up by a kernel when it is int8 or
     when the head reads it (`tied_table`)."""
-    kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"]],
+    kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"], OP_TYPES["int8_group"]],
                "int4": [OP_TYPES["int4_min"], OP_TYPES["int4_sym"]]}[scheme]
     head_type = OP_TYPES["float32_p16" if head == "float32" else "int8"]
     if kernels and head_type not in kernels:
@@ -323,6 +330,29 @@ def quantize_int4_symmetric(w: np.ndarray, group: int) -> Optional[Tuple[np.ndar
     return _pack_groups(q.reshape(n, -1, group), k), pack_halves(scale.reshape(n, -1))
 
 
+def quantize_int8_group(w: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(q int8 (N, K) in panels (pack_int8), scale (N, 2G) as pack_halves) when K is a multiple of 32 and every
+    group of 32 along K is q * d with d a float16 and q an integer in [-127, 127] (a GGUF's Q8_0 tensor: llama.cpp
+    rounds a block by its largest magnitude over 127, so that value is 127 d); else None."""
+    w = _rows(w)
+    n, k = w.shape
+    if k % Q8_0_GROUP:
+        return None
+    if n > 1 and quantize_int8_group(w[:1]) is None:        # most weights fail at their first row
+        return None
+    blocks = w.reshape(n, k // Q8_0_GROUP, Q8_0_GROUP)
+    d = np.abs(blocks).max(axis=2) / np.float32(127)
+    half = d.astype(np.float16)
+    if not np.array_equal(half.astype(np.float32), d):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(d[:, :, None] != 0, blocks / d[:, :, None], 0)
+    rounded = np.rint(q)
+    if not (np.abs(q - rounded) <= 1e-3).all():
+        return None
+    return pack_int8(rounded.reshape(n, k).astype(np.int8)), pack_halves(half)
+
+
 def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (unpack_int8(packed).astype(np.float32) * scale[:, None]).astype(np.float32)
 
@@ -336,14 +366,21 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: Optional[np.nda
     return (u * step + (unpack_halves(mins)[:, g] if mins is not None else -8 * step)).astype(np.float32)
 
 
-def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
+def dequantize_int8_group(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    q = unpack_int8(packed).astype(np.float32)
+    return (q * unpack_halves(scale)[:, np.arange(q.shape[1]) // Q8_0_GROUP]).astype(np.float32)
+
+
+def quantize(w: np.ndarray, scheme: str, group: int = 32, blocks: bool = True) -> Tuple[str, list]:
     """(op storage name of OP_TYPES, the constant inputs after x) of `w` under `scheme` (WEIGHT_SCHEMES;
     "none" keeps float32). int4 stores a min per group (0.625 bytes a weight in groups of 32): symmetric int4
     kept 58 % of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is
     Q4_1: the same grid) (docs/quantization.md); a weight already on Q4_0's grid is stored as Q4_0 is,
-    without mins (0.5625 bytes)."""
+    without mins (0.5625 bytes). int8 keeps a weight already in Q8_0's blocks as they are (int8_group) when
+    `blocks` (a linear layer's; an embedding's table and the head are looked up and read as int8 by rows)."""
     if scheme == "int8":
-        return "int8", list(quantize_int8(w))
+        grouped = quantize_int8_group(w) if blocks else None
+        return ("int8_group", list(grouped)) if grouped else ("int8", list(quantize_int8(w)))
     if scheme == "int4":
         symmetric = quantize_int4_symmetric(w, group)
         return ("int4_sym", list(symmetric)) if symmetric else ("int4_min", list(quantize_int4(w, group)))
@@ -358,6 +395,8 @@ def dequantize(storage: str, constants: list, k: int, group: int = 32) -> np.nda
     """The float32 weight (N, k) that `quantize`'s storage and constants stand for."""
     if storage == "int8":
         return dequantize_int8(*constants)
+    if storage == "int8_group":
+        return dequantize_int8_group(*constants)
     if storage == "int4_min":
         return dequantize_int4(*constants, k, group)
     if storage == "int4_sym":

@@ -1,12 +1,13 @@
 """Tiny GGUF files written as llama.cpp's converter writes them, from a random transformers model:
-python tests/support/gguf_models.py ARCH OUT_DIR [UNSUPPORTED_TYPE]
+python tests/support/gguf_models.py ARCH OUT_DIR [UNSUPPORTED_TYPE | linear=TYPE]
 
 ARCH is llama or qwen2. Writes OUT_DIR/model.gguf: the hyper-parameters under llama.cpp's keys, a
 byte-level BPE tokenizer trained here (tokens, types, merges, special ids, pre-tokenizer name), a
 ChatML chat template, and the tensors under llama.cpp's names (Llama's q and k rows interleaved as
 its converter does), each linear layer in another type: F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 (quantized by the gguf package) and Q4_K, Q6_K (blocks of random bits with small scales: the package
-cannot quantize to them). With UNSUPPORTED_TYPE (e.g. IQ4_NL), one tensor is written in that type.
+cannot quantize to them). With UNSUPPORTED_TYPE (e.g. IQ4_NL), one tensor is written in that type; with
+linear=TYPE (e.g. linear=Q8_0) every linear layer is.
 """
 import os
 import sys
@@ -73,7 +74,7 @@ def k_blocks(kind, shape, rng):
     return data.reshape(rows, -1)
 
 
-def gguf_tensors(arch, net, unsupported=None):
+def gguf_tensors(arch, net, unsupported=None, linear=None):
     """(llama.cpp name, array, type name) of every tensor."""
     import gguf
     rng = np.random.default_rng(0)
@@ -98,7 +99,7 @@ def gguf_tensors(arch, net, unsupported=None):
         if value.ndim == 1:
             out.append((gname, value, "F32"))
             continue
-        kind = LINEAR_TYPES[turn % len(LINEAR_TYPES)]
+        kind = linear or LINEAR_TYPES[turn % len(LINEAR_TYPES)]
         turn += 1
         out.append((gname, value, kind))
     if unsupported:         # the last matrix
@@ -125,7 +126,7 @@ def _raw(kind, shape, rng):
     return rng.integers(0, 256, size=(shape[0], shape[1] // block * size), dtype=np.uint8)
 
 
-def write(arch, path, unsupported=None):
+def write(arch, path, unsupported=None, linear=None):
     import gguf
     net, tok = model(arch), tokenizer()
     writer = gguf.GGUFWriter(path, arch)
@@ -151,7 +152,7 @@ def write(arch, path, unsupported=None):
     writer.add_pad_token_id(tok.token_to_id("<|endoftext|>"))
     writer.add_add_bos_token(False)
     writer.add_chat_template(TEMPLATE)
-    for name, array, qtype in gguf_tensors(arch, net, unsupported):
+    for name, array, qtype in gguf_tensors(arch, net, unsupported, linear):
         writer.add_tensor(name, array, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -164,4 +165,6 @@ if __name__ == "__main__":
     import os
     arch, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    write(arch, os.path.join(out, "model.gguf"), sys.argv[3] if len(sys.argv) > 3 else None)
+    option = sys.argv[3] if len(sys.argv) > 3 else ""
+    write(arch, os.path.join(out, "model.gguf"), None if option.startswith("linear=") else option or None,
+          option[len("linear="):] if option.startswith("linear=") else None)

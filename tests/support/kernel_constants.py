@@ -16,8 +16,19 @@ def on_q4_0_grid(w: np.ndarray, group: int) -> np.ndarray:
     return ((q - 8) * d).reshape(n, -1)[:, :k].astype(np.float32)
 
 
+def on_q8_0_grid(w: np.ndarray) -> np.ndarray:
+    """`w` (K a multiple of 32) rounded to Q8_0's blocks as llama.cpp makes them: q d, d (a float16) the block's
+    largest magnitude over 127, q rounded by the unrounded d."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // 32, 32)
+    d = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
+    q = np.rint(np.divide(blocks, d, out=np.zeros_like(blocks), where=d != 0))
+    return (q * d.astype(np.float16).astype(np.float32)).reshape(n, k).astype(np.float32)
+
+
 def constants(storage: str, w: np.ndarray, group: int):
-    """(the constants of `w` in `storage`, the weight they stand for); int4_sym rounds `w` to Q4_0's grid first."""
+    """(the constants of `w` in `storage`, the weight they stand for); int4_sym rounds `w` to Q4_0's grid first,
+    int8_group to Q8_0's blocks (K a multiple of 32)."""
     if storage == "float32":
         return [w], w
     if storage == "float32_p16":
@@ -25,6 +36,10 @@ def constants(storage: str, w: np.ndarray, group: int):
     if storage == "int8":
         q, s = quant.quantize_int8(w)
         return [q, s], quant.dequantize_int8(q, s)
+    if storage == "int8_group":
+        stored, consts = quant.quantize(on_q8_0_grid(w), "int8")
+        assert stored == "int8_group", stored
+        return consts, quant.dequantize(stored, consts, w.shape[1])
     if storage == "int4_sym":
         stored, consts = quant.quantize(on_q4_0_grid(w, group), "int4", group)
         assert stored == "int4_sym", stored

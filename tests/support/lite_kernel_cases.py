@@ -18,7 +18,7 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
 CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4_g32_wide", "i4s_g32",
-         "i4s_g32_wide")
+         "i4s_g32_wide", "i8g_g32", "i8g_g32_wide")
 LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
                "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
@@ -85,7 +85,7 @@ def test_the_loader_keeps_the_weights_the_kernels_read(graphs):
     the loader, which gives back the model's pages of the weights only Lite's MatMul reads (packing its own
     copy; lite_weights), must give back none of them."""
     from lite_runtime.backends.lite_weights import matmul_weight_ranges
-    for case in ("f32p16_wide", "i8_wide"):
+    for case in ("f32p16_wide", "i8_wide", "i8g_g32_wide"):
         assert matmul_weight_ranges((graphs / f"{case}.ms").read_bytes()) == [], case
 
 
@@ -159,11 +159,13 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 
 # (2, 4096, 1030): a decode call large enough to be split across threads (kSplitWeights); M 13 and 17: on
 # either side of int8's switch to dequantised tiles (kPairRowsI8), N 35 and 24: tiles of 8 rows and fewer;
-# (80, 96, 50): int4 past its decode loop (dequantised panels) on an odd number of panels
+# (80, 96, 50): int4 past its decode loop (dequantised panels) on an odd number of panels; (17, 96, 24) and
+# (3, 160, 35): grouped int8 (whole blocks of 32 only) on either side of its dequantised panels, with tail rows
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
-          (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24), (80, 96, 50)]
+          (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24), (80, 96, 50), (17, 96, 24),
+          (3, 160, 35)]
 KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4_min", 32), ("int4_min", 64), ("int4_min", 128),
-         ("int4_sym", 32), ("int4_sym", 128)]
+         ("int4_sym", 32), ("int4_sym", 128), ("int8_group", 32)]
 
 
 def check_direct():
@@ -173,6 +175,8 @@ def check_direct():
         x = rng.standard_normal((m, k)).astype(np.float32)
         w = rng.standard_normal((n, k)).astype(np.float32)
         for storage, group in KINDS:
+            if storage == "int8_group" and k % 32:      # Q8_0's rows are whole blocks
+                continue
             consts, deq = constants(storage, w, group)
             ref = reference(x, deq)
             for threads in (1, 2):

@@ -95,6 +95,14 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
       for (int64_t k = 0; k < a.K; ++k) tile[k * kTileCols + j] = one(n + j, k);
     return;
   }
+  if (a.kind == kI8Group) {     // its rows stored whole, a float16 scale per group
+    const int8_t *wq = static_cast<const int8_t *>(a.w);
+    for (; j < nb; ++j)
+      for (int64_t k = 0; k < a.K; ++k)
+        tile[k * kTileCols + j] = HalfToFloat(a.scale16[(n + j) * a.G + k / a.group]) *
+                                  static_cast<float>(wq[(n + j) * a.K + k]);
+    return;
+  }
   const uint8_t *w = static_cast<const uint8_t *>(a.w);     // kI4Min: its rows stored whole
   auto run32 = [&](int64_t r, int64_t run, V8 u[4]) {   // row r's run of 32 weights, dequantized
     const int64_t g = run * 32 / a.group;
@@ -205,6 +213,32 @@ struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row'
     const __m512 s = Half16(scale + g);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), s,
                            min ? Half16(min + g) : _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)));
+  }
+  __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
+#endif
+};
+
+struct I8GroupPanel {   // int8 converted, times its group's scale as read
+  static constexpr int64_t kBytes = 16;
+  const int8_t *t;
+  const uint16_t *scale;   // the panel's (G, 16), float16 bits
+  int64_t group;
+  int shift;               // log2(group) when a power of two, else -1
+  int64_t Group(int64_t k) const { return (shift >= 0 ? k >> shift : k / group) * kTileCols; }
+  void Prefetch(int64_t k) const {
+    if ((k & 3) == 0) __builtin_prefetch(t + (k + kPrefetchTileBytes / kBytes) * kTileCols);
+  }
+  void Get(int64_t k, V8 &lo, V8 &hi) const {
+    const int64_t g = Group(k);
+    lo = Mul(FromI8(t + k * kTileCols), LoadHalf(scale + g));
+    hi = Mul(FromI8(t + k * kTileCols + 8), LoadHalf(scale + g + 8));
+  }
+  void Finish(V8 &, V8 &) const {}
+#if defined(__AVX2__) && defined(__FMA__)
+  __attribute__((target("avx512f"))) __m512 Get16(int64_t k) const {
+    const __m512 q =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(t + k * 16))));
+    return _mm512_mul_ps(q, Half16(scale + Group(k)));
   }
   __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
 #endif
@@ -403,6 +437,11 @@ F32Panel PanelAt(const LinearArgs &a, int64_t n, const float *) { return {static
 I8Panel PanelAt(const LinearArgs &a, int64_t n, const int8_t *) {
   return {static_cast<const int8_t *>(a.w) + n * a.K, a.scale + n};
 }
+struct Int8Groups {};     // PanelRange's element type for kI8Group
+I8GroupPanel PanelAt(const LinearArgs &a, int64_t n, const Int8Groups *) {
+  return {static_cast<const int8_t *>(a.w) + n * a.K, a.scale16 + n * a.G, a.group,
+          a.group_shift >= 0 ? a.group_shift + 5 : -1};
+}
 I4Panel PanelAt(const LinearArgs &a, int64_t n, const uint8_t *) {
   return {static_cast<const uint8_t *>(a.w) + n * a.K / 2, a.scale16 + n * a.G, a.min16 ? a.min16 + n * a.G : nullptr,
           a.group,
@@ -545,6 +584,9 @@ __attribute__((target("avx512f"))) void PairPasses(const LinearArgs &a, const P 
 }
 #endif
 
+// Past this M grouped int8 panels are dequantised once a call on AVX-512, as int4's are (below).
+constexpr int64_t kStagedRowsI8Group = 16;
+
 // Y's columns [n0, n1) panel by panel: the stored panels of the panel layouts (T their element type) as they
 // are, other rows of W dequantised into `scratch` (2 x kTileCols x K floats) first.
 template <typename T>
@@ -567,7 +609,7 @@ void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
     // On AVX-512 int4 panels past the decode loop are dequantised once a call into `scratch`, not again for
     // each block of rows as the GEMM reads them (SmolLM2-135M's int4 products on two threads: M 128 and 256
     // 0.74-0.78x the time). Not int8 panels (M 64-256 1.0-1.1x), nor on AVX2 (int4 M 8-128 1.3-1.5x).
-    if (a.wide && a.kind == kI4Min) {
+    if (a.wide && (a.kind == kI4Min || (a.kind == kI8Group && a.M > kStagedRowsI8Group))) {
       float *second = scratch + kTileCols * a.K;
       StageWide(panel, a.K, scratch);
       if (two) {
@@ -599,6 +641,7 @@ void Range(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   }
   if (a.kind == kI8) return PanelRange<int8_t>(a, n0, n1, scratch);
   if (a.kind == kI4Min) return PanelRange<uint8_t>(a, n0, n1, scratch);
+  if (a.kind == kI8Group) return PanelRange<Int8Groups>(a, n0, n1, scratch);
   PanelRange<float>(a, n0, n1, scratch);
 }
 

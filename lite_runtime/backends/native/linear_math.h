@@ -17,12 +17,14 @@
 //          (G, 16) each, as kF32P16's panels of an (N, G) array. The last N % 16 rows are stored whole: in each
 //          run of 32 weights along K byte j holds weight j in its low nibble and j + 16 in its high one
 //          (llama.cpp's Q4 order).
+//   kI8Group W int8 (N, K), K a multiple of 32, in kF32P16's panels; scale float16 (N, G) as kI4Min's, G groups of
+//          `group` weights along K: w = q * scale[n, g] (a GGUF's Q8_0 blocks, as they are).
 #pragma once
 #include <cstdint>
 
 namespace lk {
 
-enum Kind { kF32 = 0, kI8 = 1, kI4Min = 5, kF32P16 = 4 };   // 2, 3: retired (symmetric int4, float32 scales)
+enum Kind { kF32 = 0, kI8 = 1, kI4Min = 5, kF32P16 = 4, kI8Group = 6 };   // 2, 3: retired (symmetric int4, float32 scales)
 
 struct LinearArgs {
   int kind = kF32;
@@ -30,9 +32,9 @@ struct LinearArgs {
   int64_t M = 0, K = 0, N = 0, ldx = 0;
   const void *w = nullptr;
   const float *scale = nullptr;     // kI8
-  const uint16_t *scale16 = nullptr, *min16 = nullptr;   // kI4Min: float16 bits (no mins: symmetric)
-  int64_t G = 0, group = 0;   // int4: groups per row and weights per group
-  int group_shift = -1;       // int4: log2(group / 32) when a power of two, else -1
+  const uint16_t *scale16 = nullptr, *min16 = nullptr;   // kI4Min, kI8Group: float16 bits (no mins: symmetric)
+  int64_t G = 0, group = 0;   // int4, kI8Group: groups per row and weights per group
+  int group_shift = -1;       // int4, kI8Group: log2(group / 32) when a power of two, else -1
   const float *xsum = nullptr;  // int4 up to kDecodeRowsI4 rows: (M, G) sums of x over each group
   float *y = nullptr;         // (M, N)
   bool wide = false;          // AVX-512 present (avx2 build only): the prefill GEMM on 16-float registers
@@ -41,7 +43,7 @@ struct LinearArgs {
 // Columns of W packed together for prefill-sized M (and kF32P16's panels).
 constexpr int64_t kTileCols = 16;
 
-// Index of W[n][k] in the panel layout of kF32P16 and kI8 (N, K): a panel's row n is its column n % 16, the
+// Index of W[n][k] in the panel layout of kF32P16, kI8 and kI8Group (N, K): a panel's row n is its column n % 16, the
 // last N % 16 rows whole.
 inline int64_t PanelOffset(int64_t N, int64_t K, int64_t n, int64_t k) {
   return n < N / kTileCols * kTileCols ? (n - n % kTileCols) * K + k * kTileCols + n % kTileCols : n * K + k;

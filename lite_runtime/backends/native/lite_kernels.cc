@@ -1,5 +1,5 @@
 // The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
-// output channel, int4 in groups; linear_math.h), an int8 embedding lookup and the packed call's attention
+// output channel or in groups, int4 in groups; linear_math.h), an int8 embedding lookup and the packed call's attention
 // (attention_kernel.cc), registered as Custom op types, and a C interface loaded with ctypes
 // (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL before any Build, in the runtime and in the
 // converter's process. Every function returns 0 on success, else non-zero with a reason in lk_last_error().
@@ -60,7 +60,8 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32", ""},
                            {"LiteLinearF32P16", lk::kF32P16, 2, "float32", ""},
                            {"LiteLinearI8P16", lk::kI8, 3, "int8", "float32"},
                            {"LiteLinearI4F16P16", lk::kI4Min, 4, "int8", "int8"},
-                           {"LiteLinearI4SymF16P16", lk::kI4Min, 3, "int8", "int8"}};     // no mins: -8 scale
+                           {"LiteLinearI4SymF16P16", lk::kI4Min, 3, "int8", "int8"},      // no mins: -8 scale
+                           {"LiteLinearI8GroupF16P16", lk::kI8Group, 3, "int8", "int8"}};
 // The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
 // A tied head's product reads the same constants: int8 in LiteLinearI8P16's panels with its scale float32 (V,),
 // or float32 in LiteLinearF32P16's.
@@ -139,13 +140,22 @@ std::string OpInfo(const std::string &name, const std::vector<std::string> &dtyp
 
 namespace {
 
+// The group of runs of 32 weights that the scales' G columns a row stand for: the least power of two 2^s with
+// ceil(runs / 2^s) == G (the groups are 32, 64 or 128 weights; the last of a row may be short, so that G alone
+// does not give the size: 160 weights in groups of 128 are 2 groups, as in groups of 96 would be). -1: none.
+int GroupShift(int64_t runs, int64_t G) {
+  for (int shift = 0; shift < 8; ++shift)
+    if (G > 0 && (runs + (int64_t(1) << shift) - 1) >> shift == G) return shift;
+  return -1;
+}
+
 // Y = X . W^T for one call; `x` is (M, K). For int4 K is the true row length: X is padded to the
 // weights' 32-multiple here and the group size follows from the scales' columns G.
 // `lite_workers`: Lite's own threads run the graph beside the kernels (its context has more than one).
 int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, const void *scale, const void *mins,
               int64_t N, int64_t G, float *y, int threads, bool lite_workers) {
-  if (kind != lk::kF32 && kind != lk::kI8 && kind != lk::kI4Min && kind != lk::kF32P16)
-    return Fail("kind " + std::to_string(kind) + ": allowed 0, 1, 4, 5");
+  if (kind != lk::kF32 && kind != lk::kI8 && kind != lk::kI4Min && kind != lk::kF32P16 && kind != lk::kI8Group)
+    return Fail("kind " + std::to_string(kind) + ": allowed 0, 1, 4, 5, 6");
   if (M < 0 || K <= 0 || N <= 0) return Fail("shape M=" + std::to_string(M) + " K=" + std::to_string(K) +
                                               " N=" + std::to_string(N) + ": K and N must be positive");
   if (M == 0) return 0;
@@ -157,23 +167,30 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   a.N = N;
   a.w = w;
   if (kind == lk::kI8) a.scale = static_cast<const float *>(scale);
-  if (kind == lk::kI4Min) {
+  if (kind == lk::kI4Min || kind == lk::kI8Group) {
     a.scale16 = static_cast<const uint16_t *>(scale);
     a.min16 = static_cast<const uint16_t *>(mins);
+  }
+  if (kind == lk::kI8Group) {
+    a.group_shift = GroupShift(K / 32, G);
+    if (K % 32 != 0 || a.group_shift < 0)
+      return Fail("grouped int8: a row of " + std::to_string(K) + " weights in " + std::to_string(G) +
+                  " groups; allowed: rows of a multiple of 32 in groups of 32, 64 or 128");
+    a.G = G;
+    a.group = int64_t(32) << a.group_shift;
   }
   a.y = y;
   a.wide = g_avx512;
   std::vector<float> padded, sums;
   if (kind == lk::kI4Min) {
-    const int64_t runs = (K + 31) / 32, runs_per_group = G > 0 ? (runs + G - 1) / G : 0;
-    if (G <= 0 || (runs + runs_per_group - 1) / runs_per_group != G)
+    const int64_t runs = (K + 31) / 32;
+    a.group_shift = GroupShift(runs, G);
+    if (a.group_shift < 0)
       return Fail("int4 scales have " + std::to_string(G) + " groups per row; a row of " + std::to_string(K) +
-                  " weights in groups of a multiple of 32 has " + std::to_string(runs) + " or fewer");
+                  " weights in groups of 32, 64 or 128 has " + std::to_string(runs) + " or fewer");
     a.K = a.ldx = runs * 32;
     a.G = G;
-    a.group = runs_per_group * 32;
-    for (int shift = 0; shift < 31; ++shift)
-      if ((int64_t(1) << shift) == runs_per_group) a.group_shift = shift;
+    a.group = int64_t(32) << a.group_shift;
     if (a.K != K) {     // X padded with zeros to the weights' 32-multiple
       padded.assign(M * a.K, 0.0f);
       for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * a.K], x + m * K, K * sizeof(float));
@@ -242,7 +259,7 @@ std::string CheckInputs(const TypeInfo &type, const std::vector<MSTensor> &in) {
                                                                   : DataType::kNumberTypeInt8;
   if (in[1].DataType() != wt) return who + "weight must be " + type.weight_dtype;
   if (in[1].Shape().size() != 2) return who + "weight must be 2-D, got " + Shape(in[1].Shape());
-  const bool halves = type.kind == lk::kI4Min;     // float16 bits as pairs of int8
+  const bool halves = type.kind == lk::kI4Min || type.kind == lk::kI8Group;     // float16 bits as pairs of int8
   for (int i = 2; i < type.inputs; ++i) {
     if (in[i].DataType() != (halves ? DataType::kNumberTypeInt8 : DataType::kNumberTypeFloat32))
       return who + "scales and mins must be " + type.scale_dtype;
@@ -281,7 +298,8 @@ class LinearKernel : public mindspore::kernel::Kernel {
     if (type_info_.inputs > 2) scale = inputs_[2].Data();
     if (type_info_.inputs > 3) mins = inputs_[3].Data();
     if (out == nullptr || x == nullptr || w == nullptr) return Report(std::string(type_info_.name) + ": no data");
-    const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N / (int4 ? 2 : 1) : 0;
+    const bool halves = int4 || type_info_.kind == lk::kI8Group;
+    const int64_t G = type_info_.inputs > 2 ? inputs_[2].ElementNum() / N / (halves ? 2 : 1) : 0;
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
     const int threads = KernelThreads(lite_threads);
     if (RunLinear(type_info_.kind, static_cast<const float *>(x.get()), M, K, w.get(), scale.get(), mins.get(), N, G,
@@ -382,7 +400,8 @@ const char *lk_isa() { return g_isa; }
 
 // The registered type names, comma-separated.
 const char *lk_types() {
-  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteLinearI4SymF16P16,LiteGatherI8P16,"
+  return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteLinearI4SymF16P16,"
+         "LiteLinearI8GroupF16P16,LiteGatherI8P16,"
          "LiteGatherF32P16,"
          "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
