@@ -564,6 +564,115 @@ void DecodeI4Range(const LinearArgs &a, int64_t n0, int64_t n1) {
   }
 }
 
+// Grouped int8 panels take their decode loop up to kDecodeRowsI8Group rows on AVX-512 (2 on AVX2), the GEMM
+// dequantising as it reads up to kStagedRowsI8Group, past it the GEMM on panels dequantised once a call, as
+// int4's are (PanelRange). SmolLM2-135M's products on two threads (tools/bench_kernels.py --kinds int8_group):
+// M 8 7.4-7.8 ms with the loop, 8.9-9.9 as read; M 12 and 16 about 5 % faster as read; staged against as read,
+// M 31 30.0 against 28.1 ms, 64 equal, 128 84.5 against 91.1.
+constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 64;
+
+// Grouped int8 panels at a few rows of X (decode): per group of k the products with q as stored, then times the
+// group's scales: no multiply by a scale a step of k, as the GEMM's dequantising rows have. Two chains a row
+// (even and odd steps of k).
+template <int MB>
+void DecodeI8Group(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
+  const float *x = a.x;
+  V8 acc[MB][2];
+  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
+  for (int64_t g = 0; g < a.G; ++g) {
+    const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
+    V8 sums[2][MB][2];
+    for (int c = 0; c < 2; ++c)
+      for (int m = 0; m < MB; ++m) sums[c][m][0] = sums[c][m][1] = Zero();
+    for (int64_t k = k0; k < k1; k += 2) {      // groups are whole runs of 32
+      p.Prefetch(k);
+      for (int c = 0; c < 2; ++c) {
+        const V8 lo = FromI8(p.t + (k + c) * kTileCols), hi = FromI8(p.t + (k + c) * kTileCols + 8);
+        for (int m = 0; m < MB; ++m) {
+          const V8 xb = Bcast(x[m * a.ldx + k + c]);
+          sums[c][m][0] = Fma(xb, lo, sums[c][m][0]);
+          sums[c][m][1] = Fma(xb, hi, sums[c][m][1]);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const V8 scale = LoadHalf(p.scale + g * kTileCols + 8 * h);
+      for (int m = 0; m < MB; ++m) acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), scale, acc[m][h]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    Store(a.y + m * a.N + n, acc[m][0]);
+    Store(a.y + m * a.N + n + 8, acc[m][1]);
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// DecodeI8Group on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register; chains
+// a row as DecodeI4Wide's.
+template <int MB>
+__attribute__((target("avx512f"))) void DecodeI8GroupWide(const LinearArgs &a, const I8GroupPanel &p, int64_t n,
+                                                          int64_t m0) {
+  constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  const float *x = a.x + m0 * a.ldx;
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
+    __m512 sums[C][MB];
+    for (int c = 0; c < C; ++c)
+      for (int m = 0; m < MB; ++m) sums[c][m] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < k1; k += 4) {
+      p.Prefetch(k);
+      for (int i = 0; i < 4; ++i) {
+        const __m512 w = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + (k + i) * kTileCols))));
+        for (int m = 0; m < MB; ++m)
+          sums[i % C][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k + i]), w, sums[i % C][m]);
+      }
+    }
+    const __m512 scale = Half16(p.scale + g * kTileCols);
+    for (int m = 0; m < MB; ++m) {
+      __m512 s = sums[0][m];
+      for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, sums[c][m]);
+      acc[m] = _mm512_fmadd_ps(s, scale, acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, acc[m]);
+}
+
+// Every row of X against one panel, twelve rows at a time.
+__attribute__((target("avx512f"))) void DecodeI8GroupWideRows(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 12 <= a.M; m += 12) DecodeI8GroupWide<12>(a, p, n, m);
+  if (m + 8 <= a.M) DecodeI8GroupWide<8>(a, p, n, m), m += 8;
+  switch (a.M - m) {
+    case 7: return DecodeI8GroupWide<7>(a, p, n, m);
+    case 6: return DecodeI8GroupWide<6>(a, p, n, m);
+    case 5: return DecodeI8GroupWide<5>(a, p, n, m);
+    case 4: return DecodeI8GroupWide<4>(a, p, n, m);
+    case 3: return DecodeI8GroupWide<3>(a, p, n, m);
+    case 2: return DecodeI8GroupWide<2>(a, p, n, m);
+    case 1: return DecodeI8GroupWide<1>(a, p, n, m);
+    default: return;
+  }
+}
+#endif
+
+// Grouped int8 panels [n0, n1) (no rows stored whole) at up to kDecodeRowsI8Group rows of X on AVX-512, 2 on
+// AVX2.
+void DecodeI8GroupRange(const LinearArgs &a, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += kTileCols) {
+    const I8GroupPanel p = PanelAt(a, n, static_cast<const Int8Groups *>(nullptr));
+#if defined(__AVX2__) && defined(__FMA__)
+    if (a.wide) {
+      DecodeI8GroupWideRows(a, p, n);
+      continue;
+    }
+#endif
+    if (a.M == 2) DecodeI8Group<2>(a, p, n); else DecodeI8Group<1>(a, p, n);
+  }
+}
+
 // Up to this M int8 and int4 panels are read one at a time on AVX-512 too, not in pairs: two int8 streams at
 // 16 bytes a step of k each left the hardware's prefetch behind (SmolLM2-135M's layers from memory on one
 // thread, M 1: 13 GB/s in pairs, 28 one at a time, software prefetch or not; in L3 53 and 55); on two
@@ -584,9 +693,6 @@ __attribute__((target("avx512f"))) void PairPasses(const LinearArgs &a, const P 
 }
 #endif
 
-// Past this M grouped int8 panels are dequantised once a call on AVX-512, as int4's are (below).
-constexpr int64_t kStagedRowsI8Group = 16;
-
 // Y's columns [n0, n1) panel by panel: the stored panels of the panel layouts (T their element type) as they
 // are, other rows of W dequantised into `scratch` (2 x kTileCols x K floats) first.
 template <typename T>
@@ -594,6 +700,10 @@ void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   const int64_t panels_end = a.kind == kF32 ? 0 : a.N / kTileCols * kTileCols;
   if (a.kind == kI4Min && a.M <= (a.wide ? kDecodeRowsI4 : 2) && n0 < panels_end) {
     DecodeI4Range(a, n0, std::min(n1, panels_end));
+    n0 = std::min(n1, panels_end);
+  }
+  if (a.kind == kI8Group && a.M <= (a.wide ? kDecodeRowsI8Group : 2) && n0 < panels_end) {
+    DecodeI8GroupRange(a, n0, std::min(n1, panels_end));
     n0 = std::min(n1, panels_end);
   }
   for (int64_t n = n0; n < n1; n += kTileCols) {
