@@ -97,10 +97,12 @@ def test_a_gguf_exports_and_decodes_as_transformers(gguf_files, arch, tmp_path):
 
 
 def test_q8_0_layers_exported_as_int8_keep_their_blocks_on_lite(tmp_path):
-    """A Llama GGUF whose every linear layer is Q8_0, exported with `weights: int8` (target cpu, MindSpore 2.0):
-    each layer is stored as its blocks are (LiteLinearI8GroupF16P16: int8 and a float16 scale per 32), not
-    rounded again per channel, so on Lite its greedy tokens are transformers' on the file and its logits within
-    TOLERANCE of them (rounded again per channel they differ by more: checked below on the same weights)."""
+    """A Llama GGUF whose every linear layer and embedding is Q8_0 (its head tied to the embedding, as SmolLM2's),
+    exported with `weights`, `head` and `embedding` int8 (target cpu, MindSpore 2.0): each is stored as its
+    blocks are (int8 and a float16 scale per 32: LiteLinearI8GroupF16P16 and the table's lookup
+    LiteGatherI8GroupF16P16), not rounded again per channel, so on Lite its greedy tokens are transformers' on
+    the file and its logits within TOLERANCE of them (rounded again per channel they differ by more: checked
+    below on the same weights)."""
     import gguf
     from lite_runtime.contract import quant
     from lite_runtime.contract.manifest import load_manifest
@@ -112,10 +114,11 @@ def test_q8_0_layers_exported_as_int8_keep_their_blocks_on_lite(tmp_path):
     prompts, ref_logits, ref_tokens = _greedy_reference(model, tokenizer)
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
     yaml_path = write_yaml(str(tmp_path / "q8.yaml"), {"model": {"gguf": path}, "seq_length": 48, "batch_size": 3,
-                                                       "target": "cpu", "quantization": {"weights": "int8"},
+                                                       "target": "cpu", "quantization": {
+                                                           "weights": "int8", "head": "int8", "embedding": "int8"},
                                                        "output_dir": str(tmp_path / "out")})
     export = export_in_subprocess(yaml_path, python=VENV_MS20_PYTHON)
-    assert "LiteLinearI8GroupF16P16" in load_manifest(export).kernels
+    assert {"LiteLinearI8GroupF16P16", "LiteGatherI8GroupF16P16"} <= set(load_manifest(export).kernels)
     out = str(tmp_path / "lite.npz")
     result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
                       str(tmp_path / "prompts.json"), str(STEPS), out])

@@ -84,13 +84,14 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     layers = {"float32": ["LiteLinearF32P16"], "int8": ["LiteLinearI8P16", "LiteLinearI8GroupF16P16"],
               "int4": ["LiteLinearI4F16P16", "LiteLinearI4SymF16P16"]}[scheme]
     head, embedding = schemes_of(form)
-    head_type = "LiteLinearI8P16" if head == "int8" else "LiteLinearF32P16"    # the head on a kernel too
-    # the embedding looked up by a kernel: int8, or the float32 panels a tied head reads
-    lookup = "LiteGatherI8P16" if embedding == "int8" else "LiteGatherF32P16" if form.startswith("tied") \
-        and head == embedding else None
-    assert manifest.kernels == (layers + ([head_type] if head_type not in layers else []) + ([lookup] if lookup else [])
+    # the head on a kernel too
+    head_types = ["LiteLinearI8P16", "LiteLinearI8GroupF16P16"] if head == "int8" else ["LiteLinearF32P16"]
+    # the embedding looked up by a kernel: int8 (by rows, or as Q8_0 blocks), or the float32 panels a tied head reads
+    lookups = ["LiteGatherI8P16", "LiteGatherI8GroupF16P16"] if embedding == "int8" else ["LiteGatherF32P16"] \
+        if form.startswith("tied") and head == embedding else []
+    assert manifest.kernels == (layers + [t for t in head_types if t not in layers] + lookups
                                 + ["LiteAttend", "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"])
-    if lookup == "LiteGatherF32P16":    # the tied table, read in place by the head and the lookup: the loader
+    if lookups == ["LiteGatherF32P16"]:    # the tied table, read in place by the head and the lookup: the loader
         from lite_runtime.backends.lite_weights import matmul_weight_ranges     # must not give its pages back
         table = manifest.dims.vocab_size * manifest.model_config["hidden_size"] * 4
         given_back = [[length for _, length in matmul_weight_ranges(ms.read_bytes())].count(table)

@@ -38,8 +38,6 @@ class BuildContext(NamedTuple):
     lora_targets: frozenset = frozenset()   # adapted layers of every block: "attn.q", "mlp.down" ...
     graph_collectives: bool = True   # False: the segment form, whose partial sums are reduced on the host
     own_head: bool = False           # a tied head as a layer of its own (quantized apart from the embedding)
-    head_kernel: bool = False        # the head runs on the project's kernels (as every linear layer does)
-    embedding_int8: bool = False     # the token embedding's table is int8 (a tied head reads it so)
     attention_kernel: bool = False   # the packed step's attention is one Custom node (packed.KernelAttend)
 
     @property

@@ -100,11 +100,7 @@ class CausalLM(nn.Cell):
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=packed)
-        if self.head_is_embedding and ctx.head_kernel:
-            from exporter.models.kernels import linear_op
-            self.head_matmul = linear_op("int8" if ctx.embedding_int8 else "float32_p16")
-        else:
-            self.head_matmul = ops.MatMul(transpose_b=True)
+        self.head_matmul = ops.MatMul(transpose_b=True)      # a table left to Lite (on the kernels: its own)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
                                                      cfg.vocab_size // ctx.world_size)
         self.bias = ScoreBias(cfg, ctx)
@@ -174,10 +170,10 @@ class CausalLM(nn.Cell):
         """hidden (B, H) of each row's last valid token -> float32 logits (B, vocab). The final norm
         is applied here, or (top query layer) already before that layer."""
         h = hidden if self.use_top_query else self.final_norm(hidden)
-        if self.head_is_embedding and self.embed.kernel is not None and self.embed.kernel.count == 2:
-            logits = self.head_matmul(h, self.embed.kernel.weight, self.embed.kernel.weight_scale)   # int8, scales
+        if self.head_is_embedding and self.embed.kernel is not None and self.embed.kernel.count == 2:   # int8, scales
+            logits = self.embed.kernel.table_product(h, self.embed.kernel.weight, self.embed.kernel.weight_scale)
         elif self.head_is_embedding and self.embed.kernel is not None:     # float32 panels
-            logits = self.head_matmul(h, self.embed.kernel.weight)
+            logits = self.embed.kernel.table_product(h, self.embed.kernel.weight)
         elif self.head_is_embedding:
             logits = self.head_matmul(h, self.embed.weight)
         else:

@@ -80,7 +80,7 @@ class KernelProduct(nn.Cell):
     """x . W^T as a Custom node run by the project's Lite kernels, W in one of their storages
     (lite_runtime/contract/quant.py) as the node's constant inputs, named after the layer's weight.
     `lookup`: an embedding's table instead (int8, or float32 that a tied head reads), whose rows the node
-    gathers for ids."""
+    gathers for ids; `table_product` is then the product a tied head runs on it."""
 
     NAMES = ("weight", "weight_scale", "weight_min")
 
@@ -88,6 +88,8 @@ class KernelProduct(nn.Cell):
         super().__init__()
         from exporter.models.kernels import gather_op, linear_op
         self.op = gather_op(storage) if lookup else linear_op(storage)
+        # a tied head's product on the table as it is stored (decoder.py)
+        self.table_product = linear_op(storage) if lookup else None
         self.count = len(constants)
         for name, array in zip(self.NAMES, constants):
             setattr(self, name, Parameter(Tensor.from_numpy(np.ascontiguousarray(array)), name=name,
@@ -146,8 +148,7 @@ class LinearKernels:
         from lite_runtime.contract.quant import quantize
         scheme = self.schemes.get(name, self.scheme)
         try:
-            storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size,
-                                          blocks=name not in self.schemes)
+            storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size)
         except ValueError as e:      # a value the scheme cannot hold
             raise WeightError(f"{name}: {e}; export it with another quantization.weights (int8 or float32)") from None
         return QuantizedWeight(storage, constants, array.shape)

@@ -77,7 +77,6 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
                        **lora_fields(source), graph_collectives=graph_collectives,
                        own_head=own_head(scheme.weights, scheme.head, scheme.embedding),
-                       head_kernel=scheme.weights != "none", embedding_int8=scheme.embedding == "int8",
                        attention_kernel=config.attention == "kernel")
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):

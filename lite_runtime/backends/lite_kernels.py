@@ -44,7 +44,7 @@ def load(path: str):
         lib.lk_linear.restype = ctypes.c_int
         lib.lk_set_threads.argtypes = [ctypes.c_int]
         lib.lk_set_threads.restype = None
-        lib.lk_gather.argtypes = [ctypes.c_int, vp, i64, vp, vp, i64, i64, vp]
+        lib.lk_gather.argtypes = [ctypes.c_int, vp, i64, vp, vp, i64, i64, i64, vp]
         lib.lk_gather.restype = ctypes.c_int
         lib.lk_attend.argtypes = [vp] * 7 + [ctypes.c_float] + [i64] * 6 + [vp, ctypes.c_int]
         lib.lk_attend.restype = ctypes.c_int
@@ -117,21 +117,24 @@ def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lit
 
 
 def gather(ids, storage: str, constants: Sequence):
-    """out (ids' shape, H): the rows `ids` of a table (V, H) in a linear storage, "int8" (times its scales) or
-    "float32_p16" (the embedding's lookups, contract.quant.GATHER_TYPES), given as the graph's constant inputs
-    after the ids. Needs the library loaded (`load`)."""
+    """out (ids' shape, H): the rows `ids` of a table (V, H) in a linear storage, "int8" (times its scales),
+    "int8_group" (each group times its scale) or "float32_p16" (the embedding's lookups,
+    contract.quant.GATHER_TYPES), given as the graph's constant inputs after the ids. Needs the library loaded
+    (`load`)."""
     import numpy as np
-    from lite_runtime.contract.quant import GATHER_TYPES, KIND_CODES
+    from lite_runtime.contract.quant import GATHER_TYPES, HALF_SCALES, KIND_CODES
     if _lib is None:
         raise RuntimeError("the kernel library is not loaded")
     if storage not in GATHER_TYPES:
         raise ValueError(f"a lookup reads {', '.join(GATHER_TYPES)} tables, not {storage}")
     ids = np.ascontiguousarray(ids, np.int32)
-    table = np.ascontiguousarray(constants[0], np.int8 if storage == "int8" else np.float32)
-    scale = np.ascontiguousarray(constants[1], np.float32) if storage == "int8" else None
+    table = np.ascontiguousarray(constants[0], np.float32 if storage == "float32_p16" else np.int8)
+    scale = None if storage == "float32_p16" else \
+        np.ascontiguousarray(constants[1], np.int8 if storage in HALF_SCALES else np.float32)
+    groups = scale.size // table.shape[0] // 2 if storage in HALF_SCALES else 0
     out = np.empty(ids.shape + (table.shape[1],), np.float32)
     if _lib.lk_gather(KIND_CODES[storage], ids.ctypes.data, ids.size, table.ctypes.data,
-                      scale.ctypes.data if scale is not None else None, table.shape[0], table.shape[1],
+                      scale.ctypes.data if scale is not None else None, table.shape[0], table.shape[1], groups,
                       out.ctypes.data):
         raise ValueError(_lib.lk_last_error().decode())
     return out

@@ -36,8 +36,9 @@ OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLine
                             "int4_min": "LiteLinearI4F16P16", "int4_sym": "LiteLinearI4SymF16P16",
                             "int8_group": "LiteLinearI8GroupF16P16"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
-# int8 with its scales, or float32 in the GEMM's panels.
-GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16"}
+# int8 with its scales (by rows, or a GGUF's Q8_0 blocks), or float32 in the GEMM's panels.
+GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16",
+                                "int8_group": "LiteGatherI8GroupF16P16"}
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
 ATTEND_TYPE = "LiteAttend"
 # A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
@@ -73,14 +74,16 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", 
     """The Custom op types an export quantized by `scheme` (its head by `head`, its embedding by
     `embedding`) runs (the manifest's `kernels`). The head of a quantized export runs on a kernel too,
     float32 (the GEMM's panels) or int8; the embedding's table is looked up by a kernel when it is int8 or
-    when the head reads it (`tied_table`)."""
+    when the head reads it (`tied_table`). An int8 weight may be stored by rows or, read from Q8_0 blocks, as
+    they are: both kernels are listed."""
     kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"], OP_TYPES["int8_group"]],
                "int4": [OP_TYPES["int4_min"], OP_TYPES["int4_sym"]]}[scheme]
-    head_type = OP_TYPES["float32_p16" if head == "float32" else "int8"]
-    if kernels and head_type not in kernels:
-        kernels.append(head_type)
+    head_types = [OP_TYPES["float32_p16"]] if head == "float32" else [OP_TYPES["int8"], OP_TYPES["int8_group"]]
+    if kernels:
+        kernels += [t for t in head_types if t not in kernels]
     if kernels and (embedding == "int8" or tied_table):
-        kernels.append(GATHER_TYPES["int8" if embedding == "int8" else "float32_p16"])
+        kernels += [GATHER_TYPES["int8"], GATHER_TYPES["int8_group"]] if embedding == "int8" else \
+            [GATHER_TYPES["float32_p16"]]
     return kernels
 
 
@@ -376,8 +379,8 @@ def quantize(w: np.ndarray, scheme: str, group: int = 32, blocks: bool = True) -
     "none" keeps float32). int4 stores a min per group (0.625 bytes a weight in groups of 32): symmetric int4
     kept 58 % of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is
     Q4_1: the same grid) (docs/quantization.md); a weight already on Q4_0's grid is stored as Q4_0 is,
-    without mins (0.5625 bytes). int8 keeps a weight already in Q8_0's blocks as they are (int8_group) when
-    `blocks` (a linear layer's; an embedding's table and the head are looked up and read as int8 by rows)."""
+    without mins (0.5625 bytes). int8 keeps a weight already in Q8_0's blocks as they are (int8_group) unless not
+    `blocks`."""
     if scheme == "int8":
         grouped = quantize_int8_group(w) if blocks else None
         return ("int8_group", list(grouped)) if grouped else ("int8", list(quantize_int8(w)))

@@ -13,7 +13,7 @@ import pytest
 from lite_runtime.backends import lite_kernels
 from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
 from lite_runtime.contract import quant
-from support.kernel_constants import constants
+from support.kernel_constants import constants, on_q8_0_grid
 from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
@@ -274,14 +274,18 @@ def test_quantizers_round_to_nearest_within_half_a_step():
     assert packed[32, 0] == u[32, 0] | u[32, 16] << 4
 
 
-@pytest.mark.parametrize("storage", ["int8", "float32_p16"])
+@pytest.mark.parametrize("storage", ["int8", "float32_p16", "int8_group"])
 def test_a_lookup_gives_the_tables_rows(library, storage):
     """LiteGatherI8P16 reads rows of the int8 panels, each times its scale, LiteGatherF32P16 rows of the float32
-    panels (a row is a column of its panel; the last N % 16 rows whole); an id outside the table is refused."""
+    panels (a row is a column of its panel; the last N % 16 rows whole), LiteGatherI8GroupF16P16 rows of int8
+    panels, each group of 32 times its scale (a table in Q8_0's blocks); an id outside the table is refused."""
     rng = np.random.default_rng(5)
-    scheme = "int8" if storage == "int8" else "float32"
-    for v, h in ((7, 19), (12, 64), (5, 3), (37, 20), (48, 9)):
+    scheme = "float32" if storage == "float32_p16" else "int8"
+    for v, h in ((7, 19), (12, 64), (5, 3), (37, 20), (48, 9)) if storage != "int8_group" else \
+            ((7, 32), (12, 64), (37, 96), (48, 160)):
         w = rng.standard_normal((v, h)).astype(np.float32)
+        if storage == "int8_group":
+            w = on_q8_0_grid(w)
         stored, constants = quant.quantize(w, scheme)
         assert stored == storage
         ids = rng.integers(0, v, (3, 4)).astype(np.int32)

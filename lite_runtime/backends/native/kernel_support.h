@@ -1,7 +1,9 @@
 // What the project's Lite kernels share across their files (defined in lite_kernels.cc): errors, threads,
 // the loops chosen for this CPU, and the registry's names.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,18 @@ bool KernelsHoldThreads();
 // The AVX2 + FMA loops (else the portable ones), chosen once at load (LITE_KERNELS_ISA forces a choice).
 bool Avx2Loops();
 std::vector<char> Chars(const std::string &s);
+// A float16's bits as a float (normal, subnormal, zero, infinity, NaN).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  float f;
+  if (exponent == 0) {
+    f = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exponent == 0x1F ? 0x7F800000u : (exponent + 112) << 23) | mantissa << 13;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
 // MindSpore's op-info entry of a Custom type whose inputs have these dtypes (its output is float32).
 std::string OpInfo(const std::string &name, const std::vector<std::string> &dtypes);
 

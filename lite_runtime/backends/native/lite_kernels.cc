@@ -64,7 +64,7 @@ const TypeInfo kTypes[] = {{"LiteLinearF32", lk::kF32, 2, "float32", ""},
                            {"LiteLinearI8GroupF16P16", lk::kI8Group, 3, "int8", "int8"}};
 // The lookups: ids int32 (any shape) and a table (V, H) as a linear weight is stored -> float32 (ids' shape, H).
 // A tied head's product reads the same constants: int8 in LiteLinearI8P16's panels with its scale float32 (V,),
-// or float32 in LiteLinearF32P16's.
+// float32 in LiteLinearF32P16's, or int8 in LiteLinearI8GroupF16P16's with its float16 scales (V, G).
 struct GatherInfo {
   const char *name;
   lk::Kind kind;
@@ -73,7 +73,8 @@ struct GatherInfo {
   const char *table_dtype;   // op-info name
 };
 const GatherInfo kGathers[] = {{"LiteGatherI8P16", lk::kI8, 3, DataType::kNumberTypeInt8, "int8"},
-                               {"LiteGatherF32P16", lk::kF32P16, 2, DataType::kNumberTypeFloat32, "float32"}};
+                               {"LiteGatherF32P16", lk::kF32P16, 2, DataType::kNumberTypeFloat32, "float32"},
+                               {"LiteGatherI8GroupF16P16", lk::kI8Group, 3, DataType::kNumberTypeInt8, "int8"}};
 
 // The loops for this CPU: AVX2 + FMA with the prefill GEMM on AVX-512 registers ("avx512"), AVX2 + FMA, or
 // portable.
@@ -230,9 +231,15 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
 }
 
 // out (count, H) = the rows `ids` of a table (V, H) stored as `kind` (kI8: int8 in panels, each row times its
-// scale; kF32P16: float32 panels).
-int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const float *scale, int64_t V, int64_t H,
-           float *out) {
+// scale float32 (V,); kF32P16: float32 panels; kI8Group: int8 in panels, each group of H / G times its scale,
+// float16 bits (V, G) in panels).
+int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const void *scales, int64_t V, int64_t H,
+           int64_t G, float *out) {
+  if (kind == lk::kI8Group && (G <= 0 || H % G != 0))
+    return Fail("a grouped int8 table of rows of " + std::to_string(H) + " has " + std::to_string(G) +
+                " groups a row; allowed: a divisor of the row");
+  const float *scale = static_cast<const float *>(scales);
+  const uint16_t *halves = static_cast<const uint16_t *>(scales);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t v = ids[i];
     if (v < 0 || v >= V)
@@ -241,6 +248,12 @@ int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const
     if (kind == lk::kI8) {
       const int8_t *q = static_cast<const int8_t *>(table);
       for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::PanelOffset(V, H, v, k)]);
+    } else if (kind == lk::kI8Group) {
+      const int8_t *q = static_cast<const int8_t *>(table);
+      const int64_t group = H / G;
+      for (int64_t k = 0; k < H; ++k)
+        row[k] = lk::HalfToFloat(halves[lk::PanelOffset(V, G, v, k / group)]) *
+                 static_cast<float>(q[lk::PanelOffset(V, H, v, k)]);
     } else {
       const float *w = static_cast<const float *>(table);
       for (int64_t k = 0; k < H; ++k) row[k] = w[lk::PanelOffset(V, H, v, k)];
@@ -333,8 +346,9 @@ class GatherKernel : public mindspore::kernel::Kernel {
     float *out = static_cast<float *>(y.MutableData());
     if (out == nullptr || ids == nullptr || w == nullptr || (info_.inputs > 2 && scale == nullptr))
       return Report(std::string(info_.name) + ": no data");
-    if (Gather(info_.kind, static_cast<const int32_t *>(ids.get()), inputs_[0].ElementNum(), w.get(),
-               static_cast<const float *>(scale.get()), table[0], table[1], out))
+    const int64_t G = info_.kind == lk::kI8Group ? inputs_[2].ElementNum() / table[0] / 2 : 0;
+    if (Gather(info_.kind, static_cast<const int32_t *>(ids.get()), inputs_[0].ElementNum(), w.get(), scale.get(),
+               table[0], table[1], G, out))
       return Report(std::string(info_.name) + ": " + g_last_error);
     return 0;
   }
@@ -347,9 +361,13 @@ class GatherKernel : public mindspore::kernel::Kernel {
     if (inputs_[0].DataType() != DataType::kNumberTypeInt32) return who + "ids must be int32";
     if (inputs_[1].DataType() != info_.table || inputs_[1].Shape().size() != 2)
       return who + "the table must be " + info_.table_dtype + " and 2-D";
-    if (info_.inputs > 2 && (inputs_[2].DataType() != DataType::kNumberTypeFloat32 ||
-                             inputs_[2].ElementNum() != inputs_[1].Shape()[0]))
+    const int64_t rows = inputs_[1].Shape()[0];
+    if (info_.kind == lk::kI8 && (inputs_[2].DataType() != DataType::kNumberTypeFloat32 ||
+                                  inputs_[2].ElementNum() != rows))
       return who + "the scales must be float32, one a row of the table";
+    if (info_.kind == lk::kI8Group && (inputs_[2].DataType() != DataType::kNumberTypeInt8 || rows == 0 ||
+                                       inputs_[2].ElementNum() % (2 * rows) != 0))
+      return who + "the scales must be float16 bits as int8 pairs, as many a row of the table";
     return "";
   }
 
@@ -401,7 +419,7 @@ const char *lk_isa() { return g_isa; }
 // The registered type names, comma-separated.
 const char *lk_types() {
   return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteLinearI4SymF16P16,"
-         "LiteLinearI8GroupF16P16,LiteGatherI8P16,"
+         "LiteLinearI8GroupF16P16,LiteGatherI8P16,LiteGatherI8GroupF16P16,"
          "LiteGatherF32P16,"
          "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
@@ -455,7 +473,7 @@ int lk_register(int op_info) {
         return Fail(std::string("MindSpore's op-info library refused ") + type.name);
     }
     for (const GatherInfo &gather : kGathers) {
-      std::vector<std::string> dtypes = {"int32", gather.table_dtype, "float32"};
+      std::vector<std::string> dtypes = {"int32", gather.table_dtype, gather.kind == lk::kI8Group ? "int8" : "float32"};
       dtypes.resize(gather.inputs);
       if (!mindspore::kernel::OpLib::RegOp(OpInfo(gather.name, dtypes), ""))
         return Fail(std::string("MindSpore's op-info library refused ") + gather.name);
@@ -478,11 +496,12 @@ int lk_linear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
 }
 
 // A lookup without Lite (tests): out (count, H) = rows `ids` of a table (V, H) stored as `kind` (lk::Kind: kI8
-// with its scales, or kF32P16).
-int lk_gather(int kind, const int32_t *ids, int64_t count, const void *table, const float *scale, int64_t V, int64_t H,
-              float *out) {
-  if (kind != lk::kI8 && kind != lk::kF32P16) return Fail("kind " + std::to_string(kind) + ": allowed 1 or 4");
-  return Gather(kind, ids, count, table, scale, V, H, out);
+// with its scales, kF32P16, or kI8Group with its G scales a row).
+int lk_gather(int kind, const int32_t *ids, int64_t count, const void *table, const void *scale, int64_t V, int64_t H,
+              int64_t G, float *out) {
+  if (kind != lk::kI8 && kind != lk::kF32P16 && kind != lk::kI8Group)
+    return Fail("kind " + std::to_string(kind) + ": allowed 1, 4 or 6");
+  return Gather(kind, ids, count, table, scale, V, H, G, out);
 }
 
 // A plain read of `bytes` bytes over `threads` threads of the pool (the bandwidth a benchmark compares

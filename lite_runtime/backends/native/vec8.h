@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernel_support.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -17,19 +19,6 @@
 namespace lk {
 namespace LK_NS {
 namespace {
-// A float16's bits as a float (normal, subnormal, zero, infinity, NaN).
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  float f;
-  if (exponent == 0) {
-    f = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -f : f;
-  }
-  const uint32_t bits = sign | (exponent == 0x1F ? 0x7F800000u : (exponent + 112) << 23) | mantissa << 13;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
 #if defined(__AVX2__) && defined(__FMA__)
 struct V8 {
   __m256 v;
