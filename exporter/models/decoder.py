@@ -100,7 +100,8 @@ class CausalLM(nn.Cell):
         if not self.head_is_embedding:
             self.head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, ctx.world_size, ctx.dtype,
                                              flat=packed)
-        self.head_matmul = ops.MatMul(transpose_b=True)      # a table left to Lite (on the kernels: its own)
+        # a tied head on a table left to Lite (on the kernels the product is the table's own: table_product)
+        self.head_matmul = ops.MatMul(transpose_b=True)
         self.gather_vocab = Collective.gather_last_dim(ctx.world_size if ctx.graph_collectives else 1, ctx.rank,
                                                      cfg.vocab_size // ctx.world_size)
         self.bias = ScoreBias(cfg, ctx)

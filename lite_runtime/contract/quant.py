@@ -374,15 +374,14 @@ def dequantize_int8_group(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (q * unpack_halves(scale)[:, np.arange(q.shape[1]) // Q8_0_GROUP]).astype(np.float32)
 
 
-def quantize(w: np.ndarray, scheme: str, group: int = 32, blocks: bool = True) -> Tuple[str, list]:
+def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
     """(op storage name of OP_TYPES, the constant inputs after x) of `w` under `scheme` (WEIGHT_SCHEMES;
     "none" keeps float32). int4 stores a min per group (0.625 bytes a weight in groups of 32): symmetric int4
     kept 58 % of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is
     Q4_1: the same grid) (docs/quantization.md); a weight already on Q4_0's grid is stored as Q4_0 is,
-    without mins (0.5625 bytes). int8 keeps a weight already in Q8_0's blocks as they are (int8_group) unless not
-    `blocks`."""
+    without mins (0.5625 bytes). int8 keeps a weight already in Q8_0's blocks as they are (int8_group)."""
     if scheme == "int8":
-        grouped = quantize_int8_group(w) if blocks else None
+        grouped = quantize_int8_group(w)
         return ("int8_group", list(grouped)) if grouped else ("int8", list(quantize_int8(w)))
     if scheme == "int4":
         symmetric = quantize_int4_symmetric(w, group)

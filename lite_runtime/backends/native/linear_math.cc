@@ -8,7 +8,7 @@
 // they are loaded: int8's rows' scales applied to the sums, int4 dequantised), 6 x 16 register blocks, 12 x 32
 // (two panels at a time) on AVX-512 registers where the CPU has them (args.wide). At one or two rows of X the
 // sums run in several chains along k, so that the loop waits on loads rather than on each FMA's latency, and
-// int4 takes its own loop (DecodeI4: scales and mins once a group). The panels are read where the model holds
+// int4 and grouped int8 take loops of their own (Decode: scales once a group). The panels are read where the model holds
 // them, 4-byte aligned: an aligned copy of SmolLM2-135M's weights raised its load's peak RSS 1.5x, for steps
 // 0.97-1.00x and prompt calls 0.99-1.01x the time on an AMD Zen 5.
 // float32 stored by rows (kF32) up to 16 rows of X takes dot products against one row of W at a time, more
@@ -452,7 +452,7 @@ I4Panel PanelAt(const LinearArgs &a, int64_t n, const uint8_t *) {
 // (even and odd steps of k, one 16-byte load for both), then times the group's scales, plus its mins times
 // the group's sums of x (a.xsum): no dequantising FMA or scale loads a step of k, as the GEMM's rows have.
 template <int MB>
-void DecodeI4(const LinearArgs &a, const I4Panel &p, int64_t n) {
+void Decode(const LinearArgs &a, const I4Panel &p, int64_t n) {
   const float *x = a.x;
   V8 acc[MB][2];
   for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
@@ -489,11 +489,11 @@ void DecodeI4(const LinearArgs &a, const I4Panel &p, int64_t n) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// DecodeI4 on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register. Chains of
+// Decode (int4) on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register. Chains of
 // sums a row: four at one row (steps k, k + 1, k + 2, k + 3 by turns), two at two (even and odd steps), one
 // from three (enough sums in flight, and 2 x MB registers).
 template <int MB>
-__attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const I4Panel &p, int64_t n, int64_t m0) {
+__attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I4Panel &p, int64_t n, int64_t m0) {
   constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
   const float *x = a.x + m0 * a.ldx, *xsum = a.xsum + m0 * a.G;
   const __m512i mask = _mm512_set1_epi32(0x0F);
@@ -532,37 +532,7 @@ __attribute__((target("avx512f"))) void DecodeI4Wide(const LinearArgs &a, const 
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, acc[m]);
 }
 
-// Every row of X against one panel, twelve rows at a time (24 of the 32 registers).
-__attribute__((target("avx512f"))) void DecodeI4WideRows(const LinearArgs &a, const I4Panel &p, int64_t n) {
-  int64_t m = 0;
-  for (; m + 12 <= a.M; m += 12) DecodeI4Wide<12>(a, p, n, m);
-  if (m + 8 <= a.M) DecodeI4Wide<8>(a, p, n, m), m += 8;
-  switch (a.M - m) {
-    case 7: return DecodeI4Wide<7>(a, p, n, m);
-    case 6: return DecodeI4Wide<6>(a, p, n, m);
-    case 5: return DecodeI4Wide<5>(a, p, n, m);
-    case 4: return DecodeI4Wide<4>(a, p, n, m);
-    case 3: return DecodeI4Wide<3>(a, p, n, m);
-    case 2: return DecodeI4Wide<2>(a, p, n, m);
-    case 1: return DecodeI4Wide<1>(a, p, n, m);
-    default: return;
-  }
-}
 #endif
-
-// int4 panels [n0, n1) (no rows stored whole) at up to kDecodeRowsI4 rows of X on AVX-512, 2 on AVX2.
-void DecodeI4Range(const LinearArgs &a, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += kTileCols) {
-    const I4Panel p = PanelAt(a, n, static_cast<const uint8_t *>(nullptr));
-#if defined(__AVX2__) && defined(__FMA__)
-    if (a.wide) {
-      DecodeI4WideRows(a, p, n);
-      continue;
-    }
-#endif
-    if (a.M == 2) DecodeI4<2>(a, p, n); else DecodeI4<1>(a, p, n);
-  }
-}
 
 // Grouped int8 panels take their decode loop up to kDecodeRowsI8Group rows on AVX-512 (2 on AVX2), the GEMM
 // dequantising as it reads up to kStagedRowsI8Group, past it the GEMM on panels dequantised once a call, as
@@ -575,7 +545,7 @@ constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 64;
 // group's scales: no multiply by a scale a step of k, as the GEMM's dequantising rows have. Two chains a row
 // (even and odd steps of k).
 template <int MB>
-void DecodeI8Group(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
+void Decode(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
   const float *x = a.x;
   V8 acc[MB][2];
   for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
@@ -607,11 +577,11 @@ void DecodeI8Group(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// DecodeI8Group on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register; chains
-// a row as DecodeI4Wide's.
+// Decode (grouped int8) on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register;
+// chains a row as int4's.
 template <int MB>
-__attribute__((target("avx512f"))) void DecodeI8GroupWide(const LinearArgs &a, const I8GroupPanel &p, int64_t n,
-                                                          int64_t m0) {
+__attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I8GroupPanel &p, int64_t n,
+                                                   int64_t m0) {
   constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
   const float *x = a.x + m0 * a.ldx;
   __m512 acc[MB];
@@ -640,36 +610,38 @@ __attribute__((target("avx512f"))) void DecodeI8GroupWide(const LinearArgs &a, c
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, acc[m]);
 }
 
-// Every row of X against one panel, twelve rows at a time.
-__attribute__((target("avx512f"))) void DecodeI8GroupWideRows(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
+// Every row of X against one panel (int4's or grouped int8's), twelve rows at a time (24 of the 32 registers).
+template <typename P>
+__attribute__((target("avx512f"))) void DecodeWideRows(const LinearArgs &a, const P &p, int64_t n) {
   int64_t m = 0;
-  for (; m + 12 <= a.M; m += 12) DecodeI8GroupWide<12>(a, p, n, m);
-  if (m + 8 <= a.M) DecodeI8GroupWide<8>(a, p, n, m), m += 8;
+  for (; m + 12 <= a.M; m += 12) DecodeWide<12>(a, p, n, m);
+  if (m + 8 <= a.M) DecodeWide<8>(a, p, n, m), m += 8;
   switch (a.M - m) {
-    case 7: return DecodeI8GroupWide<7>(a, p, n, m);
-    case 6: return DecodeI8GroupWide<6>(a, p, n, m);
-    case 5: return DecodeI8GroupWide<5>(a, p, n, m);
-    case 4: return DecodeI8GroupWide<4>(a, p, n, m);
-    case 3: return DecodeI8GroupWide<3>(a, p, n, m);
-    case 2: return DecodeI8GroupWide<2>(a, p, n, m);
-    case 1: return DecodeI8GroupWide<1>(a, p, n, m);
+    case 7: return DecodeWide<7>(a, p, n, m);
+    case 6: return DecodeWide<6>(a, p, n, m);
+    case 5: return DecodeWide<5>(a, p, n, m);
+    case 4: return DecodeWide<4>(a, p, n, m);
+    case 3: return DecodeWide<3>(a, p, n, m);
+    case 2: return DecodeWide<2>(a, p, n, m);
+    case 1: return DecodeWide<1>(a, p, n, m);
     default: return;
   }
 }
 #endif
 
-// Grouped int8 panels [n0, n1) (no rows stored whole) at up to kDecodeRowsI8Group rows of X on AVX-512, 2 on
-// AVX2.
-void DecodeI8GroupRange(const LinearArgs &a, int64_t n0, int64_t n1) {
+// int4 (T uint8_t) or grouped int8 (T Int8Groups) panels [n0, n1) (no rows stored whole) in their decode loops,
+// for up to kDecodeRowsI4 or kDecodeRowsI8Group rows of X on AVX-512, 2 on AVX2.
+template <typename T>
+void DecodeRange(const LinearArgs &a, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += kTileCols) {
-    const I8GroupPanel p = PanelAt(a, n, static_cast<const Int8Groups *>(nullptr));
+    const auto p = PanelAt(a, n, static_cast<const T *>(nullptr));
 #if defined(__AVX2__) && defined(__FMA__)
     if (a.wide) {
-      DecodeI8GroupWideRows(a, p, n);
+      DecodeWideRows(a, p, n);
       continue;
     }
 #endif
-    if (a.M == 2) DecodeI8Group<2>(a, p, n); else DecodeI8Group<1>(a, p, n);
+    if (a.M == 2) Decode<2>(a, p, n); else Decode<1>(a, p, n);
   }
 }
 
@@ -699,11 +671,11 @@ template <typename T>
 void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
   const int64_t panels_end = a.kind == kF32 ? 0 : a.N / kTileCols * kTileCols;
   if (a.kind == kI4Min && a.M <= (a.wide ? kDecodeRowsI4 : 2) && n0 < panels_end) {
-    DecodeI4Range(a, n0, std::min(n1, panels_end));
+    DecodeRange<uint8_t>(a, n0, std::min(n1, panels_end));
     n0 = std::min(n1, panels_end);
   }
   if (a.kind == kI8Group && a.M <= (a.wide ? kDecodeRowsI8Group : 2) && n0 < panels_end) {
-    DecodeI8GroupRange(a, n0, std::min(n1, panels_end));
+    DecodeRange<Int8Groups>(a, n0, std::min(n1, panels_end));
     n0 = std::min(n1, panels_end);
   }
   for (int64_t n = n0; n < n1; n += kTileCols) {

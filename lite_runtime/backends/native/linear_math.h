@@ -53,7 +53,7 @@ inline int64_t PanelOffset(int64_t N, int64_t K, int64_t n, int64_t k) {
 constexpr int64_t kBlockRows = 4;
 inline int64_t BlockRows(int kind) { return kind == kF32 ? kBlockRows : 2 * kTileCols; }   // pairs of panels
 
-// Up to this M int4 panels take their decode loop on AVX-512 (linear_math.cc DecodeI4Wide; DecodeI4 up to 2
+// Up to this M int4 panels take their decode loop on AVX-512 (linear_math.cc DecodeWide; Decode up to 2
 // rows on AVX2, whose 16 registers hold no more sums), which needs args.xsum. Against the GEMM's dequantising
 // panels, SmolLM2-135M's int4 products on two threads: M 8 0.68x the time, 16 0.78x, 32 0.88x, 64 equal; past
 // 64 rows the GEMM on panels dequantised once a call is faster (linear_math.cc PanelRange).

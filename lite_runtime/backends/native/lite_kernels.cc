@@ -1,6 +1,6 @@
 // The project's custom CPU kernels for MindSpore Lite 2.0: weight-only linear layers (float32, int8 per
-// output channel or in groups, int4 in groups; linear_math.h), an int8 embedding lookup and the packed call's attention
-// (attention_kernel.cc), registered as Custom op types, and a C interface loaded with ctypes
+// output channel or in groups, int4 in groups; linear_math.h), embedding lookups in their tables and the packed
+// call's attention (attention_kernel.cc), registered as Custom op types, and a C interface loaded with ctypes
 // (lite_runtime/backends/lite_kernels.py) with RTLD_GLOBAL before any Build, in the runtime and in the
 // converter's process. Every function returns 0 on success, else non-zero with a reason in lk_last_error().
 //
