@@ -3,7 +3,9 @@
 One random Hugging Face Llama of a named real shape (`1b`: TinyLlama-1.1B's, fp32, safetensors in
 2 GB shards, a 32000-piece sentencepiece tokenizer; made in the peers venv, one copy of the weights
 in memory) is cached under --work_dir and run from that folder by
-  - mslite:        this project's export (MindSpore 2.0, kv_cache packed, lite_ms): Lite's .ms + .msw;
+  - mslite_cpu:    this project's export as `target: cpu` writes it (the packed step on the project's
+                   kernels, float32; at this size one rank's segments, each a .ms);
+  - mslite:        the export with Lite's own MatMul (MindSpore 2.0, kv_cache packed, lite_ms): .ms + .msw;
   - mslite_mindir: the same export's MindIR + external data (rank_0_variables/) on Lite;
   - mslite_io:     the static io export (prefill + increment MindIR) on Lite;
   - mslite_io_ms:  the static io export converted to .ms (lite_ms) on Lite (not by default);
@@ -62,14 +64,15 @@ SHAPES = {
 # (the worst step; the io form's two graphs were killed at 20.1 GB, 4.9x), the export with lite_ms, the .ms
 # load (the io form's two: 4.1x), the peers' builds; one rank's segments: their export (1.39x; their load 1.15x).
 RSS_MULTIPLE = {"mslite_mindir": 3.9, "mslite_io": 5.0, "mslite_io_ms": 4.1, "mslite": 3.4, "ms": 2.4, "ort": 1.3, "openvino": 2.0,
-                "transformers": 1.1, "mslite_segments": 1.4}
-OURS = ("mslite", "mslite_mindir", "mslite_io", "mslite_io_ms", "mslite_segments", "ms")
+                "transformers": 1.1, "mslite_segments": 1.4, "mslite_cpu": 1.4}
+OURS = ("mslite_cpu", "mslite", "mslite_mindir", "mslite_io", "mslite_io_ms", "mslite_segments", "ms")
 PEERS = ("ort", "openvino", "transformers")
 # Our forms -> (export kind, backend, lite_format); forms of one kind share its export.
-FORMS = {"mslite": ("lite_packed", "mslite", "ms"), "mslite_mindir": ("lite_packed", "mslite", "mindir"),
+FORMS = {"mslite_cpu": ("lite_cpu", "mslite", "ms"), "mslite": ("lite_packed", "mslite", "ms"), "mslite_mindir": ("lite_packed", "mslite", "mindir"),
          "mslite_io": ("lite_io", "mslite", "mindir"), "mslite_io_ms": ("lite_io_ms", "mslite", "ms"),
          "mslite_segments": ("lite_segments", "mslite", "ms"), "ms": ("ms_packed", "ms", None)}
-EXPORTS = {"lite_packed": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True)),
+EXPORTS = {"lite_cpu": (VENV_MS20_PYTHON, dict(target="cpu")),
+           "lite_packed": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True)),
            "lite_io": (VENV_MS20_PYTHON, dict(kv_cache="io")),
            "lite_io_ms": (VENV_MS20_PYTHON, dict(kv_cache="io", lite_ms=True)),
            "lite_segments": (VENV_MS20_PYTHON, dict(kv_cache="packed", lite_ms=True, parallel=dict(collectives="host"))),
@@ -193,6 +196,9 @@ class Runner:
                 cmd = [VENV_PYTHON, os.path.join(REPO, "tools", "benchmark.py"), "--child", job_file, out_file]
             with open(job_file, "w", encoding="utf-8") as f:
                 json.dump(job, f)
+            # the builds' writes flushed first: a 4.4 GB export still being written back slowed the step
+            # measured after it 1.4x (mslite_cpu at 1.1B: 85.8-90.9 ms a step, 62.5 once written)
+            os.sync()
             self.log(f"measuring {runtime} batch {len(prompts)}")
             r = self.run(cmd, name, dict(kv.split("=", 1) for kv in a.env))
             if "error" in r or not os.path.isfile(out_file):
@@ -355,13 +361,13 @@ def format_report(rows: List[dict], shape: dict, args, bandwidths: Dict[str, flo
              + f" GiB/s) = {floor_ms:.0f} ms; step/floor below 1: numpy reads slower than the runtime does",
              f"workload: {args.prompt_len}-token random prompts, {args.steps} greedy new tokens (EOS ignored), "
              f"{args.threads} threads, seq_length {args.seq_length}; tokens compared with {args.reference}"]
-    ours = [r for r in rows if r["runtime"] == "mslite" and "error" not in r]
+    ours = [r for r in rows if r["runtime"] in ("mslite_cpu", "mslite") and "error" not in r]
     ratio_lines = []
     for mine in ours:
         for r in rows:
             if r["runtime"] in ("ort", "openvino") and r["batch"] == mine["batch"] and "error" not in r:
                 ratio_lines.append(
-                    f"mslite / {r['runtime']} batch {r['batch']}: step {mine['step_ms'] / r['step_ms']:.2f}x, "
+                    f"{mine['runtime']} / {r['runtime']} batch {r['batch']}: step {mine['step_ms'] / r['step_ms']:.2f}x, "
                     f"TTFT {mine['ttft_ms'] / r['ttft_ms']:.2f}x, peak RSS {mine['child_rss_mb'] / r['child_rss_mb']:.2f}x, "
                     f"load {mine['load_s'] / r['load_s']:.2f}x"
                     + (f", build {mine['build']['wall_s'] / r['build']['wall_s']:.2f}x time "
@@ -379,7 +385,7 @@ def format_report(rows: List[dict], shape: dict, args, bandwidths: Dict[str, flo
 @click.option("--work_dir", default=None,
               help="cache of the HF folder and the runtimes' models (default build/scale/<shape>)")
 @click.option("--runtime", cls=SpacedList, type=click.Choice(OURS + PEERS),
-              default=["mslite", "mslite_mindir", "mslite_io", "ort", "openvino"], show_default=True,
+              default=["mslite_cpu", "mslite", "mslite_io", "ort", "openvino"], show_default=True,
               help="forms and peers to run (ms, transformers: not by default)")
 @click.option("--reference", type=click.Choice(OURS + PEERS), default="ort", show_default=True,
               help="the runtime whose tokens the others are compared with")
