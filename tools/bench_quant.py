@@ -12,7 +12,8 @@ graph`). Then, round after round, every scheme and batch in turn, each in a chil
 (idle cache rows cost nothing), 2 threads. Prints per scheme and batch the median decode ms per step, TTFT,
 peak RSS, the same-round ratios to `none`, and how many greedy tokens of row 0 equal `none`'s before the
 first difference. `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one
-and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (one slice per cache row).
+and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (one slice per cache row), and
+so llama.cpp's at each --llama_cpp type (the same slices, our tokenizer's ids).
 
 `--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at each batch
 on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
@@ -191,40 +192,89 @@ def llama_file(gguf: str, work: str, ftype: str) -> str:
     return out
 
 
-def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -> None:
-    """Teacher-forced over `tokens` tokens of a text, cut into one slice per cache row: each position's
-    greedy choice and the negative log-likelihood of the text's next token."""
+def teacher_text(export_dir: str, text_file: str, tokens: int) -> tuple:
+    """(ids of the text's first rows x length + 1 tokens, rows, length): `tokens` tokens cut into one slice per
+    cache row of the export, by its tokenizer."""
     import numpy as np
-    from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.tokenizers import export_tokenizer
     manifest = load_manifest(export_dir)
     ids = export_tokenizer(manifest).encode(open(text_file, encoding="utf-8").read())
     rows = manifest.batch_size
     length = min(tokens, len(ids) - 1) // rows
-    text = np.array(ids[: rows * length + 1], np.int64)
-    session = load_session("mslite", manifest, num_threads=threads)
+    return np.array(ids[: rows * length + 1], np.int64), rows, length
+
+
+def scored(logits, target) -> tuple:
+    """(greedy choices, summed negative log-likelihood of `target`) of logits (n, vocab)."""
+    import numpy as np
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1)
+    logz = top + np.log(np.exp(logits - top[:, None]).sum(-1))
+    return logits.argmax(-1), float((logz - logits[np.arange(len(target)), target]).sum())
+
+
+def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -> None:
+    """Teacher-forced over `tokens` tokens of a text, cut into one slice per cache row: each position's
+    greedy choice and the negative log-likelihood of the text's next token."""
+    import numpy as np
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    text, rows, length = teacher_text(export_dir, text_file, tokens)
+    session = load_session("mslite", load_manifest(export_dir), num_threads=threads)
     ones, past = np.ones(rows, np.int32), np.zeros(rows, np.int32)
     choices, nll = np.zeros((rows, length), np.int64), 0.0
     for t in range(length):
         feed = text[np.arange(rows) * length + t].astype(np.int32).reshape(-1, 1)
-        logits = session.step(feed, ones, past).astype(np.float64)
+        logits = session.step(feed, ones, past)
         past = past + 1
-        choices[:, t] = logits.argmax(-1)
-        target = text[np.arange(rows) * length + t + 1]
-        top = logits.max(-1)
-        logz = top + np.log(np.exp(logits - top[:, None]).sum(-1))
-        nll += float((logz - logits[np.arange(rows), target]).sum())
+        choices[:, t], step_nll = scored(logits, text[np.arange(rows) * length + t + 1])
+        nll += step_nll
     print(json.dumps({"choices": choices.ravel().tolist(), "nll": nll / (rows * length), "tokens": rows * length}))
 
 
-def accuracy(exports: dict, text_file: str, tokens: int, threads: int) -> None:
-    got = {}
-    for name, folder in exports.items():
-        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--accuracy_child", folder, text_file,
-                                 str(tokens), str(threads)], cwd=REPO, capture_output=True, text=True)
+def llama_accuracy_child(gguf: str, slices: list, threads: int) -> None:
+    """Runs in the peers venv: accuracy_child's measure for llama.cpp on the GGUF, `slices` the rows' token ids
+    (each its length + 1), each a sequence of its own decoded in one call, logits at every position."""
+    import llama_cpp as lc
+    import numpy as np
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
+    length, rows = len(slices[0]) - 1, len(slices)
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_seq_max = rows * 256, rows * length, rows
+    params.n_threads = params.n_threads_batch = threads
+    ctx = lc.llama_init_from_model(model, params)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    calls = lc.llama_batch_init(rows * length, 0, 1)
+    for n, (r, t) in enumerate((r, t) for r in range(rows) for t in range(length)):
+        calls.token[n], calls.pos[n], calls.n_seq_id[n] = slices[r][t], t, 1
+        calls.seq_id[n][0], calls.logits[n] = r, True
+    calls.n_tokens = rows * length
+    if lc.llama_decode(ctx, calls) != 0:
+        raise SystemExit(f"error: llama_decode failed on {gguf}")
+    logits = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,))
+                       for i in range(rows * length)])
+    choices, nll = scored(logits, np.array([s[t + 1] for s in slices for t in range(length)]))
+    print(json.dumps({"choices": choices.reshape(rows, length).ravel().tolist(), "nll": nll / (rows * length),
+                      "tokens": rows * length}))
+
+
+def accuracy(exports: dict, text_file: str, tokens: int, threads: int, llama: dict) -> None:
+    """Each export's (and each of `llama`'s GGUFs' on llama.cpp) greedy choices teacher-forced over the text,
+    against the first export's, and perplexity."""
+    got, slices = {}, None
+    if llama:
+        text, rows, length = teacher_text(next(iter(exports.values())), text_file, tokens)
+        slices = json.dumps([text[r * length: (r + 1) * length + 1].tolist() for r in range(rows)])
+    commands = {name: [sys.executable, os.path.abspath(__file__), "--accuracy_child", folder, text_file, str(tokens),
+                       str(threads)] for name, folder in exports.items()}
+    commands.update({name: [PEERS, os.path.abspath(__file__), "--llama_accuracy_child", path, slices, str(threads)]
+                     for name, path in llama.items()})
+    for name, command in commands.items():
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:
-            raise SystemExit(f"error: teacher-forcing {folder} failed: {result.stderr.strip()[-500:]}")
+            raise SystemExit(f"error: teacher-forcing {name} failed: {result.stderr.strip()[-500:]}")
         got[name] = json.loads(result.stdout.strip().splitlines()[-1])
     base = next(iter(got))
     print(f"teacher-forced over {got[base]['tokens']} tokens of {os.path.basename(text_file)}:")
@@ -276,6 +326,7 @@ def main():
                    "scheme and perplexity, teacher-forced over --accuracy_tokens tokens of this text")
     p.add_argument("--accuracy_tokens", type=int, default=1024)
     p.add_argument("--accuracy_child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--llama_accuracy_child", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
                    help="llama.cpp on the GGUF in these types (needs the peers venv: make peers)")
@@ -289,6 +340,9 @@ def main():
     if args.llama_child:
         a = args.llama_child
         return llama_child(a[0], json.loads(a[1]), int(a[2]), int(a[3]), int(a[4]))
+    if args.llama_accuracy_child:
+        a = args.llama_accuracy_child
+        return llama_accuracy_child(a[0], json.loads(a[1]), int(a[2]))
     if args.child or args.accuracy_child:
         sys.path.insert(0, REPO)
         if args.accuracy_child:
@@ -300,17 +354,17 @@ def main():
                for s in args.schemes}
     exports.update(item.split("=", 1) for item in args.extra)
     args.schemes = list(exports)
-    if args.accuracy:
-        return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads)
-    if args.rounds < 1:
-        return
     if (args.llama_cpp or args.reference or args.peers) and not os.path.isfile(PEERS):
         raise SystemExit(f"error: --llama_cpp, --reference and --peers need the peers venv {PEERS}: run `make "
                          "peers` (it builds llama-cpp-python)")
+    llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
+    if args.accuracy:
+        return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads, llama)
+    if args.rounds < 1:
+        return
     if args.peers and not os.path.isfile(os.path.join(args.hf_dir or "", "config.json")):
         raise SystemExit(f"error: --peers needs --hf_dir, a Hugging Face folder of the model; {args.hf_dir!r} "
                          "has no config.json")
-    llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
     peers = {p: peer_model(p, args.hf_dir, args.work_dir, args.threads) for p in args.peers}
     ids = prompt_ids(exports[args.schemes[0]]) if llama or peers or args.reference else None
     reference = None
