@@ -159,8 +159,9 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 
 # (2, 4096, 1030): a decode call large enough to be split across threads (kSplitWeights); M 13 and 17: on
 # either side of int8's switch to dequantised tiles (kPairRowsI8), N 35 and 24: tiles of 8 rows and fewer;
-# (80, 96, 50): int4 past its decode loop (dequantised panels) on an odd number of panels; (17, 96, 24) and
-# (3, 160, 35): grouped int8 (whole blocks of 32 only) on either side of its dequantised panels, with tail rows
+# (80, 96, 50): int4 past its decode loop (dequantised panels) on an odd number of panels; (3, 160, 35) and
+# (17, 96, 24): grouped int8 (whole blocks of 32 only) in its decode loop and in the GEMM as it reads, with tail
+# rows (80 and 130 rows: its staged panels), and 160 weights in int4 groups of 128 (the last group short)
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
           (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24), (80, 96, 50), (17, 96, 24),
           (3, 160, 35)]
