@@ -8,9 +8,9 @@
 // they are loaded: int8's rows' scales applied to the sums, int4 dequantised), 6 x 16 register blocks, 12 x 32
 // (two panels at a time) on AVX-512 registers where the CPU has them (args.wide). At one or two rows of X the
 // sums run in several chains along k, so that the loop waits on loads rather than on each FMA's latency, and
-// int4 and grouped int8 take loops of their own (Decode: scales once a group). The panels are read where the model holds
-// them, 4-byte aligned: an aligned copy of SmolLM2-135M's weights raised its load's peak RSS 1.5x, for steps
-// 0.97-1.00x and prompt calls 0.99-1.01x the time on an AMD Zen 5.
+// int4 and grouped int8 take loops of their own (Decode: scales once a group). The panels are read where the
+// model holds them, 4-byte aligned: an aligned copy of SmolLM2-135M's weights raised its load's peak RSS 1.5x,
+// for steps 0.97-1.00x and prompt calls 0.99-1.01x the time on an AMD Zen 5.
 // float32 stored by rows (kF32) up to 16 rows of X takes dot products against one row of W at a time, more
 // rows dequantise 16 rows of W into a tile transposed to (K, 16) (8 x 8 blocks transposed in registers; the
 // tile 64-byte aligned by the caller), which runs the same GEMM; so do the last N % 16 rows of the panel
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "linear_math.h"
 #include "vec8.h"
@@ -196,6 +197,8 @@ struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row'
   void Prefetch(int64_t k) const {
     if ((k & 7) == 0) __builtin_prefetch(t + (k + kPrefetchTileBytes / kBytes) * kBytes);
   }
+  // the values of step k + c as stored (k even, c 0 or 1)
+  void Stored(int64_t k, int c, V8 &lo, V8 &hi) const { FromNibbles(t + (k >> 1) * 16, 4 * c, lo, hi); }
   void Get(int64_t k, V8 &lo, V8 &hi) const {
     const int64_t g = Group(k);
     FromNibbles(t + (k >> 1) * 16, static_cast<int>(k & 1) * 4, lo, hi);
@@ -228,10 +231,16 @@ struct I8GroupPanel {   // int8 converted, times its group's scale as read
   void Prefetch(int64_t k) const {
     if ((k & 3) == 0) __builtin_prefetch(t + (k + kPrefetchTileBytes / kBytes) * kTileCols);
   }
+  // the values of step k + c as stored
+  void Stored(int64_t k, int c, V8 &lo, V8 &hi) const {
+    lo = FromI8(t + (k + c) * kTileCols);
+    hi = FromI8(t + (k + c) * kTileCols + 8);
+  }
   void Get(int64_t k, V8 &lo, V8 &hi) const {
     const int64_t g = Group(k);
-    lo = Mul(FromI8(t + k * kTileCols), LoadHalf(scale + g));
-    hi = Mul(FromI8(t + k * kTileCols + 8), LoadHalf(scale + g + 8));
+    Stored(k, 0, lo, hi);
+    lo = Mul(lo, LoadHalf(scale + g));
+    hi = Mul(hi, LoadHalf(scale + g + 8));
   }
   void Finish(V8 &, V8 &) const {}
 #if defined(__AVX2__) && defined(__FMA__)
@@ -448,11 +457,12 @@ I4Panel PanelAt(const LinearArgs &a, int64_t n, const uint8_t *) {
           a.group_shift >= 0 ? a.group_shift + 5 : -1};
 }
 
-// int4 panels at one or two rows of X (decode): per group of k the products with u as stored, in two chains
-// (even and odd steps of k, one 16-byte load for both), then times the group's scales, plus its mins times
-// the group's sums of x (a.xsum): no dequantising FMA or scale loads a step of k, as the GEMM's rows have.
-template <int MB>
-void Decode(const LinearArgs &a, const I4Panel &p, int64_t n) {
+// int4 or grouped int8 panels at one or two rows of X (decode): per group of k the products with the values
+// as stored (P::Stored), in two chains (even and odd steps of k), then times the group's scales, plus for int4
+// its mins times the group's sums of x (a.xsum): no dequantising FMA or scale loads a step of k, as the GEMM's
+// rows have.
+template <int MB, typename P>
+void Decode(const LinearArgs &a, const P &p, int64_t n) {
   const float *x = a.x;
   V8 acc[MB][2];
   for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
@@ -461,11 +471,11 @@ void Decode(const LinearArgs &a, const I4Panel &p, int64_t n) {
     V8 sums[2][MB][2];
     for (int c = 0; c < 2; ++c)
       for (int m = 0; m < MB; ++m) sums[c][m][0] = sums[c][m][1] = Zero();
-    for (int64_t k = k0; k < k1; k += 2) {
+    for (int64_t k = k0; k < k1; k += 2) {      // groups are whole runs of 32
       p.Prefetch(k);
       for (int c = 0; c < 2; ++c) {
         V8 lo, hi;
-        FromNibbles(p.t + (k >> 1) * 16, 4 * c, lo, hi);
+        p.Stored(k, c, lo, hi);
         for (int m = 0; m < MB; ++m) {
           const V8 xb = Bcast(x[m * a.ldx + k + c]);
           sums[c][m][0] = Fma(xb, lo, sums[c][m][0]);
@@ -475,10 +485,10 @@ void Decode(const LinearArgs &a, const I4Panel &p, int64_t n) {
     }
     for (int h = 0; h < 2; ++h) {
       const V8 scale = LoadHalf(p.scale + g * kTileCols + 8 * h);
-      const V8 min = p.min ? LoadHalf(p.min + g * kTileCols + 8 * h) : Mul(scale, Bcast(-8.0f));
-      for (int m = 0; m < MB; ++m) {
-        acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), scale, acc[m][h]);
-        acc[m][h] = Fma(Bcast(a.xsum[m * a.G + g]), min, acc[m][h]);
+      for (int m = 0; m < MB; ++m) acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), scale, acc[m][h]);
+      if constexpr (std::is_same<P, I4Panel>::value) {
+        const V8 min = p.min ? LoadHalf(p.min + g * kTileCols + 8 * h) : Mul(scale, Bcast(-8.0f));
+        for (int m = 0; m < MB; ++m) acc[m][h] = Fma(Bcast(a.xsum[m * a.G + g]), min, acc[m][h]);
       }
     }
   }
@@ -540,41 +550,6 @@ __attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I4
 // M 8 7.4-7.8 ms with the loop, 8.9-9.9 as read; M 12 and 16 about 5 % faster as read; staged against as read,
 // M 31 30.0 against 28.1 ms, 64 equal, 128 84.5 against 91.1.
 constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 64;
-
-// Grouped int8 panels at a few rows of X (decode): per group of k the products with q as stored, then times the
-// group's scales: no multiply by a scale a step of k, as the GEMM's dequantising rows have. Two chains a row
-// (even and odd steps of k).
-template <int MB>
-void Decode(const LinearArgs &a, const I8GroupPanel &p, int64_t n) {
-  const float *x = a.x;
-  V8 acc[MB][2];
-  for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = Zero();
-  for (int64_t g = 0; g < a.G; ++g) {
-    const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
-    V8 sums[2][MB][2];
-    for (int c = 0; c < 2; ++c)
-      for (int m = 0; m < MB; ++m) sums[c][m][0] = sums[c][m][1] = Zero();
-    for (int64_t k = k0; k < k1; k += 2) {      // groups are whole runs of 32
-      p.Prefetch(k);
-      for (int c = 0; c < 2; ++c) {
-        const V8 lo = FromI8(p.t + (k + c) * kTileCols), hi = FromI8(p.t + (k + c) * kTileCols + 8);
-        for (int m = 0; m < MB; ++m) {
-          const V8 xb = Bcast(x[m * a.ldx + k + c]);
-          sums[c][m][0] = Fma(xb, lo, sums[c][m][0]);
-          sums[c][m][1] = Fma(xb, hi, sums[c][m][1]);
-        }
-      }
-    }
-    for (int h = 0; h < 2; ++h) {
-      const V8 scale = LoadHalf(p.scale + g * kTileCols + 8 * h);
-      for (int m = 0; m < MB; ++m) acc[m][h] = Fma(Add(sums[0][m][h], sums[1][m][h]), scale, acc[m][h]);
-    }
-  }
-  for (int m = 0; m < MB; ++m) {
-    Store(a.y + m * a.N + n, acc[m][0]);
-    Store(a.y + m * a.N + n + 8, acc[m][1]);
-  }
-}
 
 #if defined(__AVX2__) && defined(__FMA__)
 // Decode (grouped int8) on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register;
