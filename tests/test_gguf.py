@@ -99,10 +99,10 @@ def test_a_gguf_exports_and_decodes_as_transformers(gguf_files, arch, tmp_path):
 def test_q8_0_layers_exported_as_int8_keep_their_blocks_on_lite(tmp_path):
     """A Llama GGUF whose every linear layer and embedding is Q8_0 (its head tied to the embedding, as SmolLM2's),
     exported with `weights`, `head` and `embedding` int8 (target cpu, MindSpore 2.0): each is stored as its
-    blocks are (int8 and a float16 scale per 32: LiteLinearI8GroupF16P16 and the table's lookup
-    LiteGatherI8GroupF16P16), not rounded again per channel, so on Lite its greedy tokens are transformers' on
-    the file and its logits within TOLERANCE of them (rounded again per channel they differ by more: checked
-    below on the same weights)."""
+    blocks are (int8 in groups of 32, the default, each with a float16 scale: LiteLinearI8GroupF16P16 and the
+    table's lookup LiteGatherI8GroupF16P16: a Q8_0 block comes back as it is), so on Lite its greedy tokens are
+    transformers' on the file and its logits within TOLERANCE of them (rounded again per channel they differ by
+    more: checked below on the same weights)."""
     import gguf
     from lite_runtime.contract import quant
     from lite_runtime.contract.manifest import load_manifest

@@ -17,9 +17,11 @@ from support.family_cases import BATCH, SEQ, STEPS, check_parity, lite_run
 from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, rank_table, run_cli, write_yaml
 
 SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
+           ("int8", -1, "packed"),        # int8 per output channel
            ("int4", 128, "tied"), ("int8", 32, "head"),      # head: the head quantized to int8 too
            ("int8", 32, "tied_head"),     # a head tied to the embedding, quantized as an int8 copy of it
-           ("int8", 32, "tied_shared"),   # the embedding int8 too: the tied head reads its int8 table
+           ("int8", 128, "tied_shared"),  # the embedding int8 too: the tied head reads its int8 table (rows of 64:
+                                          # one short group)
            ("float32", 32, "tied"),       # float32 weights as the kernels' panels, the tied table too
            ("float32", 32, "tied_segments")]   # and so as segments: the embedding's and the head's each hold it
 
@@ -79,8 +81,8 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
                                                                                 group, form):
     export, ref_logits, ref_tokens = quantized(scheme, group, form)
     manifest = load_manifest(export)
-    # int4: with mins, or a weight on Q4_0's grid without; int8: per channel, or a weight in Q8_0's blocks as
-    # they are (either may be met in the weights)
+    # int4: with mins, or a weight on Q4_0's grid without; int8: in groups, or per channel (either may be met in
+    # the weights: rows not of 32s are per channel)
     layers = {"float32": ["LiteLinearF32P16"], "int8": ["LiteLinearI8P16", "LiteLinearI8GroupF16P16"],
               "int4": ["LiteLinearI4F16P16", "LiteLinearI4SymF16P16"]}[scheme]
     head, embedding = schemes_of(form)
@@ -145,14 +147,22 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^<dict>: quantization.weights 'int3' is not allowed; allowed: none, "
                                           r"float32, int8, int4$"):
         config_from_dict(dict(base, quantization={"weights": "int3"}))
-    with pytest.raises(ConfigError, match=r"quantization.group_size 48 is not allowed; allowed: 32, 64, 128$"):
+    with pytest.raises(ConfigError, match=r"quantization.group_size 48 is not allowed; allowed: 32, 64, 128, or "
+                                          r"with weights int8 -1 \(one scale per output channel\)$"):
         config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 48}))
+    with pytest.raises(ConfigError, match=r"quantization.group_size -1 is not allowed"):
+        config_from_dict(dict(base, quantization={"weights": "int4", "group_size": -1}))
+    assert config_from_dict(dict(base, quantization={"weights": "int8", "group_size": -1})).quantization.group_size \
+        == -1
     with pytest.raises(ConfigError, match=r"needs target cpu and compute_dtype float32 \(or target ascend, int8 only: "
                                           r"Lite's converter quantizes for GE\); this config has target None$"):
         config_from_dict(dict(base, target=None, quantization={"weights": "int8"}))
     with pytest.raises(ConfigError, match=r"on target ascend MindSpore Lite's converter quantizes the weights for GE: "
                                           r".*this config has quantization.weights int4, quantization.head int8$"):
         config_from_dict(dict(base, target="ascend", quantization={"weights": "int4", "head": "int8"}))
+    with pytest.raises(ConfigError, match=r"on target ascend .*per output channel.*this config has "
+                                          r"quantization.group_size 64$"):
+        config_from_dict(dict(base, target="ascend", quantization={"weights": "int8", "group_size": 64}))
     with pytest.raises(ConfigError, match=r"quantization.head 'int4' is not allowed; allowed: float32, int8$"):
         config_from_dict(dict(base, quantization={"weights": "int4", "head": "int4"}))
     with pytest.raises(ConfigError, match=r"quantization.head int8 needs quantized weights"):
@@ -196,7 +206,7 @@ def test_a_weight_int4_cannot_hold_is_refused_naming_it():
     w = np.zeros((16, 64), np.float32)
     w[3, 5] = 1e5
     with pytest.raises(WeightError, match=r"proj\.weight: a weight of magnitude 1e\+05 is beyond float16's 65504.*"
-                                          r"another quantization\.weights \(int8 or float32\)"):
+                                          r"quantization\.weights float32, or int8 with group_size -1"):
         kernels.finish("proj.weight", w)
 
 

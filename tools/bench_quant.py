@@ -4,7 +4,7 @@
         [--work_dir build/bench_quant] [--schemes none int8 int4] [--batch 1 8] [--rounds 3]
 
 Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) once per scheme of
-`quantization.weights` (none: Lite's own MatMul; int8; int4 with --group_size), kept in --work_dir for
+`quantization.weights` (none: Lite's own MatMul; int8 and int4 with --group_size), kept in --work_dir for
 later runs. A scheme may end in `+head` (`quantization.head: int8`) or `+head+embedding` (the embedding
 in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel` (without it, `attention:
 graph`). Then, round after round, every scheme and batch in turn, each in a child process of its own under
@@ -54,8 +54,12 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
         raise SystemExit(f"error: --schemes {scheme!r}: a weights scheme, then +head and +embedding (in int8), "
                          "+attn (attention: kernel)")
     int8_parts = [part for part in parts if part != "attn"]
-    quantization = dict({part: "int8" for part in int8_parts}, weights=weights, group_size=group)
-    out = os.path.join(work, "_".join([weights + (f"_g{group}" if weights == "int4" else "")] + parts))
+    quantization = dict({part: "int8" for part in int8_parts}, weights=weights)
+    grid = ""
+    if weights in ("int8", "int4"):
+        quantization["group_size"] = group
+        grid = "_channel" if group == -1 else f"_g{group}"
+    out = os.path.join(work, "_".join([weights + grid] + parts))
     if os.path.isfile(os.path.join(out, "manifest.json")):
         return out
     yaml = out + ".yaml"

@@ -16,7 +16,7 @@ import yaml
 
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import KV_MODES
-from lite_runtime.contract.quant import EMBEDDING_SCHEMES, GROUP_SIZES, HEAD_SCHEMES, WEIGHT_SCHEMES
+from lite_runtime.contract.quant import EMBEDDING_SCHEMES, GROUP_SIZES, HEAD_SCHEMES, PER_CHANNEL, WEIGHT_SCHEMES
 from lite_runtime.contract.segments import COLLECTIVE_FORMS
 from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
@@ -80,7 +80,7 @@ class QuantizationSection:
     # none (Lite's MatMul) | float32 (the project's kernels) | int8 (per output channel) | int4 (groups);
     # None: by target (ExportConfig._check_quantization)
     weights: Optional[str] = None
-    group_size: int = 32         # int4: weights per scale
+    group_size: int = 32         # weights per scale along the input; int8 also -1: one scale per output channel
     head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
     embedding: str = "float32"   # float32 | int8 (the token embedding's table, per row)
 
@@ -97,9 +97,10 @@ class QuantizationSection:
             if getattr(self, key) != "float32" and self.weights not in ("int8", "int4"):
                 raise ConfigError(f"quantization.{key} {getattr(self, key)} needs quantized weights "
                                   f"(quantization.weights int8 or int4, not {self.weights or 'the default'})")
-        if self.group_size not in GROUP_SIZES:
+        if self.group_size not in GROUP_SIZES + ((PER_CHANNEL,) if self.weights == "int8" else ()):
             raise ConfigError(f"quantization.group_size {self.group_size!r} is not allowed; allowed: "
-                              f"{', '.join(map(str, GROUP_SIZES))}")
+                              f"{', '.join(map(str, GROUP_SIZES))}, or with weights int8 {PER_CHANNEL} (one scale "
+                              "per output channel)")
 
 
 @dataclass
@@ -265,10 +266,11 @@ class ExportConfig:
             needs = [f"quantization.{key} {value}" for key, value, allowed in (
                 ("weights", q.weights, "int8"), ("head", q.head, "float32"), ("embedding", q.embedding, "float32"))
                 if value != allowed]
+            needs += [f"quantization.group_size {q.group_size}"] if q.group_size not in (32, PER_CHANNEL) else []
             if needs:
                 raise ConfigError(f"{self.source}: on target ascend MindSpore Lite's converter quantizes the weights "
-                                  "for GE: quantization.weights int8 (per output channel), with the head and the "
-                                  f"embedding float32; this config has {', '.join(needs)}")
+                                  "for GE: quantization.weights int8 (per output channel: group_size -1 or left out), "
+                                  f"with the head and the embedding float32; this config has {', '.join(needs)}")
             return
         needs = [f"{key} {value}" for key, value, allowed in (
             ("target", self.target, self.target == "cpu"),

@@ -150,7 +150,8 @@ class LinearKernels:
         try:
             storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size)
         except ValueError as e:      # a value the scheme cannot hold
-            raise WeightError(f"{name}: {e}; export it with another quantization.weights (int8 or float32)") from None
+            raise WeightError(f"{name}: {e}; export it with quantization.weights float32, or int8 with group_size -1 "
+                              "(float32 scales)") from None
         return QuantizedWeight(storage, constants, array.shape)
 
     def place(self, name: str, value) -> None:

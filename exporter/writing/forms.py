@@ -22,15 +22,15 @@ SEGMENT_BYTES = 512 * 1024 ** 2
 @dataclass(frozen=True)
 class StoredBytes:
     """Bytes a weight is stored in: the linear layers', the token embedding's and the head's (float32 4,
-    int8 1 and a float16 scale per 32, as a GGUF's Q8_0 blocks are kept: the larger of its two storages; int4
-    half a byte and a float16 scale and min a group)."""
+    int8 1 and a float16 scale a group (per channel: 1); int4 half a byte and a float16 scale and min a
+    group)."""
     layers: float = 4.0
     embedding: float = 4.0
     head: float = 4.0
 
     @classmethod
     def of(cls, weights: str, group_size: int, embedding: str, head: str) -> "StoredBytes":
-        per = {"int8": 1.0 + 2 / 32, "int4": 0.5 + 4 / group_size}
+        per = {"int8": 1.0 + max(0.0, 2 / group_size), "int4": 0.5 + 4 / group_size}
         return cls(per.get(weights, 4.0), per.get(embedding, 4.0), per.get(head, 4.0))
 
 

@@ -3,17 +3,20 @@
 types that run them on MindSpore Lite, and numpy quantizers / dequantizers. numpy only.
 
 Storage of a linear weight W (N, K) (out, in):
-  int8          q int8 (N, K) stored as float32's panels (pack_int8: 16 rows transposed, the float GEMM's
-                tiles, converted as they are read), scale float32 (N,): w = q * scale[n]; q in [-127, 127]
+  int8          per output channel (`group_size: -1`): q int8 (N, K) stored as float32's panels (pack_int8: 16
+                rows transposed, the float GEMM's tiles, converted as they are read), scale float32 (N,):
+                w = q * scale[n]; q in [-127, 127]
   int4          u in [0, 15], K zero-padded to Kp (a multiple of 32), per group of `group` along K a float16
                 scale and min (N, G), G = ceil(K / group): w = u * scale[n, g] + min[n, g]; stored as the
                 panels of float32 (pack_int4: per pair of steps of k, 16 rows' u two to a byte; the scales and
                 mins transposed alike, their float16 bits as int8 pairs (N, 2G), which Lite keeps as they are),
                 converted as they are read. A weight whose every group's min is -8 scale (a GGUF's Q4_0
                 tensor: d (q - 8)) is stored without its mins (int4_sym, 0.5625 bytes a weight in groups of 32)
-  int8 whose every group of 32 along K is q * d, d a float16 and q in [-127, 127] (a GGUF's Q8_0 tensor), K a
-                multiple of 32: q as int8's panels, d as int4's scales (int8_group, 1.0625 bytes a weight):
-                w = q * d[n, k // 32], the blocks as they are instead of rounded again per channel
+  int8_group    int8 in groups (the default of `weights: int8`): q in [-127, 127] as int8's panels, per group of
+                `group` along K (K a multiple of 32; the last group may be short) a float16 scale d = max |w| / 127
+                as int4's scales (1.0625 bytes a weight in groups of 32): w = q * d[n, k // group]. In groups of
+                32 these are llama.cpp's Q8_0 blocks: a GGUF's Q8_0 tensor is stored as it is, bit for bit.
+                A weight whose rows are not a multiple of 32 is stored as int8 (per channel)
 Rounding is to nearest (numpy's, half to even).
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ WEIGHT_SCHEMES = ("none", "float32", "int8", "int4")
 HEAD_SCHEMES = ("float32", "int8")
 EMBEDDING_SCHEMES = ("float32", "int8")
 GROUP_SIZES = (32, 64, 128)
+PER_CHANNEL = -1      # group_size of int8 with one scale per output channel
 # Custom op type per storage; the aot func a graph names is "<KERNEL_LIBRARY>:<type>" (never opened: Lite
 # finds the kernel by its type, MindSpore's op-info by "Custom__<func>").
 OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLinearF32P16", "int8": "LiteLinearI8P16",
@@ -50,7 +54,6 @@ GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form i
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "int4_sym": 5, "float32_p16": 4,
                               "int8_group": 6}   # lk::Kind
 HALF_SCALES = ("int4_min", "int4_sym", "int8_group")    # scales (and mins) as float16 bits in int8 pairs
-Q8_0_GROUP = 32
 
 
 def aot_func(op_type: str) -> str:
@@ -74,8 +77,8 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", 
     """The Custom op types an export quantized by `scheme` (its head by `head`, its embedding by
     `embedding`) runs (the manifest's `kernels`). The head of a quantized export runs on a kernel too,
     float32 (the GEMM's panels) or int8; the embedding's table is looked up by a kernel when it is int8 or
-    when the head reads it (`tied_table`). An int8 weight may be stored by rows or, read from Q8_0 blocks, as
-    they are: both kernels are listed."""
+    when the head reads it (`tied_table`). An int8 weight may be stored in groups or per channel (a row not a
+    multiple of 32): both kernels are listed."""
     kernels = {"none": [], "float32": [OP_TYPES["float32_p16"]], "int8": [OP_TYPES["int8"], OP_TYPES["int8_group"]],
                "int4": [OP_TYPES["int4_min"], OP_TYPES["int4_sym"]]}[scheme]
     head_types = [OP_TYPES["float32_p16"]] if head == "float32" else [OP_TYPES["int8"], OP_TYPES["int8_group"]]
@@ -104,8 +107,10 @@ def quantization_record(scheme: str, group_size: int, head: str = "float32", emb
     record: Dict[str, object] = {"weights": scheme, "head": head, "embedding": embedding, "head_on_kernel": True}
     if scheme != "float32":
         record["rounding"] = "nearest"
+    if scheme in ("int8", "int4"):
+        record["group_size"] = group_size       # int8: PER_CHANNEL, or groups (per channel where a row is not 32s)
     if scheme == "int4":
-        record.update(group_size=group_size, symmetric=False)
+        record["symmetric"] = False
     return record
 
 
@@ -333,27 +338,24 @@ def quantize_int4_symmetric(w: np.ndarray, group: int) -> Optional[Tuple[np.ndar
     return _pack_groups(q.reshape(n, -1, group), k), pack_halves(scale.reshape(n, -1))
 
 
-def quantize_int8_group(w: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """(q int8 (N, K) in panels (pack_int8), scale (N, 2G) as pack_halves) when K is a multiple of 32 and every
-    group of 32 along K is q * d with d a float16 and q an integer in [-127, 127] (a GGUF's Q8_0 tensor: llama.cpp
-    rounds a block by its largest magnitude over 127, so that value is 127 d); else None."""
+def quantize_int8_group(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(q int8 (N, K) in panels (pack_int8), scale (N, 2G) as pack_halves) of `w`, K a multiple of 32: per group
+    of `group` along K d = max |w| / 127 as a float16, q = w / d rounded (llama.cpp's Q8_0 in groups of 32: a
+    weight already in those blocks comes back as it is)."""
     w = _rows(w)
     n, k = w.shape
-    if k % Q8_0_GROUP:
-        return None
-    if n > 1 and quantize_int8_group(w[:1]) is None:        # most weights fail at their first row
-        return None
-    blocks = w.reshape(n, k // Q8_0_GROUP, Q8_0_GROUP)
-    d = np.abs(blocks).max(axis=2) / np.float32(127)
+    if k % 32:
+        raise ValueError(f"grouped int8 needs rows of a multiple of 32 weights, not {k}")
+    grouped, _ = _groups(w, group)
+    d = np.abs(grouped).max(axis=2) / np.float32(127)
+    if d.max(initial=0) > np.finfo(np.float16).max:
+        raise ValueError(f"a weight of magnitude {127 * d.max():.4g} is beyond 127 times float16's "
+                         f"{np.finfo(np.float16).max:.0f}, the type of grouped int8's scales")
     half = d.astype(np.float16)
-    if not np.array_equal(half.astype(np.float32), d):
-        return None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(d[:, :, None] != 0, blocks / d[:, :, None], 0)
-    rounded = np.rint(q)
-    if not (np.abs(q - rounded) <= 1e-3).all():
-        return None
-    return pack_int8(rounded.reshape(n, k).astype(np.int8)), pack_halves(half)
+    d = half.astype(np.float32)
+    q = grouped / np.where(d != 0, d, 1)[:, :, None]        # a group whose d is 0 is zeros
+    np.clip(np.rint(q, out=q), -127, 127, out=q)
+    return pack_int8(q.reshape(n, -1)[:, :k].astype(np.int8)), pack_halves(half)
 
 
 def dequantize_int8(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -369,9 +371,9 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, mins: Optional[np.nda
     return (u * step + (unpack_halves(mins)[:, g] if mins is not None else -8 * step)).astype(np.float32)
 
 
-def dequantize_int8_group(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+def dequantize_int8_group(packed: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
     q = unpack_int8(packed).astype(np.float32)
-    return (q * unpack_halves(scale)[:, np.arange(q.shape[1]) // Q8_0_GROUP]).astype(np.float32)
+    return (q * unpack_halves(scale)[:, np.arange(q.shape[1]) // group]).astype(np.float32)
 
 
 def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
@@ -379,10 +381,12 @@ def quantize(w: np.ndarray, scheme: str, group: int = 32) -> Tuple[str, list]:
     "none" keeps float32). int4 stores a min per group (0.625 bytes a weight in groups of 32): symmetric int4
     kept 58 % of SmolLM2-135M's top-1 choices (teacher-forced, 1024 tokens), with a min 100 % (its GGUF is
     Q4_1: the same grid) (docs/quantization.md); a weight already on Q4_0's grid is stored as Q4_0 is,
-    without mins (0.5625 bytes). int8 keeps a weight already in Q8_0's blocks as they are (int8_group)."""
+    without mins (0.5625 bytes). int8 in groups (int8_group) unless `group` is PER_CHANNEL or a row is not a
+    multiple of 32 (int8: one scale per output channel)."""
     if scheme == "int8":
-        grouped = quantize_int8_group(w)
-        return ("int8_group", list(grouped)) if grouped else ("int8", list(quantize_int8(w)))
+        if group == PER_CHANNEL or _rows(w).shape[1] % 32:
+            return "int8", list(quantize_int8(w))
+        return "int8_group", list(quantize_int8_group(w, group))
     if scheme == "int4":
         symmetric = quantize_int4_symmetric(w, group)
         return ("int4_sym", list(symmetric)) if symmetric else ("int4_min", list(quantize_int4(w, group)))
@@ -398,7 +402,7 @@ def dequantize(storage: str, constants: list, k: int, group: int = 32) -> np.nda
     if storage == "int8":
         return dequantize_int8(*constants)
     if storage == "int8_group":
-        return dequantize_int8_group(*constants)
+        return dequantize_int8_group(*constants, group)
     if storage == "int4_min":
         return dequantize_int4(*constants, k, group)
     if storage == "int4_sym":

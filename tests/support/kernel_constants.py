@@ -27,8 +27,8 @@ def on_q8_0_grid(w: np.ndarray) -> np.ndarray:
 
 
 def constants(storage: str, w: np.ndarray, group: int):
-    """(the constants of `w` in `storage`, the weight they stand for); int4_sym rounds `w` to Q4_0's grid first,
-    int8_group to Q8_0's blocks (K a multiple of 32)."""
+    """(the constants of `w` in `storage`, the weight they stand for); int4_sym rounds `w` to Q4_0's grid first
+    (int8_group: K a multiple of 32)."""
     if storage == "float32":
         return [w], w
     if storage == "float32_p16":
@@ -37,9 +37,9 @@ def constants(storage: str, w: np.ndarray, group: int):
         q, s = quant.quantize_int8(w)
         return [q, s], quant.dequantize_int8(q, s)
     if storage == "int8_group":
-        stored, consts = quant.quantize(on_q8_0_grid(w), "int8")
+        stored, consts = quant.quantize(w, "int8", group)
         assert stored == "int8_group", stored
-        return consts, quant.dequantize(stored, consts, w.shape[1])
+        return consts, quant.dequantize(stored, consts, w.shape[1], group)
     if storage == "int4_sym":
         stored, consts = quant.quantize(on_q4_0_grid(w, group), "int4", group)
         assert stored == "int4_sym", stored

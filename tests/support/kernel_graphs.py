@@ -35,7 +35,8 @@ CASES = {
     "i4_g32_wide": ("int4_min", 576, 203, 32),
     "i4s_g32": ("int4_sym", 100, 37, 32),
     "i4s_g32_wide": ("int4_sym", 576, 203, 32),
-    "i8g_g32": ("int8_group", 96, 37, 32),          # Q8_0's blocks: K whole blocks of 32
+    "i8g_g32": ("int8_group", 96, 37, 32),          # K whole blocks of 32 (Q8_0's)
+    "i8g_g128": ("int8_group", 160, 37, 128),       # the last group short
     "i8g_g32_wide": ("int8_group", 576, 203, 32),
 }
 

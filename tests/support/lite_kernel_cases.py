@@ -18,7 +18,7 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON
 
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
 CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4_g32_wide", "i4s_g32",
-         "i4s_g32_wide", "i8g_g32", "i8g_g32_wide")
+         "i4s_g32_wide", "i8g_g32", "i8g_g128", "i8g_g32_wide")
 LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
                "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
@@ -160,13 +160,13 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
 # (2, 4096, 1030): a decode call large enough to be split across threads (kSplitWeights); M 13 and 17: on
 # either side of int8's switch to dequantised tiles (kPairRowsI8), N 35 and 24: tiles of 8 rows and fewer;
 # (80, 96, 50): int4 past its decode loop (dequantised panels) on an odd number of panels; (3, 160, 35) and
-# (17, 96, 24): grouped int8 (whole blocks of 32 only) in its decode loop and in the GEMM as it reads, with tail
-# rows (80 and 130 rows: its staged panels), and 160 weights in int4 groups of 128 (the last group short)
+# (17, 96, 24): grouped int8 (rows of whole runs of 32 only) in its decode loop and in the GEMM as it reads, with
+# tail rows (80 and 130 rows: its staged panels), and 160 weights in groups of 128 (the last group short)
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 33, 5), (3, 100, 9), (8, 576, 64), (1, 576, 203), (70, 200, 13), (5, 31, 4),
           (130, 64, 70), (1, 4096, 9), (2, 4096, 1030), (13, 41, 35), (17, 37, 24), (80, 96, 50), (17, 96, 24),
           (3, 160, 35)]
 KINDS = [("float32", 0), ("float32_p16", 0), ("int8", 0), ("int4_min", 32), ("int4_min", 64), ("int4_min", 128),
-         ("int4_sym", 32), ("int4_sym", 128), ("int8_group", 32)]
+         ("int4_sym", 32), ("int4_sym", 128), ("int8_group", 32), ("int8_group", 64), ("int8_group", 128)]
 
 
 def check_direct():
@@ -176,7 +176,7 @@ def check_direct():
         x = rng.standard_normal((m, k)).astype(np.float32)
         w = rng.standard_normal((n, k)).astype(np.float32)
         for storage, group in KINDS:
-            if storage == "int8_group" and k % 32:      # Q8_0's rows are whole blocks
+            if storage == "int8_group" and k % 32:      # its rows are whole runs of 32
                 continue
             consts, deq = constants(storage, w, group)
             ref = reference(x, deq)
@@ -264,6 +264,17 @@ def test_quantizers_round_to_nearest_within_half_a_step():
     w = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
     q, s = quant.quantize_int8(w)
     assert np.abs(quant.dequantize_int8(q, s) - w).max() <= s.max() / 2 + 1e-7
+    assert quant.quantize(w, "int8", 32)[0] == "int8"    # rows of 70: per channel, the grouped kernel's need 32s
+    assert quant.quantize(w[:, :64], "int8", quant.PER_CHANNEL)[0] == "int8"
+    w[1, :40] *= 50          # one large group beside small ones: each its own scale
+    for group in (32, 64, 128):
+        stored, consts = quant.quantize(w[:, :64], "int8", group)
+        d = np.repeat(quant.unpack_halves(consts[1]), group, axis=1)[:, :64]
+        assert stored == "int8_group" and consts[1].shape == (5, 2 * -(-64 // group))
+        assert (np.abs(quant.dequantize(stored, consts, 64, group) - w[:, :64]) <= d / 2 * 1.001 + 1e-7).all()
+        assert (np.abs(quant.unpack_int8(consts[0])).max(axis=1) == 127).all()
+    blocks = on_q8_0_grid(w[:, :64])        # llama.cpp's Q8_0 blocks come back as they are in groups of 32
+    assert np.array_equal(quant.dequantize(*quant.quantize(blocks, "int8", 32), 64, 32), blocks)
     packed, s, mins = quant.quantize_int4(w, 32)
     assert packed.shape == (5, 48) and s.shape == mins.shape == (5, 6) and s.dtype == np.int8   # float16 pairs
     err = np.abs(quant.dequantize_int4(packed, s, mins, 70, 32) - w)
@@ -275,23 +286,22 @@ def test_quantizers_round_to_nearest_within_half_a_step():
     assert packed[32, 0] == u[32, 0] | u[32, 16] << 4
 
 
-@pytest.mark.parametrize("storage", ["int8", "float32_p16", "int8_group"])
-def test_a_lookup_gives_the_tables_rows(library, storage):
+@pytest.mark.parametrize("storage, group", [("int8", -1), ("float32_p16", 0), ("int8_group", 32),
+                                            ("int8_group", 128)])
+def test_a_lookup_gives_the_tables_rows(library, storage, group):
     """LiteGatherI8P16 reads rows of the int8 panels, each times its scale, LiteGatherF32P16 rows of the float32
     panels (a row is a column of its panel; the last N % 16 rows whole), LiteGatherI8GroupF16P16 rows of int8
-    panels, each group of 32 times its scale (a table in Q8_0's blocks); an id outside the table is refused."""
+    panels, each group times its scale (the last of a row may be short); an id outside the table is refused."""
     rng = np.random.default_rng(5)
     scheme = "float32" if storage == "float32_p16" else "int8"
     for v, h in ((7, 19), (12, 64), (5, 3), (37, 20), (48, 9)) if storage != "int8_group" else \
             ((7, 32), (12, 64), (37, 96), (48, 160)):
         w = rng.standard_normal((v, h)).astype(np.float32)
-        if storage == "int8_group":
-            w = on_q8_0_grid(w)
-        stored, constants = quant.quantize(w, scheme)
+        stored, constants = quant.quantize(w, scheme, group)
         assert stored == storage
         ids = rng.integers(0, v, (3, 4)).astype(np.int32)
         ids[0, :3] = 0, v - 1, min(17, v - 1)
-        rows = quant.dequantize(storage, constants, h)
+        rows = quant.dequantize(storage, constants, h, group)
         assert np.array_equal(lite_kernels.gather(ids, storage, constants), rows[ids])
         if storage == "float32_p16":
             assert np.array_equal(rows, w)

@@ -41,7 +41,7 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", emb
                 if not (tied and head_scheme == embedding_scheme):      # a weight of its own, as exported
                     w = module.weight.numpy().copy()
                     if head_scheme != "float32":
-                        w = dequantize(*quantize(w, head_scheme), w.shape[1])
+                        w = dequantize(*quantize(w, head_scheme, group), w.shape[1], group)
                     module.weight = torch.nn.Parameter(torch.from_numpy(w))
             elif isinstance(module, torch.nn.Linear):
                 n = shares if name.endswith(ROW_PARALLEL) else 1
@@ -54,7 +54,7 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", emb
     if embedding_scheme != "float32":       # in place: a head still tied to it follows
         with torch.no_grad():
             w = embed.weight.numpy()
-            embed.weight.copy_(torch.from_numpy(dequantize(*quantize(w, embedding_scheme), w.shape[1])))
+            embed.weight.copy_(torch.from_numpy(dequantize(*quantize(w, embedding_scheme, group), w.shape[1], group)))
     logits, tokens = greedy_reference(model, steps)
     np.savez(out, logits=logits, tokens=tokens)
 

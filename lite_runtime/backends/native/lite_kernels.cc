@@ -231,13 +231,14 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
 }
 
 // out (count, H) = the rows `ids` of a table (V, H) stored as `kind` (kI8: int8 in panels, each row times its
-// scale float32 (V,); kF32P16: float32 panels; kI8Group: int8 in panels, each group of H / G times its scale,
+// scale float32 (V,); kF32P16: float32 panels; kI8Group: int8 in panels, each group (GroupShift) times its scale,
 // float16 bits (V, G) in panels).
 int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const void *scales, int64_t V, int64_t H,
            int64_t G, float *out) {
-  if (kind == lk::kI8Group && (G <= 0 || H % G != 0))
+  const int shift = kind == lk::kI8Group && H % 32 == 0 ? GroupShift(H / 32, G) : -1;
+  if (kind == lk::kI8Group && shift < 0)
     return Fail("a grouped int8 table of rows of " + std::to_string(H) + " has " + std::to_string(G) +
-                " groups a row; allowed: a divisor of the row");
+                " groups a row; allowed: rows of a multiple of 32 in groups of 32, 64 or 128");
   const float *scale = static_cast<const float *>(scales);
   const uint16_t *halves = static_cast<const uint16_t *>(scales);
   for (int64_t i = 0; i < count; ++i) {
@@ -250,9 +251,8 @@ int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const
       for (int64_t k = 0; k < H; ++k) row[k] = scale[v] * static_cast<float>(q[lk::PanelOffset(V, H, v, k)]);
     } else if (kind == lk::kI8Group) {
       const int8_t *q = static_cast<const int8_t *>(table);
-      const int64_t group = H / G;
       for (int64_t k = 0; k < H; ++k)
-        row[k] = lk::HalfToFloat(halves[lk::PanelOffset(V, G, v, k / group)]) *
+        row[k] = lk::HalfToFloat(halves[lk::PanelOffset(V, G, v, k >> (5 + shift))]) *
                  static_cast<float>(q[lk::PanelOffset(V, H, v, k)]);
     } else {
       const float *w = static_cast<const float *>(table);
