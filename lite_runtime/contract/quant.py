@@ -344,10 +344,12 @@ def quantize_int8_group(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarr
     weight already in those blocks comes back as it is)."""
     w = _rows(w)
     n, k = w.shape
-    if k % 32:
-        raise ValueError(f"grouped int8 needs rows of a multiple of 32 weights, not {k}")
-    grouped, _ = _groups(w, group)
-    d = np.abs(grouped).max(axis=2) / np.float32(127)
+    if k % 32 or group not in GROUP_SIZES:
+        raise ValueError(f"grouped int8 needs rows of a multiple of 32 weights (not {k}) in groups of "
+                         f"{', '.join(map(str, GROUP_SIZES))} (not {group})")
+    # a view where the groups fill the rows (a 7B model's largest table is 0.5 GB in float32)
+    grouped = w.reshape(n, k // group, group) if k % group == 0 else _groups(w, group)[0]
+    d = np.maximum(grouped.max(axis=2), -grouped.min(axis=2)) / np.float32(127)
     if d.max(initial=0) > np.finfo(np.float16).max:
         raise ValueError(f"a weight of magnitude {127 * d.max():.4g} is beyond 127 times float16's "
                          f"{np.finfo(np.float16).max:.0f}, the type of grouped int8's scales")
