@@ -77,7 +77,7 @@ class ParallelSection:
 class QuantizationSection:
     """Weight-only quantization of the linear layers, run by the project's Lite kernels (target cpu), or
     by Lite's converter for GE (target ascend, int8)."""
-    # none (Lite's MatMul) | float32 (the project's kernels) | int8 (per output channel) | int4 (groups);
+    # none (Lite's MatMul) | float32 (the project's kernels) | int8 (groups, or per channel) | int4 (groups);
     # None: by target (ExportConfig._check_quantization)
     weights: Optional[str] = None
     group_size: int = 32         # weights per scale along the input; int8 also -1: one scale per output channel
