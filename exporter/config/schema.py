@@ -82,7 +82,7 @@ class QuantizationSection:
     weights: Optional[str] = None
     group_size: int = 32         # weights per scale along the input; int8 also -1: one scale per output channel
     head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
-    embedding: str = "float32"   # float32 | int8 (the token embedding's table, per row)
+    embedding: str = "float32"   # float32 | int8 (the token embedding's table, stored as the layers' int8)
 
     def __post_init__(self):
         if self.weights is not None and self.weights not in WEIGHT_SCHEMES:

@@ -355,7 +355,7 @@ def quantize_int8_group(w: np.ndarray, group: int) -> Tuple[np.ndarray, np.ndarr
                          f"{np.finfo(np.float16).max:.0f}, the type of grouped int8's scales")
     half = d.astype(np.float16)
     d = half.astype(np.float32)
-    q = grouped / np.where(d != 0, d, 1)[:, :, None]        # a group whose d is 0 is zeros
+    q = grouped / np.where(d != 0, d, 1)[:, :, None]     # d 0: every value of the group rounds to 0
     np.clip(np.rint(q, out=q), -127, 127, out=q)
     return pack_int8(q.reshape(n, -1)[:, :k].astype(np.int8)), pack_halves(half)
 
