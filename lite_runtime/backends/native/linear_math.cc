@@ -218,6 +218,15 @@ struct I4Panel {      // 4-bit, dequantised as read: u * scale + min of the row'
                            min ? Half16(min + g) : _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)));
   }
   __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
+  // steps k .. k + 3 as stored (k a multiple of 4), a step's 16 values a register: two 16-byte loads widened
+  __attribute__((target("avx512f"))) void Stored4(int64_t k, __m512 *w) const {
+    const __m512i mask = _mm512_set1_epi32(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(t + (k + 2 * h) * 8)));
+      w[2 * h] = _mm512_cvtepi32_ps(_mm512_and_si512(b, mask));
+      w[2 * h + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+    }
+  }
 #endif
 };
 
@@ -250,6 +259,12 @@ struct I8GroupPanel {   // int8 converted, times its group's scale as read
     return _mm512_mul_ps(q, Half16(scale + Group(k)));
   }
   __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
+  // steps k .. k + 3 as stored, a step's 16 values a register
+  __attribute__((target("avx512f"))) void Stored4(int64_t k, __m512 *w) const {
+    for (int i = 0; i < 4; ++i)
+      w[i] = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(t + (k + i) * kTileCols))));
+  }
 #endif
 };
 
@@ -499,14 +514,13 @@ void Decode(const LinearArgs &a, const P &p, int64_t n) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Decode (int4) on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register. Chains of
-// sums a row: four at one row (steps k, k + 1, k + 2, k + 3 by turns), two at two (even and odd steps), one
-// from three (enough sums in flight, and 2 x MB registers).
-template <int MB>
-__attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I4Panel &p, int64_t n, int64_t m0) {
+// Decode on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register (P::Stored4).
+// Chains of sums a row: four at one row (steps k .. k + 3 by turns), two at two (even and odd steps), one from
+// three (enough sums in flight, and 2 x MB registers).
+template <int MB, typename P>
+__attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const P &p, int64_t n, int64_t m0) {
   constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
-  const float *x = a.x + m0 * a.ldx, *xsum = a.xsum + m0 * a.G;
-  const __m512i mask = _mm512_set1_epi32(0x0F);
+  const float *x = a.x + m0 * a.ldx;
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -514,29 +528,23 @@ __attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I4
     __m512 sums[C][MB];
     for (int c = 0; c < C; ++c)
       for (int m = 0; m < MB; ++m) sums[c][m] = _mm512_setzero_ps();
-    constexpr int H = C == 4 ? 2 : 1;           // pairs of steps of k an iteration
-    for (int64_t k = k0; k < k1; k += 2 * H) {   // groups are whole runs of 32
+    for (int64_t k = k0; k < k1; k += 4) {      // groups are whole runs of 32
       p.Prefetch(k);
-      for (int h = 0; h < H; ++h) {
-        const int64_t kh = k + 2 * h;
-        // the 16 bytes widened once: a lane's low nibble is step kh's u, the rest step kh + 1's
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + kh * 8)));
-        const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(b, mask));
-        const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
-        constexpr int kOdd = C > 1 ? 1 : 0;
-        for (int m = 0; m < MB; ++m) {
-          sums[2 * h][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + kh]), even, sums[2 * h][m]);
-          sums[2 * h + kOdd][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + kh + 1]), odd, sums[2 * h + kOdd][m]);
-        }
-      }
+      __m512 w[4];
+      p.Stored4(k, w);
+      for (int i = 0; i < 4; ++i)
+        for (int m = 0; m < MB; ++m)
+          sums[i % C][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k + i]), w[i], sums[i % C][m]);
     }
     const __m512 scale = Half16(p.scale + g * kTileCols);
-    const __m512 min = p.min ? Half16(p.min + g * kTileCols) : _mm512_mul_ps(scale, _mm512_set1_ps(-8.0f));
     for (int m = 0; m < MB; ++m) {
       __m512 s = sums[0][m];
       for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, sums[c][m]);
       acc[m] = _mm512_fmadd_ps(s, scale, acc[m]);
-      acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[m * a.G + g]), min, acc[m]);
+    }
+    if constexpr (std::is_same<P, I4Panel>::value) {    // its mins times the group's sums of x
+      const __m512 min = p.min ? Half16(p.min + g * kTileCols) : _mm512_mul_ps(scale, _mm512_set1_ps(-8.0f));
+      for (int m = 0; m < MB; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]), min, acc[m]);
     }
   }
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, acc[m]);
@@ -552,39 +560,6 @@ __attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I4
 constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 64;
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Decode (grouped int8) on AVX-512 registers for MB rows of X from row m0: a step of k's 16 values one register;
-// chains a row as int4's.
-template <int MB>
-__attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const I8GroupPanel &p, int64_t n,
-                                                   int64_t m0) {
-  constexpr int C = MB == 1 ? 4 : MB == 2 ? 2 : 1;
-  const float *x = a.x + m0 * a.ldx;
-  __m512 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < a.G; ++g) {
-    const int64_t k0 = g * a.group, k1 = std::min(k0 + a.group, a.K);
-    __m512 sums[C][MB];
-    for (int c = 0; c < C; ++c)
-      for (int m = 0; m < MB; ++m) sums[c][m] = _mm512_setzero_ps();
-    for (int64_t k = k0; k < k1; k += 4) {
-      p.Prefetch(k);
-      for (int i = 0; i < 4; ++i) {
-        const __m512 w = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p.t + (k + i) * kTileCols))));
-        for (int m = 0; m < MB; ++m)
-          sums[i % C][m] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * a.ldx + k + i]), w, sums[i % C][m]);
-      }
-    }
-    const __m512 scale = Half16(p.scale + g * kTileCols);
-    for (int m = 0; m < MB; ++m) {
-      __m512 s = sums[0][m];
-      for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, sums[c][m]);
-      acc[m] = _mm512_fmadd_ps(s, scale, acc[m]);
-    }
-  }
-  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, acc[m]);
-}
-
 // Every row of X against one panel (int4's or grouped int8's), twelve rows at a time (24 of the 32 registers).
 template <typename P>
 __attribute__((target("avx512f"))) void DecodeWideRows(const LinearArgs &a, const P &p, int64_t n) {
