@@ -189,8 +189,9 @@ def int8_export_naming_kernels(quantized, tmp_path, kernels) -> str:
     return export
 
 
-def test_a_weight_int4_cannot_hold_is_refused_naming_it():
-    """int4's scales and mins are float16: a weight beyond 65504 is refused by name, with what to use instead."""
+def test_a_weight_int4_or_grouped_int8_cannot_hold_is_refused_naming_it():
+    """int4's scales and mins are float16: a weight beyond 65504 is refused by name, with what to use instead;
+    so is one beyond 127 times that in grouped int8 (its scales float16 too), which per channel holds."""
     import mindspore as ms
     from mindspore import nn
     from exporter.models.linear import Linear, LinearKernels
@@ -208,6 +209,11 @@ def test_a_weight_int4_cannot_hold_is_refused_naming_it():
     with pytest.raises(WeightError, match=r"proj\.weight: a weight of magnitude 1e\+05 is beyond float16's 65504.*"
                                           r"quantization\.weights float32, or int8 with group_size -1"):
         kernels.finish("proj.weight", w)
+    w[3, 5] = 1e7
+    with pytest.raises(WeightError, match=r"proj\.weight: a weight of magnitude 1e\+07 is beyond 127 times float16's "
+                                          r"65504, the type of grouped int8's scales; export it with .*group_size -1"):
+        LinearKernels(OneLayer(), "int8", 32).finish("proj.weight", w)
+    assert LinearKernels(OneLayer(), "int8", -1).finish("proj.weight", w).storage == "int8"
 
 
 def test_an_export_needing_kernels_the_runtime_lacks_is_refused_in_one_line(quantized, tmp_path):
