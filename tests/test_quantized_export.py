@@ -88,7 +88,7 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     head, embedding = schemes_of(form)
     # the head on a kernel too
     head_types = ["LiteLinearI8P16", "LiteLinearI8GroupF16P16"] if head == "int8" else ["LiteLinearF32P16"]
-    # the embedding looked up by a kernel: int8 (by rows, or as Q8_0 blocks), or the float32 panels a tied head reads
+    # the embedding looked up by a kernel: int8 (in groups, or by rows), or the float32 panels a tied head reads
     lookups = ["LiteGatherI8P16", "LiteGatherI8GroupF16P16"] if embedding == "int8" else ["LiteGatherF32P16"] \
         if form.startswith("tied") and head == embedding else []
     assert manifest.kernels == (layers + [t for t in head_types if t not in layers] + lookups

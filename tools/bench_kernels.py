@@ -45,11 +45,8 @@ def build(shapes, storage: str, group: int, rng):
             layers.append([quant.pack_f32_panels(w)])
         elif storage == "int8":
             layers.append(list(quant.quantize_int8(w)))
-        elif storage == "int8_group":      # Q8_0's blocks: a float16 scale per 32 inputs
-            blocks = w.reshape(n, k // 32, 32)
-            d = (np.abs(blocks).max(axis=2) / 127).astype(np.float16)
-            q = np.clip(np.rint(blocks / d.astype(np.float32)[:, :, None]), -127, 127).astype(np.int8)
-            layers.append([quant.pack_int8(q.reshape(n, k)), quant.pack_halves(d)])
+        elif storage == "int8_group":      # `weights: int8`'s default: a float16 scale per --group inputs
+            layers.append(list(quant.quantize_int8_group(w, group)))
         else:
             layers.append(list(quant.quantize_int4(w, group)))
     return layers
@@ -73,8 +70,8 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps timed per round")
     p.add_argument("--kinds", nargs="+", default=["float32_p16", "int8", "int4"],
-                   help="storages: float32_p16 (weights: float32), float32 (by rows), int8, int8_group (a GGUF's "
-                        "Q8_0 blocks), int4")
+                   help="storages: float32_p16 (weights: float32), float32 (by rows), int8 (per channel), int8_group "
+                        "(in groups: weights: int8), int4")
     p.add_argument("--group", type=int, default=32)
     p.add_argument("--head", action="store_true", help="include the output head")
     args = p.parse_args()

@@ -40,7 +40,7 @@ OP_TYPES: Dict[str, str] = {"float32": "LiteLinearF32", "float32_p16": "LiteLine
                             "int4_min": "LiteLinearI4F16P16", "int4_sym": "LiteLinearI4SymF16P16",
                             "int8_group": "LiteLinearI8GroupF16P16"}
 # The embedding's lookups by the table's storage: ids, and the table as a linear weight (a tied head reads it):
-# int8 with its scales (by rows, or a GGUF's Q8_0 blocks), or float32 in the GEMM's panels.
+# int8 with its scales (in groups, or by rows), or float32 in the GEMM's panels.
 GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteGatherF32P16",
                                 "int8_group": "LiteGatherI8GroupF16P16"}
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).

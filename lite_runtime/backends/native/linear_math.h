@@ -18,13 +18,14 @@
 //          run of 32 weights along K byte j holds weight j in its low nibble and j + 16 in its high one
 //          (llama.cpp's Q4 order).
 //   kI8Group W int8 (N, K), K a multiple of 32, in kF32P16's panels; scale float16 (N, G) as kI4Min's, G groups of
-//          `group` weights along K: w = q * scale[n, g] (a GGUF's Q8_0 blocks, as they are).
+//          `group` weights along K: w = q * scale[n, g] (`weights: int8`; in groups of 32 llama.cpp's Q8_0 blocks).
 #pragma once
 #include <cstdint>
 
 namespace lk {
 
-enum Kind { kF32 = 0, kI8 = 1, kI4Min = 5, kF32P16 = 4, kI8Group = 6 };   // 2, 3: retired (symmetric int4, float32 scales)
+// 2, 3: retired (symmetric int4, float32 scales)
+enum Kind { kF32 = 0, kI8 = 1, kI4Min = 5, kF32P16 = 4, kI8Group = 6 };
 
 struct LinearArgs {
   int kind = kF32;
