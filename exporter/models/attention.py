@@ -117,6 +117,26 @@ def shape_tensor(*dims) -> Tensor:
     return Tensor(np.array(dims, np.int32))
 
 
+class Weigh(nn.Cell):
+    """e (..., M, P) @ v (..., P, d) for score weights and values made in the graph (4-D). Lite 2.0's CPU
+    MatMul and BatchMatMul sum such a product wrongly when its left operand has one row and the depth P
+    passes 1,500 (a lone 1,502-token prompt of SmolLM2 got all-zero logits; measured up to P 8,000). Where
+    M may be 1 (`one_row`: one query head a KV head, one token), the product is taken as (v^T e^T)^T,
+    whose left operand has d rows."""
+
+    def __init__(self, one_row: bool):
+        super().__init__()
+        self.one_row = one_row
+        self.bmm = ops.BatchMatMul()
+        self.bmm_ta = ops.BatchMatMul(transpose_a=True)
+        self.transpose = ops.Transpose()
+
+    def construct(self, e, v):
+        if not self.one_row:
+            return self.bmm(e, v)
+        return self.transpose(self.bmm_ta(v, self.transpose(e, (0, 1, 3, 2))), (0, 1, 3, 2))
+
+
 class TokenShapes(nn.Cell):
     """The reshape targets of the packed step's projections: one unknown dimension (-1) each."""
 
@@ -163,6 +183,7 @@ class Attention(nn.Cell):
         self.transpose = ops.Transpose()
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
+        self.weigh_past = Weigh(one_row=self.group == 1)     # a decode step's past: one row a KV head
         self.softmax = ops.Softmax(-1)
         self.cast = ops.Cast()
         self.exp = ops.Exp()
@@ -203,7 +224,7 @@ class Attention(nn.Cell):
             return self.bmm(self.softmax(s_new), v_new)
         m = self.maximum(self.max(s_past, -1), self.max(s_new, -1))
         e_past, e_new = self.exp(s_past - m), self.exp(s_new - m)
-        return (self.bmm(e_past, v_past) + self.bmm(e_new, v_new)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
+        return (self.weigh_past(e_past, v_past) + self.bmm(e_new, v_new)) / (self.sum(e_past, -1) + self.sum(e_new, -1))
 
     def prefill(self, x, cos, sin, bias, select=None, query=None):
         """x (B, S, H). Returns the output and the prompt's K/V rows (B, kv, S, hd). `select`: each

@@ -134,7 +134,8 @@ class CausalLM(nn.Cell):
         self.cumsum = ops.CumSum()
         self.greater_equal = ops.GreaterEqual()
         self.sum_last = ops.ReduceSum()
-        self.matmul = ops.MatMul()
+        self.matmul_ta = ops.MatMul(transpose_a=True)
+        self.transpose = ops.Transpose()
 
     def _rotary_2d(self, t, context, mask_position, column, flat, shape, axis):
         """cos, sin (`shape`) of GLM's 2-D positions for tokens at indices t (B, T) float32 of rows
@@ -323,13 +324,15 @@ class CausalLM(nn.Cell):
 
     def packed_logits(self, x, last_token):
         """Logits of the tokens at `last_token` (L,) from the hidden states x (N, H), picked by a product
-        with a one-hot (L, N): Lite 2.0 gets a Gather of a graph input by a (1,)-shaped index wrong
-        (the head segment at batch 1 gave other logits than MindSpore does from the same MindIR)."""
+        with a one-hot (N, L): Lite 2.0 gets a Gather of a graph input by a (1,)-shaped index wrong
+        (the head segment at batch 1 gave other logits than MindSpore does from the same MindIR). The
+        product is x^T one-hot, transposed: one-hot^T x, with one row when L is 1, is wrong on Lite's
+        CPU past 1,500 tokens (attention.Weigh)."""
         d = self.dyn
         tokens = self.cumsum(self.ones_like(self.sum_last(x, -1)), 0) - 1.0            # 0 .. N-1
-        pick = self.cast(self.equal(self.reshape(tokens, d.row_of_tokens),
-                                    self.reshape(self.cast(last_token, ms.float32), d.flat_column)), self.dtype)
-        return self._logits(self.matmul(pick, x))
+        pick = self.cast(self.equal(self.reshape(tokens, d.flat_column),
+                                    self.reshape(self.cast(last_token, ms.float32), d.row_of_tokens)), self.dtype)
+        return self._logits(self.transpose(self.matmul_ta(x, pick), (1, 0)))
 
     def packed_attention(self, attn, h, cos, sin, k_cache, v_cache, tokens, biases, select, query=None):
         """A layer's attention (up to its output projection's reduction) in a packed call, with the

@@ -19,7 +19,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from exporter.models.attention import NEG, BuildContext, shape_tensor
+from exporter.models.attention import NEG, BuildContext, Weigh, shape_tensor
 from exporter.models.config import DecoderConfig
 from exporter.models.positions import alibi_slopes
 
@@ -111,6 +111,7 @@ class PackedAttend(nn.Cell):
         self.transpose = ops.Transpose()
         self.reshape = ops.Reshape()
         self.bmm = ops.BatchMatMul()
+        self.weigh_past = Weigh(one_row=group == 1)
         self.exp = ops.Exp()
         self.sum = ops.ReduceSum(keep_dims=True)
         self.max = ops.ReduceMax(keep_dims=True)
@@ -133,7 +134,7 @@ class PackedAttend(nn.Cell):
         e_new = self.exp(s_new - lay.to_heads(m, lay.heads_col))
         den = self.sum(e_past, -1) + lay.to_tokens(self.sum(e_new, -1), lay.tokens_col)
         o_new = lay.to_tokens(self.bmm(e_new, self.transpose(v, (1, 0, 2))), lay.tokens_hd)
-        o = (self.bmm(e_past, self.gather(v_cache, rows, self.axis0)) + o_new) / den
+        o = (self.weigh_past(e_past, self.gather(v_cache, rows, self.axis0)) + o_new) / den
         return self.reshape(o, self.merged)
 
 
