@@ -20,7 +20,8 @@ PROG = "python -m exporter"
 @click.option("--model_dir", type=str, default=None, help="A folder holding exactly one yaml and its weights.")
 @click.option("--output_dir", type=str, default=None, help="Override output_dir of the yaml.")
 @click.option("--batch_size", type=int, default=None, help="Override batch_size of the yaml.")
-@click.option("--verbose", is_flag=True, help="Add MindSpore's own log to the stage lines.")
+@click.option("--verbose", is_flag=True, help="Add MindSpore's own log (its info and warnings) to the stage lines; "
+              "without it MindSpore prints only its errors (GLOG_v=3, unless GLOG_v is set).")
 @click.option("--list_families", "--list-families", "list_families", is_flag=True,
               help="List the model families, the Hugging Face model_types and MindFormers types each accepts.")
 def command(config_path, model_dir, output_dir, batch_size, verbose, list_families):
@@ -31,8 +32,13 @@ def command(config_path, model_dir, output_dir, batch_size, verbose, list_famili
         for name, aliases, hf, mf in family_table():
             click.echo(f"{name:<10} {aliases or '-':<28} {hf:<14} {mf}")
         return
-    if verbose:   # MindSpore's own log (its C++ side reads GLOG_v when it loads)
+    # MindSpore's own log, C++ and Python, reads GLOG_v when MindSpore loads (below, in export): its warnings
+    # (deprecations, `... exceeds 1G`) are not the user's to act on, so only its errors show unless --verbose
+    # or the caller's own GLOG_v asks for more.
+    if verbose:
         os.environ["GLOG_v"] = "1"
+    else:
+        os.environ.setdefault("GLOG_v", "3")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("exporter").setLevel(logging.INFO)
     if (config_path is None) == (model_dir is None):

@@ -162,6 +162,33 @@ def test_an_architecture_it_does_not_map_is_refused_by_name(tmp_path):
     assert json.loads(json.dumps(lines))       # one plain line
 
 
+@pytest.mark.fast
+def test_a_truncated_file_names_the_tensor_where_the_file_ends_and_the_bytes_it_needs(tmp_path):
+    """A file cut short (an interrupted download) is refused when opened, naming the first tensor that lies
+    past its end, not with the reader's `cannot reshape array of size ...`."""
+    import gguf
+    path = tmp_path / "cut.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(32, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    norm = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output_norm.weight")
+    cut = norm.data_offset + 28      # 7 of its 32 floats left
+    os.truncate(path, cut)
+    yaml_path = write_yaml(str(tmp_path / "cut.yaml"), {"model": {"gguf": str(path)}, "seq_length": 48,
+                                                        "output_dir": str(tmp_path / "out")})
+    result = run_cli(["-m", "exporter", "--config", yaml_path])
+    lines = error_lines(result.stderr)
+    assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for fact in (str(path), f"the file ends at byte {cut}", "tensor output_norm.weight", "needs 128 bytes",
+                 f"from byte {norm.data_offset}", "truncated"):
+        assert fact in lines[0], lines[0]
+    assert "reshape" not in lines[0]
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
 def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
     """A Q4_0 or Q4_1 tensor (as the gguf package quantizes, llama.cpp's rules), exported as int4 g32, keeps its

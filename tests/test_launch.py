@@ -2,6 +2,9 @@
 table, and argument handling. (Full launched runs are in test_distributed.py.)"""
 import configparser
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +97,16 @@ def test_a_script_on_more_ranks_than_its_replicas_hold_is_refused_naming_the_dat
         launched_ranks(1, 1, "the export")
     monkeypatch.setenv("RANK_SIZE", "1")
     assert launched_ranks(1, 1, "the export") is None
+
+
+def test_the_launchers_old_command_names_the_new_one_instead_of_doing_nothing(tmp_path):
+    """`python -m lite_runtime.distributed.launch` (the launcher's command until it moved to cli/) used to
+    exit 0 printing nothing."""
+    table = write_table(tmp_path / "table.json", 2)
+    result = subprocess.run([sys.executable, "-m", "lite_runtime.distributed.launch", "--rank_table", table, "--",
+                             "run_infer_main.py", "--model_dir", "out"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert result.returncode == 2 and result.stdout == "", result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "python -m lite_runtime.cli.launch" in lines[0] and "lite-launch" in lines[0], lines[0]

@@ -204,6 +204,24 @@ def test_over_long_prompt_is_refused_then_truncated_on_request(export_dir, token
     assert result.stdout.startswith(LONG_PROMPT)
 
 
+def test_over_long_prompt_is_refused_before_any_output_naming_each_surfaces_spelling(export_dir, tokenizer_model):
+    """run_infer_main names its option (`--truncate True`), pipeline() its keyword (`truncate=True`); the command
+    refuses before printing anything of the prompt (streamed and chat answers used to echo it first)."""
+    from lite_runtime import pipeline
+    from lite_runtime.contract.errors import ValidationError
+    for how in ([], ["--stream", "True"], ["--chat", "True"]):
+        result = infer_cli(export_dir, tokenizer_model, "--predict_data", LONG_PROMPT, *how)
+        line = assert_one_line_error(result, "seq_length is 48", "--truncate True")
+        assert "truncate=True" not in line and result.stdout == "", (how, result.stdout)
+    generator = pipeline(model=export_dir, backend="ms", tokenizer_path=tokenizer_model)
+    try:
+        with pytest.raises(ValidationError, match="seq_length is 48") as refused:
+            generator(LONG_PROMPT, max_new_tokens=2)
+        assert "pass truncate=True" in str(refused.value) and "--truncate" not in str(refused.value)
+    finally:
+        generator.close()
+
+
 def warnings_of(result, *facts):
     """stderr lines holding every fact (the run summary line is there too)."""
     return [line for line in result.stderr.splitlines() if all(str(f) in line for f in facts)]

@@ -46,9 +46,47 @@ def _reader(path: str):
     except ImportError:
         raise ConfigError("model.gguf needs the gguf package (pip install gguf)") from None
     try:
-        return gguf.GGUFReader(path)
+        return _checked_reader_class()(path)
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(f"model.gguf {path}: not a readable GGUF file: {e}") from None
+    except IndexError:      # the reader's read past the end of the file, within the header
+        raise ConfigError(f"model.gguf {path}: the file ends at byte {os.path.getsize(path)}, inside its header "
+                          "(metadata and tensor list): the file is truncated (an interrupted download or copy?); "
+                          "fetch it again") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _checked_reader_class():
+    """The gguf package's reader, checking first that every tensor lies inside the file: the reader takes
+    each tensor as a slice of its map of the file, and a file cut short (an interrupted download or copy)
+    failed there with a bare `cannot reshape array of size ...`. `_build_tensors` and its fields' parts
+    are the package's own (the same in gguf 0.18 and 0.19, the two environments' versions)."""
+    import gguf
+
+    class CheckedReader(gguf.GGUFReader):
+        def __init__(self, path: str):
+            self.path = path
+            super().__init__(path)
+
+        def _build_tensors(self, start_offs: int, fields) -> None:
+            size = len(self.data)
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                kind = gguf.GGMLQuantizationType(int(raw_type[0]))
+                block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+                n_bytes = int(np.prod(dims)) * block_bytes // block
+                start = int(start_offs + offset[0])
+                end = start + n_bytes
+                if end > size:
+                    shape = tuple(int(d) for d in reversed(dims.tolist()))
+                    raise WeightError(
+                        f"model.gguf {self.path}: the file ends at byte {size}, but tensor "
+                        f"{bytes(name).decode('utf-8', 'replace')} ({kind.name}, shape {shape}) needs {n_bytes} "
+                        f"bytes from byte {start} (up to byte {end}, {end - size} past the end): the file is "
+                        "truncated (an interrupted download or copy?); fetch it again")
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader
 
 
 class GGUFSource:

@@ -143,29 +143,12 @@ class TextGeneratorInfer:
         """(prompt token ids, new token ids) per text, on `session` (default: this rank's replica's); EOS is
         included when produced. `timing`: a request's timing that several sessions share."""
         session = self.sessions[0] if session is None else session
-        if not texts:
-            raise ValidationError("inputs is empty: give a prompt or a list of prompts")
-        for i, text in enumerate(texts):
-            if not isinstance(text, str) or not text.strip():
-                raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
+        prompts = self._prompt_ids(texts, options, "truncate=True", log.warning)
         eos = self.eos_ids if options.eos_token_id is None else _as_list(options.eos_token_id)
         pick = Sampler(options.sampling(), stop_ids=eos)
         pad = self.pad_id if options.pad_token_id is None else int(options.pad_token_id)
-        max_length, add_special_tokens = options.max_length, options.add_special_tokens
-        if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop before the text
-            # (v2, v3) or after it (v1: the tokenizer's suffix), none for the others
-            add_special_tokens = bool(self.manifest.tokenizer_options.get("prefix_tokens")
-                                      or getattr(self.tokenizer, "suffix_ids", None))
-        prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
-        prompts = check_prompts(prompts, self.manifest.seq_length, options.truncate, log.warning)
-        if max_length is not None:
-            for i, prompt in enumerate(prompts):
-                if len(prompt) >= max_length:
-                    raise ValidationError(
-                        f"prompt {i} has {len(prompt)} tokens and max_length is {max_length} (prompt + new tokens): "
-                        f"nothing is left to generate; give max_length above {len(prompt)}, or leave it unset "
-                        "and limit the answer with max_new_tokens")
-        budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, options.max_new_tokens, max_length)
+        budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, options.max_new_tokens,
+                              options.max_length)
         adapters = self.adapter_slots(options.adapter_id, len(prompts), options.strict_adapter)
         _check_streamer(streamer, len(prompts))
         forward = None
@@ -195,6 +178,38 @@ class TextGeneratorInfer:
                 timing.stop()
             if streamer is not None:
                 streamer.end()
+
+    def check_prompts(self, texts: Sequence[str], options: GenerationOptions = GenerationOptions(),
+                      truncate_option: str = "truncate=True") -> None:
+        """Refuse, as generating them would, prompts the export cannot take, before anything runs (a command
+        line checks before it prints any prompt); `truncate_option`: the caller's spelling of the option
+        that keeps the tail of an over-long prompt instead."""
+        self._prompt_ids(texts, options, truncate_option, lambda note: None)
+
+    def _prompt_ids(self, texts: Sequence[str], options: GenerationOptions, truncate_option: str,
+                    log_truncation: Callable[[str], None]) -> List[List[int]]:
+        """Each text's prompt token ids, checked against the export's seq_length and options.max_length."""
+        if not texts:
+            raise ValidationError("inputs is empty: give a prompt or a list of prompts")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValidationError(f"prompt {i} is empty or not text ({text!r}); give non-empty text")
+        add_special_tokens = options.add_special_tokens
+        if add_special_tokens is None:   # the family's prompt format: ChatGLM's [gMASK] sop before the text
+            # (v2, v3) or after it (v1: the tokenizer's suffix), none for the others
+            add_special_tokens = bool(self.manifest.tokenizer_options.get("prefix_tokens")
+                                      or getattr(self.tokenizer, "suffix_ids", None))
+        prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+        prompts = check_prompts(prompts, self.manifest.seq_length, options.truncate, log_truncation, truncate_option)
+        max_length = options.max_length
+        if max_length is not None:
+            for i, prompt in enumerate(prompts):
+                if len(prompt) >= max_length:
+                    raise ValidationError(
+                        f"prompt {i} has {len(prompt)} tokens and max_length is {max_length} (prompt + new tokens): "
+                        f"nothing is left to generate; give max_length above {len(prompt)}, or leave it unset "
+                        "and limit the answer with max_new_tokens")
+        return prompts
 
     def _on_engine(self, session, prompts, budgets, eos, options: GenerationOptions, adapters,
                    on_step) -> List[List[int]]:

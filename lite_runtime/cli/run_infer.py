@@ -206,9 +206,14 @@ def run(args, out=sys.stdout) -> None:
     def infer(prompts, streamer=None):
         return generator.infer(prompts, streamer, options)
 
+    def check_before_printing(texts: List[str]) -> None:
+        """Every prompt refused or accepted before any is echoed, the refusal naming this command's option."""
+        generator.check_prompts(texts, options, truncate_option="--truncate True")
+
     def answer(prompts: List[str]) -> None:
         if chat is not None:
             return chat_answer(prompts)
+        check_before_printing(prompts)
         for run_index in range(args.generated_time):
             start = time.perf_counter()
             timings = []
@@ -236,6 +241,7 @@ def run(args, out=sys.stdout) -> None:
         """Each message as one chat: the question, then the answer only (not the formatted prompt)."""
         system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
         texts = [chat.render(system + [{"role": "user", "content": m}]) for m in messages]
+        check_before_printing(texts)
         for run_index in range(args.generated_time):
             start, timings = time.perf_counter(), []
             for message, text in zip(messages, texts):

@@ -105,8 +105,9 @@ def row_budgets(prompt_lengths: Sequence[int], seq_length: int, max_new_tokens: 
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], seq_length: int, truncate: bool,
-                  log_truncation: Callable[[str], None]) -> List[List[int]]:
-    """Refuse empty and over-long prompts, or keep the last seq_length-1 tokens when asked."""
+                  log_truncation: Callable[[str], None], truncate_option: str = "truncate=True") -> List[List[int]]:
+    """Refuse empty and over-long prompts, or keep the last seq_length-1 tokens when asked;
+    `truncate_option`: how the caller's surface spells that request (pipeline()'s keyword, a command's option)."""
     checked = []
     for i, prompt in enumerate(prompts):
         prompt = list(prompt)
@@ -117,7 +118,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], seq_length: int, truncate: b
                 raise ValidationError(
                     f"prompt {i} has {len(prompt)} tokens but the graph's seq_length is {seq_length} "
                     f"(at most {seq_length - 1} prompt tokens leave room to generate); shorten it, "
-                    "export with a larger seq_length, or pass truncate=True to keep its last tokens")
+                    f"export with a larger seq_length, or pass {truncate_option} to keep its last tokens")
             dropped = len(prompt) - (seq_length - 1)
             log_truncation(f"prompt {i}: dropped its first {dropped} of {len(prompt)} tokens to fit "
                            f"seq_length {seq_length}")

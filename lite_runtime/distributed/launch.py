@@ -167,3 +167,11 @@ def launch(rank_table: str, program: Sequence[str], backend: Optional[str] = Non
     print(f"launcher: {len(ranks)} ranks, start-up {result.start_seconds * 1000:.0f} ms, whole run "
           f"{time.perf_counter() - started:.1f} s (logs: {log_dir})", file=sys.stderr)
     return result.start_seconds
+
+
+if __name__ == "__main__":
+    # This was the launcher's command; it moved up to cli/, which this library may not import (imports point
+    # down, commands on top), so the old command names the new one instead of exiting 0 having done nothing.
+    from lite_runtime.contract.command_line import fail
+    sys.exit(fail("python -m lite_runtime.distributed.launch is now python -m lite_runtime.cli.launch (console "
+                  "script lite-launch): run that with the same arguments", 2))
