@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 import click
 
@@ -56,7 +57,6 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
             prefill_chunk, prefix_cache_gb, speculative, shutdown_timeout, distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     TGI's /generate and /generate_stream, /health, /metrics."""
-    import uvicorn
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.serve.app import create_app
@@ -70,6 +70,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     if distributed and isinstance(speculation, DraftSpec):
         raise ConfigError(f"--speculative {speculative!r}: a draft model runs on one process; under the launcher "
                           "use --speculative ngram[:K]")
+    guessing = _speculation_text(speculation)
     manifest = load_manifest(model_dir)
     manifest.verify_files()
     if isinstance(speculation, DraftSpec):     # checked against the target's manifest, loaded once
@@ -97,29 +98,66 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
     served = ServedModel(engine, tokenizer, name, metrics)
     app = create_app(served)
     log = logging.getLogger("lite_runtime.serve")
-    log.info("serving %s (%s, %d cache rows, %s) on http://%s:%d; chats: %s", name, manifest.family,
-             manifest.batch_size, session.runtime, host, port, served.chat.describe())
+    log.info("serving %s (%s, %d cache rows, %s, prefix cache %s, speculation %s) on http://%s:%d; chats: %s",
+             name, manifest.family, manifest.batch_size, session.runtime,
+             f"{prefix_cache_gb:g} GiB" if prefix_cache_gb > 0 else "off", guessing, host, port,
+             served.chat.describe())
     why = chat_tuned_sign(tokenizer.path, os.path.basename(os.path.abspath(model_dir)))
     if served.chat.published is None and why:
         log.warning("the export's tokenizer looks chat-tuned (%s) but the export has no chat template: chats get "
                     "the %s family's format, which the model may not follow; export it again from a folder with "
                     "its template (chat_template.jinja)", why, manifest.family)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
-    server = uvicorn.Server(config)
-    # uvicorn stops on SIGTERM / Ctrl-C (no new connections, open ones get the timeout), then raises
-    # the signal again for the handler found before it: this one, so that a requested stop exits 0.
+    server = _draining_server(app, host, port, engine, shutdown_timeout)
+    # uvicorn stops on SIGTERM / Ctrl-C, then raises the signal again for the handler found before it:
+    # this one, so that a requested stop exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
         server.run()
     finally:
-        engine.stop(timeout=shutdown_timeout)
+        if server.drain is not None:
+            server.drain.join()
+        else:       # uvicorn did not start (its port was taken)
+            engine.stop(timeout=shutdown_timeout)
         for replica in getattr(engine, "engines", [engine]):
             replica.session.close()
         if isinstance(speculation, DraftModel):
             speculation.close()
         if channel is not None:
             channel.close()
+
+
+def _speculation_text(speculation) -> str:
+    if speculation is None:
+        return "off"
+    if isinstance(speculation, DraftSpec):
+        return f"draft:{speculation.folder}:{speculation.k}"
+    return f"ngram:{speculation.k}"
+
+
+# uvicorn's own timeout, past the engine's: what it still cancels is logged with a traceback, and the
+# client's stream ends without its last chunk
+ABORT_GRACE = 10.0
+
+
+def _draining_server(app, host: str, port: int, engine, shutdown_timeout: float):
+    """uvicorn's server, which on SIGTERM / Ctrl-C stops accepting as usual and also stops the engine (in
+    a thread: `Engine.stop`): running requests get `shutdown_timeout` seconds, then each ends with the
+    finish reason `abort`, so that every answer, streamed or not, is completed by the app before uvicorn's
+    graceful-shutdown timeout, `ABORT_GRACE` later, would cancel it mid-answer."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        drain = None
+
+        async def shutdown(self, *args, **kwargs):
+            # uvicorn's shutdown waits for the open connections' answers: they end once the engine has stopped
+            self.drain = threading.Thread(target=engine.stop, args=(shutdown_timeout,), name="drain")
+            self.drain.start()
+            await super().shutdown(*args, **kwargs)
+
+    return DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                         timeout_graceful_shutdown=shutdown_timeout + ABORT_GRACE))
 
 
 main = entry_point(command, PROG)

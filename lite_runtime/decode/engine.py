@@ -173,12 +173,12 @@ class Engine:
             self._wake.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, let running ones finish within `timeout`, then cancel the rest (waiting
-        requests at once)."""
+        """Refuse new requests, let running ones finish within `timeout`, then end the rest with the
+        finish reason `abort` (vLLM's; waiting requests at once)."""
         with self._wake:
             self._stopping = True
             while self.waiting:
-                self._tell(self.waiting.popleft().on_finish, "cancelled")
+                self._tell(self.waiting.popleft().on_finish, "abort")
             self._wake.notify()
         deadline = time.perf_counter() + timeout
         while self.busy_rows() and time.perf_counter() < deadline:
@@ -190,9 +190,9 @@ class Engine:
             self._thread.join(timeout=5)
         for slot, row in enumerate(self.rows):     # what the timeout cut short is told so
             if row is not None:
-                self._finish(slot, "cancelled")
+                self._finish(slot, "abort")
         while self.waiting:
-            self._tell(self.waiting.popleft().on_finish, "cancelled")
+            self._tell(self.waiting.popleft().on_finish, "abort")
 
     def busy_rows(self) -> int:
         return sum(row is not None for row in self.rows)

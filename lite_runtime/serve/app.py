@@ -66,7 +66,7 @@ def create_app(served: ServedModel) -> FastAPI:
         if body.model is not None:
             served.slot(body.model)
         if body.messages is not None:
-            ids = _chat_ids(body.messages)
+            ids = chat_prompt_ids(served, body)      # its tools too, as the chat completion's prompt
         elif body.prompt is not None:
             add = True if body.add_special_tokens is None else body.add_special_tokens
             ids = served.tokenizer.encode(body.prompt, add_special_tokens=add)
@@ -110,12 +110,6 @@ def create_app(served: ServedModel) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         return await _answer(served, body, [chat_prompt_ids(served, body)], request, chat=True)
-
-    def _chat_ids(messages) -> List[int]:
-        try:
-            return served.chat.encode([m.model_dump() for m in messages])
-        except ValueError as e:     # the template's own checks (raise_exception): roles out of order, ...
-            raise BadRequest(str(e), "messages") from None
 
     async def _answer(served: ServedModel, body: SamplingFields, prompts: List[List[int]], request: Request,
                       chat: bool):

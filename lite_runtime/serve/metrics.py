@@ -1,4 +1,5 @@
-"""The server's Prometheus metrics (prometheus-client), in a registry of their own."""
+"""The server's Prometheus metrics (prometheus-client), in a registry of their own. The latency histograms
+count each choice of a request (n of them) as one generation; `lite_requests` counts requests."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,12 +10,12 @@ class Metrics:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
         r = CollectorRegistry()
         latency = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-        self.ttft = Histogram("lite_time_to_first_token_seconds", "Time from arrival to the first token",
+        self.ttft = Histogram("lite_time_to_first_token_seconds", "Time from arrival to a choice's first token",
                               buckets=latency, registry=r)
-        self.inter_token = Histogram("lite_inter_token_latency_seconds", "Time between a request's tokens",
+        self.inter_token = Histogram("lite_inter_token_latency_seconds", "Time between a choice's tokens",
                                      buckets=latency, registry=r)
-        self.e2e = Histogram("lite_e2e_request_latency_seconds", "Time from arrival to the last token",
-                             buckets=latency, registry=r)
+        self.e2e = Histogram("lite_e2e_request_latency_seconds", "Time from arrival to a choice's end (its last "
+                             "token, or its cancellation)", buckets=latency, registry=r)
         self.queue_time = Histogram("lite_request_queue_time_seconds", "Time a request waited for a cache row",
                                     buckets=latency, registry=r)
         self.running = Gauge("lite_requests_running", "Requests holding a cache row", registry=r)
@@ -23,8 +24,8 @@ class Metrics:
         self.prompt_tokens = Counter("lite_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("lite_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("lite_requests", "Finished requests by the finish reason of their first choice "
-                                "(cancelled: the client went away, or the server stopped)", ["finish_reason"],
-                                registry=r)
+                                "(cancelled: the client went away; abort: the server stopped first)",
+                                ["finish_reason"], registry=r)
         self.prefix_hits = Counter("lite_prefix_cache_hits", "Admitted prompts that reused a cached prefix", registry=r)
         self.prefix_tokens = Counter("lite_prefix_cache_tokens", "Prompt tokens whose K/V came from the prefix cache",
                                      registry=r)
@@ -58,9 +59,12 @@ class Metrics:
         else:
             self.inter_token.observe(now - last)
 
-    def finished(self, start: float, now: float, reason: str) -> None:
-        """Called once per request: when its last choice ends, or when it is cancelled (`runs`)."""
+    def choice_finished(self, start: float, now: float) -> None:
+        """Called once per choice, as `token` is: when it ends, or when its request is cancelled (`runs`)."""
         self.e2e.observe(now - start)
+
+    def request_finished(self, reason: str) -> None:
+        """Called once per request: when its last choice ends, or when it is cancelled (`runs`)."""
         self.requests.labels(finish_reason=reason.split(":")[0]).inc()
 
     def render(self) -> bytes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from lite_runtime.decode.sampling import SamplingParams
@@ -198,6 +200,21 @@ class FunctionDefinition(BaseModel):
     parameters: Optional[Dict[str, Any]] = None              # a JSON schema; none: the function takes nothing
     strict: Optional[bool] = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _a_json_schema(cls, parameters, info):
+        """Checked whatever the tool_choice: the answer is read against it (tool_calls)."""
+        if parameters is None:
+            return None
+        try:
+            validator_for(parameters).check_schema(parameters)
+        except SchemaError as e:
+            name = info.data.get("name")
+            where = f" (at {'.'.join(str(p) for p in e.path)})" if e.path else ""
+            raise ValueError(f"the parameters of function {name!r} are not a valid JSON schema: "
+                             f"{e.message}{where}") from None
+        return parameters
+
 
 class Tool(BaseModel):
     """An entry of a chat request's `tools`, as the chat template sees it (`model_dump`)."""
@@ -209,6 +226,11 @@ class Tool(BaseModel):
         tool = handler(self)
         tool["function"] = {k: v for k, v in tool["function"].items() if v is not None}
         return tool
+
+
+def rendered_tools(tools: Optional[List[Tool]]) -> Optional[List[dict]]:
+    """A request's tools as the chat template sees them (None: no tools)."""
+    return [t.model_dump() for t in tools] if tools else None
 
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -270,7 +292,7 @@ class ChatRequest(SamplingFields):
 
     def template_tools(self) -> Optional[List[dict]]:
         """The tools as the chat template renders them (also with tool_choice none, as OpenAI)."""
-        return [t.model_dump() for t in self.tools] if self.tools else None
+        return rendered_tools(self.tools)
 
     def reads_tool_calls(self) -> bool:
         """Whether the answer is read for tool calls."""
@@ -305,6 +327,7 @@ class TokenizeRequest(BaseModel):
     prompt: Optional[str] = None
     messages: Optional[List[ChatMessage]] = Field(None, min_length=1)
     content: Optional[str] = None
+    tools: Optional[List[Tool]] = None            # vLLM's, with messages: rendered by the chat template
     add_special_tokens: Optional[bool] = None     # vLLM's, true by default (the prefix of a chat is its template's)
     add_special: Optional[bool] = None            # llama.cpp's, false by default
     with_pieces: bool = False                     # llama.cpp's: each token as {"id", "piece"}
@@ -316,6 +339,16 @@ class TokenizeRequest(BaseModel):
             raise ValueError(f"give one of prompt (vLLM's), messages (vLLM's chat) or content (llama.cpp's); got "
                              f"{', '.join(given) or 'none'}")
         return self
+
+    @model_validator(mode="after")
+    def _tools_need_messages(self):
+        if self.tools and self.messages is None:
+            raise ValueError("tools are rendered with chat messages by the chat template; send them with messages")
+        return self
+
+    def template_tools(self) -> Optional[List[dict]]:
+        """As ChatRequest's: the prompt counted is the chat completion's."""
+        return rendered_tools(self.tools)
 
 
 class DetokenizeRequest(BaseModel):

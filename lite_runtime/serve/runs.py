@@ -1,7 +1,8 @@
 """A request in flight: its choices (n per prompt of its batch) submitted to the engine, their tokens
 detokenised on the event loop, and its answer in OpenAI's shapes, whole or as server-sent events. The
 routes of `app` and `tgi` start runs here. A run whose client goes away is cancelled, and counted in
-the metrics with the finish reason `cancelled`."""
+the metrics with the finish reason `cancelled`; one the server's stop cut short ends with the engine's
+`abort` (its last chunk and `[DONE]` still sent)."""
 from __future__ import annotations
 
 import asyncio
@@ -157,7 +158,8 @@ class _Choice:
         self.tokens: List[int] = []
         self.logprobs: List[Optional[TokenLogprobs]] = []
         self.pieces: List[str] = []
-        self.finish_reason: Optional[str] = None   # the engine's: stop (an EOS id), length, cancelled, error: ...
+        # the engine's: stop (an EOS id), length, abort (the server stopped), error: ...; cancelled (the client left)
+        self.finish_reason: Optional[str] = None
         self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
         self.last = None
         max_tokens = min(body.max_tokens or served.context, served.context - len(prompt_ids))
@@ -189,6 +191,7 @@ class _Run:
         self.reads_tools = chat and body.reads_tool_calls()
         # a forced call is the constrained JSON object itself, whatever the template's style
         self.tool_style = "json" if self.reads_tools and body.forced_tools() else served.tool_style
+        self.tools = body.template_tools() if self.reads_tools else None
         samplings = body.samplings()
         self.choices = [_Choice(self, i * len(samplings) + j, sampling, prompt_ids, slot)
                         for i, prompt_ids in enumerate(prompts) for j, sampling in enumerate(samplings)]
@@ -196,14 +199,18 @@ class _Run:
     def cancel(self) -> None:
         """The client went away: every choice ends at the engine's next step, and the request is counted
         as cancelled (unless it was counted as finished already)."""
+        now = time.perf_counter()
         for choice in self.choices:
             self.served.engine.cancel(choice.engine_request)
+            if choice.finish_reason is None:    # nobody reads its end: its latency ends now
+                choice.finish_reason = "cancelled"
+                self.served.metrics.choice_finished(self.start, now)
         self._count("cancelled")
 
     def _count(self, reason: str) -> None:
         if not self.counted:
             self.counted = True
-            self.served.metrics.finished(self.start, time.perf_counter(), reason)
+            self.served.metrics.request_finished(reason)
 
     async def items(self):
         """(choice, text piece, token, logprob) per token, until every choice has its finish reason."""
@@ -214,6 +221,7 @@ class _Run:
             if kind == "end":
                 running -= 1
                 choice.finish_reason = value
+                metrics.choice_finished(self.start, now)
                 tail = choice.text.finish()
                 if tail:
                     yield choice, tail, None, None
@@ -284,8 +292,7 @@ class _Run:
         text = "".join(choice.pieces)
         if not self.reads_tools:
             return {"role": "assistant", "content": text}, choice.reason()
-        names = [t.function.name for t in self.body.tools]
-        parsed = tool_calls.parse(text, self.tool_style, names)
+        parsed = tool_calls.parse(text, self.tool_style, self.tools)
         if not parsed.calls:
             return {"role": "assistant", "content": text}, choice.reason()
         return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}, "tool_calls"
@@ -307,6 +314,16 @@ class _Run:
     async def events(self, request):
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         sent = False
+        # With tools read, text that may be a tool call is held back until it cannot be one, so that a client
+        # never sees a call's text as content; the calls go in one delta at the end (tool_calls.StreamedAnswer).
+        held = {c.index: tool_calls.StreamedAnswer(self.tool_style, self.tools) for c in self.choices
+                if self.reads_tools}
+        reported = {c.index: 0 for c in self.choices}      # tokens whose logprobs were sent
+
+        def new_logprobs(choice: _Choice):
+            start, reported[choice.index] = reported[choice.index], len(choice.tokens)
+            tokens = choice.tokens[start:]
+            return self._logprobs(tokens, choice.logprobs[start:]) if tokens else None
         try:
             ready = []      # events of tokens already queued go out in one write (a slow client catches up)
             if self.chat:
@@ -314,13 +331,13 @@ class _Run:
                                             "logprobs": None, "finish_reason": None}) for c in self.choices]
             async for choice, piece, token, logprob in self.items():
                 if self.reads_tools:
-                    # Tool calls are read from the whole answer: it is held back and sent as one delta at the
-                    # end (after the role), so a client never sees the text of a call as content.
                     choice.pieces.append(piece)
-                    continue
-                lp = self._logprobs([token], [logprob]) if token is not None else None
+                    piece = held[choice.index].add(piece)
+                    if not piece:
+                        continue
                 text = {"delta": {"content": piece}} if self.chat else {"text": piece}
-                ready.append(self._event(kind, {"index": choice.index, **text, "logprobs": lp, "finish_reason": None}))
+                ready.append(self._event(kind, {"index": choice.index, **text, "logprobs": new_logprobs(choice),
+                                                "finish_reason": None}))
                 if self.queue.empty():
                     yield "".join(ready)
                     ready = []
@@ -328,12 +345,15 @@ class _Run:
             for choice in self.choices:
                 reasons[choice.index] = choice.reason()
                 if self.reads_tools:
-                    message, reasons[choice.index] = self._message(choice)
-                    delta = {"content": message["content"]}
-                    if "tool_calls" in message:
-                        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(message["tool_calls"])]
-                    ready.append(self._event(kind, {"index": choice.index, "delta": delta, "finish_reason": None,
-                                                    "logprobs": self._logprobs(choice.tokens, choice.logprobs)}))
+                    content, calls = held[choice.index].finish()
+                    delta = {"content": content}
+                    if calls:
+                        reasons[choice.index] = "tool_calls"
+                        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+                    logprobs = new_logprobs(choice)
+                    if content or calls or logprobs:
+                        ready.append(self._event(kind, {"index": choice.index, "delta": delta, "finish_reason": None,
+                                                        "logprobs": logprobs}))
             for choice in self.choices:
                 end = {"index": choice.index, "finish_reason": reasons[choice.index], "logprobs": None}
                 end.update({"delta": {}} if self.chat else {"text": ""})

@@ -17,7 +17,8 @@ from lite_runtime.decode.engine import QueueFull
 from lite_runtime.serve.protocol import CompletionRequest, not_built
 from lite_runtime.serve.runs import BadRequest, start_run
 
-FINISH = {"stop": "eos_token", "length": "length"}     # the engine's reasons; a stop string is stop_sequence
+# the engine's reasons; a stop string is stop_sequence, and `abort` (the server stopped first) stays as it is
+FINISH = {"stop": "eos_token", "length": "length"}
 
 
 class Grammar(BaseModel):
@@ -160,6 +161,10 @@ def add_tgi_routes(app: FastAPI, served) -> None:
                 if held is not None:
                     held.update(generated_text=prefix + "".join(text), details=details(False))
                     yield f"data:{json.dumps(held)}\n\n"
+                else:       # no token to carry the end (the server stopped first, or a step failed): TGI's error
+                    yield "data:" + json.dumps({"error": f"the answer ended before its first token "
+                                                         f"({choice.finish_reason})",
+                                                "error_type": "incomplete_generation"}) + "\n\n"
             except BaseException:
                 run.cancel()
                 raise
