@@ -11,6 +11,7 @@ from filelock import FileLock
 sys.path.insert(0, os.path.dirname(__file__))     # the support package: `from support.<module> import ...`
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))  # served_process
 pytest.register_assert_rewrite("support")         # its shared checks report as the tests' own asserts do
+from support.long_context_models import FORMS as LONG_FORMS, POSITIONS as LONG_POSITIONS
 from support.family_cases import BATCH, NUMPY_CASES, SEQ, STEPS, mindformers_ckpt, mindformers_yaml
 from support.tiny_models import (REPO, VENV_MS20_PYTHON, export_in_subprocess, llama_config, make_tokenizer, random_weights,
                                  rank_table, run_cli, save_ckpt, shard_mindformers_llama, tiny_export_config, write_strategy,
@@ -173,6 +174,33 @@ def family_export(hf_family, tmp_path_factory):
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             export_in_subprocess(write_yaml(str(out) + ".yaml", cfg), python=python)
         return str(built_once(tmp_path_factory, f"family_{family}_export_{variant}", build))
+    return get
+
+
+@pytest.fixture(scope="session")
+def long_model(tmp_path_factory):
+    """family -> folder of a tiny model with 2,048 positions and transformers' answers to prompts of
+    long_context_models.LENGTHS (tests/test_long_prompts.py)."""
+    def get(family):
+        def build(folder):
+            result = run_cli([os.path.join(REPO, "tests", "support", "long_context_models.py"), family, str(folder)])
+            assert result.returncode == 0, result.stderr[-3000:]
+        return built_once(tmp_path_factory, f"long_{family}", build)
+    return get
+
+
+@pytest.fixture(scope="session")
+def long_export(long_model, tmp_path_factory):
+    """(family, form of long_context_models.FORMS) -> (model folder, its export at seq_length 2,048)."""
+    def get(family, form):
+        folder = long_model(family)
+
+        def build(out):
+            cfg = dict({"model": {"hf_dir": str(folder / "hf")}, "seq_length": LONG_POSITIONS, "batch_size": 2,
+                        "output_dir": str(out / "export")}, **LONG_FORMS[form])
+            python = str(VENV_MS20_PYTHON) if form.startswith("lite") else sys.executable
+            export_in_subprocess(write_yaml(str(out / "export.yaml"), cfg), python=python)
+        return folder, str(built_once(tmp_path_factory, f"long_{family}_{form}", build) / "export")
     return get
 
 

@@ -1,0 +1,50 @@
+"""Prompts at every length the engine meets, up to a 2,048-token export, on tiny random models against
+transformers (tests/support/long_context_models.py): lengths that cross the cache's buckets (16-64 positions),
+the engine's prompt chunks (128), the packed prefill's windows (256) and 1,500, past which Lite 2.0's CPU
+MatMul sums a one-row product of graph-made operands wrongly (a lone prompt's last-token pick; the one query
+head a KV head of a decode step's past: exporter/models/attention.py's Weigh). Each family's form on Lite:
+`target: cpu` (the kernels' attention), the packed step's attention as Lite's own ops (.ms), upstream's io
+graphs (MindIR); and the packed step on `ms`. The engine's greedy tokens, each prompt alone (fed whole) and
+beside a running request (in chunks), equal transformers'; the io graphs' logits are within 1e-4."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from support.long_context_models import LENGTHS, STEPS
+from support.tiny_models import REPO, run_cli
+
+TOLERANCE = 1e-4
+# llama: grouped query heads, rotary; gpt2: one query head a KV head, learned positions; bloom: the same, ALiBi
+FAMILIES = ("llama", "gpt2", "bloom")
+
+
+@pytest.mark.parametrize("form", ["lite_cpu", "lite_packed", "ms_packed"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_engine_at_every_length_alone_and_beside_a_request(long_export, family, form, tmp_path):
+    folder, export = long_export(family, form)
+    reference = np.load(folder / "reference.npz")["tokens"].tolist()
+    result = run_cli([os.path.join(REPO, "tests", "support", "long_prompt_runner.py"),
+                      "ms" if form.startswith("ms") else "mslite", export, str(folder / "prompts.json"), str(STEPS)],
+                     timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    for n, expected, alone, beside in zip(LENGTHS, reference, got["alone"], got["beside"]):
+        assert alone == expected, f"{n} prompt tokens, alone"
+        assert beside == expected, f"{n} prompt tokens, beside a running request"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_upstreams_io_graphs_on_lite_at_every_length(long_export, family, tmp_path):
+    """The prefill graph, then decode steps each reading all 2,048 cache positions (masked)."""
+    folder, export = long_export(family, "lite_io")
+    reference = np.load(folder / "reference.npz")
+    result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
+                      str(folder / "prompts.json"), str(STEPS - 1), str(tmp_path / "out.npz")], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(tmp_path / "out.npz")
+    for i, n in enumerate(LENGTHS):
+        assert got["tokens"][i].tolist() == reference["tokens"][i].tolist(), f"{n} prompt tokens"
+        diff = np.abs(got["logits"][i] - reference["logits"][i]).max()
+        assert diff <= TOLERANCE, f"{n} prompt tokens: max abs logit difference {diff}"
