@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from hf_models import BUILDERS, FOLDERS, VOCAB, save_tokenizer, widen  # noqa: E402
+from hf_models import BUILDERS, FOLDERS, REFERENCES, VOCAB, save_tokenizer, widen  # noqa: E402
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length")
 POSITIONS = 2048
@@ -22,8 +22,9 @@ POSITIONS = 2048
 LENGTHS = (1, 17, 129, 257, 1501, 2040)
 STEPS = 6
 # the forms of an export at POSITIONS: target cpu (the kernels' attention), the packed step's attention as Lite's
-# ops (.ms), upstream's io graphs (MindIR, Lite), the packed step on ms
+# ops (.ms), that step as segments (.ms each), upstream's io graphs (MindIR, Lite), the packed step on ms
 FORMS = {"lite_cpu": {"target": "cpu"}, "lite_packed": {"kv_cache": "packed", "lite_ms": True},
+         "lite_segments": {"kv_cache": "packed", "lite_ms": True, "parallel": {"collectives": "host"}},
          "lite_io": {"kv_cache": "io"}, "ms_packed": {"kv_cache": "packed"}}
 
 
@@ -61,6 +62,8 @@ def main(family, out_dir, positions, steps, lengths):
     if family in FOLDERS:
         FOLDERS[family](model, hf_dir)
     save_tokenizer(family, hf_dir)
+    if family in REFERENCES:      # what the checkpoint's own code computes at inference (hf_models.py)
+        REFERENCES[family](model)
     rng = np.random.default_rng(7)
     prompts = [[1] + rng.integers(3, VOCAB, n - 1).tolist() for n in lengths]
     runs = [greedy(model, p, steps) for p in prompts]
