@@ -37,8 +37,8 @@ SHIM_ENV = "LITE_SHIM_LIB"
 KERNELS_NAME = "liblite_kernels.so"
 _NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 KERNELS_SOURCES = [os.path.join(_NATIVE, name) for name in (
-    "lite_kernels.cc", "attention_kernel.cc", "layer_ops_kernel.cc", "linear_math.cc", "linear_math.h",
-    "attention_math.cc", "attention_math.h", "layer_math.cc", "layer_math.h",
+    "lite_kernels.cc", "attention_kernel.cc", "paged_attention_kernel.cc", "layer_ops_kernel.cc", "linear_math.cc",
+    "linear_math.h", "attention_math.cc", "attention_math.h", "layer_math.cc", "layer_math.h",
     "vec8.h", "thread_pool.h", "kernel_support.h", "lite_registry.h", os.path.join("schema", "model_generated.h"))]
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKOUT_PREFIX = os.path.join(_CHECKOUT, "build", "lite")
@@ -187,7 +187,8 @@ def _build_kernels(prefix: str, cxx: str, say) -> str:
               for stem in ("linear_math", "attention_math", "layer_math")
               for isa, flags in (("avx2", ["-DLK_NS=avx2", "-mavx2", "-mfma", "-mf16c"]), ("generic", ["-DLK_NS=generic"]))]
     objects = []
-    builds += [(stem, os.path.join(_NATIVE, stem + ".cc"), []) for stem in ("lite_kernels", "attention_kernel", "layer_ops_kernel")]
+    builds += [(stem, os.path.join(_NATIVE, stem + ".cc"), []) for stem in ("lite_kernels", "attention_kernel", "paged_attention_kernel",
+                                                                         "layer_ops_kernel")]
     for name, source, flags in builds:
         obj = os.path.join(lib, f".lite_kernels_{name}.o")
         _compile(base + flags + [source, "-o", obj], source, compiler)

@@ -48,6 +48,12 @@ def load(path: str):
         lib.lk_gather.restype = ctypes.c_int
         lib.lk_attend.argtypes = [vp] * 7 + [ctypes.c_float] + [i64] * 6 + [vp, ctypes.c_int]
         lib.lk_attend.restype = ctypes.c_int
+        lib.lk_kv_create.argtypes = [i64] * 5 + [ctypes.c_int]
+        lib.lk_kv_create.restype = i64
+        lib.lk_kv_free.argtypes = [i64]
+        lib.lk_kv_copy_block.argtypes = [i64, i64, i64]
+        lib.lk_kv_read.argtypes = [i64, i64, i64, vp, vp]
+        lib.lk_paged_attend.argtypes = [vp] * 5 + [i64] * 4 + [vp, ctypes.c_float] + [i64] * 4 + [vp, ctypes.c_int]
         lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
         lib.lk_read.restype = ctypes.c_uint64
         _lib = lib
@@ -153,5 +159,59 @@ def attend(q, k, v, k_cache, v_cache, meta, slopes, scale: float, threads: int =
     out = np.empty((n, kv * g * hd), np.float32)
     if _lib.lk_attend(*(a.ctypes.data for a in arrays), float(scale), n, b, kv, g, hd, p, out.ctypes.data,
                       int(threads)):
+        raise ValueError(_lib.lk_last_error().decode())
+    return out
+
+
+class KVStore:
+    """A paged KV store of the kernels (native/paged_attention_kernel.cc): `blocks` blocks of `block` positions
+    for each of `layers` layers of `kv` heads of `hd`, float16 (`half`) or float32, allocated once, resident as
+    blocks are written. Its `id` is what the graphs' paged attention nodes are fed. Needs the library loaded."""
+
+    def __init__(self, layers: int, blocks: int, block: int, kv: int, hd: int, half: bool = True):
+        if _lib is None:
+            raise RuntimeError("the kernel library is not loaded")
+        self.layers, self.blocks, self.block, self.kv, self.hd, self.half = layers, blocks, block, kv, hd, half
+        self.id = _lib.lk_kv_create(layers, blocks, block, kv, hd, int(half))
+        if self.id < 0:
+            raise ValueError(_lib.lk_last_error().decode())
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block over every layer, keys and values."""
+        return 2 * self.layers * self.kv * self.block * self.hd * (2 if self.half else 4)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        if _lib.lk_kv_copy_block(self.id, src, dst):
+            raise ValueError(_lib.lk_last_error().decode())
+
+    def read(self, layer: int, block: int):
+        """(keys (kv, hd, block), values (kv, block, hd)) of one block, float32."""
+        import numpy as np
+        keys = np.empty((self.kv, self.hd, self.block), np.float32)
+        values = np.empty((self.kv, self.block, self.hd), np.float32)
+        if _lib.lk_kv_read(self.id, layer, block, keys.ctypes.data, values.ctypes.data):
+            raise ValueError(_lib.lk_last_error().decode())
+        return keys, values
+
+    def close(self) -> None:
+        if self.id >= 0 and _lib is not None:
+            _lib.lk_kv_free(self.id)
+            self.id = -1
+
+
+def paged_attend(q, k, v, meta, tables, store: KVStore, layer: int, slopes, scale: float, threads: int = 1):
+    """The paged attention node of `layer` (LitePagedAttend, native/attention_math.h PagedArgs): writes the call's
+    keys and values (N, kv, hd) into `store` at each token's row (its blocks: `tables` (B, T)) and position, then
+    returns out (N, kv·g·hd) from q (N, kv, g, hd) over each row's positions up to the token's own (meta (N, 4):
+    row, position, past, context or -1)."""
+    import numpy as np
+    arrays = [np.ascontiguousarray(a, np.float32) for a in (q, k, v, meta, tables)]
+    slopes = np.ascontiguousarray(slopes, np.float32)
+    n, kv, g, hd = arrays[0].shape
+    b, t = arrays[4].shape
+    out = np.empty((n, kv * g * hd), np.float32)
+    if _lib.lk_paged_attend(*(a.ctypes.data for a in arrays), b, t, store.id, layer, slopes.ctypes.data, float(scale),
+                            n, kv, g, hd, out.ctypes.data, int(threads)):
         raise ValueError(_lib.lk_last_error().decode())
     return out

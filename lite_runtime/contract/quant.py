@@ -45,10 +45,11 @@ GATHER_TYPES: Dict[str, str] = {"int8": "LiteGatherI8P16", "float32_p16": "LiteG
                                 "int8_group": "LiteGatherI8GroupF16P16"}
 # The packed step's attention as one node, each token reading its own cache row in place (export key `attention`).
 ATTEND_TYPE = "LiteAttend"
+PAGED_ATTEND_TYPE = "LitePagedAttend"    # the attention over the kernels' paged KV store (lite_kernels.KVStore)
 # A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
 NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
     "LiteRMSNorm", "LiteLayerNorm", "LiteSwiGLU", "LiteGELU", "LiteRotary")
-LAYER_KERNELS = [ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
+LAYER_KERNELS = [ATTEND_TYPE, PAGED_ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "int4_sym": 5, "float32_p16": 4,

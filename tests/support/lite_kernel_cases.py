@@ -184,6 +184,7 @@ def check_direct():
                 assert_close(lite_kernels.linear(x, storage, consts, threads), ref,
                              f"{storage} g{group} M={m} K={k} N={n} threads={threads}")
     check_attention()
+    check_paged_attention()
     return lite_kernels.isa()
 
 
@@ -234,12 +235,67 @@ def check_attention():
                          f"attention B={b} kv={kv} g={g} hd={hd} P={p} N={n} threads={threads}")
 
 
+def check_paged_attention():
+    """ATTENTION_CASES on the paged store, float32 and float16, blocks of 8 and 16 in shuffled order: each row's
+    past written by a first call, then the case's call; the reference reads K/V as the store holds them."""
+    rng = np.random.default_rng(5)
+    for half in (False, True):
+        for block in (8, 16):
+            for b, kv, g, hd, p, rows, alibi, prefix in ATTENTION_CASES:
+                per_row = -(-(p + 32) // block)
+                store = lite_kernels.KVStore(2, b * per_row + 3, block, kv, hd, half)
+                tables = rng.permutation(b * per_row + 3)[:b * per_row].reshape(b, per_row).astype(np.float32)
+                k_cache = rng.standard_normal((b, kv, hd, p), dtype=np.float32)
+                v_cache = rng.standard_normal((b, kv, p, hd), dtype=np.float32)
+                if half:
+                    k_cache, v_cache = k_cache.astype(np.float16).astype(np.float32), v_cache.astype(np.float16).astype(np.float32)
+                seed = np.array([[row, t, 0, -1] for row, past, _ in rows for t in range(past)], np.float32).reshape(-1, 4)
+                if len(seed):
+                    ks = np.stack([k_cache[int(r), :, :, int(t)] for r, t, _, _ in seed])
+                    vs = np.stack([v_cache[int(r), :, int(t)] for r, t, _, _ in seed])
+                    lite_kernels.paged_attend(np.zeros((len(seed), kv, g, hd), np.float32), ks, vs, seed, tables, store,
+                                              1, np.zeros(kv * g, np.float32), 1.0)
+                meta = np.array([[row, past + t, past, past + 2 if prefix else -1] for row, past, count in rows
+                                 for t in range(count)], np.float32)
+                meta = meta[rng.permutation(len(meta))]
+                n = len(meta)
+                q = rng.standard_normal((n, kv, g, hd), dtype=np.float32)
+                k, v = (rng.standard_normal((n, kv, hd), dtype=np.float32) for _ in range(2))
+                if half:
+                    k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+                slopes = rng.random(kv * g, dtype=np.float32) * 0.5 if alibi else np.zeros(kv * g, np.float32)
+                ref = attention_reference(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd))
+                for threads in (1, 2):
+                    got = lite_kernels.paged_attend(q, k, v, meta, tables, store, 1, slopes, 1 / np.sqrt(hd), threads)
+                    assert_close(got, ref, f"paged attention {'float16' if half else 'float32'} block {block} B={b} "
+                                           f"kv={kv} g={g} hd={hd} P={p} N={n} threads={threads}")
+                row, past, count = rows[0]
+                keys, values = store.read(1, int(tables[row, 0]))
+                assert np.array_equal(keys[:, :, :min(block, past)], k_cache[row, :, :, :min(block, past)])
+                store.close()
+
+
 def test_a_token_of_a_row_the_caches_lack_is_refused_in_one_line(library):
     q = np.zeros((1, 1, 1, 8), np.float32)
     k = np.zeros((1, 1, 8), np.float32)
     with pytest.raises(ValueError, match=r"token 0 is of cache row 2\.0+; the caches have 2"):
         lite_kernels.attend(q, k, k, np.zeros((2, 1, 8, 4), np.float32), np.zeros((2, 1, 4, 8), np.float32),
                             np.array([[2, 0, 0, -1]], np.float32), np.zeros(1, np.float32), 1.0)
+
+
+def test_a_paged_token_past_its_rows_blocks_is_refused_in_one_line(library):
+    store = lite_kernels.KVStore(1, 4, 8, 1, 8)
+    q, k = np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"row 0's block for position 9 is 7\.0+; the store has 4 blocks"):
+        lite_kernels.paged_attend(q, k, k, np.array([[0, 9, 9, -1]], np.float32), np.array([[0, 7]], np.float32),
+                                  store, 0, np.zeros(1, np.float32), 1.0)
+    with pytest.raises(ValueError, match=r"position 16\.0+: the block tables hold 16 positions a row"):
+        lite_kernels.paged_attend(q, k, k, np.array([[0, 16, 16, -1]], np.float32), np.array([[0, 1]], np.float32),
+                                  store, 0, np.zeros(1, np.float32), 1.0)
+    store.close()
+    with pytest.raises(ValueError, match=r"no KV store of that id"):
+        lite_kernels.paged_attend(q, k, k, np.array([[0, 0, 0, -1]], np.float32), np.array([[0, 1]], np.float32),
+                                  store, 0, np.zeros(1, np.float32), 1.0)
 
 
 def test_the_kernels_equal_numpy_on_odd_shapes(library):

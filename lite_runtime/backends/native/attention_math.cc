@@ -16,17 +16,23 @@ namespace {
 
 constexpr float kIota[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
-// s[j * ld + p] = scale * q_j . K[:, p] + slope_j * p for p < past, J query heads (J <= 4).
-template <int J>
-void PastScores(const float *q, int64_t hd, const float *K, int64_t P, int64_t past, float scale,
-                const float *slope, float *s, int64_t ld) {
+// Cached keys and values as stored: float32, or float16 bits (the paged store's default).
+inline V8 LoadAs(const float *p) { return Load(p); }
+inline V8 LoadAs(const uint16_t *p) { return LoadHalf(p); }
+inline float ScalarAs(float x) { return x; }
+inline float ScalarAs(uint16_t x) { return HalfToFloat(x); }
+
+// s[j * ld + p] = scale * q_j . K[:, p] + slope_j * (base + p) for p < past, J query heads (J <= 4).
+template <int J, typename T = float>
+void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
+                const float *slope, float *s, int64_t ld, int64_t base = 0) {
   const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15);
   int64_t p = 0;
   for (; p < past16; p += 16) {     // 16 positions: a whole cache line of each key row
     V8 acc[J][2];
     for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = Zero();
     for (int64_t d = 0; d < hd; ++d) {
-      const V8 k0 = Load(K + d * P + p), k1 = Load(K + d * P + p + 8);
+      const V8 k0 = LoadAs(K + d * P + p), k1 = LoadAs(K + d * P + p + 8);
       for (int j = 0; j < J; ++j) {
         const V8 qv = Bcast(q[j * hd + d]);
         acc[j][0] = Fma(qv, k0, acc[j][0]);
@@ -34,7 +40,7 @@ void PastScores(const float *q, int64_t hd, const float *K, int64_t P, int64_t p
       }
     }
     for (int half = 0; half < 2; ++half) {
-      const V8 key = Add(Bcast(static_cast<float>(p + 8 * half)), Load(kIota));
+      const V8 key = Add(Bcast(static_cast<float>(base + p + 8 * half)), Load(kIota));
       for (int j = 0; j < J; ++j)
         Store(s + j * ld + p + 8 * half, Fma(Bcast(slope[j]), key, Mul(acc[j][half], Bcast(scale))));
     }
@@ -43,17 +49,17 @@ void PastScores(const float *q, int64_t hd, const float *K, int64_t P, int64_t p
     V8 acc[J];
     for (int j = 0; j < J; ++j) acc[j] = Zero();
     for (int64_t d = 0; d < hd; ++d) {
-      const V8 kv = Load(K + d * P + p);
+      const V8 kv = LoadAs(K + d * P + p);
       for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
     }
-    const V8 key = Add(Bcast(static_cast<float>(p)), Load(kIota));
+    const V8 key = Add(Bcast(static_cast<float>(base + p)), Load(kIota));
     for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], Bcast(scale))));
   }
   for (int64_t p = past8; p < past; ++p)
     for (int j = 0; j < J; ++j) {
       float dot = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * K[d * P + p];
-      s[j * ld + p] = dot * scale + slope[j] * static_cast<float>(p);
+      for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * ScalarAs(K[d * P + p]);
+      s[j * ld + p] = dot * scale + slope[j] * static_cast<float>(base + p);
     }
 }
 
@@ -98,15 +104,15 @@ float Softmax(float *s, int64_t n) {
 
 // o[j, d0 + 8 DV) = sum over i < L of e[j * ld + i] * values[i][d0 + 8 DV), J query heads: J x DV registers of sums,
 // each value vector loaded once for the J heads. values[i] is past + i rows of V below past, else new_values[i].
-template <int J, int DV>
-void Weigh(const float *e, int64_t ld, int64_t past, const float *V, const float *const *new_values, int64_t count,
+template <int J, int DV, typename T = float>
+void Weigh(const float *e, int64_t ld, int64_t past, const T *V, const T *const *new_values, int64_t count,
            int64_t hd, int64_t d0, float *o) {
   V8 acc[J][DV];
   for (int j = 0; j < J; ++j)
     for (int v = 0; v < DV; ++v) acc[j][v] = Zero();
-  auto take = [&](const float *row, int64_t i) {
+  auto take = [&](const T *row, int64_t i) {
     V8 x[DV];
-    for (int v = 0; v < DV; ++v) x[v] = Load(row + d0 + 8 * v);
+    for (int v = 0; v < DV; ++v) x[v] = LoadAs(row + d0 + 8 * v);
     for (int j = 0; j < J; ++j) {
       const V8 w = Bcast(e[j * ld + i]);
       for (int v = 0; v < DV; ++v) acc[j][v] = Fma(w, x[v], acc[j][v]);
@@ -120,28 +126,29 @@ void Weigh(const float *e, int64_t ld, int64_t past, const float *V, const float
 
 // Weigh over every query head and the head dimension's runs of 8 (DV of them at a time), the last hd % 8 one
 // by one.
-void WeighAll(const float *e, int64_t ld, int64_t g, int64_t past, const float *V, const float *const *new_values,
+template <typename T = float>
+void WeighAll(const float *e, int64_t ld, int64_t g, int64_t past, const T *V, const T *const *new_values,
               int64_t count, int64_t hd, float *o) {
   const int64_t hd8 = hd & ~int64_t(7);
   for (int64_t j = 0; j < g; j += 3) {
     const int64_t J = std::min<int64_t>(3, g - j);
     int64_t d = 0;
     for (; d + 32 <= hd8; d += 32) {
-      if (J == 3) Weigh<3, 4>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
-      else if (J == 2) Weigh<2, 4>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
-      else Weigh<1, 4>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      if (J == 3) Weigh<3, 4, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else if (J == 2) Weigh<2, 4, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else Weigh<1, 4, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
     }
     for (; d < hd8; d += 8) {
-      if (J == 3) Weigh<3, 1>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
-      else if (J == 2) Weigh<2, 1>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
-      else Weigh<1, 1>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      if (J == 3) Weigh<3, 1, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else if (J == 2) Weigh<2, 1, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
+      else Weigh<1, 1, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
     }
   }
   for (int64_t d = hd8; d < hd; ++d)
     for (int64_t j = 0; j < g; ++j) {
       float sum = 0.0f;
-      for (int64_t p = 0; p < past; ++p) sum += e[j * ld + p] * V[p * hd + d];
-      for (int64_t i = 0; i < count; ++i) sum += e[j * ld + past + i] * new_values[i][d];
+      for (int64_t p = 0; p < past; ++p) sum += e[j * ld + p] * ScalarAs(V[p * hd + d]);
+      for (int64_t i = 0; i < count; ++i) sum += e[j * ld + past + i] * ScalarAs(new_values[i][d]);
       o[j * hd + d] = sum;
     }
 }
@@ -207,6 +214,49 @@ void Prefetch(const AttendArgs &a, int64_t n, int64_t h) {
   for (int64_t i = 0; i < past * a.hd; i += 16) __builtin_prefetch(V + i, 0, 2);
 }
 
+
+// Token n's attention on KV head h in the paged form: its row's positions p < L, block after block.
+template <typename T>
+void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
+  const float *meta = a.meta + n * kMetaCols;
+  const int64_t row = static_cast<int64_t>(meta[kRow]);
+  const int64_t position = static_cast<int64_t>(meta[kPosition]), context = static_cast<int64_t>(meta[kContext]);
+  const int64_t L = std::max<int64_t>(1, std::min(std::max(position + 1, context), a.ends[row]));
+  const int64_t g = a.g, hd = a.hd, bs = a.block, ld = (L + 7) & ~int64_t(7);
+  const int64_t head_keys = hd * bs, block_values = a.kv * bs * hd;
+  // scratch: each position's value row (L pointers), scores, sums, denominators
+  const T **rows = reinterpret_cast<const T **>(scratch);
+  float *s = scratch + ((2 * L + 15) & ~int64_t(15));
+  float *o = s + g * ld;
+  const float *q = a.q + (n * a.kv + h) * g * hd;
+  const float *slope = a.slopes + h * g;
+  const float *table = a.tables + row * a.T;
+  const T *keys = static_cast<const T *>(a.keys), *values = static_cast<const T *>(a.values);
+  for (int64_t start = 0; start < L; start += bs) {
+    const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, L - start);
+    const T *K = keys + (block * a.kv + h) * head_keys;
+    for (int64_t j = 0; j < g; j += 4) {
+      float *sj = s + j * ld + start;
+      switch (std::min<int64_t>(4, g - j)) {
+        case 4: PastScores<4, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 3: PastScores<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 2: PastScores<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        default: PastScores<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+      }
+    }
+    const T *V = values + block * block_values + h * bs * hd;
+    for (int64_t i = 0; i < count; ++i) rows[start + i] = V + i * hd;
+  }
+  float *den = o + g * hd;
+  for (int64_t j = 0; j < g; ++j) den[j] = Softmax(s + j * ld, L);
+  WeighAll<T>(s, ld, g, 0, nullptr, rows, L, hd, o);
+  float *out = a.out + (n * a.kv + h) * g * hd;
+  for (int64_t j = 0; j < g; ++j) {
+    const float inv = 1.0f / den[j];
+    for (int64_t d = 0; d < hd; ++d) out[j * hd + d] = o[j * hd + d] * inv;
+  }
+}
+
 }  // namespace
 
 void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
@@ -214,6 +264,13 @@ void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
   for (int64_t i = i0; i < i1; ++i) {
     if (i + 1 < i1) Prefetch(a, (i + 1) / a.kv, (i + 1) % a.kv);
     Item(a, i / a.kv, i % a.kv, scratch);
+  }
+}
+
+void PagedAttend(const PagedArgs &a, int64_t i0, int64_t i1, float *scratch) {
+  for (int64_t i = i0; i < i1; ++i) {
+    if (a.half) PagedItem<uint16_t>(a, i / a.kv, i % a.kv, scratch);
+    else PagedItem<float>(a, i / a.kv, i % a.kv, scratch);
   }
 }
 

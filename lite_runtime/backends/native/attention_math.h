@@ -30,14 +30,37 @@ struct AttendArgs {
 // Floats of scratch one work item needs.
 inline int64_t AttendScratch(const AttendArgs &a) { return a.g * (a.P + a.N + 8 + a.hd + 1) + 3 * a.N + 16; }
 
+// The paged form: K/V held in a store of blocks of `block` positions (paged_attention_kernel.cc), a block's keys
+// (kv, hd, block) and values (kv, block, hd), float32 or float16; each row's blocks in its line of `tables`. The
+// call's new K/V are written into the store first, so token n of row r at position t reads positions
+// p < max(t + 1, context(n)) of its row, all from the store (no past/new split).
+struct PagedArgs {
+  const float *q = nullptr;        // (N, kv, g, hd)
+  const float *meta = nullptr;     // (N, kMetaCols)
+  const float *tables = nullptr;   // (B, T): each row's block ids, as floats
+  const float *slopes = nullptr;   // (kv * g,)
+  const void *keys = nullptr;      // this layer's keys, block after block
+  const void *values = nullptr;    // and values
+  bool half = false;               // the store holds float16 bits
+  float scale = 1.0f;
+  int64_t N = 0, B = 0, T = 0, kv = 0, g = 0, hd = 0, block = 0;
+  const int64_t *ends = nullptr;   // (B,): positions each row holds after the call's writes
+  float *out = nullptr;            // (N, kv * g * hd)
+};
+
+// Floats of scratch one paged work item needs.
+inline int64_t PagedScratch(const PagedArgs &a) { return a.g * (a.T * a.block + 8 + a.hd + 1) + 2 * a.T * a.block + 16; }
+
 // Work items [i0, i1) of the N * kv (token, KV head) pairs, item = n * kv + h.
 using AttendFn = void (*)(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
 
 namespace avx2 {
 void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
+void PagedAttend(const PagedArgs &a, int64_t i0, int64_t i1, float *scratch);
 }
 namespace generic {
 void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
+void PagedAttend(const PagedArgs &a, int64_t i0, int64_t i1, float *scratch);
 }
 
 }  // namespace lk

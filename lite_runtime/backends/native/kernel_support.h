@@ -42,6 +42,8 @@ std::string OpInfo(const std::string &name, const std::vector<std::string> &dtyp
 // The attention kernel's registration (attention_kernel.cc): the kernel and its shape inference with Lite,
 // or (`op_info`) the entry a MindIR Build needs.
 int RegisterAttend(bool op_info);
+// The paged attention's (paged_attention_kernel.cc), likewise.
+int RegisterPagedAttend(bool op_info);
 // The layer ops' (layer_ops_kernel.cc: RMS norm, SwiGLU, rotary), likewise.
 int RegisterLayerOps(bool op_info);
 

@@ -421,7 +421,7 @@ const char *lk_types() {
   return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteLinearI4SymF16P16,"
          "LiteLinearI8GroupF16P16,LiteGatherI8P16,LiteGatherI8GroupF16P16,"
          "LiteGatherF32P16,"
-         "LiteAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
+         "LiteAttend,LitePagedAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
@@ -462,7 +462,7 @@ int lk_register(int op_info) {
           V(kProvider), V(gather.name), [] { return std::make_shared<GatherInfer>(); }) != mindspore::kSuccess)
       return Fail(std::string("Lite refused to register the shape inference of ") + gather.name);
   }
-  if (!kernels && (lk::RegisterAttend(false) || lk::RegisterLayerOps(false))) return 1;
+  if (!kernels && (lk::RegisterAttend(false) || lk::RegisterPagedAttend(false) || lk::RegisterLayerOps(false))) return 1;
   kernels = true;
   if (op_info && !infos) {
     for (const TypeInfo &type : kTypes) {
@@ -478,7 +478,7 @@ int lk_register(int op_info) {
       if (!mindspore::kernel::OpLib::RegOp(OpInfo(gather.name, dtypes), ""))
         return Fail(std::string("MindSpore's op-info library refused ") + gather.name);
     }
-    if (lk::RegisterAttend(true) || lk::RegisterLayerOps(true)) return 1;
+    if (lk::RegisterAttend(true) || lk::RegisterPagedAttend(true) || lk::RegisterLayerOps(true)) return 1;
     infos = true;
   }
   return 0;

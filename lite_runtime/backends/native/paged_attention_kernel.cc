@@ -1,0 +1,288 @@
+// The paged KV store and its attention node (LitePagedAttend; the loops: attention_math.cc's PagedItem).
+//
+// A store is allocated once, by the runtime, for a session: `blocks` blocks of `block` positions for every
+// layer, float16 or float32, zeroed lazily by the system (calloc), so that memory is resident only for the
+// blocks used. The graph's attention node of layer l gets q (N, kv, g, hd), the call's new keys and values
+// (N, kv, hd), meta (N, 4), each row's block ids (B, T), the store's id (1,) and its layer (1,); it writes each
+// new token's key and value into its row's block at its position, then attends over the store. Nothing of
+// the cache is a graph input or output.
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "attention_math.h"
+#include "kernel_support.h"
+#include "lite_registry.h"
+#include "thread_pool.h"
+
+namespace lk {
+namespace {
+
+using mindspore::DataType;
+using mindspore::MSTensor;
+
+constexpr char kPagedType[] = "LitePagedAttend";
+constexpr int kPagedInputs = 9;   // q, k, v, meta, tables, store, layer, slopes, scale
+
+struct KvStore {
+  int64_t layers = 0, blocks = 0, block = 0, kv = 0, hd = 0;
+  bool half = false;
+  void *data = nullptr;     // layer after layer: its keys (blocks, kv, hd, block), then its values (blocks, kv, block, hd)
+  ~KvStore() { std::free(data); }
+  int64_t Elements() const { return blocks * kv * block * hd; }   // of the keys (or values) of one layer
+  int64_t ElementBytes() const { return half ? 2 : 4; }
+  char *Part(int64_t layer, int which) const {
+    return static_cast<char *>(data) + (2 * layer + which) * Elements() * ElementBytes();
+  }
+};
+
+std::mutex g_stores_mutex;
+std::vector<std::unique_ptr<KvStore>> g_stores;   // index = id; freed ones are null
+
+KvStore *FindStore(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_stores_mutex);
+  return id >= 0 && id < static_cast<int64_t>(g_stores.size()) ? g_stores[id].get() : nullptr;
+}
+
+uint16_t FloatToHalf(float f) {   // round to nearest even; beyond float16's range: infinity
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint32_t sign = (x >> 16) & 0x8000;
+  x &= 0x7FFFFFFF;
+  if (x >= 0x7F800000) return sign | 0x7C00 | (x > 0x7F800000 ? 0x200 : 0);
+  if (x >= 0x477FF000) return sign | 0x7C00;
+  if (x < 0x38800000) {   // subnormal or zero in float16
+    const uint32_t m = (x & 0x7FFFFF) | 0x800000;
+    const int shift = 126 - static_cast<int>(x >> 23);
+    if (shift > 25) return sign;
+    const uint32_t half = m >> shift, rest = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    return sign | (half + (rest > mid || (rest == mid && (half & 1))));
+  }
+  const uint32_t half = ((x >> 13) - (112u << 10)), rest = x & 0x1FFF;
+  return sign | (half + (rest > 0x1000 || (rest == 0x1000 && (half & 1))));
+}
+
+struct PagedCall {
+  const float *k = nullptr, *v = nullptr;   // the call's new keys and values (N, kv, hd)
+  const KvStore *store = nullptr;
+  int64_t layer = 0;
+};
+
+// Writes each token's key and value into its row's block; the rows' ends (positions held after the call).
+int WriteTokens(const PagedArgs &a, const PagedCall &c, std::vector<int64_t> *ends) {
+  const KvStore &st = *c.store;
+  ends->assign(a.B, 0);
+  char *keys = st.Part(c.layer, 0), *values = st.Part(c.layer, 1);
+  for (int64_t n = 0; n < a.N; ++n) {
+    const float *meta = a.meta + n * kMetaCols;
+    const float rowf = meta[kRow], positionf = meta[kPosition];
+    if (!(rowf >= 0.0f && rowf < static_cast<float>(a.B)))
+      return Fail("token " + std::to_string(n) + " is of row " + std::to_string(rowf) + "; the block tables have " +
+                  std::to_string(a.B) + " rows");
+    const int64_t row = static_cast<int64_t>(rowf), position = static_cast<int64_t>(positionf);
+    if (!(positionf >= 0.0f) || position / st.block >= a.T)
+      return Fail("token " + std::to_string(n) + " at position " + std::to_string(positionf) + ": the block tables hold " +
+                  std::to_string(a.T * st.block) + " positions a row");
+    const float blockf = a.tables[row * a.T + position / st.block];
+    if (!(blockf >= 0.0f && blockf < static_cast<float>(st.blocks)))
+      return Fail("row " + std::to_string(row) + "'s block for position " + std::to_string(position) + " is " +
+                  std::to_string(blockf) + "; the store has " + std::to_string(st.blocks) + " blocks");
+    (*ends)[row] = std::max((*ends)[row], position + 1);
+    const int64_t block = static_cast<int64_t>(blockf), slot = position % st.block;
+    for (int64_t h = 0; h < st.kv; ++h) {
+      const float *key = c.k + (n * st.kv + h) * st.hd, *value = c.v + (n * st.kv + h) * st.hd;
+      const int64_t kbase = (block * st.kv + h) * st.hd * st.block + slot, vbase = ((block * st.kv + h) * st.block + slot) * st.hd;
+      if (st.half) {
+        uint16_t *K = reinterpret_cast<uint16_t *>(keys), *V = reinterpret_cast<uint16_t *>(values);
+        for (int64_t d = 0; d < st.hd; ++d) K[kbase + d * st.block] = FloatToHalf(key[d]), V[vbase + d] = FloatToHalf(value[d]);
+      } else {
+        float *K = reinterpret_cast<float *>(keys), *V = reinterpret_cast<float *>(values);
+        for (int64_t d = 0; d < st.hd; ++d) K[kbase + d * st.block] = key[d], V[vbase + d] = value[d];
+      }
+    }
+  }
+  return 0;
+}
+
+int RunPaged(PagedArgs a, const PagedCall &c, int threads) {
+  if (c.store == nullptr) return Fail("no KV store of that id (freed, or never made)");
+  const KvStore &st = *c.store;
+  if (c.layer < 0 || c.layer >= st.layers)
+    return Fail("layer " + std::to_string(c.layer) + "; the store holds " + std::to_string(st.layers));
+  if (a.kv != st.kv || a.hd != st.hd)
+    return Fail("q has " + std::to_string(a.kv) + " KV heads of " + std::to_string(a.hd) + "; the store holds " +
+                std::to_string(st.kv) + " of " + std::to_string(st.hd));
+  a.block = st.block, a.half = st.half, a.keys = st.Part(c.layer, 0), a.values = st.Part(c.layer, 1);
+  std::vector<int64_t> ends;
+  if (WriteTokens(a, c, &ends)) return 1;
+  a.ends = ends.data();
+  int64_t work = 0;
+  for (int64_t n = 0; n < a.N; ++n) work += static_cast<int64_t>(a.meta[n * kMetaCols + kPosition]) + 1;
+  const int64_t items = a.N * a.kv;
+  int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
+  if (work * a.kv * a.g * a.hd < (1 << 14)) n = 1;   // waking a thread costs more than such a call
+  const int64_t chunks = std::min<int64_t>(items, n == 1 ? 1 : 8 * n), need = PagedScratch(a);
+  Pool::Get().Run(n, chunks, [&](int64_t ch) {
+    thread_local std::vector<float> scratch;
+    if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+    (Avx2Loops() ? avx2::PagedAttend : generic::PagedAttend)(a, items * ch / chunks, items * (ch + 1) / chunks,
+                                                             scratch.data());
+  });
+  return 0;
+}
+
+class PagedKernel : public mindspore::kernel::Kernel {
+ public:
+  using Kernel::Kernel;
+
+  int Prepare() override {
+    const std::string who = std::string(kPagedType) + ": ";
+    if (inputs_.size() != kPagedInputs)
+      return Report(who + std::to_string(inputs_.size()) + " inputs, expected " + std::to_string(kPagedInputs));
+    for (const auto &t : inputs_)
+      if (t.DataType() != DataType::kNumberTypeFloat32) return Report(who + "every input must be float32");
+    return 0;
+  }
+  int ReSize() override { return Prepare(); }
+
+  int Execute() override {
+    const std::string who = std::string(kPagedType) + ": ";
+    const auto &qs = inputs_[0].Shape(), &ts = inputs_[4].Shape();
+    if (qs.size() != 4 || ts.size() != 2 || inputs_[3].Shape().size() != 2)
+      return Report(who + "q " + Shape(qs) + " must be 4-D, meta and the block tables " + Shape(ts) + " 2-D");
+    PagedArgs a;
+    a.N = qs[0], a.kv = qs[1], a.g = qs[2], a.hd = qs[3], a.B = ts[0], a.T = ts[1];
+    if (inputs_[1].ElementNum() != a.N * a.kv * a.hd || inputs_[2].ElementNum() != a.N * a.kv * a.hd ||
+        inputs_[3].Shape() != std::vector<int64_t>{a.N, kMetaCols} || inputs_[5].ElementNum() != 1 ||
+        inputs_[6].ElementNum() != 1 || inputs_[7].ElementNum() != a.kv * a.g || inputs_[8].ElementNum() != 1)
+      return Report(who + "inputs do not fit q " + Shape(qs) + " and the block tables " + Shape(ts));
+    std::vector<int64_t> ys{a.N, a.kv * a.g * a.hd};
+    auto &y = outputs_[0];
+    if (y.Shape() != ys) y.SetShape(ys);
+    std::shared_ptr<const void> data[kPagedInputs];
+    for (int i = 0; i < kPagedInputs; ++i)
+      if (!(data[i] = inputs_[i].Data()) && inputs_[i].ElementNum() > 0) return Report(who + "no data");
+    auto f = [&](int i) { return static_cast<const float *>(data[i].get()); };
+    PagedCall c;
+    a.q = f(0), c.k = f(1), c.v = f(2), a.meta = f(3), a.tables = f(4), a.slopes = f(7), a.scale = *f(8);
+    c.store = FindStore(static_cast<int64_t>(*f(5)));
+    c.layer = static_cast<int64_t>(*f(6));
+    a.out = static_cast<float *>(y.MutableData());
+    if (a.out == nullptr && a.N > 0) return Report(who + "no output buffer");
+    const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
+    if (RunPaged(a, c, KernelsHoldThreads() ? KernelThreads(lite_threads) : 1)) return Report(who + g_last_error);
+    return 0;
+  }
+};
+
+class PagedInfer : public mindspore::kernel::KernelInterface {
+ public:
+  mindspore::Status Infer(std::vector<MSTensor> *inputs, std::vector<MSTensor> *outputs,
+                          const mindspore::schema::Primitive *) override {
+    if (inputs->size() != kPagedInputs || outputs->size() != 1) return mindspore::kLiteError;
+    const std::vector<int64_t> q = (*inputs)[0].Shape();
+    auto &y = (*outputs)[0];
+    y.SetDataType(DataType::kNumberTypeFloat32);
+    if (q.size() != 4) return mindspore::kLiteInferInvalid;   // q's rank is unknown until Resize
+    y.SetFormat((*inputs)[0].format());
+    y.SetShape({q[0], q[1] * q[2] * q[3]});
+    return mindspore::kSuccess;
+  }
+};
+
+}  // namespace
+
+int RegisterPagedAttend(bool op_info) {
+  if (op_info) {
+    if (!mindspore::kernel::OpLib::RegOp(OpInfo(kPagedType, std::vector<std::string>(kPagedInputs, "float32")), ""))
+      return Fail(std::string("MindSpore's op-info library refused ") + kPagedType);
+    return 0;
+  }
+  auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
+    Chars("CPU"), Chars(kProvider), DataType::kNumberTypeFloat32, Chars(kPagedType),
+    [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+       const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
+      return std::make_shared<PagedKernel>(inputs, outputs, primitive, ctx);
+    });
+  auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
+    Chars(kProvider), Chars(kPagedType), [] { return std::make_shared<PagedInfer>(); });
+  if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
+    return Fail(std::string("Lite refused to register the kernel ") + kPagedType);
+  return 0;
+}
+
+}  // namespace lk
+
+extern "C" {
+
+// A store of `blocks` blocks of `block` positions for `layers` layers of `kv` heads of `hd`, float16 (`half`)
+// or float32: its id, or -1 (lk_last_error says why).
+int64_t lk_kv_create(int64_t layers, int64_t blocks, int64_t block, int64_t kv, int64_t hd, int half) {
+  if (layers <= 0 || blocks <= 0 || block <= 0 || block % 8 || kv <= 0 || hd <= 0)
+    return lk::Fail("a KV store of " + std::to_string(layers) + " layers, " + std::to_string(blocks) + " blocks of " +
+                    std::to_string(block) + " positions (a multiple of 8), " + std::to_string(kv) + " heads of " +
+                    std::to_string(hd)), -1;
+  auto store = std::make_unique<lk::KvStore>();
+  store->layers = layers, store->blocks = blocks, store->block = block, store->kv = kv, store->hd = hd;
+  store->half = half != 0;
+  store->data = std::calloc(static_cast<size_t>(2 * layers * store->Elements()), store->ElementBytes());
+  if (store->data == nullptr)
+    return lk::Fail("could not reserve " + std::to_string(2 * layers * store->Elements() * store->ElementBytes()) +
+                    " bytes for the KV store"), -1;
+  std::lock_guard<std::mutex> lock(lk::g_stores_mutex);
+  lk::g_stores.push_back(std::move(store));
+  return static_cast<int64_t>(lk::g_stores.size()) - 1;
+}
+
+int lk_kv_free(int64_t id) {
+  std::lock_guard<std::mutex> lock(lk::g_stores_mutex);
+  if (id < 0 || id >= static_cast<int64_t>(lk::g_stores.size()) || !lk::g_stores[id])
+    return lk::Fail("no KV store " + std::to_string(id));
+  lk::g_stores[id].reset();
+  return 0;
+}
+
+// Copies block `src` into block `dst` in every layer (a shared block written by one of its users).
+int lk_kv_copy_block(int64_t id, int64_t src, int64_t dst) {
+  const lk::KvStore *st = lk::FindStore(id);
+  if (st == nullptr) return lk::Fail("no KV store " + std::to_string(id));
+  if (src < 0 || dst < 0 || src >= st->blocks || dst >= st->blocks)
+    return lk::Fail("blocks " + std::to_string(src) + " -> " + std::to_string(dst) + " of " + std::to_string(st->blocks));
+  const int64_t bytes = st->kv * st->block * st->hd * st->ElementBytes();
+  for (int64_t layer = 0; layer < st->layers; ++layer)
+    for (int which = 0; which < 2; ++which) std::memcpy(st->Part(layer, which) + dst * bytes, st->Part(layer, which) + src * bytes, bytes);
+  return 0;
+}
+
+// A block of one layer as float32 (tests): keys (kv, hd, block), values (kv, block, hd).
+int lk_kv_read(int64_t id, int64_t layer, int64_t block, float *keys, float *values) {
+  const lk::KvStore *st = lk::FindStore(id);
+  if (st == nullptr || layer < 0 || layer >= st->layers || block < 0 || block >= st->blocks)
+    return lk::Fail("no block " + std::to_string(block) + " of layer " + std::to_string(layer) + " in KV store " +
+                    std::to_string(id));
+  const int64_t n = st->kv * st->block * st->hd;
+  for (int which = 0; which < 2; ++which) {
+    const char *part = st->Part(layer, which) + block * n * st->ElementBytes();
+    float *out = which ? values : keys;
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = st->half ? lk::HalfToFloat(reinterpret_cast<const uint16_t *>(part)[i]) : reinterpret_cast<const float *>(part)[i];
+  }
+  return 0;
+}
+
+// The paged attention without Lite (tests, benchmarks): as the node of `layer`, shapes as attention_math.h.
+int lk_paged_attend(const float *q, const float *k, const float *v, const float *meta, const float *tables, int64_t B,
+                    int64_t T, int64_t store, int64_t layer, const float *slopes, float scale, int64_t N, int64_t kv,
+                    int64_t g, int64_t hd, float *out, int threads) {
+  lk::PagedArgs a;
+  lk::PagedCall c;
+  a.q = q, a.meta = meta, a.tables = tables, a.slopes = slopes, a.scale = scale, a.out = out;
+  a.N = N, a.B = B, a.T = T, a.kv = kv, a.g = g, a.hd = hd;
+  c.k = k, c.v = v, c.store = lk::FindStore(store), c.layer = layer;
+  return lk::RunPaged(a, c, threads);
+}
+
+}  // extern "C"
