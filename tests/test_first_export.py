@@ -70,7 +70,7 @@ def test_the_readmes_first_export_is_for_cpu_with_ascend_one_line_away():
 def test_the_last_line_names_the_target_and_the_readme_says_so(first_exports):
     for name, words in (("none", NO_TARGET_WORDS), ("cpu", CPU_WORDS)):
         export, last = first_exports[name]
-        assert last.startswith(f"exporter: exported llama to {export} (1 rank(s), {words}; "), last
+        assert last.startswith(f"exporter: exported llama to {export} (1 rank(s), {words}; weights float32; "), last
     readme = " ".join(open(README, encoding="utf-8").read().split())
     assert CPU_WORDS in readme and "for target ascend (no target given" in readme
 

@@ -176,6 +176,13 @@ def test_quantization_values_are_refused_in_one_line(tmp_path):
         config_from_dict(dict(base, quantization={"embedding": "int8"}))
     assert config_from_dict(dict(base, quantization={"weights": "int4", "group_size": 128})).quantization.group_size \
         == 128
+    # the head and the embedding follow the weights unless set (llama.cpp's types quantize both); float32 on Ascend
+    follow = config_from_dict(dict(base, quantization={"weights": "int4"})).quantization
+    assert (follow.head, follow.embedding) == ("int8", "int8")
+    kept = config_from_dict(dict(base, quantization={"weights": "int8", "head": "float32"})).quantization
+    assert (kept.head, kept.embedding) == ("float32", "int8")
+    ascend = config_from_dict(dict(base, target="ascend", quantization={"weights": "int8"})).quantization
+    assert (ascend.head, ascend.embedding) == ("float32", "float32")
 
 
 def int8_export_naming_kernels(quantized, tmp_path, kernels) -> str:

@@ -69,7 +69,8 @@ def slora_exports(slora_model):
                 if variant == "lite_tp2_a1":
                     cfg["model"]["pet_config"]["adapter_path"] = str(folder / "lora_adapter_a1.json")
             elif variant == "lite_int8":     # the base's linear layers quantized, the adapters float32 on top
-                cfg = slora_yaml(folder, out, "packed", target="cpu", quantization={"weights": "int8"})
+                cfg = slora_yaml(folder, out, "packed", target="cpu", quantization={"weights": "int8", "head": "float32",
+                                                                                  "embedding": "float32"})
             elif variant.startswith("lite_segments"):      # one rank's step as segments of whole layers
                 cfg = slora_yaml(folder, out, "packed", lite_ms=True, parallel={"collectives": "host"})
             else:      # packed: each token's adapter columns by its row

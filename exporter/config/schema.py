@@ -81,26 +81,38 @@ class QuantizationSection:
     # None: by target (ExportConfig._check_quantization)
     weights: Optional[str] = None
     group_size: int = 32         # weights per scale along the input; int8 also -1: one scale per output channel
-    head: str = "float32"        # float32 | int8 (a tied head reads the embedding's table when both are alike)
-    embedding: str = "float32"   # float32 | int8 (the token embedding's table, stored as the layers' int8)
+    # float32 | int8; None: as the weights (int8 where they are int8 or int4, as llama.cpp's types quantize both;
+    # float32 otherwise, and on target ascend). A tied head reads the embedding's table when both are alike.
+    head: Optional[str] = None
+    embedding: Optional[str] = None   # the token embedding's table, int8 as the layers' storage
 
     def __post_init__(self):
         if self.weights is not None and self.weights not in WEIGHT_SCHEMES:
             raise ConfigError(f"quantization.weights {self.weights!r} is not allowed; allowed: "
                               f"{', '.join(WEIGHT_SCHEMES)}")
-        if self.head not in HEAD_SCHEMES:
+        if self.head is not None and self.head not in HEAD_SCHEMES:
             raise ConfigError(f"quantization.head {self.head!r} is not allowed; allowed: {', '.join(HEAD_SCHEMES)}")
-        if self.embedding not in EMBEDDING_SCHEMES:
+        if self.embedding is not None and self.embedding not in EMBEDDING_SCHEMES:
             raise ConfigError(f"quantization.embedding {self.embedding!r} is not allowed; allowed: "
                               f"{', '.join(EMBEDDING_SCHEMES)}")
+        if self.weights in ("none", "float32"):
+            self.follow_weights(ascend=False)
         for key in ("head", "embedding"):
-            if getattr(self, key) != "float32" and self.weights not in ("int8", "int4"):
+            if getattr(self, key) not in (None, "float32") and self.weights not in ("int8", "int4"):
                 raise ConfigError(f"quantization.{key} {getattr(self, key)} needs quantized weights "
                                   f"(quantization.weights int8 or int4, not {self.weights or 'the default'})")
         if self.group_size not in GROUP_SIZES + ((PER_CHANNEL,) if self.weights == "int8" else ()):
             raise ConfigError(f"quantization.group_size {self.group_size!r} is not allowed; allowed: "
                               f"{', '.join(map(str, GROUP_SIZES))}, or with weights int8 {PER_CHANNEL} (one scale "
                               "per output channel)")
+
+    def follow_weights(self, ascend: bool) -> None:
+        """The head's and the embedding's storage where the config leaves them out: int8 beside int8 or int4
+        weights on the kernels (SmolLM2-135M: top-1 agreement with float32 the same with them int8 or float32,
+        docs/quantization.md), float32 otherwise (on Ascend Lite's converter keeps them float32)."""
+        default = "int8" if self.weights in ("int8", "int4") and not ascend else "float32"
+        self.head = self.head or default
+        self.embedding = self.embedding or default
 
 
 @dataclass
@@ -260,6 +272,7 @@ class ExportConfig:
         q = self.quantization
         if q.weights is None:      # float32 products on the kernels: on CPU at least Lite's MatMul's speed (docs)
             q.weights = "float32" if self._step_on_cpu else "none"
+        q.follow_weights(ascend=self.target == "ascend")
         if q.weights == "none":
             return
         if self.target == "ascend":

@@ -16,7 +16,8 @@ from lite_runtime.contract.families import STEP, get_family
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.hashes import file_sha256
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
-from lite_runtime.contract.quant import head_reads_embedding, kernels_for, layer_kernels, own_head, quantization_record
+from lite_runtime.contract.quant import (PER_CHANNEL, head_reads_embedding, kernels_for, layer_kernels, own_head,
+                                         quantization_record)
 from lite_runtime.contract.manifest import GraphEntry, Manifest
 from exporter.config.schema import ExportConfig
 from exporter.writing.export_plan import ExportPlan, plan_export
@@ -72,10 +73,23 @@ def export(config: ExportConfig) -> str:
         where = f"model.hf_dir {config.model.hf_dir} has none and " if config.model.hf_dir else ""
         log.warning("the export has no tokenizer (%sno model.tokenizer is given): every run needs one, given with "
                     "--tokenizer_path (tokenizer_path= in Python)", where)
-    log.info("exported %s to %s (%d rank(s), %s; %.1f s%s)", source.family.name, config.output_dir, config.world_size,
-             plan.describe(manifest), time.perf_counter() - start,
+    log.info("exported %s to %s (%d rank(s), %s; %s; %.1f s%s)", source.family.name, config.output_dir,
+             config.world_size, plan.describe(manifest), stored_as(manifest.quantization), time.perf_counter() - start,
              f"; {default_output_note(config)}" if config.output_dir_default else "")
     return config.output_dir
+
+
+def stored_as(quantization: dict) -> str:
+    """What the export's last line says the weights are stored as (the manifest's `quantization`)."""
+    if not quantization or quantization["weights"] == quantization["head"] == quantization["embedding"] == "float32":
+        return "weights float32"
+    if quantization.get("by") == "lite_converter":
+        return "weights int8 by Lite's converter for GE, head and embedding float32"
+    weights = quantization["weights"]
+    group = quantization.get("group_size")
+    if weights in ("int8", "int4"):
+        weights += " per output channel" if group == PER_CHANNEL else f" in groups of {group}"
+    return f"weights {weights}, head {quantization['head']}, embedding {quantization['embedding']}"
 
 
 def _trace_all(config: ExportConfig, source: ModelSource, plan: ExportPlan, tmp: str) -> None:
