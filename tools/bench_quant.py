@@ -7,11 +7,20 @@ Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) onc
 `quantization.weights` (none: Lite's own MatMul; int8 and int4 with --group_size), kept in --work_dir for
 later runs. A scheme may end in `+head` (`quantization.head: int8`) or `+head+embedding` (the embedding
 in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel` (without it, `attention:
-graph`). Then, round after round, every scheme and batch in turn, each in a child process of its own under
-/usr/bin/time: a 31-token prompt per row, --new_tokens greedy tokens (EOS ignored) through `Session.step`
-(idle cache rows cost nothing), 2 threads. Prints per scheme and batch the median decode ms per step, TTFT,
-peak RSS, the same-round ratios to `none`, and how many greedy tokens of row 0 equal `none`'s before the
-first difference. `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one
+graph`). Then, round after round, every depth, batch and scheme in turn, each in a child process of its own
+under /usr/bin/time: the prompt on each row (one request a row, fed in one step), --new_tokens greedy tokens
+(EOS ignored) through `Session.step` (idle cache rows cost nothing), 2 threads. The prompt is a 31-token
+sentence, or with `--depths 31 1000 2000` one prompt of each length cut from the start of docs/*.md (joined
+in sorted order, the export's tokenizer); the exports' seq_length is the longest prompt plus --new_tokens,
+rounded up to 256. Prints per scheme, batch and depth the median decode ms per step, TTFT, peak RSS, the
+same-round ratios to the first scheme, and how many greedy tokens of row 0 equal, before the first
+difference, the first scheme's and the reference's.
+
+The reference: transformers' greedy tokens after the same prompt on the same GGUF in float32 (a process of
+its own before the timed runs, cached in --work_dir). Every timed run's row-0 tokens are counted against it
+(`k/N`); a float32 export (`none`, `float32`) and llama.cpp at F32 must equal it, else its row says TOKENS
+DIFFER and the tool exits 1. `--reference none` skips the check (a model transformers cannot load).
+`--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one
 and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (one slice per cache row), and
 so llama.cpp's at each --llama_cpp type (the same slices, our tokenizer's ids).
 
@@ -22,13 +31,15 @@ by llama.cpp's own quantizer into --work_dir, fed the same prompt ids on each ro
 builder, blocks of 32, x rounded to int8) and OpenVINO GenAI with NNCF's int8 / int4 weights (int4 in groups
 of 32), built from that Hugging Face folder of the same model (tools/peer_runtimes.py), at each batch, fed the
 same ids.
-`--reference F16` compares every run's logits after the prompt with llama.cpp's at that type (cosine and
-top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at
-sizes whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`).
+`--reference F16` also compares every run's logits after the prompt with llama.cpp's at that type (cosine and
+top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at sizes
+whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`); there `--reference F16
+none` drops the token check.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -44,6 +55,7 @@ MS20 = os.path.join(REPO, ".venv-ms20", "bin", "python")
 PEERS = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 LLAMA_FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}   # llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*
+DEFAULT_SEQ = 256
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type with an oil-based ink and a wooden press.")
 
@@ -53,14 +65,20 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
     if any(part not in ("head", "embedding", "attn") for part in parts):
         raise SystemExit(f"error: --schemes {scheme!r}: a weights scheme, then +head and +embedding (in int8), "
                          "+attn (attention: kernel)")
-    int8_parts = [part for part in parts if part != "attn"]
-    quantization = dict({part: "int8" for part in int8_parts}, weights=weights)
+    quantization = {"weights": weights}
     grid = ""
-    if weights in ("int8", "int4"):
-        quantization["group_size"] = group
+    if weights in ("int8", "int4"):      # the head and the embedding as the scheme names them (their default: int8)
+        quantization.update({part: "int8" if part in parts else "float32" for part in ("head", "embedding")},
+                            group_size=group)
         grid = "_channel" if group == -1 else f"_g{group}"
-    out = os.path.join(work, "_".join([weights + grid] + parts))
+    # Folders of the default seq_length keep the names of earlier runs (the docs name some of them).
+    out = os.path.join(work, "_".join([weights + grid] + parts + ([] if seq == DEFAULT_SEQ else [f"seq{seq}"])))
     if os.path.isfile(os.path.join(out, "manifest.json")):
+        from lite_runtime.contract.manifest import load_manifest
+        manifest = load_manifest(out)
+        if manifest.seq_length != seq or manifest.batch_size < batch:
+            raise SystemExit(f"error: {out} was exported with seq_length {manifest.seq_length} and batch_size "
+                             f"{manifest.batch_size}; this run needs {seq} and {batch}: remove the folder")
         return out
     yaml = out + ".yaml"
     with open(yaml, "w") as f:
@@ -74,14 +92,13 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
     return out
 
 
-def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
+def child(export_dir: str, ids_file: str, batch: int, new_tokens: int, threads: int) -> None:
     """Runs in its own process: prints one JSON line of timings and row 0's tokens."""
     import numpy as np
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.tokenizers import export_tokenizer
     manifest = load_manifest(export_dir)
-    ids = export_tokenizer(manifest).encode(PROMPT)[:31]
+    ids = read_ids(ids_file)
     session = load_session("mslite", manifest, num_threads=threads)
     rows = manifest.batch_size
     counts = np.array([len(ids)] * batch + [0] * (rows - batch), np.int32)
@@ -106,21 +123,46 @@ def child(export_dir: str, batch: int, new_tokens: int, threads: int) -> None:
                       "first": first}))
 
 
-def prompt_ids(export_dir: str) -> list:
+def prompts(export_dir: str, depths: list, work: str) -> dict:
+    """{prompt length: a file of its token ids} by the export's tokenizer, written into `work` for every process
+    that runs it: the 31-token sentence without `depths`, else the start of docs/*.md cut at each depth."""
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.tokenizers import export_tokenizer
-    return export_tokenizer(load_manifest(export_dir)).encode(PROMPT)[:31]
+    tokenizer = export_tokenizer(load_manifest(export_dir))
+    if not depths:
+        cuts = [tokenizer.encode(PROMPT)[:31]]
+    else:
+        docs = os.path.join(REPO, "docs")
+        text = "\n\n".join(open(os.path.join(docs, name), encoding="utf-8").read()
+                            for name in sorted(os.listdir(docs)) if name.endswith(".md"))
+        ids = tokenizer.encode(text)
+        if len(ids) < max(depths):
+            raise SystemExit(f"error: --depths {max(depths)}: docs/*.md make only {len(ids)} tokens")
+        cuts = [ids[:depth] for depth in depths]
+    files = {}
+    for ids in cuts:
+        files[len(ids)] = os.path.join(work, f"prompt_{len(ids)}.json")
+        with open(files[len(ids)], "w", encoding="utf-8") as f:
+            json.dump(ids, f)
+    return files
 
 
-def llama_child(gguf: str, ids: list, batch: int, new_tokens: int, threads: int) -> None:
+def read_ids(ids_file: str) -> list:
+    with open(ids_file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def llama_child(gguf: str, ids_file: str, batch: int, new_tokens: int, threads: int) -> None:
     """Runs in the peers venv: llama.cpp on `batch` sequences of the prompt (one decode call a step for all of
     them, each sequence its own cache), one JSON line as child() prints."""
     import llama_cpp as lc
     import numpy as np
+    ids = read_ids(ids_file)
     lc.llama_backend_init()
     model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
     params = lc.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_seq_max = 256 * batch, 256 * batch, batch
+    per_sequence = -(-(len(ids) + new_tokens) // 256) * 256
+    params.n_ctx, params.n_batch, params.n_seq_max = per_sequence * batch, per_sequence * batch, batch
     params.n_threads = params.n_threads_batch = threads
     ctx = lc.llama_init_from_model(model, params)
     vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
@@ -289,20 +331,69 @@ def accuracy(exports: dict, text_file: str, tokens: int, threads: int, llama: di
         print(f"| {name} | {100 * agree:.1f} % | {math.exp(g['nll']):.3f} |")
 
 
-def measure(export_dir: str, batch: int, new_tokens: int, threads: int, llama_ids=None) -> dict:
-    """One run in a child under /usr/bin/time; `llama_ids`: export_dir is a GGUF for llama.cpp."""
-    if llama_ids is not None:
-        command = ["/usr/bin/time", "-f", "%M", PEERS, os.path.abspath(__file__), "--llama_child", export_dir,
-                   json.dumps(llama_ids), str(batch), str(new_tokens), str(threads)]
-    else:
-        command = ["/usr/bin/time", "-f", "%M", sys.executable, os.path.abspath(__file__), "--child", export_dir,
-                   str(batch), str(new_tokens), str(threads)]
+def measure(export_dir: str, ids_file: str, batch: int, new_tokens: int, threads: int, llama=False) -> dict:
+    """One run in a child under /usr/bin/time; `llama`: export_dir is a GGUF for llama.cpp."""
+    python, flag = (PEERS, "--llama_child") if llama else (sys.executable, "--child")
+    command = ["/usr/bin/time", "-f", "%M", python, os.path.abspath(__file__), flag, export_dir, ids_file,
+               str(batch), str(new_tokens), str(threads)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"error: measuring {export_dir} at batch {batch} failed: {result.stderr.strip()[-500:]}")
     got = json.loads(result.stdout.strip().splitlines()[-1])
     got["rss_mb"] = int(result.stderr.strip().splitlines()[-1]) / 1024
     return got
+
+
+def reference_child(gguf: str, steps: int, ids_files: list) -> None:
+    """Runs in its own process: transformers' greedy tokens (float32, a KV cache, EOS ignored) after each
+    prompt, on the GGUF as transformers reads it; one JSON line, a list of tokens per prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    folder, name = os.path.split(os.path.abspath(gguf))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    got = []
+    with torch.no_grad():
+        for ids_file in ids_files:
+            tokens, past, feed = [], None, torch.tensor([read_ids(ids_file)])
+            for _ in range(steps):
+                out = model(feed, past_key_values=past, use_cache=True, logits_to_keep=1)
+                past = out.past_key_values
+                tokens.append(int(out.logits[0, -1].argmax()))
+                feed = torch.tensor([[tokens[-1]]])
+            got.append(tokens)
+    print(json.dumps(got))
+
+
+def reference_tokens(gguf: str, work: str, ids_files: dict, new_tokens: int) -> dict:
+    """{depth: transformers' greedy tokens after that prompt}, as many as a timed run gives (the pick after the
+    prompt, then one a step); computed once for the GGUF, prompt and new_tokens, then read from `work`."""
+    stat = os.stat(gguf)
+    caches = {}
+    for depth, ids_file in ids_files.items():
+        key = json.dumps([os.path.realpath(gguf), stat.st_size, stat.st_mtime_ns, new_tokens, read_ids(ids_file)])
+        caches[depth] = os.path.join(work, f"reference_{depth}_{hashlib.sha1(key.encode()).hexdigest()[:16]}.json")
+    missing = [depth for depth, cache in caches.items() if not os.path.isfile(cache)]
+    if missing:
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--reference_child", gguf,
+                                 str(new_tokens + 1)] + [ids_files[depth] for depth in missing],
+                                cwd=REPO, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"error: transformers could not compute the reference tokens on {gguf}: "
+                             f"{result.stderr.strip()[-500:]}\n(--reference none skips the token check, on a "
+                             "model transformers cannot load)")
+        for depth, tokens in zip(missing, json.loads(result.stdout.strip().splitlines()[-1])):
+            with open(caches[depth], "w", encoding="utf-8") as f:
+                json.dump(tokens, f)
+        print(f"reference tokens by transformers at depths {missing} in {time.perf_counter() - start:.0f} s",
+              file=sys.stderr)
+    return {depth: read_ids(cache) for depth, cache in caches.items()}
+
+
+def float32_export(export_dir: str) -> bool:
+    """Whether an export's weights are all float32 (the head and embedding are int8 only beside int8 or int4)."""
+    from lite_runtime.contract.manifest import load_manifest
+    return load_manifest(export_dir).quantization.get("weights", "none") in ("none", "float32")
 
 
 def same_prefix(a, b) -> int:
@@ -312,7 +403,7 @@ def same_prefix(a, b) -> int:
     return n
 
 
-def main():
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gguf", default=os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     p.add_argument("--work_dir", default=os.path.join(REPO, "build", "bench_quant"))
@@ -320,10 +411,13 @@ def main():
                    help="exported here first (none: only the --extra exports are measured)")
     p.add_argument("--group_size", type=int, default=32)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--depths", type=int, nargs="+", metavar="TOKENS",
+                   help="prompt lengths, each cut from docs/*.md (default: one 31-token sentence)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--new_tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seq_length", type=int, default=256)
+    p.add_argument("--seq_length", type=int, help="of the exports (default: the longest prompt + --new_tokens, "
+                   f"rounded up to a multiple of {DEFAULT_SEQ})")
     p.add_argument("--extra", nargs="*", default=[], metavar="NAME=DIR",
                    help="more exports measured beside the schemes' (e.g. another head choice)")
     p.add_argument("--accuracy", metavar="TEXT_FILE", help="instead of timing: top-1 agreement with the first "
@@ -331,81 +425,125 @@ def main():
     p.add_argument("--accuracy_tokens", type=int, default=1024)
     p.add_argument("--accuracy_child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--llama_accuracy_child", nargs=3, help=argparse.SUPPRESS)
-    p.add_argument("--child", nargs=4, metavar=("EXPORT", "BATCH", "NEW_TOKENS", "THREADS"), help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=5, metavar=("EXPORT", "IDS_FILE", "BATCH", "NEW_TOKENS", "THREADS"),
+                   help=argparse.SUPPRESS)
+    p.add_argument("--reference_child", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
                    help="llama.cpp on the GGUF in these types (needs the peers venv: make peers)")
     p.add_argument("--peers", nargs="*", default=[], choices=["ort_int4", "openvino_int8", "openvino_int4"],
                    help="quantized peers built from --hf_dir (needs the peers venv)")
     p.add_argument("--hf_dir", help="a Hugging Face folder of the GGUF's model, for --peers")
-    p.add_argument("--reference", choices=sorted(LLAMA_FTYPES), help="compare every run's logits after the prompt "
-                   "with llama.cpp's at this type (e.g. F16: the model unquantized, where ours cannot hold it)")
+    p.add_argument("--reference", nargs="+", default=[], choices=sorted(LLAMA_FTYPES) + ["none"],
+                   metavar="TYPE|none",
+                   help="none: no check of the tokens against transformers' (a model it cannot load); a llama.cpp "
+                   "type: compare every run's logits after the prompt with llama.cpp's at this type as well (e.g. "
+                   "F16: the model unquantized, where ours cannot hold it)")
     p.add_argument("--llama_child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.llama_child:
         a = args.llama_child
-        return llama_child(a[0], json.loads(a[1]), int(a[2]), int(a[3]), int(a[4]))
+        return llama_child(a[0], a[1], int(a[2]), int(a[3]), int(a[4]))
     if args.llama_accuracy_child:
         a = args.llama_accuracy_child
         return llama_accuracy_child(a[0], json.loads(a[1]), int(a[2]))
+    if args.reference_child:
+        a = args.reference_child
+        return reference_child(a[0], int(a[1]), a[2:])
     if args.child or args.accuracy_child:
         sys.path.insert(0, REPO)
         if args.accuracy_child:
             a = args.accuracy_child
             return accuracy_child(a[0], a[1], int(a[2]), int(a[3]))
-        return child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]))
+        a = args.child
+        return child(a[0], a[1], int(a[2]), int(a[3]), int(a[4]))
+    check_tokens = "none" not in args.reference
+    llama_reference = [t for t in args.reference if t != "none"]
+    if len(llama_reference) > 1:
+        raise SystemExit(f"error: --reference {' '.join(args.reference)}: one llama.cpp type at most")
+    needed = -(-(max(args.depths or [31]) + args.new_tokens) // DEFAULT_SEQ) * DEFAULT_SEQ
+    if args.seq_length is not None and args.seq_length < needed:
+        raise SystemExit(f"error: --seq_length {args.seq_length}: prompts of {max(args.depths or [31])} tokens "
+                         f"and {args.new_tokens} new tokens need {needed}")
     os.makedirs(args.work_dir, exist_ok=True)
-    exports = {s: export(args.gguf, args.work_dir, s, args.group_size, max(args.batch), args.seq_length)
+    exports = {s: export(args.gguf, args.work_dir, s, args.group_size, max(args.batch), args.seq_length or needed)
                for s in args.schemes}
     exports.update(item.split("=", 1) for item in args.extra)
     args.schemes = list(exports)
-    if (args.llama_cpp or args.reference or args.peers) and not os.path.isfile(PEERS):
-        raise SystemExit(f"error: --llama_cpp, --reference and --peers need the peers venv {PEERS}: run `make "
-                         "peers` (it builds llama-cpp-python)")
+    if (args.llama_cpp or llama_reference or args.peers) and not os.path.isfile(PEERS):
+        raise SystemExit(f"error: --llama_cpp, --reference {'/'.join(sorted(LLAMA_FTYPES))} and --peers need the "
+                         f"peers venv {PEERS}: run `make peers` (it builds llama-cpp-python)")
     llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
     if args.accuracy:
         return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads, llama)
     if args.rounds < 1:
-        return
+        return 0
     if args.peers and not os.path.isfile(os.path.join(args.hf_dir or "", "config.json")):
         raise SystemExit(f"error: --peers needs --hf_dir, a Hugging Face folder of the model; {args.hf_dir!r} "
                          "has no config.json")
     peers = {p: peer_model(p, args.hf_dir, args.work_dir, args.threads) for p in args.peers}
-    ids = prompt_ids(exports[args.schemes[0]]) if llama or peers or args.reference else None
-    reference = None
-    if args.reference:       # the prompt's last logits of the model as llama.cpp runs it at that type
-        path = llama_file(args.gguf, args.work_dir, args.reference)
-        reference = np.array(measure(path, 1, 1, args.threads, llama_ids=ids)["first"])
-    results = {(s, b): [] for s in args.schemes + list(llama) + list(peers) for b in args.batch}
+    ids_files = prompts(exports[args.schemes[0]], args.depths, args.work_dir)
+    depths = list(ids_files)
+    expected = reference_tokens(args.gguf, args.work_dir, ids_files, args.new_tokens) if check_tokens else {}
+    # tokens that must equal transformers': float32 weights, ours or llama.cpp's
+    exact = {s for s in args.schemes if float32_export(exports[s])} | ({"llama.cpp F32"} & set(llama))
+    logits = {}
+    if llama_reference:       # the prompt's last logits of the model as llama.cpp runs it at that type
+        path = llama_file(args.gguf, args.work_dir, llama_reference[0])
+        logits = {d: np.array(measure(path, ids_files[d], 1, 1, args.threads, llama=True)["first"]) for d in depths}
+    results = {(s, b, d): [] for s in args.schemes + list(llama) + list(peers) for b in args.batch for d in depths}
     for r in range(args.rounds):
-        for b in args.batch:
-            for s in args.schemes:
-                results[(s, b)].append(measure(exports[s], b, args.new_tokens, args.threads))
-            for name, path in llama.items():
-                results[(name, b)].append(measure(path, b, args.new_tokens, args.threads, llama_ids=ids))
-            for name, path in peers.items():
-                results[(name, b)].append(measure_peer(name, path, ids, b, args.new_tokens, args.threads))
+        for d in depths:
+            for b in args.batch:
+                for s in args.schemes:
+                    results[(s, b, d)].append(measure(exports[s], ids_files[d], b, args.new_tokens, args.threads))
+                for name, path in llama.items():
+                    results[(name, b, d)].append(measure(path, ids_files[d], b, args.new_tokens, args.threads,
+                                                         llama=True))
+                for name, path in peers.items():
+                    results[(name, b, d)].append(measure_peer(name, path, read_ids(ids_files[d]), b,
+                                                              args.new_tokens, args.threads))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     args.schemes += list(llama) + list(peers)
     base = args.schemes[0]
-    print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after a 31-token prompt, {args.threads} "
-          f"threads, {args.rounds} rounds (medians; ratios to {base} of the same round)")
-    against = f" | first logits vs llama.cpp {args.reference}: cosine, top-1" if args.reference else ""
-    print(f"| weights | batch | decode ms/step | ratio | TTFT ms | peak RSS MB | tokens equal to {base}{against} |")
-    print("|---|---|---|---|---|---|---|" + ("---|" if args.reference else ""))
-    for b in args.batch:
-        for s in args.schemes:
-            runs, ref = results[(s, b)], results[(base, b)]
-            if not runs:
-                continue
-            ratio = statistics.median(x["step_ms"] / y["step_ms"] for x, y in zip(runs, ref))
-            agree = same_prefix(runs[0]["tokens"], ref[0]["tokens"])
-            print(f"| {s} | {b} | {statistics.median(x['step_ms'] for x in runs):.2f} | {ratio:.2f}x | "
-                  f"{statistics.median(x['ttft_ms'] for x in runs):.1f} | "
-                  f"{statistics.median(x['rss_mb'] for x in runs):.0f} | {agree}/{len(ref[0]['tokens'])} |"
-                  + (f" {cosine(runs[0]['first'], reference):.4f}, "
-                     f"{'same' if np.argmax(runs[0]['first']) == reference.argmax() else 'differs'} |"
-                     if reference is not None and runs[0]["first"] is not None else
-                     " - |" if reference is not None else ""))
+    prompt = f"prompts of {', '.join(map(str, depths))} tokens of docs/*.md" if args.depths else \
+        f"a {depths[0]}-token prompt"
+    print(f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens after {prompt}, {args.threads} threads, "
+          f"{args.rounds} rounds (medians; ratios to {base} of the same round); "
+          + ("tokens against transformers' float32 greedy ones, every round" if check_tokens else
+             "tokens unchecked (--reference none)"))
+    against = f" | first logits vs llama.cpp {llama_reference[0]}: cosine, top-1" if llama_reference else ""
+    print(f"| weights | batch | depth | decode ms/step | ratio | TTFT ms | peak RSS MB | tokens equal to {base} | "
+          f"tokens equal to transformers{against} |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if llama_reference else ""))
+    differ = []
+    for d in depths:
+        for b in args.batch:
+            for s in args.schemes:
+                runs, ref = results[(s, b, d)], results[(base, b, d)]
+                if not runs:
+                    continue
+                ratio = statistics.median(x["step_ms"] / y["step_ms"] for x, y in zip(runs, ref))
+                agree = same_prefix(runs[0]["tokens"], ref[0]["tokens"])
+                checked = "unchecked"
+                if check_tokens:
+                    counts = [same_prefix(run["tokens"], expected[d]) for run in runs]
+                    per_run = [f"{k}/{len(expected[d])}" for k in counts]
+                    checked = per_run[0] if len(set(per_run)) == 1 else ", ".join(per_run)
+                    if s in exact and min(counts) < len(expected[d]):
+                        checked += " TOKENS DIFFER"
+                        differ.append(f"{s} at batch {b}, depth {d}")
+                print(f"| {s} | {b} | {d} | {statistics.median(x['step_ms'] for x in runs):.2f} | {ratio:.2f}x | "
+                      f"{statistics.median(x['ttft_ms'] for x in runs):.1f} | "
+                      f"{statistics.median(x['rss_mb'] for x in runs):.0f} | {agree}/{len(ref[0]['tokens'])} | "
+                      f"{checked} |"
+                      + (f" {cosine(runs[0]['first'], logits[d]):.4f}, "
+                         f"{'same' if np.argmax(runs[0]['first']) == logits[d].argmax() else 'differs'} |"
+                         if logits and runs[0]["first"] is not None else " - |" if logits else ""))
+    if differ:
+        print(f"error: tokens differ from transformers' where they must equal them: {'; '.join(differ)}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def cosine(a, b) -> float:
@@ -414,4 +552,4 @@ def cosine(a, b) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
