@@ -1,7 +1,7 @@
-"""Structured output: a request's answer held to a JSON schema (or to any JSON object) by making, at
-each of its steps, the tokens the grammar does not allow impossible; with llguidance, the grammar
-engine vLLM and llama.cpp use. The grammar ends by allowing only the end-of-sequence ids, so the
-request stops there.
+"""Structured output: a request's answer held to a JSON schema (or to any JSON object), or to a
+regular expression (one of a list of strings: their alternation), by making, at each of its steps,
+the tokens the grammar does not allow impossible; with llguidance, the grammar engine vLLM and
+llama.cpp use. The grammar ends by allowing only the end-of-sequence ids, so the request stops there.
 
 `JsonConstraint.for_tokenizer(path, ...)` builds the token tables once per tokenizer (≈0.2 s for a
 50k vocabulary); each request gets its own matcher (`start`), which `Sampler` asks for a mask
@@ -20,6 +20,14 @@ from lite_runtime.contract.errors import ConfigError, ValidationError
 
 _TABLES: Dict[tuple, object] = {}
 _LOCK = threading.Lock()
+# the characters Rust's regex syntax (llguidance's) gives a meaning, escaped by `\`; every other
+# character, whitespace included, stands for itself there
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~")
+
+
+def choice_regex(choices: Sequence[str]) -> str:
+    """A regular expression that matches exactly the strings `choices`, each whole (vLLM's guided_choice)."""
+    return "|".join("".join("\\" + c if c in _REGEX_META else c for c in choice) for choice in choices)
 
 
 def json_matcher(tokenizer_path: str, vocab_size: int, eos_ids: Sequence[int], schema: Optional[dict],
@@ -29,7 +37,7 @@ def json_matcher(tokenizer_path: str, vocab_size: int, eos_ids: Sequence[int], s
     the option that asked for it)."""
     if not tokenizer_path.endswith(".json"):
         raise ConfigError(f"{what} needs an export whose tokenizer is a tokenizer.json (its answer is held to a "
-                          f"JSON schema); this one's is {os.path.basename(tokenizer_path)}")
+                          f"grammar over it); this one's is {os.path.basename(tokenizer_path)}")
     tables = JsonConstraint.tables(tokenizer_path, vocab_size, sorted(eos_ids))
     if regex is not None:
         return JsonConstraint.start_regex(tables, regex, vocab_size)

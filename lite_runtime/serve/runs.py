@@ -11,12 +11,12 @@ import time
 import uuid
 from typing import List, Optional
 
-from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.contract.errors import ConfigError, ToolchainError
 from lite_runtime.decode.constraints import json_matcher
 from lite_runtime.serve.chat import ChatFormat
 from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs, call_each
 from lite_runtime.serve.metrics import Metrics
-from lite_runtime.serve.protocol import SamplingFields
+from lite_runtime.serve.protocol import Guide, SamplingFields
 from lite_runtime.serve.text import RequestText, TokenText
 from lite_runtime.serve import tool_calls
 
@@ -48,37 +48,33 @@ class ServedModel:
             pass
 
     def constraint(self, body: SamplingFields):
-        """A new matcher of the JSON the request's response_format (or its forced tool call) asks for, or None."""
+        """A new matcher of what the request's answer is held to (a forced tool call, response_format,
+        guided_json, guided_regex or guided_choice: one of them), or None."""
+        try:
+            guides = body.guides()
+        except ValueError as e:
+            raise BadRequest(str(e), "response_format") from None
         forced = body.forced_tools()
         if forced:
-            field, what, schema = "tool_choice", f"tool_choice {body.tool_choice!r}", tool_calls.call_schema(forced)
-            if body.guided_regex is not None:
-                raise BadRequest(f"{what} holds the answer to a tool call, which cannot also follow guided_regex; "
-                                 "send one of them", "guided_regex")
-        else:
-            try:
-                wanted, schema = body.json_schema()
-            except ValueError as e:
-                raise BadRequest(str(e), "response_format") from None
-            if wanted and body.guided_regex is not None:
-                raise BadRequest("guided_regex and response_format both hold the answer; send one of them",
-                                 "guided_regex")
-            if body.guided_regex is not None:
-                field = what = "guided_regex"
-            elif not wanted:
-                return None
-            else:
-                field, what = "response_format", f"response_format {body.response_format.get('type')!r}"
+            guides.insert(0, Guide("tool_choice", f"tool_choice {body.tool_choice!r}", tool_calls.call_schema(forced)))
+        if not guides:
+            return None
+        if len(guides) > 1:
+            first, second = guides[:2]
+            raise BadRequest(f"{first.what} and {second.what} both hold the answer; send one of them", second.field)
+        guide = guides[0]
         if body.ignore_eos:
-            raise BadRequest(f"{what} ends the answer at the end of its JSON (the model's EOS); send it without "
+            raise BadRequest(f"{guide.what} ends the answer where it is complete (the model's EOS); send it without "
                              "ignore_eos", "ignore_eos")
         try:
-            return json_matcher(self.tokenizer.path, self.vocab_size, self.stop_ids, schema, what,
-                                None if forced else body.guided_regex)
-        except ToolchainError as e:
-            if forced and self.tokenizer.path.endswith(".json"):
+            return json_matcher(self.tokenizer.path, self.vocab_size, self.stop_ids, guide.schema, guide.what,
+                                guide.regex)
+        except ConfigError as e:           # the export cannot hold an answer to a grammar (it names the field)
+            raise BadRequest(str(e), guide.field) from None
+        except ToolchainError as e:        # what was asked is not a grammar that can be followed
+            if forced:
                 raise BadRequest(f"the tools' parameters: {e}", "tools") from None
-            raise BadRequest(str(e), field) from None
+            raise BadRequest(f"{guide.what}: {e}", guide.field) from None
 
     def slot(self, model: str) -> int:
         if model == self.name:
@@ -105,7 +101,13 @@ def start_run(served: ServedModel, body: SamplingFields, prompts: List[List[int]
     if outside:
         raise BadRequest(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {served.vocab_size})",
                           "logit_bias")
+    outside = [t for t in body.stop_token_ids or () if not 0 <= t < served.vocab_size]
+    if outside:
+        raise BadRequest(f"stop_token_ids: token id {outside[0]} is outside the vocabulary of {served.vocab_size} "
+                         f"tokens (ids 0 to {served.vocab_size - 1})", "stop_token_ids")
     served.constraint(body)        # a schema that cannot be followed is refused before anything runs
+    if body.truncate_prompt_tokens is not None:
+        prompts = [prompt_ids[-body.truncate_prompt_tokens:] for prompt_ids in prompts]
     for i, prompt_ids in enumerate(prompts):
         _check_context(served, body, prompt_ids, "the prompt" if len(prompts) == 1 else f"prompt {i}", chat)
     run = _Run(served, body, prompts, slot, chat)
@@ -165,9 +167,9 @@ class _Choice:
         max_tokens = min(body.max_tokens or served.context, served.context - len(prompt_ids))
         top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
         put = run.queue.put_nowait          # on the event loop (ServedModel._deliver)
+        stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | run.stop_token_ids
         self.engine_request = EngineRequest(
-            prompt_ids, max_tokens, sampling, frozenset() if body.ignore_eos else served.stop_ids, slot, top,
-            served.constraint(body),
+            prompt_ids, max_tokens, sampling, stop_ids, slot, top, served.constraint(body),
             on_token=lambda t, lp: put((index, "token", t, lp)),
             on_finish=lambda reason: put((index, "end", reason, None)))
 
@@ -192,6 +194,7 @@ class _Run:
         # a forced call is the constrained JSON object itself, whatever the template's style
         self.tool_style = "json" if self.reads_tools and body.forced_tools() else served.tool_style
         self.tools = body.template_tools() if self.reads_tools else None
+        self.stop_token_ids = frozenset(body.stop_token_ids or ())
         samplings = body.samplings()
         self.choices = [_Choice(self, i * len(samplings) + j, sampling, prompt_ids, slot)
                         for i, prompt_ids in enumerate(prompts) for j, sampling in enumerate(samplings)]
@@ -232,7 +235,8 @@ class _Run:
             choice.last = now
             if choice.text.stopped:
                 continue
-            piece, stopped = choice.text.add(value)
+            # a stop id ends the answer and is counted, but is no part of its text (as EOS, and as in vLLM)
+            piece, stopped = ("", False) if value in self.stop_token_ids else choice.text.add(value)
             choice.tokens.append(value)
             choice.logprobs.append(logprob)
             if stopped:
