@@ -65,7 +65,13 @@ def test_for_cpu_the_attention_runs_on_the_kernel_unless_the_yaml_says_graph():
     ({"target": "gpu"}, "target 'gpu' is not allowed; allowed: cpu, ascend"),
     ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
      "target cpu with parallel.model_parallel 2 needs kv_cache packed and compute_dtype float32"),
-    ({"target": "cpu", "attention": "flash"}, "attention 'flash' is not allowed; allowed: graph, kernel"),
+    ({"target": "cpu", "attention": "flash"}, "attention 'flash' is not allowed; allowed: graph, kernel, paged"),
+    ({"target": "cpu", "attention": "paged", "parallel": {"model_parallel": 2}},
+     "attention paged is a Custom node that the project's kernels run on MindSpore Lite on CPU, in the packed step: "
+     "it needs kv_cache packed and compute_dtype float32, not target ascend, as one step graph on one rank; this "
+     "config has parallel.model_parallel 2"),
+    ({"target": "cpu", "attention": "paged", "parallel": {"collectives": "host"}},
+     "as one step graph on one rank; this config has parallel.collectives host"),
     ({"target": "ascend", "attention": "kernel"},
      "attention kernel is a Custom node that the project's kernels run on MindSpore Lite on CPU, in the packed "
      "step: it needs kv_cache packed and compute_dtype float32, not target ascend; this config has target ascend, "

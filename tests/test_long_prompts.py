@@ -23,7 +23,7 @@ TOLERANCE = 1e-4
 FAMILIES = sorted(BUILDERS)
 
 
-@pytest.mark.parametrize("form", ["lite_cpu", "lite_packed", "lite_segments", "ms_packed"])
+@pytest.mark.parametrize("form", ["lite_cpu", "lite_paged", "lite_packed", "lite_segments", "ms_packed"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_engine_at_every_length_alone_and_beside_a_request(long_export, family, form, tmp_path):
     folder, export = long_export(family, form)
@@ -51,3 +51,14 @@ def test_upstreams_io_graphs_on_lite_at_every_length(long_export, family, tmp_pa
         assert got["tokens"][i].tolist() == reference["tokens"][i].tolist(), f"{n} prompt tokens"
         diff = np.abs(got["logits"][i] - reference["logits"][i]).max()
         assert diff <= TOLERANCE, f"{n} prompt tokens: max abs logit difference {diff}"
+
+
+def test_the_prefix_cache_is_refused_with_the_paged_store(long_export):
+    _, export = long_export("llama", "lite_paged")
+    code = ("import sys; from lite_runtime.backends import load_session; from lite_runtime.contract.manifest import "
+            "load_manifest; from lite_runtime.decode.engine import Engine; "
+            "Engine(load_session('mslite', load_manifest(sys.argv[1])), threaded=False, prefix_cache_bytes=1 << 20)")
+    result = run_cli(["-c", code, export])
+    assert result.returncode != 0
+    assert "this export's K/V live in the kernels' paged store (attention: paged): serve without --prefix_cache_gb" \
+        in result.stderr, result.stderr[-2000:]

@@ -22,7 +22,7 @@ from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 
 COMPUTE_DTYPES = ("float32", "float16")
 TARGETS = ("cpu", "ascend")
-ATTENTION_FORMS = ("graph", "kernel")
+ATTENTION_FORMS = ("graph", "kernel", "paged")
 NOT_YAML_KEYS = ("source", "output_dir_default", "segments_by_size")   # ExportConfig fields a yaml cannot set
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -145,9 +145,10 @@ class ExportConfig:
     lite_ms: Optional[bool] = None               # also write Lite's own .ms model of each graph; None: by target
     parallel: ParallelSection = field(default_factory=ParallelSection)
     quantization: QuantizationSection = field(default_factory=QuantizationSection)
-    # graph | kernel: the packed step's attention as graph ops, or one Custom node of the project's Lite
-    # kernels reading each token's own cache row in place, with the layers' norms, MLP activations and rotary
-    # as nodes of those kernels too (Lite on CPU only); None: kernel for target cpu
+    # graph | kernel | paged: the packed step's attention as graph ops, or one Custom node of the project's Lite
+    # kernels reading each token's own cache row in place (kernel: host arrays fed and returned; paged: the
+    # kernels' store of blocks, allocated once, written by the node), with the layers' norms, MLP activations and
+    # rotary as nodes of those kernels too (Lite on CPU only); None: kernel for target cpu
     attention: Optional[str] = None
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
@@ -261,10 +262,19 @@ class ExportConfig:
         needs = [f"{key} {value}" for key, value, allowed in (
             ("target", self.target, self.target != "ascend"), ("kv_cache", self.kv_cache, self.kv_cache == "packed"),
             ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
-        if self.attention == "kernel" and needs:
-            raise ConfigError(f"{self.source}: attention kernel is a Custom node that the project's kernels run on "
-                              f"MindSpore Lite on CPU, in the packed step: it needs kv_cache packed and compute_dtype "
-                              f"float32, not target ascend; this config has {', '.join(needs)}")
+        if self.attention == "paged":
+            needs += [f"parallel.model_parallel {self.world_size}"] if self.world_size > 1 else []
+            needs += ["parallel.collectives host"] if self.parallel.collectives == "host" else []
+        if self.attention_on_kernel and needs:
+            raise ConfigError(f"{self.source}: attention {self.attention} is a Custom node that the project's kernels "
+                              "run on MindSpore Lite on CPU, in the packed step: it needs kv_cache packed and "
+                              "compute_dtype float32, not target ascend" + (", as one step graph on one rank" if self.attention == "paged"
+                                                                            else "") + f"; this config has {', '.join(needs)}")
+
+    @property
+    def attention_on_kernel(self) -> bool:
+        """The packed step's attention is a node of the project's kernels: reading host arrays, or the paged store."""
+        return self.attention in ("kernel", "paged")
 
     def _check_quantization(self) -> None:
         """Quantized linear layers are Custom nodes that only the project's kernels run (Lite on CPU); on

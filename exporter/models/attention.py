@@ -39,6 +39,7 @@ class BuildContext(NamedTuple):
     graph_collectives: bool = True   # False: the segment form, whose partial sums are reduced on the host
     own_head: bool = False           # a tied head as a layer of its own (quantized apart from the embedding)
     attention_kernel: bool = False   # the packed step's attention is one Custom node (packed.KernelAttend)
+    paged_kv: bool = False           # that node reads and writes the kernels' paged store (packed.PagedAttend)
 
     @property
     def flat(self) -> bool:

@@ -22,7 +22,8 @@ from exporter.models.config import DecoderConfig
 from exporter.models.linear import Collective, ColumnParallelLinear, Embedding
 from exporter.models.mlp import make_mlp
 from exporter.models.norms import make_norm
-from exporter.models.packed import CONTEXT, META, PAST, POSITION, ROW, ROWS, KernelAttend, PackedAttend, PackedBias
+from exporter.models.packed import (CONTEXT, META, PAST, POSITION, ROW, ROWS, KernelAttend, PackedAttend, PackedBias,
+                                    PagedAttend)
 from exporter.models.positions import rotary_2d_tables, rotary_tables
 from exporter.models.top_query import TopQueryLayer
 
@@ -76,8 +77,11 @@ class CausalLM(nn.Cell):
             self.attend = PackedAttend(cfg.n_kv_heads // ctx.world_size, cfg.group, cfg.head_dim,
                                        1.0 / float(np.sqrt(cfg.head_dim)))
         self.attention_kernel = packed and ctx.attention_kernel
+        self.paged = self.attention_kernel and ctx.paged_kv
         if self.attention_kernel:
-            self.kernel_attend = KernelAttend(cfg, ctx)
+            self.kernel_attend = PagedAttend(cfg, ctx) if self.paged else KernelAttend(cfg, ctx)
+            # the paged store's layer of each cache layer (the blocks, then PanGu-alpha's top query layer)
+            self.store_layers = tuple(Tensor(np.array([float(i)], np.float32)) for i in range(cfg.num_layers))
             self.concat_columns = ops.Concat(1)
         self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, ctx.dtype, packed)
         self.learned_positions = cfg.positions == "learned"
@@ -260,15 +264,19 @@ class CausalLM(nn.Cell):
         """N tokens of any rows (the packed kv mode, lite_runtime/contract/families.py): input_ids,
         token_rows, token_positions (N,); past_length and the family's row inputs (B,); last_token (L,)
         the indices of the tokens whose logits are returned; the caches per layer K (B, kv, hd, P) and
-        V (B, kv, P, hd). Returns the
-        logits (L, vocab) and every token's new K and V (N, kv, hd) per layer."""
+        V (B, kv, P, hd), or with the paged store each row's block ids (B, T) and the store's id (1,). Returns the
+        logits (L, vocab) and, without the paged store, every token's new K and V (N, kv, hd) per layer."""
         x, cos, sin, tokens, select = self.packed_start(input_ids, token_rows, token_positions, past_length,
                                                         adapter_ids, context, mask_position)
         x, new_kv, biases = self.packed_blocks(self.layers, x, cos, sin, kv, tokens, None, select)
         if self.use_top_query:
             top = 2 * len(self.layers)
-            x, k, v = self.packed_top_query(x, token_positions, cos, sin, kv[top], kv[top + 1], tokens, biases)
+            caches = kv if self.paged else (kv[top], kv[top + 1])
+            x, k, v = self.packed_top_query(x, token_positions, cos, sin, caches[0], caches[1], tokens, biases,
+                                            len(self.layers))
             new_kv = new_kv + (k, v)
+        if self.paged:
+            return self.packed_logits(x, last_token)
         return (self.packed_logits(x, last_token),) + new_kv
 
     def packed_start(self, input_ids, token_rows, token_positions, past_length, adapter_ids=None, context=None,
@@ -307,19 +315,22 @@ class CausalLM(nn.Cell):
         new_kv, i, tokens = (), 0, self.with_meta(tokens)
         for layer in layers:
             h = layer.attn_norm(x)
-            attn, k, v, biases = self.packed_attention(layer.attn, h, cos, sin, kv[2 * i], kv[2 * i + 1], tokens,
-                                                       biases, select)
+            caches = kv if self.paged else (kv[2 * i], kv[2 * i + 1])
+            attn, k, v, biases = self.packed_attention(layer.attn, h, cos, sin, caches[0], caches[1], tokens,
+                                                       biases, select, layer=i)
             x = layer.finish(x, attn, select, h)
-            new_kv = new_kv + (k, v)
+            if not self.paged:
+                new_kv = new_kv + (k, v)
             i = i + 1
         return x, new_kv, biases
 
-    def packed_top_query(self, x, token_positions, cos, sin, k_cache, v_cache, tokens, biases=None):
-        """PanGu-alpha's top query layer in a packed call, after the final norm: (output, new K, V)."""
+    def packed_top_query(self, x, token_positions, cos, sin, k_cache, v_cache, tokens, biases=None, layer=0):
+        """PanGu-alpha's top query layer in a packed call, after the final norm: (output, new K, V); `layer`: its
+        layer of the paged store."""
         top = self.top_query
         x = self.final_norm(x)
         attn, k, v, _ = self.packed_attention(top.attn, top.attn_norm(x), cos, sin, k_cache, v_cache, tokens, biases,
-                                              None, top.query_embed(token_positions))
+                                              None, top.query_embed(token_positions), layer)
         return top.finish(x, attn), k, v
 
     def packed_logits(self, x, last_token):
@@ -334,12 +345,16 @@ class CausalLM(nn.Cell):
                                     self.reshape(self.cast(last_token, ms.float32), d.row_of_tokens)), self.dtype)
         return self._logits(self.transpose(self.matmul_ta(x, pick), (1, 0)))
 
-    def packed_attention(self, attn, h, cos, sin, k_cache, v_cache, tokens, biases, select, query=None):
+    def packed_attention(self, attn, h, cos, sin, k_cache, v_cache, tokens, biases, select, query=None, layer=0):
         """A layer's attention (up to its output projection's reduction) in a packed call, with the
         score biases, made here when `biases` is None."""
         q, k, v = attn.project_tokens(h, cos, sin, select, query)
         if self.attention_kernel:
-            o = self.kernel_attend(q, k, v, k_cache, v_cache, self.with_meta(tokens)[META])
+            meta = self.with_meta(tokens)[META]
+            if self.paged:      # k_cache, v_cache: the block tables and the store's id
+                o = self.kernel_attend(q, k, v, meta, k_cache, v_cache, self.store_layers[layer])
+            else:
+                o = self.kernel_attend(q, k, v, k_cache, v_cache, meta)
             return attn.output(o, select), k, v, biases
         s_past, s_new = self.attend.scores(q, k, k_cache, tokens[ROWS])
         if biases is None:
@@ -359,7 +374,7 @@ class Graph(nn.Cell):
         self.net, self.kind = net, kind
         leading = 1 + len(PACKED_INPUTS) if net.kv_mode == "packed" else 2
         rest = list(names[leading:])
-        first_cache = [i for i, n in enumerate(rest) if n.startswith("key_cache_")]
+        first_cache = [i for i, n in enumerate(rest) if n.startswith("key_cache_") or n == "block_tables"]
         self.i_cache = first_cache[0] if first_cache else len(rest)
         self.i_context, self.i_mask, self.i_adapter = (rest.index(n) if n in rest else -1 for n in
                                                        ("context_length", "mask_position", "adapter_ids"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from mindspore import dtype as mstype
 from mindspore import ops
 
-from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPES, OP_TYPES, ROTARY_TYPE, aot_func
+from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPES, OP_TYPES, PAGED_ATTEND_TYPE, ROTARY_TYPE, aot_func
 
 
 def _out_shape(x, w, *scales):
@@ -55,6 +55,15 @@ def attend_op() -> ops.Custom:
     meta (N, 4), slopes (kv·g,), scale (1,)): the packed call's attention (native/attention_math.h)."""
     op = ops.Custom(aot_func(ATTEND_TYPE), out_shape=_attend_shape, out_dtype=_out_dtype, func_type="aot")
     op.add_prim_attr("type", ATTEND_TYPE)
+    return op
+
+
+def paged_attend_op() -> ops.Custom:
+    """out (N, kv·g·hd) = op(q (N, kv, g, hd), k, v (N, kv, hd), meta (N, 4), block tables (B, T), the store's id
+    (1,), the layer (1,), slopes (kv·g,), scale (1,)): the packed call's attention over the kernels' paged store,
+    into which it writes k and v first (native/attention_math.h PagedArgs)."""
+    op = ops.Custom(aot_func(PAGED_ATTEND_TYPE), out_shape=_attend_shape, out_dtype=_out_dtype, func_type="aot")
+    op.add_prim_attr("type", PAGED_ATTEND_TYPE)
     return op
 
 

@@ -155,3 +155,17 @@ class KernelAttend(nn.Cell):
 
     def construct(self, q, k, v, k_cache, v_cache, meta):
         return self.op(q, k, v, k_cache, v_cache, meta, self.slopes, self.scale)
+
+
+class PagedAttend(KernelAttend):
+    """KernelAttend over the kernels' paged store (export key `attention: paged`, LitePagedAttend): the node writes
+    the call's keys and values into each row's blocks (`tables`, the store `store`, its layer `layer`) and reads
+    them there; no cache goes in or out of the graph."""
+
+    def __init__(self, cfg: DecoderConfig, ctx: BuildContext):
+        super().__init__(cfg, ctx)
+        from exporter.models.kernels import paged_attend_op
+        self.op = paged_attend_op()
+
+    def construct(self, q, k, v, meta, tables, store, layer):
+        return self.op(q, k, v, meta, tables, store, layer, self.slopes, self.scale)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ConfigError
-from lite_runtime.contract.families import GraphDims, get_family, graph_kinds
+from lite_runtime.contract.families import KV_BLOCK, GraphDims, get_family, graph_kinds
 from lite_runtime.contract.manifest import GraphEntry, Manifest, graph_relpath
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.contract.segments import SegmentLayout, segment_relpath, segment_specs
@@ -50,6 +50,8 @@ class ExportPlan:
         """Which graphs the export holds and why, for its last line. Without a target, upstream's two
         graphs are Ascend's form, which a newcomer on a CPU machine should not get unawares."""
         form = f"kv_cache {self.kv_cache} as step segments per rank" if self.segmented else _KV_WORDS[self.kv_cache]
+        if manifest.dims.kv_block:
+            form += ", its K/V in the kernels' paged store"
         if manifest.lite_files:
             form += ", converted to Lite's .ms"
         if manifest.external_data:
@@ -65,6 +67,10 @@ def plan_export(config: ExportConfig, source: ModelSource) -> ExportPlan:
     """The plan of exporting `source` as `config` asks; refuses `target: cpu` with a MindSpore whose
     MindIR Lite 2.0 cannot read."""
     collectives = _settle_collectives(config, source)
+    if config.attention == "paged" and collectives == "host":
+        raise ConfigError(f"{config.source}: attention paged runs the packed step as one graph, and this export is "
+                          "step segments (parallel.collectives host, or weights above Lite's 2 GB .ms limit as "
+                          "stored): use attention kernel")
     dims, ranks, kv = _graph_dims(config, source), range(config.world_size), config.kv_cache
     layout = None
     if collectives == "host":
@@ -122,7 +128,7 @@ def _graph_dims(config: ExportConfig, source: ModelSource) -> GraphDims:
     return GraphDims(config.batch_size, config.seq_length, cfg.num_layers,
                      cfg.n_kv_heads // config.world_size, cfg.head_dim, cfg.vocab_size,
                      source.slora.slots if source.slora else 0, cfg.hidden_size,
-                     int(cfg.positions in ("rotary", "rotary_2d")))
+                     int(cfg.positions in ("rotary", "rotary_2d")), KV_BLOCK if config.attention == "paged" else 0)
 
 
 def lora_fields(source: ModelSource) -> dict:
@@ -142,7 +148,7 @@ def _segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
     return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
                          cfg.top_query, lora.get("lora_width", 0), adapted,
                          forms.blocks_per_segment(cfg, config.world_size, stored_bytes(config)),
-                         config.attention == "kernel")
+                         config.attention_on_kernel)
 
 
 def stored_bytes(config: ExportConfig) -> forms.StoredBytes:

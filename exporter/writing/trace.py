@@ -77,7 +77,7 @@ def _build_rank(config: ExportConfig, source: ModelSource, plan: ExportPlan, ran
     ctx = BuildContext(config.world_size, rank, plan.kv_cache, config.batch_size, config.seq_length, dtype,
                        **lora_fields(source), graph_collectives=graph_collectives,
                        own_head=own_head(scheme.weights, scheme.head, scheme.embedding),
-                       attention_kernel=config.attention == "kernel")
+                       attention_kernel=config.attention_on_kernel, paged_kv=config.attention == "paged")
     where = _where(config, rank)
     with stage(f"built the {source.family.name} network{where}"):
         net = CausalLM(source.config, ctx)

@@ -7,16 +7,17 @@ the backend and writes the outputs back.
 """
 from __future__ import annotations
 
+import heapq
 import sys
 import time
 from typing import Callable, List, Sequence
 
 import numpy as np
 
-from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.contract.errors import ConfigError, UnsupportedError
 from lite_runtime.contract.families import DYNAMIC, STEP, get_family
 from lite_runtime.contract.manifest import Manifest
-from lite_runtime.contract.quant import ATTEND_TYPE
+from lite_runtime.contract.quant import ATTEND_TYPE, PAGED_ATTEND_TYPE
 
 Run = Callable[[str, List[np.ndarray]], List[np.ndarray]]    # (graph kind, feeds) -> outputs
 
@@ -262,6 +263,73 @@ class PackedKVCache(KVCache):
         return every
 
 
+class PagedKVCache(PackedKVCache):
+    """The packed step over the kernels' paged store (`attention: paged`, native/paged_attention_kernel.cc): the
+    store is allocated once, on the first call, with blocks of `kv_block` positions for every row's seq_length
+    (reserved, resident only as blocks are written), float16 unless `dtype` says float32. Each call passes each
+    row's block ids and the store's id; the attention nodes write the new K/V into the blocks and read them there:
+    nothing of the cache is copied, grown or bound. A row holds the blocks of the positions it has (its past and
+    the call's tokens); a row whose past starts again (a new request, an idle row) gives the rest back, lowest
+    ids first, so that the resident part of the store stays at the blocks in use."""
+
+    DTYPES = ("float16", "float32")
+
+    def __init__(self, manifest: Manifest, dtype: str = "float16"):
+        d = manifest.dims
+        self.block, self.per_row, self.dtype = d.kv_block, d.kv_blocks_per_row, dtype
+        self.store = None
+        self.tables = np.zeros((d.batch_size, self.per_row), np.float32)
+        self.held: List[List[int]] = [[] for _ in range(d.batch_size)]
+        self.free = list(range(d.batch_size * self.per_row))      # a heap: the lowest free id first
+        super().__init__(manifest)
+
+    def set_dtype(self, dtype: str) -> None:
+        if dtype not in self.DTYPES:
+            raise ConfigError(f"kv_cache_dtype {dtype!r} is not allowed; allowed: {', '.join(self.DTYPES)}")
+        if self.store is not None and dtype != self.dtype:
+            raise ConfigError("kv_cache_dtype is chosen before the first call")
+        self.dtype = dtype
+
+    def reset(self) -> None:
+        for row in range(len(self.held)):
+            self._hold(row, 0)
+
+    def fit(self, past: np.ndarray) -> None:
+        """Nothing to shrink: a row's blocks follow its past."""
+
+    def _split(self, counts: np.ndarray, past: np.ndarray):
+        return None     # a token reads only its own row's blocks
+
+    @property
+    def held_blocks(self) -> int:
+        return sum(len(h) for h in self.held)
+
+    def _hold(self, row: int, positions: int) -> None:
+        held, need = self.held[row], -(-positions // self.block)
+        while len(held) > need:
+            heapq.heappush(self.free, held.pop())
+        while len(held) < need:
+            held.append(heapq.heappop(self.free))
+            self.tables[row, len(held) - 1] = held[-1]
+
+    def _run_tokens(self, run, ids, rows, positions, past, last, extra, span=None):
+        if self.store is None:
+            from lite_runtime.backends.lite_kernels import KVStore
+            self.store = KVStore(self._layers, len(self.free) + self.held_blocks, self.block, self._kv, self._hd,
+                                 half=self.dtype == "float16")
+        ends = np.array(past, np.int64)
+        np.maximum.at(ends, rows, positions.astype(np.int64) + 1)
+        for row, end in enumerate(ends):
+            self._hold(row, int(end))
+        store = np.array([self.store.id], np.float32)
+        return run(STEP, [ids, rows, positions, past, last, *extra, self.tables, store])[0]
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
 def split_positions(manifest: Manifest) -> int:
     """Token x cache positions (a packed step's per-token gather of its row's cache) worth a second
     call: those whose keys and values, in every layer, are 3/4 of a rank's weights' bytes, estimated
@@ -269,7 +337,7 @@ def split_positions(manifest: Manifest) -> int:
     Measured on SmolLM2-135M (`tools/bench_mixed_step.py`): a second call paid from about 6,000 to
     8,000 (7 rows decoding at position 128 or 200); a 200-token prompt joining them at 200 took 747 ms
     in one call, 340 in two. With the attention kernel a token reads only its own row's past: never split."""
-    if ATTEND_TYPE in manifest.kernels:
+    if ATTEND_TYPE in manifest.kernels or PAGED_ATTEND_TYPE in manifest.kernels:
         return sys.maxsize
     d, config = manifest.dims, manifest.model_config
     hidden = d.hidden_size or int(config.get("hidden_size", 0))
@@ -300,7 +368,7 @@ class Session:
         self.manifest = manifest
         self.rank = rank
         self.graph_seconds = 0.0
-        self.cache = KV_CACHES[manifest.kv_cache](manifest)
+        self.cache = PagedKVCache(manifest) if manifest.dims.kv_block else KV_CACHES[manifest.kv_cache](manifest)
 
     # --- the protocol ---------------------------------------------------------------------------
     def prefill(self, input_ids: np.ndarray, valid_length: np.ndarray, *extra: np.ndarray) -> np.ndarray:

@@ -116,7 +116,7 @@ class NativeStepGraph(_NativeGraphs):
         super().__init__({STEP: model}, STEP)
         self._outputs = manifest.graphs[STEP].outputs
         self._picks = [spec.name for spec in manifest.graphs[STEP].inputs].index("last_token")
-        self._caches = 2 * manifest.dims.num_layers
+        self._caches = 0 if manifest.dims.kv_block else 2 * manifest.dims.num_layers    # bound in place
         self._bound: List[np.ndarray] = []
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:

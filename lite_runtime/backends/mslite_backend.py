@@ -27,7 +27,7 @@ from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.backends import lite_kernels
-from lite_runtime.backends.base import Session, require_kv_mode
+from lite_runtime.backends.base import PagedKVCache, Session, require_kv_mode
 from lite_runtime.backends.lite_memory import check_load_memory
 from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel, kernel_types, shim_path
 from lite_runtime.backends.lite_runners import LiteRunner, NativeStaticGraphs, NativeStepGraph
@@ -111,11 +111,12 @@ class MSLiteSession(Session):
 
     def __init__(self, manifest: Manifest, rank: int = 0, *, config_path: Optional[str] = None,
                  device_id: int = 0, num_threads: int = 2, target: str = "cpu",
-                 config_dict: Optional[dict] = None, lite_format: str = "auto"):
+                 config_dict: Optional[dict] = None, lite_format: str = "auto", kv_cache_dtype: str = "float16"):
         """`config_path`: one ini, or 'prefill.ini,increment.ini'; default: the export's own ini, if any.
         `config_dict` ({section: {key: value}}) overrides ini entries (official API only).
         `lite_format` (CPU): 'auto' loads the export's .ms models when it has them (`lite_ms: true`),
-        else the MindIR; 'ms' or 'mindir' insist on one."""
+        else the MindIR; 'ms' or 'mindir' insist on one. `kv_cache_dtype`: float16 or float32, what the paged
+        store of an `attention: paged` export holds."""
         if lite_format not in LITE_FORMATS:
             raise ConfigError(f"lite_format {lite_format!r} is not allowed; allowed: {', '.join(LITE_FORMATS)}")
         if lite_format == "mindir" and manifest.lite_files and not manifest.mindir_kept and not all(
@@ -137,6 +138,8 @@ class MSLiteSession(Session):
         if target == "cpu":   # every Lite load on CPU: refused in one line when it would not fit (lite_memory.py)
             check_load_memory(manifest, rank, "mindir" if mslite is not None else lite_format)
         super().__init__(manifest, rank)
+        if isinstance(self.cache, PagedKVCache):
+            self.cache.set_dtype(kv_cache_dtype)
         start = time.perf_counter()
         if mslite is not None:
             log.info("mslite: using the official mindspore_lite package (target %s)", target)
@@ -249,3 +252,5 @@ class MSLiteSession(Session):
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+        if isinstance(self.cache, PagedKVCache):
+            self.cache.close()

@@ -75,6 +75,9 @@ class TensorSpec:
         return cls(str(data["name"]), str(data["dtype"]), tuple(int(d) for d in data["shape"]))
 
 
+KV_BLOCK = 16     # positions a block of the paged store holds (`attention: paged`)
+
+
 @dataclass(frozen=True)
 class GraphDims:
     """The sizes that fix every graph tensor's shape on one rank (stored in the manifest)."""
@@ -87,6 +90,13 @@ class GraphDims:
     adapter_slots: int = 0    # SLoRA exports: adapters + 1 (slot 0, the base model); 0 without
     hidden_size: int = 0      # the segment form's hidden-state tensors (segments.py)
     rotary: int = 0           # 1: positions rotate q/k (the segment form passes cos/sin between segments)
+    kv_block: int = 0         # the packed step's K/V in the kernels' paged store, blocks of this many positions
+                              # (`attention: paged`); 0: host arrays fed and returned by the step
+
+    @property
+    def kv_blocks_per_row(self) -> int:
+        """The columns of the paged step's block tables: blocks for seq_length positions."""
+        return -(-self.seq_length // self.kv_block)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -129,7 +139,7 @@ class FamilySpec:
             per_call = ("token_rows", "token_positions", "last_token")
             return [TensorSpec(self.token_input, "int32", (DYNAMIC,))] + \
                 [TensorSpec(n, "int32", (DYNAMIC,) if n in per_call else (dims.batch_size,)) for n in PACKED_INPUTS] \
-                + rows + adapters + self._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
+                + rows + adapters + self._step_cache_specs(dims)
         steps = dims.seq_length if kind == "prefill" else 1
         specs = [TensorSpec(self.token_input, "int32", (dims.batch_size, steps)),
                  TensorSpec(self.length_input, "int32", (dims.batch_size,))] + rows + adapters
@@ -142,8 +152,10 @@ class FamilySpec:
         specs = [TensorSpec("logits", "float32", (dims.batch_size, dims.vocab_size))]
         if kind == STEP:
             token = (DYNAMIC, dims.kv_heads_per_rank, dims.head_dim)
-            specs = [TensorSpec("logits", "float32", (DYNAMIC, dims.vocab_size))] + [TensorSpec(f"{part}_new_{layer}", "float32", token)
-                      for layer in range(dims.num_layers) for part in ("key", "value")]
+            specs = [TensorSpec("logits", "float32", (DYNAMIC, dims.vocab_size))]
+            if not dims.kv_block:       # the paged store is written by the attention node itself
+                specs += [TensorSpec(f"{part}_new_{layer}", "float32", token)
+                          for layer in range(dims.num_layers) for part in ("key", "value")]
         elif kv_mode == "io":
             rows = dims.seq_length if kind == "prefill" else 1
             specs += self._cache_specs("new", dims, rows)
@@ -152,6 +164,14 @@ class FamilySpec:
     def input_names(self, kind: str) -> Tuple[str, ...]:
         """The non-cache input names of the two-graph forms, in graph order (the upstream-style input maps)."""
         return (self.token_input, self.length_input) + self.row_inputs
+
+    @classmethod
+    def _step_cache_specs(cls, dims: GraphDims) -> List[TensorSpec]:
+        """The step's caches per layer, or with the paged store each row's block ids and the store's id."""
+        if dims.kv_block:
+            return [TensorSpec("block_tables", "float32", (dims.batch_size, dims.kv_blocks_per_row)),
+                    TensorSpec("kv_store", "float32", (1,))]
+        return cls._cache_specs("cache", dims, DYNAMIC, keys_transposed=True)
 
     @staticmethod
     def _cache_specs(suffix: str, dims: GraphDims, rows: int, keys_transposed: bool = False) -> List[TensorSpec]:

@@ -91,12 +91,13 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", 
     return kernels
 
 
-def layer_kernels(norm: str, mlp: str, positions: str) -> List[str]:
-    """The Custom types a packed step with `attention: kernel` runs for a model of these DecoderConfig kinds (the
-    manifest's `kernels` beside the linear layers'): the attention, its norms, its MLP's activation and rotary."""
+def layer_kernels(norm: str, mlp: str, positions: str, paged: bool = False) -> List[str]:
+    """The Custom types a packed step with `attention: kernel` (or `paged`) runs for a model of these DecoderConfig
+    kinds (the manifest's `kernels` beside the linear layers'): the attention, its norms, its MLP's activation and
+    rotary."""
     norm_type = NORM_TYPE if norm == "rms" else LAYER_NORM_TYPE
     mlp_type = SWIGLU_TYPE if mlp == "swiglu" else GELU_TYPE
-    return [ATTEND_TYPE, norm_type, mlp_type] + ([ROTARY_TYPE] if positions in ("rotary", "rotary_2d") else [])
+    return [PAGED_ATTEND_TYPE if paged else ATTEND_TYPE, norm_type, mlp_type] + ([ROTARY_TYPE] if positions in ("rotary", "rotary_2d") else [])
 
 
 def quantization_record(scheme: str, group_size: int, head: str = "float32", embedding: str = "float32"

@@ -28,7 +28,7 @@ from typing import Callable, Deque, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from lite_runtime.backends.base import PackedKVCache, Session, fixed_picks
+from lite_runtime.backends.base import PackedKVCache, PagedKVCache, Session, fixed_picks
 from lite_runtime.contract.errors import ConfigError, UnsupportedError, ValidationError
 from lite_runtime.contract.families import get_family
 from lite_runtime.decode.inputs import InputOfInfer
@@ -142,6 +142,10 @@ class Engine:
         if not isinstance(session, Session):
             raise ConfigError("prefix caching keeps the K/V of one rank's session; this engine drives several ranks "
                               f"({session.runtime}): serve without --prefix_cache_gb")
+        if isinstance(session.cache, PagedKVCache):
+            raise ConfigError("prefix caching keeps host copies of the cache, and this export's K/V live in the "
+                              "kernels' paged store (attention: paged): serve without --prefix_cache_gb, or export "
+                              "with attention: kernel")
         if self.whole_prompts:
             raise ConfigError(f"prefix caching needs prompts whose K/V depend only on the tokens before them; a "
                               f"{session.manifest.family} prompt attends both ways: serve without --prefix_cache_gb")
