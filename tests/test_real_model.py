@@ -6,7 +6,8 @@ chat prompt ids equal to `apply_chat_template`'s with and without a system messa
 the server's chat answer equal to transformers' greedy answer to the same chat, its JSON answers
 valid against their schema (response_format json_schema, TGI's grammar; regexes: TGI's and vLLM's
 guided_regex), the same from run_infer_main --json_schema, prompt lookup keeping transformers' tokens, and
-prompts of 1,000-2,000 tokens on the 2,048-token export, alone and beside a running request."""
+prompts of 1,000-2,000 tokens on the 2,048-token export, alone and beside a running request (the cache as
+host arrays, and float16 in the kernels' paged store)."""
 import contextlib
 import functools
 import json
@@ -115,8 +116,21 @@ def _long_text():
     return "\n\n".join(open(os.path.join(folder, name), encoding="utf-8").read() for name in sorted(os.listdir(folder)))
 
 
-def test_long_prompts_alone_and_beside_a_running_request_give_transformers_tokens(smollm2, tmp_path):
+@pytest.fixture(scope="module")
+def smollm2_paged(smollm2, tmp_path_factory):
+    """SmolLM2 exported with `attention: paged` (its K/V float16 in the kernels' store)."""
+    folder = str(tmp_path_factory.mktemp("smollm2_paged"))
+    yaml_path = write_yaml(os.path.join(folder, "smollm2.yaml"), {
+        "model": {"gguf": GGUF}, "target": "cpu", "attention": "paged", "seq_length": 2048, "batch_size": 4,
+        "output_dir": os.path.join(folder, "export")})
+    return export_in_subprocess(yaml_path, python=str(VENV_MS20_PYTHON))
+
+
+@pytest.mark.parametrize("store", ["host arrays", "paged float16"])
+def test_long_prompts_alone_and_beside_a_running_request_give_transformers_tokens(smollm2, smollm2_paged, store,
+                                                                                  tmp_path):
     export, model, tokenizer = smollm2
+    export = smollm2_paged if store == "paged float16" else export
     ids = tokenizer(_long_text()).input_ids
     assert len(ids) > max(LONG_PROMPTS)
     prompts = [ids[:n] for n in LONG_PROMPTS]
