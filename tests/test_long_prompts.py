@@ -62,3 +62,18 @@ def test_the_prefix_cache_is_refused_with_the_paged_store(long_export):
     assert result.returncode != 0
     assert "this export's K/V live in the kernels' paged store (attention: paged): serve without --prefix_cache_gb" \
         in result.stderr, result.stderr[-2000:]
+
+
+def test_the_paged_stores_dtype_is_chosen_on_the_command_line(long_export):
+    _, export = long_export("llama", "lite_paged")
+    args = [os.path.join(REPO, "run_infer_main.py"), "--model_dir", export, "--backend", "mslite",
+            "--predict_data", "An increasing sequence: one, two,", "--max_new_tokens", "4"]
+    answers = {}
+    for dtype in ("float16", "float32"):
+        result = run_cli(args + ["--kv_cache_dtype", dtype])
+        assert result.returncode == 0, result.stderr[-2000:]
+        answers[dtype] = result.stdout
+    assert answers["float16"] == answers["float32"]       # a 9-token prompt: float16's rounding moves no choice
+    refused = run_cli(args + ["--kv_cache_dtype", "int4"])
+    assert refused.returncode == 2 and "--kv_cache_dtype" in refused.stderr and "'int4'" in refused.stderr, \
+        refused.stderr[-2000:]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
+from lite_runtime.contract.families import KV_CACHE_DTYPES
 from lite_runtime.contract.manifest import (GRAPH_FOLDERS, MANIFEST_NAME, Manifest, copy_manifest_path, load_manifest,
                                            load_manifest_file)
 
@@ -33,6 +34,7 @@ class InferConfig:
     backend: str = "mslite"
     tokenizer_path: str = ""
     num_threads: int = 2
+    kv_cache_dtype: str = "float16"     # what the paged store of an `attention: paged` export holds (mslite)
     data_parallel: int = 1              # > 1: replicas of the export under the launcher, prompts split in order
 
     def __init__(self, **kwargs):
@@ -54,6 +56,9 @@ class InferConfig:
         if self.paged_attention:
             raise UnsupportedError("InferConfig: paged_attention=True is not supported: exports have an io, "
                                    "in-graph or packed KV cache; leave it False")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"InferConfig: kv_cache_dtype {self.kv_cache_dtype!r} is not allowed; allowed: "
+                              f"{', '.join(KV_CACHE_DTYPES)}")
         if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
             raise ConfigError(f"InferConfig: data_parallel must be a positive integer, got {self.data_parallel!r}")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):

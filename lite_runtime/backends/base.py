@@ -15,7 +15,7 @@ from typing import Callable, List, Sequence
 import numpy as np
 
 from lite_runtime.contract.errors import ConfigError, UnsupportedError
-from lite_runtime.contract.families import DYNAMIC, STEP, get_family
+from lite_runtime.contract.families import DYNAMIC, KV_CACHE_DTYPES, STEP, get_family
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.quant import ATTEND_TYPE, PAGED_ATTEND_TYPE
 
@@ -272,8 +272,6 @@ class PagedKVCache(PackedKVCache):
     the call's tokens); a row whose past starts again (a new request, an idle row) gives the rest back, lowest
     ids first, so that the resident part of the store stays at the blocks in use."""
 
-    DTYPES = ("float16", "float32")
-
     def __init__(self, manifest: Manifest, dtype: str = "float16"):
         d = manifest.dims
         self.block, self.per_row, self.dtype = d.kv_block, d.kv_blocks_per_row, dtype
@@ -284,8 +282,8 @@ class PagedKVCache(PackedKVCache):
         super().__init__(manifest)
 
     def set_dtype(self, dtype: str) -> None:
-        if dtype not in self.DTYPES:
-            raise ConfigError(f"kv_cache_dtype {dtype!r} is not allowed; allowed: {', '.join(self.DTYPES)}")
+        if dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype {dtype!r} is not allowed; allowed: {', '.join(KV_CACHE_DTYPES)}")
         if self.store is not None and dtype != self.dtype:
             raise ConfigError("kv_cache_dtype is chosen before the first call")
         self.dtype = dtype

@@ -20,6 +20,7 @@ import click
 from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.errors import ConfigError
+from lite_runtime.contract.families import KV_CACHE_DTYPES
 
 log = logging.getLogger("lite_runtime")
 RESULT_FILE = "text_generation_result.txt"   # upstream run_mindformer's name, in the working directory
@@ -100,6 +101,8 @@ OPTIONS = (
             "its timings"),
     _option("--seed", type=int, help="seed of sampling, for the same text every run; default: a fresh random seed"),
     _option("--num_threads", type=int, default=2, help="CPU threads of the runtime"),
+    _option("--kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES), default="float16",
+            help="what an `attention: paged` export's KV store holds (mslite)"),
     _option("--truncate", type=BOOL, default=False, help="keep the tail of over-long prompts instead of failing"),
     _option("--speculative", help="ngram or ngram:K: each step also feeds up to K (default 4) tokens guessed from "
             "the text so far and keeps those the model confirms (the same text; faster when answers quote their "
@@ -171,6 +174,7 @@ def make_generator(args, rank: int):
                          paged_attention=args.paged_attention, pa_block_size=args.pa_block_size,
                          pa_num_blocks=args.pa_num_blocks, model_dir=args.model_dir, backend=args.backend,
                          tokenizer_path=args.tokenizer_path or "", num_threads=args.num_threads,
+                         kv_cache_dtype=args.kv_cache_dtype,
                          infer_seq_length=args.seq_length, data_parallel=args.data_parallel)
     return InferTask.get_infer_task("text_generation", config)
 

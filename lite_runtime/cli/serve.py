@@ -12,6 +12,7 @@ import click
 
 from lite_runtime.backends.base import PackedKVCache
 from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
+from lite_runtime.contract.families import KV_CACHE_DTYPES
 from lite_runtime.contract.errors import ConfigError, ToolchainError
 from lite_runtime.decode.engine import PREFILL_CHUNK, Engine
 from lite_runtime.decode.draft import DraftModel
@@ -29,6 +30,8 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--served_model_name", default=None, help="The model name clients send (default: the folder's name).")
 @click.option("--num_threads", type=click.IntRange(1, None), default=2, show_default=True)
+@click.option("--kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES), default="float16", show_default=True,
+              help="What an `attention: paged` export's KV store holds (backend mslite).")
 @click.option("--max_waiting", type=click.IntRange(1, None), default=64, show_default=True,
               help="Requests that may wait for a cache row; more are answered 429 at once.")
 @click.option("--max_step_tokens", type=click.IntRange(1, None), default=PackedKVCache.max_tokens, show_default=True,
@@ -53,7 +56,7 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
               help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
                    "behind rank 0's endpoint.")
-def command(model_dir, host, port, backend, served_model_name, num_threads, max_waiting, max_step_tokens,
+def command(model_dir, host, port, backend, served_model_name, num_threads, kv_cache_dtype, max_waiting, max_step_tokens,
             prefill_chunk, prefix_cache_gb, speculative, shutdown_timeout, distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     TGI's /generate and /generate_stream, /health, /metrics."""
@@ -83,7 +86,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, max_
                              "lite_runtime.cli.launch --rank_table FILE -- -m lite_runtime.serve --model_dir ...")
     channel = ranks.join(model_dir, manifest, data_parallel) if distributed else None
     rank = ReplicaLayout(channel.rank, data_parallel, manifest.world_size).model_rank if channel else 0
-    session = load_session(backend, manifest, rank=rank, num_threads=num_threads)
+    session = load_session(backend, manifest, rank=rank, num_threads=num_threads,
+                           **({"kv_cache_dtype": kv_cache_dtype} if backend == "mslite" else {}))
     if channel is not None and channel.rank > 0:
         return ranks.serve_as_follower(session, channel)
     metrics = Metrics()
