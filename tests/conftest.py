@@ -207,8 +207,8 @@ def long_export(long_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_exports(tmp_path_factory):
     """The demo yaml (kv_cache packed) for ms and mslite, for ms in the two-graph io layout, and for mslite with
-    `attention: kernel`."""
-    names = ("ms", "mslite", "ms_io", "mslite_kernel")
+    `attention: kernel` and `attention: paged`."""
+    names = ("ms", "mslite", "ms_io", "mslite_kernel", "mslite_paged")
 
     def build(folder):
         with open(DEMO_YAML) as f:
@@ -219,8 +219,9 @@ def demo_exports(tmp_path_factory):
         io_yaml = write_yaml(str(folder / "demo_io.yaml"), io_config)
         kernel_config = dict(io_config, kv_cache="packed", attention="kernel")
         kernel_yaml = write_yaml(str(folder / "demo_kernel.yaml"), kernel_config)
-        for name, python, config in zip(names, (None, VENV_MS20_PYTHON, None, VENV_MS20_PYTHON),
-                                        (DEMO_YAML, DEMO_YAML, io_yaml, kernel_yaml)):
+        paged_yaml = write_yaml(str(folder / "demo_paged.yaml"), dict(kernel_config, attention="paged"))
+        for name, python, config in zip(names, (None, VENV_MS20_PYTHON, None, VENV_MS20_PYTHON, VENV_MS20_PYTHON),
+                                        (DEMO_YAML, DEMO_YAML, io_yaml, kernel_yaml, paged_yaml)):
             args = ["-m", "exporter", "--config", config, "--output_dir", str(folder / name)]
             result = run_cli(args, python=python) if python else run_cli(args)
             assert result.returncode == 0, result.stderr[-2000:]

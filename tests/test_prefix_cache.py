@@ -12,10 +12,11 @@ from support.tiny_models import REPO
 from lite_runtime.tokenizers import export_tokenizer
 
 
-@pytest.mark.parametrize("backend", ["ms", "mslite"])
+@pytest.mark.parametrize("backend", ["ms", "mslite", "mslite_paged"])
 def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backend, tmp_path):
+    """mslite_paged: the cached prefix's blocks of the kernels' paged store, given to the next row by reference."""
     from lite_runtime.decode.prefix_cache import BLOCK
-    if backend == "mslite":       # Lite's process must not import mindspore: the same check in a child
+    if backend.startswith("mslite"):       # Lite's process must not import mindspore: the same check in a child
         from support.tiny_models import run_cli
         result = run_cli([os.path.join(REPO, "tests", "support", "prefix_cache_runner.py"), demo_exports[backend]])
         assert result.returncode == 0, result.stderr[-2000:]

@@ -266,11 +266,14 @@ class PackedKVCache(KVCache):
 class PagedKVCache(PackedKVCache):
     """The packed step over the kernels' paged store (`attention: paged`, native/paged_attention_kernel.cc): the
     store is allocated once, on the first call, with blocks of `kv_block` positions for every row's seq_length
-    (reserved, resident only as blocks are written), float16 unless `dtype` says float32. Each call passes each
-    row's block ids and the store's id; the attention nodes write the new K/V into the blocks and read them there:
-    nothing of the cache is copied, grown or bound. A row holds the blocks of the positions it has (its past and
-    the call's tokens); a row whose past starts again (a new request, an idle row) gives the rest back, lowest
-    ids first, so that the resident part of the store stays at the blocks in use."""
+    and `extra_blocks` more (the prefix cache's), reserved and resident only as blocks are written, float16
+    unless `dtype` says float32. Each call passes each row's block ids and the store's id; the attention nodes
+    write the new K/V into the blocks and read them there: nothing of the cache is copied, grown or bound. A
+    row holds the blocks of the positions it has (its past and the call's tokens); a row whose past starts again
+    (a new request, an idle row) gives the rest back, lowest ids first, so that the resident part of the store
+    stays at the blocks in use. Blocks are counted by reference: a prefix cache keeps a prompt's blocks, and a
+    row that starts with that prompt reads them (`attach`); a shared block a row would write is replaced by a
+    copy of its own first."""
 
     def __init__(self, manifest: Manifest, dtype: str = "float16"):
         d = manifest.dims
@@ -279,6 +282,8 @@ class PagedKVCache(PackedKVCache):
         self.tables = np.zeros((d.batch_size, self.per_row), np.float32)
         self.held: List[List[int]] = [[] for _ in range(d.batch_size)]
         self.free = list(range(d.batch_size * self.per_row))      # a heap: the lowest free id first
+        self.refs: dict = {}          # block -> its holders (rows, prefix cache entries)
+        self.on_full: Callable[[], bool] = lambda: False      # frees a block when none is (the prefix cache's)
         super().__init__(manifest)
 
     def set_dtype(self, dtype: str) -> None:
@@ -300,14 +305,56 @@ class PagedKVCache(PackedKVCache):
 
     @property
     def held_blocks(self) -> int:
-        return sum(len(h) for h in self.held)
+        return len(self.refs)
 
-    def _hold(self, row: int, positions: int) -> None:
+    def reserve(self, blocks: int) -> None:
+        """Room for `blocks` more blocks (a prefix cache's), before the store is made."""
+        if self.store is None:
+            total = len(self.free) + len(self.refs)
+            for block in range(total, total + blocks):
+                heapq.heappush(self.free, block)
+
+    def ref(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self.refs[block] += 1
+
+    def unref(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self.refs[block] -= 1
+            if not self.refs[block]:
+                del self.refs[block]
+                heapq.heappush(self.free, block)
+
+    def attach(self, row: int, blocks: Sequence[int]) -> None:
+        """Row `row` starts with these blocks (a cached prefix), as its positions 0 .. len(blocks) · kv_block."""
+        self.unref(self.held[row])
+        self.held[row] = list(blocks)
+        self.ref(blocks)
+        self.tables[row, :len(blocks)] = blocks
+
+    def _alloc(self) -> int:
+        while not self.free:
+            if not self.on_full():
+                raise RuntimeError("the paged KV store has no free block")   # rows alone never exhaust it
+        block = heapq.heappop(self.free)
+        self.refs[block] = 1
+        return block
+
+    def _hold(self, row: int, positions: int, past: int = None) -> None:
+        """Row `row` holds the blocks of positions < `positions`, those it writes from `past` on its own."""
         held, need = self.held[row], -(-positions // self.block)
         while len(held) > need:
-            heapq.heappush(self.free, held.pop())
+            self.unref([held.pop()])
+        for j in range(len(held) if past is None else past // self.block, len(held)):
+            if self.refs[held[j]] > 1:        # shared (a cached prefix): written by this row, so copied first
+                block = self._alloc()
+                if self.store is not None and j * self.block < past:
+                    self.store.copy_block(held[j], block)
+                self.unref([held[j]])
+                held[j] = block
+                self.tables[row, j] = block
         while len(held) < need:
-            held.append(heapq.heappop(self.free))
+            held.append(self._alloc())
             self.tables[row, len(held) - 1] = held[-1]
 
     def _run_tokens(self, run, ids, rows, positions, past, last, extra, span=None):
@@ -317,8 +364,9 @@ class PagedKVCache(PackedKVCache):
                                  half=self.dtype == "float16")
         ends = np.array(past, np.int64)
         np.maximum.at(ends, rows, positions.astype(np.int64) + 1)
+        fed = np.bincount(rows, minlength=len(ends)) > 0
         for row, end in enumerate(ends):
-            self._hold(row, int(end))
+            self._hold(row, int(end), int(past[row]) if fed[row] else None)
         store = np.array([self.store.id], np.float32)
         return run(STEP, [ids, rows, positions, past, last, *extra, self.tables, store])[0]
 

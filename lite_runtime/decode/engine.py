@@ -32,7 +32,7 @@ from lite_runtime.backends.base import PackedKVCache, PagedKVCache, Session, fix
 from lite_runtime.contract.errors import ConfigError, UnsupportedError, ValidationError
 from lite_runtime.contract.families import get_family
 from lite_runtime.decode.inputs import InputOfInfer
-from lite_runtime.decode.prefix_cache import PrefixCache
+from lite_runtime.decode.prefix_cache import PagedPrefixCache, PrefixCache
 from lite_runtime.decode.sampling import Sampler, SamplingParams, token_logprobs
 from lite_runtime.decode.speculation import Speculation, SpeculationStats
 
@@ -142,13 +142,11 @@ class Engine:
         if not isinstance(session, Session):
             raise ConfigError("prefix caching keeps the K/V of one rank's session; this engine drives several ranks "
                               f"({session.runtime}): serve without --prefix_cache_gb")
-        if isinstance(session.cache, PagedKVCache):
-            raise ConfigError("prefix caching keeps host copies of the cache, and this export's K/V live in the "
-                              "kernels' paged store (attention: paged): serve without --prefix_cache_gb, or export "
-                              "with attention: kernel")
         if self.whole_prompts:
             raise ConfigError(f"prefix caching needs prompts whose K/V depend only on the tokens before them; a "
                               f"{session.manifest.family} prompt attends both ways: serve without --prefix_cache_gb")
+        if isinstance(session.cache, PagedKVCache):     # shared by reference: its blocks
+            return PagedPrefixCache(session.cache, max_bytes)
         return PrefixCache(session.cache, max_bytes)
 
     # --- called from any thread ------------------------------------------------------------------

@@ -49,8 +49,8 @@ class PrefixCache:
             out.append(h)
         return out
 
-    def load(self, row: int, slot: int, prompt: Sequence[int]) -> int:
-        """Copy the longest stored prefix of `prompt` into cache row `row`; returns its length (0: none)."""
+    def _match(self, slot: int, prompt: Sequence[int]) -> int:
+        """The length of the longest stored prefix of `prompt` (0: none), counted as a hit or a miss."""
         best = None
         for h in self._chain(slot, prompt, len(prompt) - 1):
             found = self._index.get(h)
@@ -61,19 +61,26 @@ class PrefixCache:
             self.misses += 1
             return 0
         entry_id, tokens = best
-        entry = self._entries[entry_id]
-        if tuple(prompt[:tokens]) != entry.prompt[:tokens]:      # a hash collision: no reuse
+        if tuple(prompt[:tokens]) != self._entries[entry_id].prompt[:tokens]:      # a hash collision: no reuse
             self.misses += 1
             return 0
         self._entries.move_to_end(entry_id)
+        self.hits += 1
+        self.cached_tokens += tokens
+        return tokens
+
+    def load(self, row: int, slot: int, prompt: Sequence[int]) -> int:
+        """Copy the longest stored prefix of `prompt` into cache row `row`; returns its length (0: none)."""
+        tokens = self._match(slot, prompt)
+        if not tokens:
+            return 0
+        entry = self._entries[self._index[self._chain(slot, prompt, tokens)[-1]][0]]
         self.cache.ensure(tokens)
         for i, (cache, stored) in enumerate(zip(self.cache.arrays, entry.arrays)):
             if i % 2:
                 cache[row, :, :tokens, :] = stored[:, :tokens, :]
             else:
                 cache[row, :, :, :tokens] = stored[:, :, :tokens]
-        self.hits += 1
-        self.cached_tokens += tokens
         return tokens
 
     def store(self, row: int, slot: int, prompt: Sequence[int]) -> None:
@@ -87,11 +94,14 @@ class PrefixCache:
         nbytes = sum(a.nbytes for a in arrays)
         if nbytes > self.max_bytes:
             return
+        self._add(chain, _Entry(tuple(chain), arrays, tuple(prompt[:tokens]), nbytes))
+
+    def _add(self, chain: List[int], entry) -> None:
         entry_id, self._next_id = self._next_id, self._next_id + 1
-        self._entries[entry_id] = _Entry(tuple(chain), arrays, tuple(prompt[:tokens]), nbytes)
+        self._entries[entry_id] = entry
         for n, h in enumerate(chain, 1):
             self._index[h] = (entry_id, n * BLOCK)       # a later prompt points its boundaries at itself
-        self.bytes += nbytes
+        self.bytes += entry.nbytes
         while self.bytes > self.max_bytes:
             self._evict()
 
@@ -102,3 +112,57 @@ class PrefixCache:
                 del self._index[h]
         self.bytes -= entry.nbytes
         self.evictions += 1
+        self._release(entry)
+
+    def _release(self, entry) -> None:
+        """What an entry held, given back (its arrays: to the garbage collector)."""
+
+
+class PagedPrefixCache(PrefixCache):
+    """The prefix cache on the kernels' paged store (backends/base.py PagedKVCache): an entry holds references
+    to its prompt's whole blocks, and a prompt that starts with it is given those blocks as its row's first
+    ones, read where they are: nothing is copied. Its `max_bytes` are blocks reserved in the store beside the
+    rows'; when the store has no free block the least recently used entry is dropped."""
+
+    def __init__(self, cache, max_bytes: int):
+        if cache.block != BLOCK:
+            raise ValueError(f"the paged store's blocks of {cache.block} positions are not the prefix cache's {BLOCK}")
+        super().__init__(cache, max_bytes)
+        self.block_bytes = 2 * cache._layers * cache._kv * BLOCK * cache._hd * (2 if cache.dtype == "float16" else 4)
+        cache.reserve(self.max_bytes // self.block_bytes)
+        cache.on_full = self._drop_one
+
+    def _drop_one(self) -> bool:
+        if not self._entries:
+            return False
+        self._evict()
+        return True
+
+    def load(self, row: int, slot: int, prompt: Sequence[int]) -> int:
+        tokens = self._match(slot, prompt)
+        if tokens:
+            entry = self._entries[self._index[self._chain(slot, prompt, tokens)[-1]][0]]
+            self.cache.attach(row, entry.blocks[:tokens // BLOCK])
+        return tokens
+
+    def store(self, row: int, slot: int, prompt: Sequence[int]) -> None:
+        chain = self._chain(slot, prompt, len(prompt))
+        if not chain or chain[-1] in self._index:
+            return
+        blocks = self.cache.held[row][:len(chain)]
+        nbytes = len(blocks) * self.block_bytes
+        if nbytes > self.max_bytes:
+            return
+        self.cache.ref(blocks)
+        self._add(chain, _PagedEntry(tuple(chain), list(blocks), tuple(prompt[:len(chain) * BLOCK]), nbytes))
+
+    def _release(self, entry) -> None:
+        self.cache.unref(entry.blocks)
+
+
+@dataclass
+class _PagedEntry:
+    keys: Tuple[int, ...]
+    blocks: List[int]            # its whole blocks in the paged store, one a BLOCK tokens
+    prompt: Tuple[int, ...]
+    nbytes: int
