@@ -83,6 +83,19 @@ def test_target_cpus_kernels_match_transformers(hf_family, family_export, family
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_paged_store_matches_transformers(hf_family, family_export, family):
+    """`attention: paged`: the K/V of every layer (PanGu's top query layer too) in the kernels' store, here
+    float32, written and read by the attention nodes; the cases' prompts, then 32 greedy steps, logits within
+    the families' tolerance (float16 K/V: tests/test_long_prompts.py, tests/test_real_model.py)."""
+    folder = hf_family(family)
+    prompts, ref_logits, ref_tokens = reference(folder)
+    export = family_export(family, "lite_packed_paged")
+    assert "LitePagedAttend" in load_manifest(export).kernels
+    logits, tokens = lite_run(folder, export, "lite_packed_paged_run", "kv_cache_dtype=float32")
+    check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite (paged store)")
+
+
 @pytest.mark.parametrize("variant", ["lite_packed_b1", "lite_segments_packed_b1"])
 def test_lite_packed_step_at_batch_1_matches_transformers(hf_family, family_export, variant):
     """One cache row: the packed step whole and as segments. Lite 2.0 got the head segment's Gather
