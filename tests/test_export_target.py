@@ -53,7 +53,9 @@ def test_keys_the_yaml_gives_win_over_the_target():
 def test_for_cpu_the_attention_runs_on_the_kernel_unless_the_yaml_says_graph():
     def attention(**keys):
         return config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"}, **keys}).attention
-    assert attention(target="cpu") == "kernel"
+    assert attention(target="cpu") == "paged"         # one step graph on one rank: over the kernels' paged store
+    assert attention(target="cpu", parallel={"model_parallel": 2}) == "kernel"       # segments: host arrays
+    assert attention(target="cpu", parallel={"collectives": "host"}) == "kernel"
     assert attention(target="cpu", attention="graph") == "graph"
     assert attention(target="cpu", compute_dtype="float16") == "graph"     # kv_cache io there
     assert attention() == attention(kv_cache="packed") == attention(target="ascend") == "graph"
@@ -179,8 +181,8 @@ def cpu_exports(hf_family, tmp_path_factory):
 
 
 @pytest.mark.parametrize("limit, form_words, graphs", [
-    ("lite's", "kv_cache packed: one step graph over a list of tokens of any rows, converted to Lite's .ms, "
-     "for target cpu", ["step"]),
+    ("lite's", "kv_cache packed: one step graph over a list of tokens of any rows, its K/V in the kernels' paged "
+     "store, converted to Lite's .ms, for target cpu", ["step"]),
     ("lowered", "kv_cache packed as step segments per rank, converted to Lite's .ms, for target cpu",
      ["embed", "head", "layer0.blocks", "layer1.blocks"]),
 ])

@@ -73,7 +73,8 @@ def test_target_cpus_kernels_match_transformers(hf_family, family_export, family
     export = family_export(family, variant)
     manifest = load_manifest(export)
     kernels = set(manifest.kernels)
-    assert "LiteAttend" in kernels and kernels & (LLAMA_OPS | GELU_OPS) == layer_ops
+    attend = "LiteAttend" if "segments" in variant else "LitePagedAttend"    # one graph: over the paged store
+    assert attend in kernels and kernels & (LLAMA_OPS | GELU_OPS) == layer_ops
     assert manifest.quantization["weights"] == "float32" and "LiteLinearF32P16" in kernels
     graphs = b"".join(path.read_bytes() for path in Path(export).rglob("*.ms"))     # Lite's node names, by scope
     on_kernels, on_matmul = (len(re.findall(rb"Linear/" + node, graphs)) for node in (rb"kernel-KernelProduct",

@@ -25,7 +25,8 @@ README = os.path.join(REPO, "README.md")
 NO_TARGET_WORDS = ("kv_cache io: prefill + increment graphs, each with its own copy of the weights, for target "
                    "ascend (no target given; target: cpu writes the form for MindSpore Lite on CPU)")
 IO_GRAPHS = ["mindir_full_checkpoint/rank_0_graph.mindir", "mindir_inc_checkpoint/rank_0_graph.mindir"]
-CPU_WORDS = "kv_cache packed: one step graph over a list of tokens of any rows, converted to Lite's .ms, for target cpu"
+CPU_WORDS = ("kv_cache packed: one step graph over a list of tokens of any rows, its K/V in the kernels' paged store, "
+             "converted to Lite's .ms, for target cpu")
 
 
 def readme_first_export_yaml():

@@ -67,6 +67,8 @@ def plan_export(config: ExportConfig, source: ModelSource) -> ExportPlan:
     """The plan of exporting `source` as `config` asks; refuses `target: cpu` with a MindSpore whose
     MindIR Lite 2.0 cannot read."""
     collectives = _settle_collectives(config, source)
+    if config.attention == "paged" and collectives == "host" and config.attention_by_default:
+        config.attention = "kernel"       # the segments' caches stay host arrays
     if config.attention == "paged" and collectives == "host":
         raise ConfigError(f"{config.source}: attention paged runs the packed step as one graph, and this export is "
                           "step segments (parallel.collectives host, or weights above Lite's 2 GB .ms limit as "

@@ -34,7 +34,7 @@ class InferConfig:
     backend: str = "mslite"
     tokenizer_path: str = ""
     num_threads: int = 2
-    kv_cache_dtype: str = "float16"     # what the paged store of an `attention: paged` export holds (mslite)
+    kv_cache_dtype: str = KV_CACHE_DTYPES[0]   # what the paged store of an `attention: paged` export holds (mslite)
     data_parallel: int = 1              # > 1: replicas of the export under the launcher, prompts split in order
 
     def __init__(self, **kwargs):

@@ -266,8 +266,8 @@ class PackedKVCache(KVCache):
 class PagedKVCache(PackedKVCache):
     """The packed step over the kernels' paged store (`attention: paged`, native/paged_attention_kernel.cc): the
     store is allocated once, on the first call, with blocks of `kv_block` positions for every row's seq_length
-    and `extra_blocks` more (the prefix cache's), reserved and resident only as blocks are written, float16
-    unless `dtype` says float32. Each call passes each row's block ids and the store's id; the attention nodes
+    and more for a prefix cache (`reserve`), reserved and resident only as blocks are written, float32 or
+    float16 (`dtype`). Each call passes each row's block ids and the store's id; the attention nodes
     write the new K/V into the blocks and read them there: nothing of the cache is copied, grown or bound. A
     row holds the blocks of the positions it has (its past and the call's tokens); a row whose past starts again
     (a new request, an idle row) gives the rest back, lowest ids first, so that the resident part of the store
@@ -275,7 +275,7 @@ class PagedKVCache(PackedKVCache):
     row that starts with that prompt reads them (`attach`); a shared block a row would write is replaced by a
     copy of its own first."""
 
-    def __init__(self, manifest: Manifest, dtype: str = "float16"):
+    def __init__(self, manifest: Manifest, dtype: str = KV_CACHE_DTYPES[0]):
         d = manifest.dims
         self.block, self.per_row, self.dtype = d.kv_block, d.kv_blocks_per_row, dtype
         self.store = None

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
-from lite_runtime.contract.families import GRAPH_KINDS, STEP, graph_kinds
+from lite_runtime.contract.families import GRAPH_KINDS, KV_CACHE_DTYPES, STEP, graph_kinds
 from lite_runtime.ascend.ge_config import GeConfig, read_ge_config, split_config_paths
 from lite_runtime.ascend.weight_quant import by_converter
 from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
@@ -111,11 +111,11 @@ class MSLiteSession(Session):
 
     def __init__(self, manifest: Manifest, rank: int = 0, *, config_path: Optional[str] = None,
                  device_id: int = 0, num_threads: int = 2, target: str = "cpu",
-                 config_dict: Optional[dict] = None, lite_format: str = "auto", kv_cache_dtype: str = "float16"):
+                 config_dict: Optional[dict] = None, lite_format: str = "auto", kv_cache_dtype: str = KV_CACHE_DTYPES[0]):
         """`config_path`: one ini, or 'prefill.ini,increment.ini'; default: the export's own ini, if any.
         `config_dict` ({section: {key: value}}) overrides ini entries (official API only).
         `lite_format` (CPU): 'auto' loads the export's .ms models when it has them (`lite_ms: true`),
-        else the MindIR; 'ms' or 'mindir' insist on one. `kv_cache_dtype`: float16 or float32, what the paged
+        else the MindIR; 'ms' or 'mindir' insist on one. `kv_cache_dtype`: float32 or float16, what the paged
         store of an `attention: paged` export holds."""
         if lite_format not in LITE_FORMATS:
             raise ConfigError(f"lite_format {lite_format!r} is not allowed; allowed: {', '.join(LITE_FORMATS)}")

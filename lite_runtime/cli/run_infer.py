@@ -101,7 +101,7 @@ OPTIONS = (
             "its timings"),
     _option("--seed", type=int, help="seed of sampling, for the same text every run; default: a fresh random seed"),
     _option("--num_threads", type=int, default=2, help="CPU threads of the runtime"),
-    _option("--kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES), default="float16",
+    _option("--kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES), default=KV_CACHE_DTYPES[0],
             help="what an `attention: paged` export's KV store holds (mslite)"),
     _option("--truncate", type=BOOL, default=False, help="keep the tail of over-long prompts instead of failing"),
     _option("--speculative", help="ngram or ngram:K: each step also feeds up to K (default 4) tokens guessed from "

@@ -30,7 +30,7 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--served_model_name", default=None, help="The model name clients send (default: the folder's name).")
 @click.option("--num_threads", type=click.IntRange(1, None), default=2, show_default=True)
-@click.option("--kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES), default="float16", show_default=True,
+@click.option("--kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES), default=KV_CACHE_DTYPES[0], show_default=True,
               help="What an `attention: paged` export's KV store holds (backend mslite).")
 @click.option("--max_waiting", type=click.IntRange(1, None), default=64, show_default=True,
               help="Requests that may wait for a cache row; more are answered 429 at once.")

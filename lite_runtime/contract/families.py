@@ -76,7 +76,8 @@ class TensorSpec:
 
 
 KV_BLOCK = 16     # positions a block of the paged store holds (`attention: paged`)
-KV_CACHE_DTYPES = ("float16", "float32")    # what the paged store may hold (the runtime's kv_cache_dtype)
+KV_CACHE_DTYPES = ("float32", "float16")    # what the paged store may hold (the runtime's kv_cache_dtype; the first
+                                            # is the default)
 
 
 @dataclass(frozen=True)

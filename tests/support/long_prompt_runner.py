@@ -1,4 +1,5 @@
-"""python tests/support/long_prompt_runner.py BACKEND EXPORT PROMPTS_JSON STEPS: each prompt (token ids) greedy
+"""python tests/support/long_prompt_runner.py BACKEND EXPORT PROMPTS_JSON STEPS [KEY=VALUE ...] (session options,
+e.g. kv_cache_dtype=float16): each prompt (token ids) greedy
 through the engine as a user's request meets it, printing one JSON object of the new tokens per prompt:
 `alone` (the engine's only request: its prompt is fed whole, in one step), `beside` (admitted while another
 request decodes: its prompt goes in chunks of the engine's prefill_chunk beside that row) and `neighbour` (the
@@ -39,9 +40,10 @@ def beside(engine, prompt, neighbour_prompt, steps):
 
 if __name__ == "__main__":
     backend, export, prompts_file, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    options = dict(arg.split("=", 1) for arg in sys.argv[5:])
     with open(prompts_file) as f:
         prompts = json.load(f)
-    session = load_session(backend, load_manifest(export), num_threads=2)
+    session = load_session(backend, load_manifest(export), num_threads=2, **options)
     engine = Engine(session, threaded=False)
     neighbour_prompt = prompts[0][:24]
     result = {"alone": [alone(engine, p, steps) for p in prompts], "beside": [], "neighbour": []}
