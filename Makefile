@@ -91,14 +91,21 @@ bench-serve-peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/bench_serve.py --peers $(ARGS)
 
 # Side by side with ONNX Runtime GenAI, OpenVINO GenAI and llama.cpp (their own venv, not needed by anything else).
-# llama.cpp is built for AVX2 + FMA, as the project's decode loops (their AVX-512 build differs in its
-# prefill GEMM only): built for the host ("native") on a CPU with AMX, its quantized types crashed
-# (SIGSEGV) in a VM that does not grant the AMX tiles. Its prefill with AVX-512 is not measured.
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-$(STAMP)/venv-peers: tools/peers-requirements.txt
+# llama.cpp is built for this machine's instruction sets as its users build it (AVX-512, VNNI, BF16 where
+# /proc/cpuinfo lists them), except AMX: built "native" on a CPU with AMX, its quantized types crashed (SIGSEGV)
+# in a VM that does not grant the AMX tiles.
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+LLAMA_HOST_ISA := $(if $(filter avx512f,$(CPU_FLAGS)),-DGGML_AVX512=ON) \
+	$(if $(filter avx512vbmi,$(CPU_FLAGS)),-DGGML_AVX512_VBMI=ON) \
+	$(if $(filter avx512_vnni,$(CPU_FLAGS)),-DGGML_AVX512_VNNI=ON) \
+	$(if $(filter avx512_bf16,$(CPU_FLAGS)),-DGGML_AVX512_BF16=ON) $(if $(filter avx_vnni,$(CPU_FLAGS)),-DGGML_AVX_VNNI=ON)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	$(LLAMA_HOST_ISA) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# pip would reuse a wheel it built with other flags: --no-cache-dir
+$(STAMP)/venv-peers: tools/peers-requirements.txt Makefile
 	@mkdir -p $(STAMP)
 	@test -x $(VENV_PEERS)/bin/python || $(PY311) -m venv $(VENV_PEERS)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VENV_PEERS)/bin/pip install -q -r tools/peers-requirements.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VENV_PEERS)/bin/pip install -q --no-cache-dir -r tools/peers-requirements.txt
 	@touch $@
 
 # llama.cpp's own server (tools/bench_serve.py --llama_server), built from the sources of the llama-cpp-python
