@@ -291,7 +291,7 @@ def test_infer_config_unknown_keyword():
 
 def test_dynamic_true_needs_a_packed_export(export_dir, tokenizer_model):
     result = infer_cli(export_dir, tokenizer_model, "--dynamic", "True", "--predict_data", "hello")
-    assert_one_line_error(result, "dynamic=True needs an export with kv_cache packed", "kv_cache io")
+    assert_one_line_error(result, "dynamic=True needs an export with kv_cache packed", "kv_cache 'io'")
 
 
 @pytest.mark.fast

@@ -35,6 +35,7 @@ class InferConfig:
     tokenizer_path: str = ""
     num_threads: int = 2
     kv_cache_dtype: str = KV_CACHE_DTYPES[0]   # what the paged store of an `attention: paged` export holds (mslite)
+    kv_cache_gb: Optional[float] = None  # that store's size (default: every row's seq_length, within half the memory)
     data_parallel: int = 1              # > 1: replicas of the export under the launcher, prompts split in order
 
     def __init__(self, **kwargs):
@@ -59,6 +60,12 @@ class InferConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"InferConfig: kv_cache_dtype {self.kv_cache_dtype!r} is not allowed; allowed: "
                               f"{', '.join(KV_CACHE_DTYPES)}")
+        if self.kv_cache_gb is not None and (isinstance(self.kv_cache_gb, bool) or not isinstance(
+                self.kv_cache_gb, (int, float)) or not self.kv_cache_gb > 0):
+            raise ConfigError(f"InferConfig: kv_cache_gb must be a number of GiB above 0, got {self.kv_cache_gb!r}")
+        if self.kv_cache_gb is not None and self.backend != "mslite":
+            raise ConfigError(f"InferConfig: kv_cache_gb sizes the paged KV store of backend 'mslite'; backend "
+                              f"{self.backend!r} keeps its K/V in host arrays: leave kv_cache_gb unset")
         if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
             raise ConfigError(f"InferConfig: data_parallel must be a positive integer, got {self.data_parallel!r}")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):
@@ -86,10 +93,8 @@ class InferConfig:
                 if os.path.realpath(expected) != os.path.realpath(path):
                     raise ConfigError(f"InferConfig: {kind}_model_path {path} is not the {kind} graph of rank "
                                       f"{self.rank_id} of its export ({expected})")
-        if self.dynamic and manifest.kv_cache != "packed":
-            raise ConfigError(f"InferConfig: dynamic=True needs an export with kv_cache packed; "
-                              f"{manifest.root or 'this export'} has kv_cache {manifest.kv_cache}: export again "
-                              "with kv_cache: packed, or leave dynamic False")
+        if self.dynamic:
+            manifest.require_packed("InferConfig: dynamic=True", ConfigError)
         if self.infer_seq_length not in (None, manifest.seq_length):
             raise ConfigError(f"InferConfig: infer_seq_length {self.infer_seq_length} differs from the export's "
                               f"seq_length {manifest.seq_length}; graphs have static shapes: export again")

@@ -57,7 +57,7 @@ class TextGeneratorInfer:
         ini = ",".join(dict.fromkeys(p for p in (prefill_ini, increment_ini) if p)) or None
         options = {"num_threads": config.num_threads, "device_id": config.device_id, "config_path": ini}
         if config.backend == "mslite":
-            options.update(target=config.target, kv_cache_dtype=config.kv_cache_dtype)
+            options.update(target=config.target, kv_cache_dtype=config.kv_cache_dtype, kv_cache_gb=config.kv_cache_gb)
         # Under the launcher (data parallel, or an export of several ranks) rank 0 answers every request
         # on a session per replica and the other ranks replay its calls (distributed/data_parallel.py).
         self.ranks = launched_ranks(config.data_parallel, self.manifest.world_size, self.manifest.root or "the export")
@@ -167,8 +167,7 @@ class TextGeneratorInfer:
                 return prompts, self._on_engine(session, prompts, budgets, eos, options, adapters, on_step)
             for name in ("json_schema", "speculative"):
                 if getattr(options, name) is not None:
-                    raise ConfigError(f"{name} runs on the engine, which runs exports of kv_cache packed; this one's "
-                                      f"is {self.manifest.kv_cache!r}: export again with kv_cache: packed")
+                    self.manifest.require_packed(f"{name} (the engine's)", ConfigError)
             # The two-graph forms (kv_cache io / in_graph: upstream's prefill + increment pair that GE
             # runs on Ascend) have fixed batch shapes and no step over any tokens of any rows, so they
             # keep the static batch loop (the same Sampler picks in both loops).

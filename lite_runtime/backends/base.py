@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import sys
 import time
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class KVCache:
     arrays: List[np.ndarray] = []      # the host's cache arrays, fed after the other inputs
 
     def __init__(self, manifest: Manifest):
-        self.kv_mode = manifest.kv_cache
+        self.manifest = manifest
 
     def prefill(self, run: Run, input_ids: np.ndarray, valid_length: np.ndarray, extra: Sequence[np.ndarray]):
         raise NotImplementedError
@@ -38,8 +38,7 @@ class KVCache:
         raise NotImplementedError
 
     def step(self, run: Run, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, extra: Sequence[np.ndarray]):
-        raise UnsupportedError("continuous batching needs an export with kv_cache: packed; this one "
-                               f"has kv_cache {self.kv_mode!r}: export again with kv_cache: packed")
+        self.manifest.require_packed("continuous batching")
 
 
 class InGraphCache(KVCache):
@@ -281,17 +280,64 @@ class PagedKVCache(PackedKVCache):
         self.store = None
         self.tables = np.zeros((d.batch_size, self.per_row), np.float32)
         self.held: List[List[int]] = [[] for _ in range(d.batch_size)]
-        self.free = list(range(d.batch_size * self.per_row))      # a heap: the lowest free id first
         self.refs: dict = {}          # block -> its holders (rows, prefix cache entries)
         self.on_full: Callable[[], bool] = lambda: False      # frees a block when none is (the prefix cache's)
+        self.budget = None            # the store's bytes when given (kv_cache_gb), else every row's seq_length
+        self.free: List[int] = []
         super().__init__(manifest)
+        self.free = list(range(self._default_blocks()))      # a heap: the lowest free id first
 
-    def set_dtype(self, dtype: str) -> None:
+    @property
+    def block_bytes(self) -> int:
+        """One block's K/V in every layer."""
+        return 2 * self._layers * self._kv * self.block * self._hd * (2 if self.dtype == "float16" else 4)
+
+    @property
+    def total_blocks(self) -> int:
+        return len(self.free) + len(self.refs)
+
+    def _default_blocks(self) -> int:
+        """Every row's seq_length, unless that is more than half the memory available now (the store is
+        resident as it is written: beyond that, requests are preempted before the machine swaps)."""
+        return max(self.per_row, min(len(self.held) * self.per_row, available_memory() // 2 // self.block_bytes))
+
+    def configure(self, dtype: str = KV_CACHE_DTYPES[0], budget_bytes: Optional[float] = None) -> None:
+        """The store's K/V dtype and size (its blocks, within `budget_bytes` when given), before the first call."""
         if dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {dtype!r} is not allowed; allowed: {', '.join(KV_CACHE_DTYPES)}")
-        if self.store is not None and dtype != self.dtype:
-            raise ConfigError("kv_cache_dtype is chosen before the first call")
+        if self.store is not None or self.refs:
+            raise ConfigError("the paged store's kv_cache_dtype and kv_cache_gb are chosen before the first call")
         self.dtype = dtype
+        blocks = self._default_blocks()
+        if budget_bytes is not None:
+            blocks = int(budget_bytes // self.block_bytes)
+            if blocks < self.per_row:
+                gib = self.per_row * self.block_bytes / 2 ** 30
+                raise ConfigError(f"kv_cache_gb {budget_bytes / 2 ** 30:g} holds {blocks} block{'s' * (blocks != 1)} of {self.block} "
+                                  f"positions ({self.block_bytes / 2 ** 20:.3f} MiB each, {dtype}); one sequence of "
+                                  f"the export's seq_length {self.per_row * self.block} needs {self.per_row} "
+                                  f"({gib:.4f} GiB): allowed: {gib:.4f} or more")
+            self.budget = blocks * self.block_bytes
+        self.free = list(range(blocks))
+
+    def blocks_needed(self, row: int, end: int, past: Optional[int] = None) -> int:
+        """The free blocks row `row` takes to hold positions < `end`, writing from `past` on (None: not fed)."""
+        held = self.held[row]
+        need = -(-end // self.block)
+        new = max(0, need - len(held))
+        if past is not None:     # the shared blocks it writes are copied first (_hold)
+            new += sum(self.refs[held[j]] > 1 for j in range(past // self.block, min(len(held), need)))
+        return new
+
+    def make_room(self, blocks: int) -> bool:
+        """Whether `blocks` blocks are free, after dropping cached prefixes (least recent first) to free them."""
+        while len(self.free) < blocks and self.on_full():
+            pass
+        return len(self.free) >= blocks
+
+    def release(self, row: int) -> None:
+        """Row `row` ends: its blocks go back (those a cached prefix holds stay with it)."""
+        self._hold(row, 0)
 
     def reset(self) -> None:
         for row in range(len(self.held)):
@@ -308,9 +354,10 @@ class PagedKVCache(PackedKVCache):
         return len(self.refs)
 
     def reserve(self, blocks: int) -> None:
-        """Room for `blocks` more blocks (a prefix cache's), before the store is made."""
-        if self.store is None:
-            total = len(self.free) + len(self.refs)
+        """Room for `blocks` more blocks (a prefix cache's) beside the rows', before the store is made; within a
+        budget (kv_cache_gb) a prefix cache takes its blocks from it."""
+        if self.store is None and self.budget is None:
+            total = self.total_blocks
             for block in range(total, total + blocks):
                 heapq.heappush(self.free, block)
 
@@ -335,7 +382,7 @@ class PagedKVCache(PackedKVCache):
     def _alloc(self) -> int:
         while not self.free:
             if not self.on_full():
-                raise RuntimeError("the paged KV store has no free block")   # rows alone never exhaust it
+                raise RuntimeError("the paged KV store has no free block")   # the scheduler makes room first
         block = heapq.heappop(self.free)
         self.refs[block] = 1
         return block
@@ -360,7 +407,7 @@ class PagedKVCache(PackedKVCache):
     def _run_tokens(self, run, ids, rows, positions, past, last, extra, span=None):
         if self.store is None:
             from lite_runtime.backends.lite_kernels import KVStore
-            self.store = KVStore(self._layers, len(self.free) + self.held_blocks, self.block, self._kv, self._hd,
+            self.store = KVStore(self._layers, self.total_blocks, self.block, self._kv, self._hd,
                                  half=self.dtype == "float16")
         ends = np.array(past, np.int64)
         np.maximum.at(ends, rows, positions.astype(np.int64) + 1)
@@ -435,9 +482,7 @@ class Session:
         """`step`, returning the logits of row r's last picks[r] tokens, row after row (sum(picks), vocab):
         a row feeding its last token and k speculated ones gets the k + 1 distributions that verify them
         (packed exports)."""
-        if not isinstance(self.cache, PackedKVCache):
-            raise UnsupportedError(f"speculative decoding needs an export with kv_cache: packed; this one has "
-                                   f"kv_cache {self.manifest.kv_cache!r}: export again with kv_cache: packed")
+        self.manifest.require_packed("speculative decoding")
         return self.cache.step(self._timed_run, tokens, counts, past, extra, picks)
 
     def close(self) -> None:
@@ -458,6 +503,18 @@ class Session:
         outputs = self._run(kind, feeds)
         self.graph_seconds += time.perf_counter() - start
         return outputs
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (Linux's MemAvailable; elsewhere a large number)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 50
 
 
 KV_CACHES = {"io": HostKVCache, "in_graph": InGraphCache, "packed": PackedKVCache}

@@ -111,12 +111,14 @@ class MSLiteSession(Session):
 
     def __init__(self, manifest: Manifest, rank: int = 0, *, config_path: Optional[str] = None,
                  device_id: int = 0, num_threads: int = 2, target: str = "cpu",
-                 config_dict: Optional[dict] = None, lite_format: str = "auto", kv_cache_dtype: str = KV_CACHE_DTYPES[0]):
+                 config_dict: Optional[dict] = None, lite_format: str = "auto", kv_cache_dtype: str = KV_CACHE_DTYPES[0],
+                 kv_cache_gb: Optional[float] = None):
         """`config_path`: one ini, or 'prefill.ini,increment.ini'; default: the export's own ini, if any.
         `config_dict` ({section: {key: value}}) overrides ini entries (official API only).
         `lite_format` (CPU): 'auto' loads the export's .ms models when it has them (`lite_ms: true`),
         else the MindIR; 'ms' or 'mindir' insist on one. `kv_cache_dtype`: float32 or float16, what the paged
-        store of an `attention: paged` export holds."""
+        store of an `attention: paged` export holds; `kv_cache_gb`: its size (default: every row's seq_length,
+        within half the memory available)."""
         if lite_format not in LITE_FORMATS:
             raise ConfigError(f"lite_format {lite_format!r} is not allowed; allowed: {', '.join(LITE_FORMATS)}")
         if lite_format == "mindir" and manifest.lite_files and not manifest.mindir_kept and not all(
@@ -139,7 +141,10 @@ class MSLiteSession(Session):
             check_load_memory(manifest, rank, "mindir" if mslite is not None else lite_format)
         super().__init__(manifest, rank)
         if isinstance(self.cache, PagedKVCache):
-            self.cache.set_dtype(kv_cache_dtype)
+            self.cache.configure(kv_cache_dtype, None if kv_cache_gb is None else kv_cache_gb * 2 ** 30)
+        elif kv_cache_gb is not None:
+            raise ConfigError(f"kv_cache_gb sizes the paged KV store of an export with attention: paged (target cpu, "
+                              f"one rank); {manifest.root} keeps its K/V {'in host arrays' if manifest.kv_cache == 'packed' else 'as kv_cache ' + repr(manifest.kv_cache)}: leave kv_cache_gb unset")
         start = time.perf_counter()
         if mslite is not None:
             log.info("mslite: using the official mindspore_lite package (target %s)", target)

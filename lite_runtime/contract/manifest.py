@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from lite_runtime.contract.errors import ArtifactError
+from lite_runtime.contract.errors import ArtifactError, UnsupportedError
 from lite_runtime.contract.hashes import CheckedHashes
 from lite_runtime.contract.families import KV_MODES, GraphDims, TensorSpec, get_family, graph_kinds
 
@@ -143,6 +143,13 @@ class Manifest:
 
     def _where(self) -> str:
         return self.file or os.path.join(self.root, MANIFEST_NAME)
+
+    def require_packed(self, what: str, error=UnsupportedError) -> None:
+        """Refuse, naming `what`, an export without the step graph (continuous batching and all it carries)."""
+        if self.kv_cache != "packed":
+            raise error(f"{what} needs an export with kv_cache packed (one step graph over a list of tokens of any "
+                        f"rows); {self.root or 'this export'} has kv_cache {self.kv_cache!r}: export it again with "
+                        "kv_cache: packed")
 
 
 def copy_manifest_path(graph_copy: str) -> str:

@@ -38,7 +38,21 @@ class Metrics:
                                  registry=r)
         self.acceptance = Gauge("lite_speculative_acceptance_rate", "Accepted / proposed guessed tokens so far",
                                 registry=r)
+        self.kv_usage = Gauge("lite_kv_cache_usage_ratio", "Blocks of the paged KV store held (by rows and cached "
+                              "prefixes, each once) over its blocks", registry=r)
+        self.kv_bytes = Gauge("lite_kv_cache_used_bytes", "Bytes of the paged KV store's held blocks", registry=r)
+        self.kv_capacity = Gauge("lite_kv_cache_capacity_bytes", "Bytes of the paged KV store (kv_cache_gb)",
+                                 registry=r)
+        self.preemptions = Counter("lite_preemptions", "Running requests preempted for KV blocks (fed again later)",
+                                   registry=r)
         self.registry, self.content_type = r, CONTENT_TYPE_LATEST
+
+    def kv_cache(self, held: int, total: int, block_bytes: int, preempted: int) -> None:
+        self.kv_usage.set(held / max(total, 1))
+        self.kv_bytes.set(held * block_bytes)
+        self.kv_capacity.set(total * block_bytes)
+        if preempted:
+            self.preemptions.inc(preempted)
 
     def prefix_cache(self, cached: int, cache) -> None:
         if cached:
