@@ -18,8 +18,9 @@ difference, the first scheme's and the reference's.
 
 The reference: transformers' greedy tokens after the same prompt on the same GGUF in float32 (a process of
 its own before the timed runs, cached in --work_dir). Every timed run's row-0 tokens are counted against it
-(`k/N`); a float32 export (`none`, `float32`) and llama.cpp at F32 must equal it, else its row says TOKENS
-DIFFER and the tool exits 1. `--reference none` skips the check (a model transformers cannot load).
+(`k/N`); a float32 export (`none`, `float32`) with float32 K/V and llama.cpp at F32 must equal it, else its
+row says TOKENS DIFFER and the tool exits 1. `--kv_cache_dtype float32 float16` runs every export with each
+dtype of its paged KV store (rows `NAME kv float16`). `--reference none` skips the check (a model transformers cannot load).
 `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one
 and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (one slice per cache row), and
 so llama.cpp's at each --llama_cpp type (the same slices, our tokenizer's ids).
@@ -92,14 +93,20 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
     return out
 
 
+def lite_session(export_dir: str, threads: int):
+    """The export's Lite session; EXPORT may end in `@float16` (a kv_cache_dtype of its paged store)."""
+    from lite_runtime.backends import load_session
+    from lite_runtime.contract.manifest import load_manifest
+    folder, _, kv = export_dir.partition("@")
+    manifest = load_manifest(folder)
+    return manifest, load_session("mslite", manifest, num_threads=threads, **({"kv_cache_dtype": kv} if kv else {}))
+
+
 def child(export_dir: str, ids_file: str, batch: int, new_tokens: int, threads: int) -> None:
     """Runs in its own process: prints one JSON line of timings and row 0's tokens."""
     import numpy as np
-    from lite_runtime.backends import load_session
-    from lite_runtime.contract.manifest import load_manifest
-    manifest = load_manifest(export_dir)
+    manifest, session = lite_session(export_dir, threads)
     ids = read_ids(ids_file)
-    session = load_session("mslite", manifest, num_threads=threads)
     rows = manifest.batch_size
     counts = np.array([len(ids)] * batch + [0] * (rows - batch), np.int32)
     tokens = np.zeros((rows, len(ids)), np.int32)
@@ -128,7 +135,7 @@ def prompts(export_dir: str, depths: list, work: str) -> dict:
     that runs it: the 31-token sentence without `depths`, else the start of docs/*.md cut at each depth."""
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.tokenizers import export_tokenizer
-    tokenizer = export_tokenizer(load_manifest(export_dir))
+    tokenizer = export_tokenizer(load_manifest(export_dir.partition("@")[0]))
     if not depths:
         cuts = [tokenizer.encode(PROMPT)[:31]]
     else:
@@ -244,7 +251,7 @@ def teacher_text(export_dir: str, text_file: str, tokens: int) -> tuple:
     import numpy as np
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.tokenizers import export_tokenizer
-    manifest = load_manifest(export_dir)
+    manifest = load_manifest(export_dir.partition("@")[0])
     ids = export_tokenizer(manifest).encode(open(text_file, encoding="utf-8").read())
     rows = manifest.batch_size
     length = min(tokens, len(ids) - 1) // rows
@@ -264,10 +271,8 @@ def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -
     """Teacher-forced over `tokens` tokens of a text, cut into one slice per cache row: each position's
     greedy choice and the negative log-likelihood of the text's next token."""
     import numpy as np
-    from lite_runtime.backends import load_session
-    from lite_runtime.contract.manifest import load_manifest
     text, rows, length = teacher_text(export_dir, text_file, tokens)
-    session = load_session("mslite", load_manifest(export_dir), num_threads=threads)
+    session = lite_session(export_dir, threads)[1]
     ones, past = np.ones(rows, np.int32), np.zeros(rows, np.int32)
     choices, nll = np.zeros((rows, length), np.int64), 0.0
     for t in range(length):
@@ -391,9 +396,11 @@ def reference_tokens(gguf: str, work: str, ids_files: dict, new_tokens: int) -> 
 
 
 def float32_export(export_dir: str) -> bool:
-    """Whether an export's weights are all float32 (the head and embedding are int8 only beside int8 or int4)."""
+    """Whether an export's weights are all float32 (the head and embedding are int8 only beside int8 or int4), run
+    with float32 K/V (`@float16`: not)."""
     from lite_runtime.contract.manifest import load_manifest
-    return load_manifest(export_dir).quantization.get("weights", "none") in ("none", "float32")
+    folder, _, kv = export_dir.partition("@")
+    return load_manifest(folder).quantization.get("weights", "none") in ("none", "float32") and kv in ("", "float32")
 
 
 def same_prefix(a, b) -> int:
@@ -420,6 +427,8 @@ def main() -> int:
                    f"rounded up to a multiple of {DEFAULT_SEQ})")
     p.add_argument("--extra", nargs="*", default=[], metavar="NAME=DIR",
                    help="more exports measured beside the schemes' (e.g. another head choice)")
+    p.add_argument("--kv_cache_dtype", nargs="*", default=[], choices=["float32", "float16"],
+                   help="run each export with each of these dtypes of its paged KV store (default: the runtime's)")
     p.add_argument("--accuracy", metavar="TEXT_FILE", help="instead of timing: top-1 agreement with the first "
                    "scheme and perplexity, teacher-forced over --accuracy_tokens tokens of this text")
     p.add_argument("--accuracy_tokens", type=int, default=1024)
@@ -468,6 +477,8 @@ def main() -> int:
     exports = {s: export(args.gguf, args.work_dir, s, args.group_size, max(args.batch), args.seq_length or needed)
                for s in args.schemes}
     exports.update(item.split("=", 1) for item in args.extra)
+    if args.kv_cache_dtype:      # each export with each dtype of its paged store
+        exports = {f"{name} kv {kv}": f"{folder}@{kv}" for name, folder in exports.items() for kv in args.kv_cache_dtype}
     args.schemes = list(exports)
     if (args.llama_cpp or llama_reference or args.peers) and not os.path.isfile(PEERS):
         raise SystemExit(f"error: --llama_cpp, --reference {'/'.join(sorted(LLAMA_FTYPES))} and --peers need the "

@@ -29,7 +29,7 @@ def alone(engine, prompt, steps):
 def beside(engine, prompt, neighbour_prompt, steps):
     """The long prompt submitted after the neighbour's first steps, the neighbour running until it has ended."""
     mine, theirs = [], []
-    chunks = -(-len(prompt) // engine.prefill_chunk)
+    chunks = -(-len(prompt) // engine.scheduler.prefill_chunk)
     engine.submit(request(neighbour_prompt, chunks + steps + 4, theirs))
     for _ in range(2):
         engine.step()
