@@ -270,3 +270,14 @@ def test_params_are_frozen_and_accept_numpy_scalars():
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.top_k = 3
     assert Sampler(params)(np.zeros((2, 10), dtype=np.float32)).shape == (2,)
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_min_p_applies_after_temperature_as_vllm(top_k):
+    """Probabilities 0.6 / 0.3 / 0.1 and min_p 0.2: at temperature 1 the third (1/6 of the first) is dropped; at
+    temperature 3 the distribution is flatter (the third is 0.55 of the first) and it is drawn."""
+    logits = np.tile(_log([0.6, 0.3, 0.1]), (4000, 1))
+    cold = Sampler(SamplingParams(do_sample=True, top_k=top_k, min_p=0.2, seed=1))(logits)
+    warm = Sampler(SamplingParams(do_sample=True, top_k=top_k, min_p=0.2, temperature=3.0, seed=1))(logits)
+    assert not (cold == 2).any() and set(cold.tolist()) == {0, 1}
+    assert 0.15 < (warm == 2).mean() < 0.35          # 0.55 / (1 + 0.79 + 0.55) = 0.24 of the draws

@@ -6,8 +6,8 @@
 Exports the model (`model: {gguf: ...}`, target cpu: the packed step as .ms) once per scheme of
 `quantization.weights` (none: Lite's own MatMul; int8 and int4 with --group_size), kept in --work_dir for
 later runs. A scheme may end in `+head` (`quantization.head: int8`) or `+head+embedding` (the embedding
-in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel` (without it, `attention:
-graph`). Then, round after round, every depth, batch and scheme in turn, each in a child process of its own
+in int8 as well): `int8+head+embedding`; `+attn` exports with `attention: kernel`, `+paged` with `attention:
+paged` (the paged KV store; without either, `attention: graph`). Then, round after round, every depth, batch and scheme in turn, each in a child process of its own
 under /usr/bin/time: the prompt on each row (one request a row, fed in one step), --new_tokens greedy tokens
 (EOS ignored) through `Session.step` (idle cache rows cost nothing), 2 threads. The prompt is a 31-token
 sentence, or with `--depths 31 1000 2000` one prompt of each length cut from the start of docs/*.md (joined
@@ -63,9 +63,9 @@ PROMPT = ("The history of the printing press begins in the fifteenth century, wh
 
 def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) -> str:
     weights, *parts = scheme.split("+")       # e.g. int8+head+embedding+attn
-    if any(part not in ("head", "embedding", "attn") for part in parts):
+    if any(part not in ("head", "embedding", "attn", "paged") for part in parts):
         raise SystemExit(f"error: --schemes {scheme!r}: a weights scheme, then +head and +embedding (in int8), "
-                         "+attn (attention: kernel)")
+                         "+attn (attention: kernel) or +paged (attention: paged)")
     quantization = {"weights": weights}
     grid = ""
     if weights in ("int8", "int4"):      # the head and the embedding as the scheme names them (their default: int8)
@@ -84,7 +84,7 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
     yaml = out + ".yaml"
     with open(yaml, "w") as f:
         json.dump({"model": {"gguf": os.path.abspath(gguf)}, "target": "cpu", "seq_length": seq, "batch_size": batch,
-                   "quantization": quantization, "attention": "kernel" if "attn" in parts else "graph",
+                   "quantization": quantization, "attention": "kernel" if "attn" in parts else "paged" if "paged" in parts else "graph",
                    "output_dir": out}, f)
     start = time.perf_counter()
     if subprocess.run([MS20, "-m", "exporter", "--config", yaml], cwd=REPO, stdout=subprocess.DEVNULL).returncode:

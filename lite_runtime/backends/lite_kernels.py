@@ -176,11 +176,6 @@ class KVStore:
         if self.id < 0:
             raise ValueError(_lib.lk_last_error().decode())
 
-    @property
-    def block_bytes(self) -> int:
-        """Bytes of one block over every layer, keys and values."""
-        return 2 * self.layers * self.kv * self.block * self.hd * (2 if self.half else 4)
-
     def copy_block(self, src: int, dst: int) -> None:
         if _lib.lk_kv_copy_block(self.id, src, dst):
             raise ValueError(_lib.lk_last_error().decode())

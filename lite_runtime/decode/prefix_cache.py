@@ -122,13 +122,14 @@ class PagedPrefixCache(PrefixCache):
     """The prefix cache on the kernels' paged store (backends/base.py PagedKVCache): an entry holds references
     to its prompt's whole blocks, and a prompt that starts with it is given those blocks as its row's first
     ones, read where they are: nothing is copied. Its `max_bytes` are blocks reserved in the store beside the
-    rows'; when the store has no free block the least recently used entry is dropped."""
+    rows' (within the store's budget when it has one, kv_cache_gb); when the store has no free block the least
+    recently used entry is dropped."""
 
     def __init__(self, cache, max_bytes: int):
         if cache.block != BLOCK:
             raise ValueError(f"the paged store's blocks of {cache.block} positions are not the prefix cache's {BLOCK}")
         super().__init__(cache, max_bytes)
-        self.block_bytes = 2 * cache._layers * cache._kv * BLOCK * cache._hd * (2 if cache.dtype == "float16" else 4)
+        self.block_bytes = cache.block_bytes
         cache.reserve(self.max_bytes // self.block_bytes)
         cache.on_full = self._drop_one
 

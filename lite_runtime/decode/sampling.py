@@ -425,6 +425,7 @@ class Sampler:
         self._temperature = params.temperature if params.temperature != 1.0 else None
         self._top_k = params.top_k
         self._top_p = params.top_p if params.top_p < 1.0 else None
+        self._min_p = params.min_p     # after temperature, as vLLM: on the distribution sampled from
 
     @property
     def reads_tokens(self) -> bool:
@@ -457,8 +458,6 @@ class Sampler:
             logits = apply_logit_bias(logits, p.logit_bias)
         if self._constraint is not None:
             logits = self._constraint.mask(logits)
-        if p.min_p > 0 and not self._greedy:
-            logits = apply_min_p(logits, p.min_p)
         if self._penalty is not None:
             logits = apply_repetition_penalty(logits, token_ids, valid, self._penalty)
         tokens = greedy(logits) if self._greedy else self._sample(np.asarray(logits, dtype=np.float32))
@@ -474,11 +473,15 @@ class Sampler:
             values, ids = top_k_candidates(logits, self._top_k, sort=True)
             if self._temperature is not None:  # order-preserving, so safe after top-k
                 values = values / np.float32(self._temperature)
+            if self._min_p:
+                values = apply_min_p(values, self._min_p)
             if self._top_p is not None:
                 values = nucleus_of_candidates(values, self._top_p)
         else:
             if self._temperature is not None:
                 logits = apply_temperature(logits, self._temperature)
+            if self._min_p:
+                logits = apply_min_p(logits, self._min_p)
             if self._top_p is None:
                 return sample(logits, self.rng)
             values, ids = top_p_candidates(logits, self._top_p)

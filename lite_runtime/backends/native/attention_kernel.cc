@@ -109,22 +109,13 @@ class AttendInfer : public mindspore::kernel::KernelInterface {
 }  // namespace
 
 int RegisterAttend(bool op_info) {
-  if (op_info) {
-    if (!mindspore::kernel::OpLib::RegOp(OpInfo(kAttendType, std::vector<std::string>(kAttendInputs, "float32")), ""))
-      return Fail(std::string("MindSpore's op-info library refused ") + kAttendType);
-    return 0;
-  }
-  auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
-    Chars("CPU"), Chars(kProvider), DataType::kNumberTypeFloat32, Chars(kAttendType),
+  return RegisterFloatCustom(
+    kAttendType, kAttendInputs, op_info,
     [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
        const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
       return std::make_shared<AttendKernel>(inputs, outputs, primitive, ctx);
-    });
-  auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
-    Chars(kProvider), Chars(kAttendType), [] { return std::make_shared<AttendInfer>(); });
-  if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
-    return Fail(std::string("Lite refused to register the kernel ") + kAttendType);
-  return 0;
+    },
+    [] { return std::make_shared<AttendInfer>(); });
 }
 
 }  // namespace lk

@@ -164,22 +164,15 @@ class LayerOpInfer : public mindspore::kernel::KernelInterface {
 
 int RegisterLayerOps(bool op_info) {
   for (const OpType &type : kOps) {
-    if (op_info) {
-      if (!mindspore::kernel::OpLib::RegOp(OpInfo(type.name, std::vector<std::string>(type.inputs, "float32")), ""))
-        return Fail(std::string("MindSpore's op-info library refused ") + type.name);
-      continue;
-    }
     const OpType *t = &type;
-    auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
-      Chars("CPU"), Chars(kProvider), DataType::kNumberTypeFloat32, Chars(type.name),
-      [t](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
-          const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
-        return std::make_shared<LayerOpKernel>(*t, inputs, outputs, primitive, ctx);
-      });
-    auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
-      Chars(kProvider), Chars(type.name), [t] { return std::make_shared<LayerOpInfer>(*t); });
-    if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
-      return Fail(std::string("Lite refused to register the kernel ") + type.name);
+    if (RegisterFloatCustom(
+          type.name, type.inputs, op_info,
+          [t](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
+              const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
+            return std::make_shared<LayerOpKernel>(*t, inputs, outputs, primitive, ctx);
+          },
+          [t] { return std::make_shared<LayerOpInfer>(*t); }))
+      return 1;
   }
   return 0;
 }

@@ -409,6 +409,23 @@ std::vector<char> V(const std::string &s) { return lk::Chars(s); }
 
 }  // namespace
 
+namespace lk {
+int RegisterFloatCustom(const std::string &type, int inputs, bool op_info, mindspore::registry::CreateKernel kernel,
+                        mindspore::registry::KernelInterfaceCreator infer) {
+  if (op_info) {
+    if (!mindspore::kernel::OpLib::RegOp(OpInfo(type, std::vector<std::string>(inputs, "float32")), ""))
+      return Fail("MindSpore's op-info library refused " + type);
+    return 0;
+  }
+  auto created = mindspore::registry::RegisterKernel::RegCustomKernel(V("CPU"), V(kProvider),
+                                                                      DataType::kNumberTypeFloat32, V(type), kernel);
+  auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(V(kProvider), V(type), infer);
+  if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
+    return Fail("Lite refused to register the kernel " + type);
+  return 0;
+}
+}  // namespace lk
+
 extern "C" {
 
 const char *lk_last_error() { return g_last_error.c_str(); }
@@ -423,6 +440,7 @@ const char *lk_types() {
          "LiteGatherF32P16,"
          "LiteAttend,LitePagedAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
+
 
 // Registers every kernel and its shape inference with Lite, and with `op_info` non-zero the op-info
 // entries a MindIR Build needs. Once per process; later calls do nothing.

@@ -56,3 +56,10 @@ class MS_API RegisterKernelInterface {
 };
 }  // namespace registry
 }  // namespace mindspore
+
+namespace lk {
+// Registers a Custom type whose inputs are all float32 (its output float32): with `op_info`, the op-info entry a
+// MindIR Build needs; else its kernel and its shape inference with Lite. 0, or 1 with lk_last_error's reason.
+int RegisterFloatCustom(const std::string &type, int inputs, bool op_info, mindspore::registry::CreateKernel kernel,
+                        mindspore::registry::KernelInterfaceCreator infer);
+}  // namespace lk

@@ -196,22 +196,13 @@ class PagedInfer : public mindspore::kernel::KernelInterface {
 }  // namespace
 
 int RegisterPagedAttend(bool op_info) {
-  if (op_info) {
-    if (!mindspore::kernel::OpLib::RegOp(OpInfo(kPagedType, std::vector<std::string>(kPagedInputs, "float32")), ""))
-      return Fail(std::string("MindSpore's op-info library refused ") + kPagedType);
-    return 0;
-  }
-  auto created = mindspore::registry::RegisterKernel::RegCustomKernel(
-    Chars("CPU"), Chars(kProvider), DataType::kNumberTypeFloat32, Chars(kPagedType),
+  return RegisterFloatCustom(
+    kPagedType, kPagedInputs, op_info,
     [](const std::vector<MSTensor> &inputs, const std::vector<MSTensor> &outputs,
        const mindspore::schema::Primitive *primitive, const mindspore::Context *ctx) {
       return std::make_shared<PagedKernel>(inputs, outputs, primitive, ctx);
-    });
-  auto inferred = mindspore::registry::RegisterKernelInterface::CustomReg(
-    Chars(kProvider), Chars(kPagedType), [] { return std::make_shared<PagedInfer>(); });
-  if (created != mindspore::kSuccess || inferred != mindspore::kSuccess)
-    return Fail(std::string("Lite refused to register the kernel ") + kPagedType);
-  return 0;
+    },
+    [] { return std::make_shared<PagedInfer>(); });
 }
 
 }  // namespace lk
