@@ -29,7 +29,7 @@ def scheduler(blocks=None, rows=ROWS, **kw):
     m = manifest(rows)
     cache = PagedKVCache(m)
     if blocks is not None:
-        cache.configure("float32", blocks * cache.block_bytes)
+        cache.configure("float16", blocks * cache.block_bytes)
     limits = EngineLimits(rows, SEQ, False, None, 0, False)
     return Scheduler(limits, cache, **kw), cache
 
@@ -65,9 +65,10 @@ def run(s, cache, plan):
 def test_a_budget_below_one_sequence_is_refused_naming_the_numbers():
     cache = PagedKVCache(manifest())
     with pytest.raises(ConfigError) as info:
-        cache.configure("float16", 7 * cache.block_bytes // 2)
+        cache.configure("float16", 7.5 * cache.block_bytes)
     text = str(info.value)
     assert "kv_cache_gb" in text and "holds 7 blocks" in text and "seq_length 128 needs 8" in text, text
+    assert "(3.1e-05 GiB): allowed: 3.1e-05 or more" in text, text       # 8 blocks of 4 KiB, rounded up
 
 
 def test_the_plan_feeds_prompts_in_chunks_beside_decoding_rows_and_whole_alone():

@@ -68,7 +68,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     ("truncate_prompt_tokens", 0, "greater than or equal to 1"),
 ])
 def test_fields_not_built_or_malformed_are_refused_naming_the_field(route, field, value, says):
-    from lite_runtime.serve.protocol import ChatRequest, CompletionRequest
+    from lite_runtime.serve.chat_protocol import ChatRequest
+    from lite_runtime.serve.protocol import CompletionRequest
     request_class, base = (CompletionRequest, COMPLETION) if route == "completions" else (ChatRequest, CHAT)
     where, message = _refusal(request_class, **base, **{field: value})
     assert where == field and says in message, (where, message)
@@ -96,7 +97,8 @@ def test_fields_not_built_or_malformed_are_refused_naming_the_field(route, field
     ("completions", {"prompt_embeds": "AAAA"}, "prompt_embeds", "text or token ids"),
 ])
 def test_route_fields_not_built_are_refused_naming_the_field(route, fields, field, says):
-    from lite_runtime.serve.protocol import ChatRequest, CompletionRequest
+    from lite_runtime.serve.chat_protocol import ChatRequest
+    from lite_runtime.serve.protocol import CompletionRequest
     request_class, base = (CompletionRequest, COMPLETION) if route == "completions" else (ChatRequest, CHAT)
     where, message = _refusal(request_class, **dict(base, **fields))
     assert where == field and says in message, (where, message)
@@ -106,7 +108,8 @@ def test_route_fields_not_built_are_refused_naming_the_field(route, fields, fiel
 def test_fields_that_change_nothing_are_accepted_and_guides_are_read():
     """Values that leave the answer as it is pass (best_of equal to n, vLLM's defaults, the grammar
     backend's name, a single call under a forced tool choice); guided_json as JSON text is the schema."""
-    from lite_runtime.serve.protocol import ChatRequest, CompletionRequest
+    from lite_runtime.serve.chat_protocol import ChatRequest
+    from lite_runtime.serve.protocol import CompletionRequest
     same = dict(best_of=2, n=2, use_beam_search=False, length_penalty=1.0, skip_special_tokens=True,
                 include_stop_str_in_output=False, spaces_between_special_tokens=False,
                 guided_decoding_backend="xgrammar", priority=3, user="u", stream_options={"include_usage": True},
@@ -157,7 +160,8 @@ def test_choices_are_matched_whole_with_their_special_characters(tmp_path):
 @pytest.mark.fast
 def test_two_guides_at_once_are_refused_naming_both():
     """The grammar is built in ServedModel.constraint (a stand-in model: only what it reads)."""
-    from lite_runtime.serve.protocol import ChatRequest, CompletionRequest
+    from lite_runtime.serve.chat_protocol import ChatRequest
+    from lite_runtime.serve.protocol import CompletionRequest
     from lite_runtime.serve.runs import BadRequest, ServedModel
     served = SimpleNamespace(tokenizer=SimpleNamespace(path="/export/tokenizer.json"), vocab_size=100,
                              stop_ids=frozenset({2}))

@@ -240,7 +240,7 @@ def test_chat_templates_see_tool_calls_as_transformers_passes_them():
     """A transformers-style template reads message.tool_calls[i].function.name / arguments (the
     arguments as sent) and tool_call_id; fields not sent are absent; developer becomes system."""
     import jinja2
-    from lite_runtime.serve.protocol import ChatMessage
+    from lite_runtime.serve.chat_protocol import ChatMessage
     dumped = [ChatMessage.model_validate(m).model_dump() for m in (
         {"role": "developer", "content": "Be brief."},
         {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
@@ -306,3 +306,20 @@ def test_a_body_that_is_not_json_is_a_400_without_a_param(demo):
     status, answer = _request(demo[0], "/v1/completions", b'{"model": "demo", "prompt": ')
     assert status == 400 and answer["error"]["param"] is None, answer
     assert answer["error"]["message"].startswith("the request body is not valid JSON"), answer
+
+
+def test_a_seed_gives_the_same_text_from_the_server_and_pipeline_on_either_loop(demo, demo_exports):
+    """One seed policy: sequence k of a call (choice j of prompt i is k = i·n + j) samples with seed + k, so the
+    server's four choices are pipeline()'s four prompts, on the engine (packed) and on the static loop (io)."""
+    from lite_runtime import pipeline
+    url, _ = demo
+    batch = client(url).completions.create(model="demo", prompt=PROMPTS[:2], n=2, max_tokens=12, temperature=0.8,
+                                           top_p=0.9, seed=11, extra_body={"top_k": 40})
+    served_texts = [c.text for c in batch.choices]
+    assert len(set(served_texts)) > 2          # seeds 11 to 14: not copies
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]]
+    for export in ("ms", "ms_io"):
+        pipe = pipeline("text_generation", model=demo_exports[export], backend="ms")
+        answers = pipe(prompts, max_new_tokens=12, do_sample=True, temperature=0.8, top_p=0.9, top_k=40, seed=11,
+                       add_special_tokens=True)
+        assert [a["text_generation_text"][0][len(p):] for a, p in zip(answers, prompts)] == served_texts, export

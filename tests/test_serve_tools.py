@@ -418,7 +418,7 @@ def test_a_forced_call_needs_a_tokenizer_the_constraint_reads():
     """A sentencepiece tokenizer: required / named are refused as response_format is; auto (nothing to
     hold the answer to) is not."""
     from types import SimpleNamespace
-    from lite_runtime.serve.protocol import ChatRequest
+    from lite_runtime.serve.chat_protocol import ChatRequest
     from lite_runtime.serve.runs import BadRequest, ServedModel
     served = SimpleNamespace(tokenizer=SimpleNamespace(path="/export/tokenizer.model"), vocab_size=100,
                              stop_ids=frozenset({2}))     # a stand-in: what constraint() reads
@@ -434,7 +434,7 @@ def test_a_forced_call_needs_a_tokenizer_the_constraint_reads():
 @pytest.mark.parametrize("choice", [None, "auto", "none", "required"])
 def test_every_tools_parameters_must_be_a_json_schema_whatever_the_tool_choice(choice):
     from pydantic import ValidationError
-    from lite_runtime.serve.protocol import ChatRequest
+    from lite_runtime.serve.chat_protocol import ChatRequest
     bad = {"type": "function", "function": {"name": "get_news", "parameters": {
         "type": "object", "properties": {"topic": {"type": "strng"}}}}}
     with pytest.raises(ValidationError) as e:

@@ -32,6 +32,7 @@ by llama.cpp's own quantizer into --work_dir, fed the same prompt ids on each ro
 builder, blocks of 32, x rounded to int8) and OpenVINO GenAI with NNCF's int8 / int4 weights (int4 in groups
 of 32), built from that Hugging Face folder of the same model (tools/peer_runtimes.py), at each batch, fed the
 same ids.
+`--plot FILE.png` draws the decode ms/step and the peak RSS against the depth, a line per side and batch.
 `--reference F16` also compares every run's logits after the prompt with llama.cpp's at that type (cosine and
 top-1): on a random model, whose near-flat logits let any rounding change the greedy tokens, and at sizes
 whose float32 export this machine cannot hold (`tools/random_hf_llama.py --gguf`); there `--reference F16
@@ -397,10 +398,12 @@ def reference_tokens(gguf: str, work: str, ids_files: dict, new_tokens: int) -> 
 
 def float32_export(export_dir: str) -> bool:
     """Whether an export's weights are all float32 (the head and embedding are int8 only beside int8 or int4), run
-    with float32 K/V (`@float16`: not)."""
+    with float32 K/V (host arrays, or a paged store given `@float32`)."""
     from lite_runtime.contract.manifest import load_manifest
     folder, _, kv = export_dir.partition("@")
-    return load_manifest(folder).quantization.get("weights", "none") in ("none", "float32") and kv in ("", "float32")
+    manifest = load_manifest(folder)
+    return manifest.quantization.get("weights", "none") in ("none", "float32") and (
+        not manifest.dims.kv_block or kv == "float32")
 
 
 def same_prefix(a, b) -> int:
@@ -427,6 +430,8 @@ def main() -> int:
                    f"rounded up to a multiple of {DEFAULT_SEQ})")
     p.add_argument("--extra", nargs="*", default=[], metavar="NAME=DIR",
                    help="more exports measured beside the schemes' (e.g. another head choice)")
+    p.add_argument("--plot", metavar="PNG", help="also draw decode ms/step and peak RSS against the depth, a line per "
+                   "side and batch (tools/bench_plot.py)")
     p.add_argument("--kv_cache_dtype", nargs="*", default=[], choices=["float32", "float16"],
                    help="run each export with each of these dtypes of its paged KV store (default: the runtime's)")
     p.add_argument("--accuracy", metavar="TEXT_FILE", help="instead of timing: top-1 agreement with the first "
@@ -550,6 +555,11 @@ def main() -> int:
                       + (f" {cosine(runs[0]['first'], logits[d]):.4f}, "
                          f"{'same' if np.argmax(runs[0]['first']) == logits[d].argmax() else 'differs'} |"
                          if logits and runs[0]["first"] is not None else " - |" if logits else ""))
+    if args.plot:
+        from bench_plot import plot_context
+        plot_context(results, args.plot, f"{os.path.basename(args.gguf)}: {args.new_tokens} new tokens, "
+                     f"{args.threads} threads, medians of {args.rounds} rounds")
+        print(f"drew {args.plot}", file=sys.stderr)
     if differ:
         print(f"error: tokens differ from transformers' where they must equal them: {'; '.join(differ)}",
               file=sys.stderr)

@@ -6,7 +6,6 @@ per replica while the other ranks replay its calls.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -26,7 +25,7 @@ from lite_runtime.decode.generation import Step, check_prompts, generate_batches
 from lite_runtime.api.generation_options import GenerationOptions
 from lite_runtime.api.infer_config import InferConfig
 from lite_runtime.decode.inputs import InputOfInfer
-from lite_runtime.decode.sampling import Sampler
+from lite_runtime.decode.sampling import Sampler, for_sequence
 from lite_runtime.decode.streamers import CONTEXT_TOKENS, continuation_text
 from lite_runtime.tokenizers import Tokenizer, export_tokenizer, load_tokenizer
 
@@ -145,7 +144,7 @@ class TextGeneratorInfer:
         session = self.sessions[0] if session is None else session
         prompts = self._prompt_ids(texts, options, "truncate=True", log.warning)
         eos = self.eos_ids if options.eos_token_id is None else _as_list(options.eos_token_id)
-        pick = Sampler(options.sampling(), stop_ids=eos)
+        pick = [Sampler(for_sequence(options.sampling(), i), stop_ids=eos) for i in range(len(prompts))]
         pad = self.pad_id if options.pad_token_id is None else int(options.pad_token_id)
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, options.max_new_tokens,
                               options.max_length)
@@ -230,7 +229,7 @@ class TextGeneratorInfer:
 
         sampling = options.sampling()
         for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
-            own = sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + i)
+            own = for_sequence(sampling, i)
             constraint = None if options.json_schema is None else json_matcher(
                 getattr(self.tokenizer, "path", ""), self.manifest.vocab_size, eos, options.json_schema or None,
                 "json_schema")

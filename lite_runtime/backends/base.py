@@ -8,6 +8,7 @@ the backend and writes the outputs back.
 from __future__ import annotations
 
 import heapq
+import math
 import sys
 import time
 from typing import Callable, List, Optional, Sequence
@@ -312,11 +313,11 @@ class PagedKVCache(PackedKVCache):
         if budget_bytes is not None:
             blocks = int(budget_bytes // self.block_bytes)
             if blocks < self.per_row:
-                gib = self.per_row * self.block_bytes / 2 ** 30
+                gib = math.ceil(self.per_row * self.block_bytes / 2 ** 30 * 1e6) / 1e6     # rounded up
                 raise ConfigError(f"kv_cache_gb {budget_bytes / 2 ** 30:g} holds {blocks} block{'s' * (blocks != 1)} of {self.block} "
                                   f"positions ({self.block_bytes / 2 ** 20:.3f} MiB each, {dtype}); one sequence of "
                                   f"the export's seq_length {self.per_row * self.block} needs {self.per_row} "
-                                  f"({gib:.4f} GiB): allowed: {gib:.4f} or more")
+                                  f"({gib:g} GiB): allowed: {gib:g} or more")
             self.budget = blocks * self.block_bytes
         self.free = list(range(blocks))
 

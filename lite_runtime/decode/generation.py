@@ -89,6 +89,17 @@ def generate_steps(session: Session, inputs: BaseInputsOfInfer, state: DecodeSta
         logits = session.decode(*inputs.decode_inputs(step_ids, state.lengths, state.row_inputs), *extra)
 
 
+def _each_row(samplers: Sequence[Callable]) -> Callable:
+    """generate_steps' `pick` from one sampler per row (the padding rows after them pick 0: they are inactive)."""
+    def pick(logits, ids, lengths, prompt_lengths):
+        out = np.zeros(len(logits), np.int32)
+        for r, sampler in enumerate(samplers):
+            out[r] = sampler(logits[r:r + 1], ids[r:r + 1], lengths[r:r + 1],
+                             None if prompt_lengths is None else prompt_lengths[r:r + 1])[0]
+        return out
+    return pick
+
+
 def row_budgets(prompt_lengths: Sequence[int], seq_length: int, max_new_tokens: Optional[int],
                 max_length: Optional[int]) -> List[int]:
     """New tokens each row may produce: within max_new_tokens, max_length (prompt + new) and the
@@ -133,8 +144,8 @@ def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[
                      adapters: Optional[List[int]] = None) -> List[List[int]]:
     """New token ids of every prompt (EOS included when produced), any number of prompts.
 
-    `pick` is the request's sampler, shared by successive graph batches so a seeded request draws
-    one random stream; `on_step(offset, step)` sees each step (offset = index of the batch's first
+    `pick` picks every row's token (a function of generate_steps', e.g. one Sampler for all), or is one Sampler
+    per prompt (each row's own, seeded as the engine's: the same text as the packed forms); `on_step(offset, step)` sees each step (offset = index of the batch's first
     prompt), for streaming; `adapters`: each prompt's SLoRA slot (an SLoRA export needs them).
     """
     m = session.manifest
@@ -145,7 +156,8 @@ def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[
         chunk = prompts[start:start + m.batch_size]
         state = prepare_batch(chunk, m.batch_size, m.seq_length, budgets[start:start + len(chunk)],
                               eos_ids, pad_id, None if adapters is None else adapters[start:start + len(chunk)], inputs)
-        for step in generate_steps(session, inputs, state, pick):
+        chunk_pick = pick if callable(pick) else _each_row(pick[start:start + len(chunk)])
+        for step in generate_steps(session, inputs, state, chunk_pick):
             for row in np.flatnonzero(step.active[:len(chunk)]):
                 results[start + row].append(int(step.tokens[row]))
             if on_step is not None:

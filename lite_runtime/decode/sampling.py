@@ -13,6 +13,8 @@ vocabulary).
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -396,6 +398,13 @@ def _is_real(value: object) -> bool:
         and not isinstance(value, (bool, np.bool_))
         and math.isfinite(float(value))
     )
+
+
+def for_sequence(params: SamplingParams, index: int) -> SamplingParams:
+    """The sampling of a call's `index`-th sequence (prompt after prompt, and a prompt's choices in turn): seed +
+    index, so that a seeded call is reproducible and its sequences are not copies of one another. The one seed
+    policy of `pipeline()`, run_infer_main and the server."""
+    return params if params.seed is None else dataclasses.replace(params, seed=params.seed + index)
 
 
 class Sampler:

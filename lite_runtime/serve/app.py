@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from lite_runtime.decode.engine import QueueFull
-from lite_runtime.serve.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
-                                         TokenizeRequest, error_body)
+from lite_runtime.serve.chat_protocol import ChatRequest, TokenizeRequest
+from lite_runtime.serve.protocol import CompletionRequest, DetokenizeRequest, SamplingFields, error_body
 from lite_runtime.serve.runs import BadRequest, ServedModel, chat_prompt_ids, start_run
 from lite_runtime.serve.tgi import add_tgi_routes
 

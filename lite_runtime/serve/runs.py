@@ -195,9 +195,8 @@ class _Run:
         self.tool_style = "json" if self.reads_tools and body.forced_tools() else served.tool_style
         self.tools = body.template_tools() if self.reads_tools else None
         self.stop_token_ids = frozenset(body.stop_token_ids or ())
-        samplings = body.samplings()
-        self.choices = [_Choice(self, i * len(samplings) + j, sampling, prompt_ids, slot)
-                        for i, prompt_ids in enumerate(prompts) for j, sampling in enumerate(samplings)]
+        self.choices = [_Choice(self, k, sampling, prompts[k // body.n], slot)
+                        for k, sampling in enumerate(body.samplings(len(prompts)))]
 
     def cancel(self) -> None:
         """The client went away: every choice ends at the engine's next step, and the request is counted

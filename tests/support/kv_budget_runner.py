@@ -16,7 +16,7 @@ NEW_TOKENS = 90
 def main(export, blocks, prefix_bytes):
     m = load_manifest(export)
     d = m.dims
-    block_bytes = 2 * d.num_layers * d.kv_heads_per_rank * d.kv_block * d.head_dim * 4     # float32 K and V
+    block_bytes = 2 * d.num_layers * d.kv_heads_per_rank * d.kv_block * d.head_dim * 2     # float16 K and V
     session = load_session("mslite", m, kv_cache_gb=blocks * block_bytes / 2 ** 30 if blocks else None)
     engine = Engine(session, threaded=False, prefix_cache_bytes=prefix_bytes)
     ids = prompt_ids(export)

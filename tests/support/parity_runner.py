@@ -1,6 +1,8 @@
 """Greedy decode of given prompts on one backend, in a process of its own (Lite and mindspore cannot
 share one): python tests/support/parity_runner.py BACKEND EXPORT PROMPTS.json STEPS OUT.npz [KEY=VALUE ...]
-(KEY=VALUE: session options, e.g. lite_format=mindir)
+(KEY=VALUE: session options, e.g. lite_format=mindir; on Lite kv_cache_dtype is float32 unless given: the logits
+are checked within 1e-4 of float32 references, which float16 K/V in the paged store round beyond; float16's tokens
+are checked at long prompts, test_long_prompts.py and test_real_model.py)
 
 Saves logits (P, STEPS+1, V) and tokens (P, STEPS+1): the prompts fill the graph batch (in order,
 the last batch padded with copies), each row's greedy token fed back every step.
@@ -43,6 +45,8 @@ if __name__ == "__main__":
     from lite_runtime.contract.manifest import load_manifest
     backend, export, prompts_file, steps, out = sys.argv[1:6]
     options = dict(arg.split("=", 1) for arg in sys.argv[6:])
+    if backend == "mslite":
+        options.setdefault("kv_cache_dtype", "float32")
     with open(prompts_file) as f:
         prompts = json.load(f)
     session = load_session(backend, load_manifest(export), **options)
