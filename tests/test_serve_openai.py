@@ -313,13 +313,13 @@ def test_a_seed_gives_the_same_text_from_the_server_and_pipeline_on_either_loop(
     server's four choices are pipeline()'s four prompts, on the engine (packed) and on the static loop (io)."""
     from lite_runtime import pipeline
     url, _ = demo
-    batch = client(url).completions.create(model="demo", prompt=PROMPTS[:2], n=2, max_tokens=12, temperature=0.8,
-                                           top_p=0.9, seed=11, extra_body={"top_k": 40})
+    batch = client(url).completions.create(model="demo", prompt=PROMPTS[:2], n=2, max_tokens=12, temperature=2.0,
+                                           top_p=0.95, seed=11, extra_body={"top_k": 40})
     served_texts = [c.text for c in batch.choices]
     assert len(set(served_texts)) > 2          # seeds 11 to 14: not copies
     prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]]
     for export in ("ms", "ms_io"):
         pipe = pipeline("text_generation", model=demo_exports[export], backend="ms")
-        answers = pipe(prompts, max_new_tokens=12, do_sample=True, temperature=0.8, top_p=0.9, top_k=40, seed=11,
+        answers = pipe(prompts, max_new_tokens=12, do_sample=True, temperature=2.0, top_p=0.95, top_k=40, seed=11,
                        add_special_tokens=True)
         assert [a["text_generation_text"][0][len(p):] for a, p in zip(answers, prompts)] == served_texts, export
