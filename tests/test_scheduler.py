@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lite_runtime.backends.base import PagedKVCache
+from lite_runtime.backends.paged_cache import PagedKVCache
 from lite_runtime.contract.errors import ConfigError, ValidationError
 from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, TensorSpec
 from lite_runtime.contract.manifest import GraphEntry, Manifest

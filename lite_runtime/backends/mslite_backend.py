@@ -27,7 +27,8 @@ from lite_runtime.contract.graph_check import check_graph_inputs, collectives_in
 from lite_runtime.contract.manifest import Manifest
 from lite_runtime.contract.mindir import FIRST_UNREADABLE_MINDSPORE
 from lite_runtime.backends import lite_kernels
-from lite_runtime.backends.base import PagedKVCache, Session, require_kv_mode
+from lite_runtime.backends.base import Session, require_kv_mode
+from lite_runtime.backends.paged_cache import PagedKVCache
 from lite_runtime.backends.lite_memory import check_load_memory
 from lite_runtime.backends.lite_native import MINDIR_VERSION_ADVICE, LiteModel, kernel_types, shim_path
 from lite_runtime.backends.lite_runners import LiteRunner, NativeStaticGraphs, NativeStepGraph

@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from lite_runtime.backends.base import PackedKVCache
+from lite_runtime.backends.kv_cache import PackedKVCache
 from lite_runtime.contract.command_line import BOOL, CONTEXT, entry_point
 from lite_runtime.contract.families import KV_CACHE_DTYPES
 from lite_runtime.contract.errors import ConfigError, ToolchainError

@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from lite_runtime.backends.base import PackedKVCache
+from lite_runtime.backends.kv_cache import PackedKVCache
 from lite_runtime.contract.errors import ConfigError, ToolchainError
 from lite_runtime.contract.families import get_family
 from lite_runtime.contract.hashes import file_sha256

@@ -24,7 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
-from lite_runtime.backends.base import PackedKVCache, PagedKVCache, Session
+from lite_runtime.backends.base import Session
+from lite_runtime.backends.kv_cache import PackedKVCache
+from lite_runtime.backends.paged_cache import PagedKVCache
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.decode.output import OutputStage, TokenLogprobs
 from lite_runtime.decode.prefix_cache import PagedPrefixCache, PrefixCache

@@ -3,7 +3,7 @@ prompt that starts like an earlier one (a chat's system prompt, its growing conv
 prefilled only from where they differ.
 
 The engine's session keeps its cache as host arrays, one (B, kv, hd, P) key and one (B, kv, P, hd)
-value array per layer (backends/base.py), so a prompt's K/V are slices of its row: stored as a copy
+value array per layer (backends/kv_cache.py), so a prompt's K/V are slices of its row: stored as a copy
 once the prompt is in the cache, and copied into a new row at admission. Prompts are matched by
 blocks of `BLOCK` tokens: every block boundary of a stored prompt is indexed by a hash chained over
 its blocks (and the request's adapter slot: an adapter's K/V differ from the base model's), and a
@@ -119,7 +119,7 @@ class PrefixCache:
 
 
 class PagedPrefixCache(PrefixCache):
-    """The prefix cache on the kernels' paged store (backends/base.py PagedKVCache): an entry holds references
+    """The prefix cache on the kernels' paged store (backends/paged_cache.py): an entry holds references
     to its prompt's whole blocks, and a prompt that starts with it is given those blocks as its row's first
     ones, read where they are: nothing is copied. Its `max_bytes` are blocks reserved in the store beside the
     rows' (within the store's budget when it has one, kv_cache_gb); when the store has no free block the least

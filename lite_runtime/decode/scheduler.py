@@ -3,7 +3,7 @@ in the next step. It calls no graph and samples nothing (runner.py calls the gra
 
 A step plan gives each row its tokens: a request admitted since the last step feeds its prompt (in chunks of
 `prefill_chunk` tokens, whole when it is alone or its family's prompts attend both ways), a decoding row its
-last token and any guesses (speculation). On the kernels' paged store (`blocks`, backends/base.py
+last token and any guesses (speculation). On the kernels' paged store (`blocks`, backends/paged_cache.py
 PagedKVCache) a request is admitted only while the store has room for its first chunk, and when a step
 needs more blocks than are free the newest running request is preempted: its blocks go back and it
 waits at the head of the queue to be fed again, its prompt and the tokens it has generated as one prompt
@@ -17,7 +17,8 @@ from typing import Deque, List, Optional, Union
 
 import numpy as np
 
-from lite_runtime.backends.base import PackedKVCache, PagedKVCache, fixed_picks
+from lite_runtime.backends.kv_cache import PackedKVCache, fixed_picks
+from lite_runtime.backends.paged_cache import PagedKVCache
 from lite_runtime.contract.errors import ValidationError
 from lite_runtime.contract.families import get_family
 from lite_runtime.contract.manifest import Manifest
