@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lite_runtime.contract.errors import ValidationError
+from lite_runtime.decode.candidates import draw_positions, top_k_candidates, top_p_candidates
 from lite_runtime.decode.sampling import (
     Sampler,
     SamplingParams,
@@ -13,11 +14,8 @@ from lite_runtime.decode.sampling import (
     apply_temperature,
     apply_top_k,
     apply_top_p,
-    draw_positions,
     greedy,
     sample,
-    top_k_candidates,
-    top_p_candidates,
 )
 
 pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
