@@ -3,9 +3,9 @@ regular expression (one of a list of strings: their alternation), by making, at 
 the tokens the grammar does not allow impossible; with llguidance, the grammar engine vLLM and
 llama.cpp use. The grammar ends by allowing only the end-of-sequence ids, so the request stops there.
 
-`JsonConstraint.for_tokenizer(path, ...)` builds the token tables once per tokenizer (≈0.2 s for a
-50k vocabulary); each request gets its own matcher (`start`), which `Sampler` asks for a mask
-before choosing and tells the chosen token after.
+`JsonConstraint.tables(path, ...)` builds the token tables once per tokenizer; each request gets its own
+matcher (`json_matcher`: `start` or `start_regex`), which `Sampler` asks for a mask before choosing and tells
+the chosen token after.
 """
 from __future__ import annotations
 

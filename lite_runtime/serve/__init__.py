@@ -1,2 +1,2 @@
 """An OpenAI-compatible HTTP server over one export: `python -m lite_runtime.serve --model_dir DIR`.
-The engine (continuous batching over cache rows) is in engine.py, the HTTP side in app.py."""
+The engine (continuous batching over cache rows) is lite_runtime/decode/engine.py, the HTTP side app.py."""

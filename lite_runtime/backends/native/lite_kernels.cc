@@ -5,7 +5,7 @@
 // converter's process. Every function returns 0 on success, else non-zero with a reason in lk_last_error().
 //
 // A graph node is MindSpore 2.0's ops.Custom("liblite_kernels.so:<type>", func_type="aot") with the prim
-// attribute type=<type> (lite_runtime/contract/kernels.py); its inputs are x (..., K) float32, the weight
+// attribute type=<type> (exporter/models/kernels.py); its inputs are x (..., K) float32, the weight
 // and its scales (and mins) as constants. Lite finds the kernel by that type under any provider, as long
 // as the context names none.
 #include <immintrin.h>
