@@ -90,7 +90,7 @@ def _reference_ids(tokenizer, messages, tools=None):
 
 
 def _served_ids(family, folder, messages, tools=None):
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
     from lite_runtime.tokenizers import load_tokenizer
     return ChatFormat(family, folder, load_tokenizer(folder)).encode(messages, tools)
 
@@ -138,7 +138,7 @@ def test_a_template_that_refuses_the_roles_says_so(tmp_path):
 
 
 def test_without_a_template_the_familys_format_is_used_and_said(tmp_path):
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
     from lite_runtime.tokenizers import load_tokenizer
     _, folder = _saved_folder("qwen25", tmp_path)
     os.remove(os.path.join(folder, "chat_template.jinja"))

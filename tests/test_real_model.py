@@ -156,7 +156,7 @@ def _reference_ids(tokenizer, chat):
 
 def test_chat_prompt_ids_equal_apply_chat_template(smollm2):
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
     export, _, tokenizer = smollm2
     manifest = load_manifest(export)
     ours = export_tokenizer(manifest)

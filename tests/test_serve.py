@@ -482,13 +482,13 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
     ("internlm", "<|User|>:Hi<eoh>\n<|Bot|>:Hello.<eoa>\n<|User|>:Count to 3<eoh>\n<|Bot|>:"),
 ])
 def test_chat_prompts_follow_each_familys_published_format(family, expected):
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
     assert ChatFormat(family, None).render(CHAT) == expected
 
 
 @pytest.mark.fast
 def test_the_exports_chat_template_comes_first_and_special_tokens_become_their_ids(tmp_path):
-    from lite_runtime.serve.chat import ChatFormat, encode_chat
+    from lite_runtime.tokenizers.chat_format import ChatFormat, encode_chat
     from lite_runtime.tokenizers import load_tokenizer
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"}))

@@ -318,7 +318,7 @@ def test_tools_are_rendered_with_every_choice_and_none_reads_no_calls(tool_serve
 
 def test_a_tool_call_round_trip_renders_the_call_and_the_tools_answer(tool_server, tool_export):
     from lite_runtime.contract.manifest import load_manifest
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
     first = _ask(tool_server, messages=ASK, tools=TOOLS,
                  tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0].message
     call = first.tool_calls[0]

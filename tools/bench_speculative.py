@@ -68,7 +68,7 @@ def command(model_dir, k, max_tokens, rounds, num_threads, draft):
     from lite_runtime.decode.engine import Engine
     from lite_runtime.decode.draft import DraftModel
     from lite_runtime.decode.speculation import Speculation
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
 
     manifest = load_manifest(model_dir)
     tokenizer = export_tokenizer(manifest)

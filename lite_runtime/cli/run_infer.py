@@ -276,7 +276,7 @@ def run(args, out=sys.stdout) -> None:
 
 
 def _chat_format(args, generator):
-    from lite_runtime.serve.chat import ChatFormat
+    from lite_runtime.tokenizers.chat_format import ChatFormat
     if args.prompt:
         raise ConfigError("--chat formats each input with the chat template; --prompt would format it again: "
                           "give one of them")

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from lite_runtime.contract.errors import ConfigError, ToolchainError
 from lite_runtime.decode.constraints import json_matcher
-from lite_runtime.serve.chat import ChatFormat
+from lite_runtime.tokenizers.chat_format import ChatFormat
 from lite_runtime.decode.engine import Engine, EngineRequest, QueueFull, TokenLogprobs, call_each
 from lite_runtime.serve.metrics import Metrics
 from lite_runtime.serve.protocol import Guide, SamplingFields
