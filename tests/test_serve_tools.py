@@ -454,6 +454,7 @@ class AnsweringEngine:
         self.session = SimpleNamespace(manifest=manifest)
         self.tokenizer, self.answer = tokenizer, ""
         self.waiting = []
+        self.replicas = [self]
         self.deliver = None             # set by ServedModel
 
     def submit(self, request):

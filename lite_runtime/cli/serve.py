@@ -131,7 +131,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, kv_c
             server.drain.join()
         else:       # uvicorn did not start (its port was taken)
             engine.stop(timeout=shutdown_timeout)
-        for replica in getattr(engine, "engines", [engine]):
+        for replica in engine.replicas:
             replica.session.close()
         if isinstance(speculation, DraftModel):
             speculation.close()

@@ -110,6 +110,11 @@ class Engine:
         return self.scheduler.waiting
 
     @property
+    def replicas(self) -> list:
+        """The engines that answer (distributed/replicas.py's several behind one endpoint)."""
+        return [self]
+
+    @property
     def steps(self) -> int:
         return self.runner.steps
 

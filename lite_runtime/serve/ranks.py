@@ -5,45 +5,11 @@ export; rank 0 runs one engine per replica, behind one `Replicas`.
 from __future__ import annotations
 
 import logging
-import threading
-from typing import List
 
 from lite_runtime.distributed.data_parallel import ReplicaLayout
 from lite_runtime.distributed.mirrored import follow, replica_sessions
 from lite_runtime.distributed.rank_channel import RankChannel
-
-
-class Replicas:
-    """The engines of data-parallel replicas behind one endpoint, as the app sees one engine: a request
-    goes to the replica with the least work."""
-
-    def __init__(self, engines: List):
-        self.engines = engines
-        self.session = engines[0].session
-        for engine in engines:
-            engine.counted = self            # the metrics' running / waiting count every replica
-
-    @property
-    def waiting(self) -> list:
-        return [request for engine in self.engines for request in engine.waiting]
-
-    def busy_rows(self) -> int:
-        return sum(engine.busy_rows() for engine in self.engines)
-
-    def submit(self, request) -> None:
-        min(self.engines, key=lambda e: e.busy_rows() + len(e.waiting)).submit(request)
-
-    def cancel(self, request) -> None:
-        for engine in self.engines:           # only the one holding it has anything to free
-            engine.cancel(request)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Every replica's `Engine.stop` at once: they drain together, within one `timeout`."""
-        stopping = [threading.Thread(target=engine.stop, args=(timeout,)) for engine in self.engines]
-        for thread in stopping:
-            thread.start()
-        for thread in stopping:
-            thread.join()
+from lite_runtime.distributed.replicas import Replicas
 
 
 def join(model_dir: str, manifest, data_parallel: int) -> RankChannel:

@@ -36,7 +36,7 @@ class ServedModel:
         template = self.chat.published.templates if self.chat.published is not None else {}
         self.tool_style = tool_calls.style_of(template.get("tool_use") or template.get("default"))
         self.loop: Optional[asyncio.AbstractEventLoop] = None     # the routes' event loop, once a run starts
-        for replica in getattr(engine, "engines", [engine]):
+        for replica in engine.replicas:
             replica.deliver = self._deliver
 
     def _deliver(self, calls: list) -> None:
