@@ -11,8 +11,8 @@ from support.tiny_models import REPO, run_cli
 RUNNER = os.path.join(REPO, "tests", "support", "kv_budget_runner.py")
 
 
-def run(export, blocks, prefix_bytes=0):
-    result = run_cli([RUNNER, export, str(blocks), str(prefix_bytes)])
+def run(export, blocks, prefix_bytes=0, dtype="float16"):
+    result = run_cli([RUNNER, export, str(blocks), str(prefix_bytes), dtype])
     assert result.returncode == 0, result.stderr[-3000:]
     return eval(result.stdout.strip().splitlines()[-1])
 
@@ -29,6 +29,13 @@ def test_preempted_requests_give_the_tokens_they_get_without_a_budget(demo_expor
     assert bounded["total"] == 10 and bounded["preemptions"] > 0
     assert bounded["tokens"] == unbounded["tokens"] and bounded["reasons"] == unbounded["reasons"]
     assert bounded["held"] == 0 and all(len(t) > 40 for t in bounded["tokens"])
+
+
+def test_int8_k_v_give_the_demo_model_its_float16_tokens_within_a_budget(demo_exports, unbounded):
+    """int8 K/V (a scale per position and head): the demo model's confident greedy tokens, preempted or not."""
+    bounded = run(demo_exports["mslite_paged"], 10, 0, "int8")
+    assert bounded["total"] == 10 and bounded["preemptions"] > 0
+    assert bounded["tokens"] == unbounded["tokens"] and bounded["held"] == 0
 
 
 def test_cached_prefixes_live_within_the_budget_and_keep_only_their_blocks(demo_exports, unbounded):

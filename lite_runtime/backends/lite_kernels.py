@@ -163,16 +163,20 @@ def attend(q, k, v, k_cache, v_cache, meta, slopes, scale: float, threads: int =
     return out
 
 
+KV_DTYPE_CODES = {"float32": 0, "float16": 1, "int8": 2}     # native/attention_math.h kKvFloat32 ...
+
+
 class KVStore:
     """A paged KV store of the kernels (native/paged_attention_kernel.cc): `blocks` blocks of `block` positions
-    for each of `layers` layers of `kv` heads of `hd`, float16 (`half`) or float32, allocated once, resident as
-    blocks are written. Its `id` is what the graphs' paged attention nodes are fed. Needs the library loaded."""
+    for each of `layers` layers of `kv` heads of `hd`, float16, float32 or int8 (a scale per position and head),
+    allocated once, resident as blocks are written. Its `id` is what the graphs' paged attention nodes are fed.
+    Needs the library loaded."""
 
-    def __init__(self, layers: int, blocks: int, block: int, kv: int, hd: int, half: bool = True):
+    def __init__(self, layers: int, blocks: int, block: int, kv: int, hd: int, dtype: str = "float16"):
         if _lib is None:
             raise RuntimeError("the kernel library is not loaded")
-        self.layers, self.blocks, self.block, self.kv, self.hd, self.half = layers, blocks, block, kv, hd, half
-        self.id = _lib.lk_kv_create(layers, blocks, block, kv, hd, int(half))
+        self.layers, self.blocks, self.block, self.kv, self.hd, self.dtype = layers, blocks, block, kv, hd, dtype
+        self.id = _lib.lk_kv_create(layers, blocks, block, kv, hd, KV_DTYPE_CODES[dtype])
         if self.id < 0:
             raise ValueError(_lib.lk_last_error().decode())
 

@@ -42,7 +42,8 @@ class PagedKVCache(PackedKVCache):
     @property
     def block_bytes(self) -> int:
         """One block's K/V in every layer."""
-        return 2 * self._layers * self._kv * self.block * self._hd * (2 if self.dtype == "float16" else 4)
+        per_position = {"float32": 4 * self._hd, "float16": 2 * self._hd, "int8": self._hd + 4}[self.dtype]
+        return 2 * self._layers * self._kv * self.block * per_position     # int8: its scale (float32) too
 
     @property
     def total_blocks(self) -> int:
@@ -159,8 +160,7 @@ class PagedKVCache(PackedKVCache):
     def _run_tokens(self, run, ids, rows, positions, past, last, extra, span=None):
         if self.store is None:
             from lite_runtime.backends.lite_kernels import KVStore
-            self.store = KVStore(self._layers, self.total_blocks, self.block, self._kv, self._hd,
-                                 half=self.dtype == "float16")
+            self.store = KVStore(self._layers, self.total_blocks, self.block, self._kv, self._hd, self.dtype)
         ends = np.array(past, np.int64)
         np.maximum.at(ends, rows, positions.astype(np.int64) + 1)
         fed = np.bincount(rows, minlength=len(ends)) > 0

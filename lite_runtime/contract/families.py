@@ -76,8 +76,9 @@ class TensorSpec:
 
 
 KV_BLOCK = 16     # positions a block of the paged store holds (`attention: paged`)
-KV_CACHE_DTYPES = ("float16", "float32")    # what the paged store may hold (the runtime's kv_cache_dtype; the first
-                                            # is the default: llama.cpp's, half the bytes, top-1 99.9 % of float32's)
+# What the paged store may hold (the runtime's kv_cache_dtype); the first is the default: llama.cpp's, half the
+# bytes, top-1 99.9 % of float32's; int8: a scale per position and head (llama.cpp's q8_0 over the head).
+KV_CACHE_DTYPES = ("float16", "float32", "int8")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""python tests/support/kv_budget_runner.py EXPORT BLOCKS PREFIX_BYTES: the demo prompts as requests submitted
-together to the engine on real Lite, with the paged store cut to BLOCKS blocks (0: the default size) and a
-prefix cache of PREFIX_BYTES (0: none); prints {tokens, reasons, preemptions, held, entries}."""
+"""python tests/support/kv_budget_runner.py EXPORT BLOCKS PREFIX_BYTES [DTYPE]: the demo prompts as requests
+submitted together to the engine on real Lite, with the paged store (of DTYPE, default float16) cut to BLOCKS
+blocks (0: the default size) and a prefix cache of PREFIX_BYTES (0: none); prints {tokens, reasons, preemptions,
+held, entries}."""
 import os
 import sys
 
@@ -13,11 +14,13 @@ from support.prefix_cache_runner import prompt_ids  # noqa: E402
 NEW_TOKENS = 90
 
 
-def main(export, blocks, prefix_bytes):
+def main(export, blocks, prefix_bytes, dtype="float16"):
     m = load_manifest(export)
     d = m.dims
-    block_bytes = 2 * d.num_layers * d.kv_heads_per_rank * d.kv_block * d.head_dim * 2     # float16 K and V
-    session = load_session("mslite", m, kv_cache_gb=blocks * block_bytes / 2 ** 30 if blocks else None)
+    per_position = {"float16": 2 * d.head_dim, "float32": 4 * d.head_dim, "int8": d.head_dim + 4}[dtype]
+    block_bytes = 2 * d.num_layers * d.kv_heads_per_rank * d.kv_block * per_position     # K and V
+    session = load_session("mslite", m, kv_cache_dtype=dtype,
+                           kv_cache_gb=blocks * block_bytes / 2 ** 30 if blocks else None)
     engine = Engine(session, threaded=False, prefix_cache_bytes=prefix_bytes)
     ids = prompt_ids(export)
     prompts = ids + [ids[0][:20], ids[1] + ids[2][-5:]]
@@ -34,5 +37,5 @@ def main(export, blocks, prefix_bytes):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])
     assert "mindspore" not in sys.modules

@@ -235,20 +235,30 @@ def check_attention():
                          f"attention B={b} kv={kv} g={g} hd={hd} P={p} N={n} threads={threads}")
 
 
+def as_stored(x, dtype, axis=-1):
+    """K or V as the paged store gives them back: float16-rounded, or int8 over the head's `axis` with a float32
+    scale (its largest magnitude / 127, rounded to nearest even; llama.cpp's q8_0 over the head)."""
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "int8":
+        scale = np.abs(x).max(axis=axis, keepdims=True) / np.float32(127)
+        q = np.where(scale > 0, np.rint(x / np.where(scale > 0, scale, np.float32(1))), np.float32(0))
+        return (q * scale).astype(np.float32)
+    return x
+
+
 def check_paged_attention():
-    """ATTENTION_CASES on the paged store, float32 and float16, blocks of 8 and 16 in shuffled order: each row's
-    past written by a first call, then the case's call; the reference reads K/V as the store holds them."""
+    """ATTENTION_CASES on the paged store, float32, float16 and int8, blocks of 8 and 16 in shuffled order: each
+    row's past written by a first call, then the case's call; the reference reads K/V as the store holds them."""
     rng = np.random.default_rng(5)
-    for half in (False, True):
+    for dtype in ("float32", "float16", "int8"):
         for block in (8, 16):
             for b, kv, g, hd, p, rows, alibi, prefix in ATTENTION_CASES:
                 per_row = -(-(p + 32) // block)
-                store = lite_kernels.KVStore(2, b * per_row + 3, block, kv, hd, half)
+                store = lite_kernels.KVStore(2, b * per_row + 3, block, kv, hd, dtype)
                 tables = rng.permutation(b * per_row + 3)[:b * per_row].reshape(b, per_row).astype(np.float32)
-                k_cache = rng.standard_normal((b, kv, hd, p), dtype=np.float32)
-                v_cache = rng.standard_normal((b, kv, p, hd), dtype=np.float32)
-                if half:
-                    k_cache, v_cache = k_cache.astype(np.float16).astype(np.float32), v_cache.astype(np.float16).astype(np.float32)
+                k_cache = as_stored(rng.standard_normal((b, kv, hd, p), dtype=np.float32), dtype, axis=2)
+                v_cache = as_stored(rng.standard_normal((b, kv, p, hd), dtype=np.float32), dtype)
                 seed = np.array([[row, t, 0, -1] for row, past, _ in rows for t in range(past)], np.float32).reshape(-1, 4)
                 if len(seed):
                     ks = np.stack([k_cache[int(r), :, :, int(t)] for r, t, _, _ in seed])
@@ -260,18 +270,19 @@ def check_paged_attention():
                 meta = meta[rng.permutation(len(meta))]
                 n = len(meta)
                 q = rng.standard_normal((n, kv, g, hd), dtype=np.float32)
-                k, v = (rng.standard_normal((n, kv, hd), dtype=np.float32) for _ in range(2))
-                if half:
-                    k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+                k, v = (as_stored(rng.standard_normal((n, kv, hd), dtype=np.float32), dtype) for _ in range(2))
                 slopes = rng.random(kv * g, dtype=np.float32) * 0.5 if alibi else np.zeros(kv * g, np.float32)
                 ref = attention_reference(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd))
                 for threads in (1, 2):
                     got = lite_kernels.paged_attend(q, k, v, meta, tables, store, 1, slopes, 1 / np.sqrt(hd), threads)
-                    assert_close(got, ref, f"paged attention {'float16' if half else 'float32'} block {block} B={b} "
+                    assert_close(got, ref, f"paged attention {dtype} block {block} B={b} "
                                            f"kv={kv} g={g} hd={hd} P={p} N={n} threads={threads}")
                 row, past, count = rows[0]
                 keys, values = store.read(1, int(tables[row, 0]))
-                assert np.array_equal(keys[:, :, :min(block, past)], k_cache[row, :, :, :min(block, past)])
+                # int8: the cases' K/V, already on the int8 grid, come back within a rounding of their scales
+                exact = dict(rtol=1e-6, atol=0) if dtype == "int8" else dict(rtol=0, atol=0)
+                np.testing.assert_allclose(keys[:, :, :min(block, past)], k_cache[row, :, :, :min(block, past)], **exact)
+                np.testing.assert_allclose(values[:, :min(block, past)], v_cache[row, :, :min(block, past)], **exact)
                 store.close()
 
 

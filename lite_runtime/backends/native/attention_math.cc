@@ -16,16 +16,20 @@ namespace {
 
 constexpr float kIota[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
-// Cached keys and values as stored: float32, or float16 bits (the paged store's default).
+// Cached keys and values as stored: float32, float16 bits (the paged store's default), or int8 (their scales
+// applied apart: the keys' to the scores, the values' to the weights).
 inline V8 LoadAs(const float *p) { return Load(p); }
 inline V8 LoadAs(const uint16_t *p) { return LoadHalf(p); }
+inline V8 LoadAs(const int8_t *p) { return FromI8(p); }
 inline float ScalarAs(float x) { return x; }
 inline float ScalarAs(uint16_t x) { return HalfToFloat(x); }
+inline float ScalarAs(int8_t x) { return static_cast<float>(x); }
 
-// s[j * ld + p] = scale * q_j . K[:, p] + slope_j * (base + p) for p < past, J query heads (J <= 4).
+// s[j * ld + p] = scale * q_j . K[:, p] (times kscale[p] when given: int8 keys) + slope_j * (base + p) for
+// p < past, J query heads (J <= 4).
 template <int J, typename T = float>
 void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
-                const float *slope, float *s, int64_t ld, int64_t base = 0) {
+                const float *slope, float *s, int64_t ld, int64_t base = 0, const float *kscale = nullptr) {
   const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15);
   int64_t p = 0;
   for (; p < past16; p += 16) {     // 16 positions: a whole cache line of each key row
@@ -41,8 +45,9 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
     }
     for (int half = 0; half < 2; ++half) {
       const V8 key = Add(Bcast(static_cast<float>(base + p + 8 * half)), Load(kIota));
+      const V8 sc = kscale ? Mul(Load(kscale + p + 8 * half), Bcast(scale)) : Bcast(scale);
       for (int j = 0; j < J; ++j)
-        Store(s + j * ld + p + 8 * half, Fma(Bcast(slope[j]), key, Mul(acc[j][half], Bcast(scale))));
+        Store(s + j * ld + p + 8 * half, Fma(Bcast(slope[j]), key, Mul(acc[j][half], sc)));
     }
   }
   for (; p < past8; p += 8) {
@@ -53,13 +58,14 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
       for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
     }
     const V8 key = Add(Bcast(static_cast<float>(base + p)), Load(kIota));
-    for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], Bcast(scale))));
+    const V8 sc = kscale ? Mul(Load(kscale + p), Bcast(scale)) : Bcast(scale);
+    for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], sc)));
   }
   for (int64_t p = past8; p < past; ++p)
     for (int j = 0; j < J; ++j) {
       float dot = 0.0f;
       for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * ScalarAs(K[d * P + p]);
-      s[j * ld + p] = dot * scale + slope[j] * static_cast<float>(base + p);
+      s[j * ld + p] = dot * (kscale ? kscale[p] * scale : scale) + slope[j] * static_cast<float>(base + p);
     }
 }
 
@@ -235,13 +241,14 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   for (int64_t start = 0; start < L; start += bs) {
     const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, L - start);
     const T *K = keys + (block * a.kv + h) * head_keys;
+    const float *ks = a.key_scales ? a.key_scales + (block * a.kv + h) * bs : nullptr;
     for (int64_t j = 0; j < g; j += 4) {
       float *sj = s + j * ld + start;
       switch (std::min<int64_t>(4, g - j)) {
-        case 4: PastScores<4, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
-        case 3: PastScores<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
-        case 2: PastScores<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
-        default: PastScores<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 4: PastScores<4, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+        case 3: PastScores<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+        case 2: PastScores<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+        default: PastScores<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
       }
     }
     const T *V = values + block * block_values + h * bs * hd;
@@ -249,6 +256,12 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   }
   float *den = o + g * hd;
   for (int64_t j = 0; j < g; ++j) den[j] = Softmax(s + j * ld, L);
+  if (a.value_scales)     // int8 values: each weight takes its value's scale (the denominators are the weights')
+    for (int64_t start = 0; start < L; start += bs) {
+      const float *vs = a.value_scales + (static_cast<int64_t>(table[start / bs]) * a.kv + h) * bs;
+      for (int64_t j = 0; j < g; ++j)
+        for (int64_t i = 0; i < std::min(bs, L - start); ++i) s[j * ld + start + i] *= vs[i];
+    }
   WeighAll<T>(s, ld, g, 0, nullptr, rows, L, hd, o);
   float *out = a.out + (n * a.kv + h) * g * hd;
   for (int64_t j = 0; j < g; ++j) {
@@ -269,7 +282,8 @@ void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
 
 void PagedAttend(const PagedArgs &a, int64_t i0, int64_t i1, float *scratch) {
   for (int64_t i = i0; i < i1; ++i) {
-    if (a.half) PagedItem<uint16_t>(a, i / a.kv, i % a.kv, scratch);
+    if (a.dtype == kKvFloat16) PagedItem<uint16_t>(a, i / a.kv, i % a.kv, scratch);
+    else if (a.dtype == kKvInt8) PagedItem<int8_t>(a, i / a.kv, i % a.kv, scratch);
     else PagedItem<float>(a, i / a.kv, i % a.kv, scratch);
   }
 }

@@ -34,6 +34,10 @@ inline int64_t AttendScratch(const AttendArgs &a) { return a.g * (a.P + a.N + 8 
 // (kv, hd, block) and values (kv, block, hd), float32 or float16; each row's blocks in its line of `tables`. The
 // call's new K/V are written into the store first, so token n of row r at position t reads positions
 // p < max(t + 1, context(n)) of its row, all from the store (no past/new split).
+// What a paged store holds (lk_kv_create's dtype): float32, float16 bits, or int8 with a float32 scale for each
+// position's key (and value) of each head: its largest magnitude / 127, llama.cpp's q8_0 rounding over the head.
+constexpr int kKvFloat32 = 0, kKvFloat16 = 1, kKvInt8 = 2;
+
 struct PagedArgs {
   const float *q = nullptr;        // (N, kv, g, hd)
   const float *meta = nullptr;     // (N, kMetaCols)
@@ -41,7 +45,8 @@ struct PagedArgs {
   const float *slopes = nullptr;   // (kv * g,)
   const void *keys = nullptr;      // this layer's keys, block after block
   const void *values = nullptr;    // and values
-  bool half = false;               // the store holds float16 bits
+  int dtype = 0;                   // what the store holds: kKvFloat32, kKvFloat16 (bits) or kKvInt8
+  const float *key_scales = nullptr, *value_scales = nullptr;   // int8: each (block, head, position)'s scale
   float scale = 1.0f;
   int64_t N = 0, B = 0, T = 0, kv = 0, g = 0, hd = 0, block = 0;
   const int64_t *ends = nullptr;   // (B,): positions each row holds after the call's writes

@@ -1,13 +1,16 @@
 // The paged KV store and its attention node (LitePagedAttend; the loops: attention_math.cc's PagedItem).
 //
 // A store is allocated once, by the runtime, for a session: `blocks` blocks of `block` positions for every
-// layer, float16 or float32, zeroed lazily by the system (calloc), so that memory is resident only for the
-// blocks used. The graph's attention node of layer l gets q (N, kv, g, hd), the call's new keys and values
+// layer, float16, float32 or int8 (each position's key and value of each head with a float32 scale: their
+// largest magnitude / 127, rounded to nearest even), zeroed lazily by the system (calloc), so that memory is
+// resident only for the blocks used. The graph's attention node of layer l gets q (N, kv, g, hd), the call's new keys and values
 // (N, kv, hd), meta (N, 4), each row's block ids (B, T), the store's id (1,) and its layer (1,); it writes each
 // new token's key and value into its row's block at its position, then attends over the store. Nothing of
 // the cache is a graph input or output.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,15 +32,31 @@ constexpr int kPagedInputs = 9;   // q, k, v, meta, tables, store, layer, slopes
 
 struct KvStore {
   int64_t layers = 0, blocks = 0, block = 0, kv = 0, hd = 0;
-  bool half = false;
+  int dtype = kKvFloat32;
   void *data = nullptr;     // layer after layer: its keys (blocks, kv, hd, block), then its values (blocks, kv, block, hd)
-  ~KvStore() { std::free(data); }
+  float *scales = nullptr;  // int8: layer after layer, its keys' scales (blocks, kv, block), then its values'
+  ~KvStore() {
+    std::free(data);
+    std::free(scales);
+  }
   int64_t Elements() const { return blocks * kv * block * hd; }   // of the keys (or values) of one layer
-  int64_t ElementBytes() const { return half ? 2 : 4; }
+  int64_t ElementBytes() const { return dtype == kKvFloat32 ? 4 : dtype == kKvFloat16 ? 2 : 1; }
   char *Part(int64_t layer, int which) const {
     return static_cast<char *>(data) + (2 * layer + which) * Elements() * ElementBytes();
   }
+  float *Scales(int64_t layer, int which) const {
+    return scales ? scales + (2 * layer + which) * blocks * kv * block : nullptr;
+  }
 };
+
+// x (hd floats) as int8 at out[0], out[stride], ...: returns its scale (0 for zeros).
+float QuantizeI8(const float *x, int64_t hd, int8_t *out, int64_t stride) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float scale = amax / 127.0f;
+  for (int64_t d = 0; d < hd; ++d) out[d * stride] = scale > 0.0f ? static_cast<int8_t>(std::nearbyint(x[d] / scale)) : 0;
+  return scale;
+}
 
 std::mutex g_stores_mutex;
 std::vector<std::unique_ptr<KvStore>> g_stores;   // index = id; freed ones are null
@@ -95,7 +114,11 @@ int WriteTokens(const PagedArgs &a, const PagedCall &c, std::vector<int64_t> *en
     for (int64_t h = 0; h < st.kv; ++h) {
       const float *key = c.k + (n * st.kv + h) * st.hd, *value = c.v + (n * st.kv + h) * st.hd;
       const int64_t kbase = (block * st.kv + h) * st.hd * st.block + slot, vbase = ((block * st.kv + h) * st.block + slot) * st.hd;
-      if (st.half) {
+      if (st.dtype == kKvInt8) {
+        const int64_t at = (block * st.kv + h) * st.block + slot;
+        st.Scales(c.layer, 0)[at] = QuantizeI8(key, st.hd, reinterpret_cast<int8_t *>(keys) + kbase, st.block);
+        st.Scales(c.layer, 1)[at] = QuantizeI8(value, st.hd, reinterpret_cast<int8_t *>(values) + vbase, 1);
+      } else if (st.dtype == kKvFloat16) {
         uint16_t *K = reinterpret_cast<uint16_t *>(keys), *V = reinterpret_cast<uint16_t *>(values);
         for (int64_t d = 0; d < st.hd; ++d) K[kbase + d * st.block] = FloatToHalf(key[d]), V[vbase + d] = FloatToHalf(value[d]);
       } else {
@@ -115,7 +138,8 @@ int RunPaged(PagedArgs a, const PagedCall &c, int threads) {
   if (a.kv != st.kv || a.hd != st.hd)
     return Fail("q has " + std::to_string(a.kv) + " KV heads of " + std::to_string(a.hd) + "; the store holds " +
                 std::to_string(st.kv) + " of " + std::to_string(st.hd));
-  a.block = st.block, a.half = st.half, a.keys = st.Part(c.layer, 0), a.values = st.Part(c.layer, 1);
+  a.block = st.block, a.dtype = st.dtype, a.keys = st.Part(c.layer, 0), a.values = st.Part(c.layer, 1);
+  a.key_scales = st.Scales(c.layer, 0), a.value_scales = st.Scales(c.layer, 1);
   std::vector<int64_t> ends;
   if (WriteTokens(a, c, &ends)) return 1;
   a.ends = ends.data();
@@ -209,18 +233,21 @@ int RegisterPagedAttend(bool op_info) {
 
 extern "C" {
 
-// A store of `blocks` blocks of `block` positions for `layers` layers of `kv` heads of `hd`, float16 (`half`)
-// or float32: its id, or -1 (lk_last_error says why).
-int64_t lk_kv_create(int64_t layers, int64_t blocks, int64_t block, int64_t kv, int64_t hd, int half) {
+// A store of `blocks` blocks of `block` positions for `layers` layers of `kv` heads of `hd`, holding `dtype`
+// (lk::kKvFloat32, kKvFloat16 or kKvInt8): its id, or -1 (lk_last_error says why).
+int64_t lk_kv_create(int64_t layers, int64_t blocks, int64_t block, int64_t kv, int64_t hd, int dtype) {
+  if (dtype != lk::kKvFloat32 && dtype != lk::kKvFloat16 && dtype != lk::kKvInt8)
+    return lk::Fail("a KV store of dtype " + std::to_string(dtype) + ": allowed 0 (float32), 1 (float16), 2 (int8)"), -1;
   if (layers <= 0 || blocks <= 0 || block <= 0 || block % 8 || kv <= 0 || hd <= 0)
     return lk::Fail("a KV store of " + std::to_string(layers) + " layers, " + std::to_string(blocks) + " blocks of " +
                     std::to_string(block) + " positions (a multiple of 8), " + std::to_string(kv) + " heads of " +
                     std::to_string(hd)), -1;
   auto store = std::make_unique<lk::KvStore>();
   store->layers = layers, store->blocks = blocks, store->block = block, store->kv = kv, store->hd = hd;
-  store->half = half != 0;
+  store->dtype = dtype;
   store->data = std::calloc(static_cast<size_t>(2 * layers * store->Elements()), store->ElementBytes());
-  if (store->data == nullptr)
+  if (dtype == lk::kKvInt8) store->scales = static_cast<float *>(std::calloc(2 * layers * blocks * kv * block, 4));
+  if (store->data == nullptr || (dtype == lk::kKvInt8 && store->scales == nullptr))
     return lk::Fail("could not reserve " + std::to_string(2 * layers * store->Elements() * store->ElementBytes()) +
                     " bytes for the KV store"), -1;
   std::lock_guard<std::mutex> lock(lk::g_stores_mutex);
@@ -242,9 +269,12 @@ int lk_kv_copy_block(int64_t id, int64_t src, int64_t dst) {
   if (st == nullptr) return lk::Fail("no KV store " + std::to_string(id));
   if (src < 0 || dst < 0 || src >= st->blocks || dst >= st->blocks)
     return lk::Fail("blocks " + std::to_string(src) + " -> " + std::to_string(dst) + " of " + std::to_string(st->blocks));
-  const int64_t bytes = st->kv * st->block * st->hd * st->ElementBytes();
+  const int64_t bytes = st->kv * st->block * st->hd * st->ElementBytes(), scales = st->kv * st->block;
   for (int64_t layer = 0; layer < st->layers; ++layer)
-    for (int which = 0; which < 2; ++which) std::memcpy(st->Part(layer, which) + dst * bytes, st->Part(layer, which) + src * bytes, bytes);
+    for (int which = 0; which < 2; ++which) {
+      std::memcpy(st->Part(layer, which) + dst * bytes, st->Part(layer, which) + src * bytes, bytes);
+      if (float *s = st->Scales(layer, which)) std::memcpy(s + dst * scales, s + src * scales, scales * sizeof(float));
+    }
   return 0;
 }
 
@@ -257,9 +287,17 @@ int lk_kv_read(int64_t id, int64_t layer, int64_t block, float *keys, float *val
   const int64_t n = st->kv * st->block * st->hd;
   for (int which = 0; which < 2; ++which) {
     const char *part = st->Part(layer, which) + block * n * st->ElementBytes();
+    const float *scales = st->Scales(layer, which);
     float *out = which ? values : keys;
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = st->half ? lk::HalfToFloat(reinterpret_cast<const uint16_t *>(part)[i]) : reinterpret_cast<const float *>(part)[i];
+    for (int64_t i = 0; i < n; ++i) {
+      if (st->dtype == lk::kKvInt8) {     // keys (kv, hd, block), values (kv, block, hd): each position's scale
+        const int64_t h = i / (st->block * st->hd), slot = which ? i / st->hd % st->block : i % st->block;
+        out[i] = reinterpret_cast<const int8_t *>(part)[i] * scales[(block * st->kv + h) * st->block + slot];
+      } else {
+        out[i] = st->dtype == lk::kKvFloat16 ? lk::HalfToFloat(reinterpret_cast<const uint16_t *>(part)[i])
+                                             : reinterpret_cast<const float *>(part)[i];
+      }
+    }
   }
   return 0;
 }
