@@ -6,6 +6,7 @@ import pytest
 from support.tiny_models import train_byte_bpe_tokenizer
 from lite_runtime.contract.errors import ArtifactError, ConfigError, ValidationError
 from lite_runtime.tokenizers import SentencePieceTokenizer as Tokenizer, load_tokenizer
+from lite_runtime.tokenizers.base import TokenizerOptions
 
 pytestmark = pytest.mark.fast      # no export, no graph, no Lite, no model process: `make test-fast`
 
@@ -75,9 +76,9 @@ def test_overrides(model_dir):
     tok = load_tokenizer(model_dir, pad_token_id=0, eos_token_id=2)
     assert tok.pad_token_id == 0 and 0 in tok.all_special_ids
     with pytest.raises(ConfigError, match="pad_token_id: 400 is outside"):
-        Tokenizer(str(model_dir / "tokenizer.model"), pad_token_id=400)
+        Tokenizer(str(model_dir / "tokenizer.model"), TokenizerOptions(pad_token_id=400))
     with pytest.raises(ConfigError, match="bos_token_id"):
-        Tokenizer(str(model_dir / "tokenizer.model"), bos_token_id="1")
+        Tokenizer(str(model_dir / "tokenizer.model"), TokenizerOptions(bos_token_id="1"))
 
 
 def test_load_from_export_folder(model_dir):

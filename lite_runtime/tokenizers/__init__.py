@@ -21,7 +21,7 @@ import os
 from typing import List, Optional, Sequence
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError
-from lite_runtime.tokenizers.base import Tokenizer, TokenIds
+from lite_runtime.tokenizers.base import Tokenizer, TokenIds, TokenizerOptions
 from lite_runtime.tokenizers.chatglm6b import VOCAB_FILE as CHATGLM6B_FILE, ChatGLM6BTokenizer
 from lite_runtime.tokenizers.hf_json import CONFIG_FILES, GENERATION_CONFIG, HFJsonTokenizer
 from lite_runtime.tokenizers.jieba_sentencepiece import VOCAB_FILE as JIEBA_FILE, JiebaSentencePieceTokenizer
@@ -119,8 +119,7 @@ def load_tokenizer(
     cls = tokenizer_class_for(path, jieba)
     if not os.access(path, os.R_OK):
         raise ArtifactError(f"tokenizer: file {path!r} is not readable")
-    return cls(path, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-               add_bos=add_bos, prefix_tokens=prefix_tokens, special_tokens=special_tokens)
+    return cls(path, TokenizerOptions(bos_token_id, eos_token_id, pad_token_id, add_bos, prefix_tokens, special_tokens))
 
 
 def export_tokenizer(manifest) -> Optional[Tokenizer]:

@@ -8,6 +8,7 @@ present are rendered as their text), ``_piece`` and ``_token_to_id``.
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -15,6 +16,19 @@ import numpy as np
 from lite_runtime.contract.errors import ConfigError, ValidationError
 
 TokenIds = Union[Sequence[int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class TokenizerOptions:
+    """What a tokenizer is told beyond its files (load_tokenizer's keywords, an export's tokenizer_options): ids
+    that override the files' BOS, EOS and PAD; BOS forced on or off in ``encode(..., add_special_tokens=True)``;
+    the token strings of the prompt's prefix; strings that must encode as single ids."""
+    bos_token_id: Optional[int] = None
+    eos_token_id: Optional[int] = None
+    pad_token_id: Optional[int] = None
+    add_bos: Optional[bool] = None
+    prefix_tokens: Optional[Sequence[str]] = None
+    special_tokens: Optional[Sequence[str]] = None
 
 
 class Tokenizer(abc.ABC):
@@ -63,28 +77,26 @@ class Tokenizer(abc.ABC):
         self,
         *,
         found: Dict[str, Optional[int]],
-        overrides: Dict[str, Optional[int]],
+        options: "TokenizerOptions",
         extra_eos: Iterable[int] = (),
         special_ids: Iterable[int] = (),
         files_prefix: Sequence[int] = (),
         files_add_bos: Optional[bool] = None,
-        add_bos: Optional[bool] = None,
-        prefix_tokens: Optional[Sequence[str]] = None,
     ) -> None:
-        """``found``: bos/eos/pad_token_id named by the files; ``overrides``: the caller's.
+        """``found``: bos/eos/pad_token_id named by the files; ``options``: the caller's (its ids override them).
         ``files_prefix``: ids the files put before a text; ``files_add_bos``: an explicit
         yes/no of the files about BOS (tokenizer_config.json's ``add_bos_token``)."""
         names = ("bos_token_id", "eos_token_id", "pad_token_id")
         chosen = {}
         for name in names:
-            override = overrides.get(name)
+            override = getattr(options, name)
             chosen[name] = found.get(name) if override is None else self._checked_override(name, override)
         self._bos, self._eos, self._pad = (chosen[name] for name in names)
         eos_ids = [self._eos] + [int(i) for i in extra_eos]
         self._eos_ids = tuple(dict.fromkeys(i for i in eos_ids if i is not None))
         named = {i for i in (self._bos, self._pad) if i is not None}
         self._special_ids = frozenset(set(int(i) for i in special_ids) | named | set(self._eos_ids))
-        self._prefix = self._build_prefix(list(files_prefix), files_add_bos, add_bos, prefix_tokens)
+        self._prefix = self._build_prefix(list(files_prefix), files_add_bos, options.add_bos, options.prefix_tokens)
 
     def _checked_override(self, name: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError
-from lite_runtime.tokenizers.base import checked_special_tokens
+from lite_runtime.tokenizers.base import TokenizerOptions, checked_special_tokens
 from lite_runtime.tokenizers.hf_json import read_json
 from lite_runtime.tokenizers.sentencepiece_model import SentencePieceTokenizer
 
@@ -123,13 +123,8 @@ class ChatGLM6BTokenizer(SentencePieceTokenizer):
     def __init__(
         self,
         model_path: str,
+        options: TokenizerOptions = TokenizerOptions(),
         *,
-        bos_token_id: Optional[int] = None,
-        eos_token_id: Optional[int] = None,
-        pad_token_id: Optional[int] = None,
-        add_bos: Optional[bool] = None,
-        prefix_tokens: Optional[Sequence[str]] = None,
-        special_tokens: Optional[Sequence[str]] = None,
         num_image_tokens: Optional[int] = None,
     ) -> None:
         super().__init__(model_path)   # loads the model; what it set up for a plain model is redone below
@@ -158,7 +153,7 @@ class ChatGLM6BTokenizer(SentencePieceTokenizer):
                 f"tokenizer: {self.path!r} has no {', '.join(missing)} piece: not a ChatGLM-6B {VOCAB_FILE} "
                 "(icetk's older model without the special pieces is not supported)"
             )
-        for token in checked_special_tokens(special_tokens):
+        for token in checked_special_tokens(options.special_tokens):
             if token not in self._added:
                 token_id = self._token_to_id(token)
                 if token_id is None:
@@ -173,11 +168,8 @@ class ChatGLM6BTokenizer(SentencePieceTokenizer):
             pad = self._pad + offset
         self._init_specials(
             found={"bos_token_id": self._added[SOP], "eos_token_id": self._added[EOP], "pad_token_id": pad},
-            overrides={"bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-                       "pad_token_id": pad_token_id},
+            options=options,
             special_ids=control | set(self._added.values()),
-            add_bos=add_bos,
-            prefix_tokens=prefix_tokens,
         )
         self._suffix = [self._added[GMASK], self._added[SOP]]
 

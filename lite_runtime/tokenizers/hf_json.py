@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ArtifactError
-from lite_runtime.tokenizers.base import Tokenizer, checked_special_tokens
+from lite_runtime.tokenizers.base import Tokenizer, TokenizerOptions, checked_special_tokens
 
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 GENERATION_CONFIG = "generation_config.json"
@@ -44,13 +44,7 @@ class HFJsonTokenizer(Tokenizer):
     def __init__(
         self,
         json_path: str,
-        *,
-        bos_token_id: Optional[int] = None,
-        eos_token_id: Optional[int] = None,
-        pad_token_id: Optional[int] = None,
-        add_bos: Optional[bool] = None,
-        prefix_tokens: Optional[Sequence[str]] = None,
-        special_tokens: Optional[Sequence[str]] = None,
+        options: TokenizerOptions = TokenizerOptions(),
     ) -> None:
         import tokenizers
 
@@ -62,7 +56,7 @@ class HFJsonTokenizer(Tokenizer):
             raise ArtifactError(f"tokenizer: cannot read {self.path!r} as a tokenizers file: {exc}") from exc
         tk.no_padding()
         tk.no_truncation()
-        extra = checked_special_tokens(special_tokens)
+        extra = checked_special_tokens(options.special_tokens)
         if extra:
             tk.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in extra])
         self._tk = tk
@@ -90,14 +84,11 @@ class HFJsonTokenizer(Tokenizer):
                 files_add_bos = config["add_bos_token"]
         self._init_specials(
             found=found,
-            overrides={"bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-                       "pad_token_id": pad_token_id},
+            options=options,
             extra_eos=self._generation_eos(os.path.join(folder, GENERATION_CONFIG)),
             special_ids=special,
             files_prefix=self._post_processor_prefix(),
             files_add_bos=files_add_bos,
-            add_bos=add_bos,
-            prefix_tokens=prefix_tokens,
         )
 
     def _config_token(self, config_path: str, key: str, value: object) -> int:

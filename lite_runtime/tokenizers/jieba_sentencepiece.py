@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import List, Optional, Sequence
+from typing import List
 
 from lite_runtime.contract.errors import UnsupportedError
+from lite_runtime.tokenizers.base import TokenizerOptions
 from lite_runtime.tokenizers.sentencepiece_model import SentencePieceTokenizer
 
 VOCAB_FILE = "vocab.model"
@@ -72,17 +73,9 @@ class JiebaSentencePieceTokenizer(SentencePieceTokenizer):
     def __init__(
         self,
         model_path: str,
-        *,
-        bos_token_id: Optional[int] = None,
-        eos_token_id: Optional[int] = None,
-        pad_token_id: Optional[int] = None,
-        add_bos: Optional[bool] = None,
-        prefix_tokens: Optional[Sequence[str]] = None,
-        special_tokens: Optional[Sequence[str]] = None,
+        options: TokenizerOptions = TokenizerOptions(),
     ) -> None:
-        super().__init__(model_path, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         pad_token_id=pad_token_id, add_bos=add_bos, prefix_tokens=prefix_tokens,
-                         special_tokens=special_tokens)
+        super().__init__(model_path, options)
         # The base class encodes and decodes the text between special tokens with self._sp.
         self._sp = _JiebaProcessor(self._sp, jieba_cut())
         # It set up the specials of a plain model (self._bos/_eos/_pad are the model's own ids
@@ -92,9 +85,6 @@ class JiebaSentencePieceTokenizer(SentencePieceTokenizer):
             found={"bos_token_id": self._bos,
                    "eos_token_id": self._eos if eot is None else eot,
                    "pad_token_id": self._pad if pad is None else pad},
-            overrides={"bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-                       "pad_token_id": pad_token_id},
+            options=options,
             special_ids=self._special_ids | {i for i in (eot, eod, pad) if i is not None},
-            add_bos=add_bos,
-            prefix_tokens=prefix_tokens,
         )

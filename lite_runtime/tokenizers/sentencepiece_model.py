@@ -10,10 +10,10 @@ gets a new id after the model's pieces, in the order given (ChatGLM2/3's convent
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ArtifactError
-from lite_runtime.tokenizers.base import Tokenizer, checked_special_tokens
+from lite_runtime.tokenizers.base import Tokenizer, TokenizerOptions, checked_special_tokens
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -22,13 +22,7 @@ class SentencePieceTokenizer(Tokenizer):
     def __init__(
         self,
         model_path: str,
-        *,
-        bos_token_id: Optional[int] = None,
-        eos_token_id: Optional[int] = None,
-        pad_token_id: Optional[int] = None,
-        add_bos: Optional[bool] = None,
-        prefix_tokens: Optional[Sequence[str]] = None,
-        special_tokens: Optional[Sequence[str]] = None,
+        options: TokenizerOptions = TokenizerOptions(),
     ) -> None:
         import sentencepiece
 
@@ -48,7 +42,7 @@ class SentencePieceTokenizer(Tokenizer):
         # model's own pieces (those sentencepiece cannot decode).
         self._added: Dict[str, int] = {}
         self._extra_pieces: Dict[int, str] = {}
-        for token in checked_special_tokens(special_tokens):
+        for token in checked_special_tokens(options.special_tokens):
             piece_id = processor.piece_to_id(token)
             if processor.id_to_piece(piece_id) == token and processor.is_control(piece_id):
                 self._added[token] = piece_id
@@ -69,12 +63,9 @@ class SentencePieceTokenizer(Tokenizer):
         self._init_specials(
             found={"bos_token_id": own(processor.bos_id()), "eos_token_id": own(processor.eos_id()),
                    "pad_token_id": own(processor.pad_id())},
-            overrides={"bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-                       "pad_token_id": pad_token_id},
+            options=options,
             special_ids=control | set(self._added.values()),
             files_prefix=[processor.bos_id()] if processor.bos_id() >= 0 else [],
-            add_bos=add_bos,
-            prefix_tokens=prefix_tokens,
         )
 
     def _encode_text(self, text: str) -> List[int]:

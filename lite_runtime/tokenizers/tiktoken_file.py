@@ -14,10 +14,10 @@ from __future__ import annotations
 import base64
 import binascii
 import unicodedata
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from lite_runtime.contract.errors import ArtifactError
-from lite_runtime.tokenizers.base import Tokenizer, checked_special_tokens
+from lite_runtime.tokenizers.base import Tokenizer, TokenizerOptions, checked_special_tokens
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -70,19 +70,13 @@ class TiktokenTokenizer(Tokenizer):
     def __init__(
         self,
         bpe_path: str,
-        *,
-        bos_token_id: Optional[int] = None,
-        eos_token_id: Optional[int] = None,
-        pad_token_id: Optional[int] = None,
-        add_bos: Optional[bool] = None,
-        prefix_tokens: Optional[Sequence[str]] = None,
-        special_tokens: Optional[Sequence[str]] = None,
+        options: TokenizerOptions = TokenizerOptions(),
     ) -> None:
         import tiktoken
 
         super().__init__(bpe_path)
         self._ranks = read_ranks(self.path)
-        names = list(dict.fromkeys(QWEN_SPECIAL_TOKENS + tuple(checked_special_tokens(special_tokens))))
+        names = list(dict.fromkeys(QWEN_SPECIAL_TOKENS + tuple(checked_special_tokens(options.special_tokens))))
         start = len(self._ranks)
         self._specials = {name: start + index for index, name in enumerate(names)}
         try:
@@ -95,12 +89,9 @@ class TiktokenTokenizer(Tokenizer):
         self._vocab_size = start + len(names)
         self._init_specials(
             found={"eos_token_id": self._specials[ENDOFTEXT]},
-            overrides={"bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
-                       "pad_token_id": pad_token_id},
+            options=options,
             extra_eos=[self._specials[ENDOFTEXT], self._specials[IM_END]],
             special_ids=self._specials.values(),
-            add_bos=add_bos,
-            prefix_tokens=prefix_tokens,
         )
 
     def _encode_text(self, text: str) -> List[int]:
