@@ -13,13 +13,12 @@ import functools
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 
 import jsonschema
 import numpy as np
 import pytest
 
+from support.http import post_json
 from support.serving import client
 from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
 from lite_runtime.tokenizers import export_tokenizer
@@ -188,8 +187,8 @@ def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
             assert answer.choices[0].finish_reason == "stop"          # the grammar's end: only EOS was allowed
             jsonschema.validate(json.loads(answer.choices[0].message.content), CITY)
         # TGI's grammar (a JSON schema, a regex) and vLLM's guided_regex hold the answer the same way
-        generate = lambda parameters: _post(server.url + "/generate", {"inputs": "The capital of France is",
-                                                                      "parameters": parameters})
+        generate = lambda parameters: post_json(server.url + "/generate", {"inputs": "The capital of France is",
+                                                                      "parameters": parameters}, timeout=300)
         status, out = generate({"max_new_tokens": 64, "grammar": {"type": "json", "value": CITY}})
         assert status == 200, out
         jsonschema.validate(json.loads(out["generated_text"]), CITY)
@@ -204,15 +203,6 @@ def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
         assert status == 422 and "parameters.grammar.value" in out["error"], out
     said = log.read_text()
     assert "chats: the export's chat template (chat_template.jinja)" in said, said
-
-
-def _post(url, body):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_run_infer_main_chat_answers_as_transformers(smollm2):

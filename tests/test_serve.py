@@ -14,6 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
+from support.http import post_json
 from support.serving import PROMPTS, client, disconnect_mid_stream, pipeline_texts, served  # noqa: F401 (a fixture)
 from support.tiny_models import REPO
 from lite_runtime.tokenizers import export_tokenizer
@@ -416,16 +417,6 @@ def _rss(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
 
 
-def _post(url, body, timeout=120):
-    req = urllib.request.Request(url + "/v1/completions", body if isinstance(body, bytes) else json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_a_bounded_load_with_bad_and_vanishing_clients(server):
     """200 requests from 32 concurrent clients: valid ones (greedy and seeded sampling), malformed
     bodies, over-long prompts and clients that leave mid-stream. Every valid request gets its whole
@@ -442,7 +433,7 @@ def test_a_bounded_load_with_bad_and_vanishing_clients(server):
         kind, body = kinds[i % len(kinds)]
         if kind == "gone":
             return kind, disconnect_mid_stream(url)
-        return kind, _post(url, body)
+        return kind, post_json(url + "/v1/completions", body, timeout=120)
 
     def run(n):
         with ThreadPoolExecutor(32) as pool:
@@ -452,7 +443,7 @@ def test_a_bounded_load_with_bad_and_vanishing_clients(server):
     pid = server[2]
     warm = _rss(pid)
     results = run(200)
-    expected_text = _post(url, valid)[1]["choices"][0]["text"]
+    expected_text = post_json(url + "/v1/completions", valid, timeout=120)[1]["choices"][0]["text"]
     for kind, (status, body) in results:
         if kind == "valid":
             assert status == 200 and body["choices"][0]["text"] == expected_text, body

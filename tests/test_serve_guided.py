@@ -4,13 +4,12 @@ against the schema, answers that end where a stop id is produced; and the vLLM a
 would change the answer but are not built, refused naming the field (never ignored). The server runs
 the tiny Bloom model (a tokenizer.json, which the grammars need) on `ms`."""
 import json
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 
 import jsonschema
 import pytest
 
+from support.http import post_json
 from support.serving import client, served
 from support.tiny_models import export_in_subprocess, write_yaml
 
@@ -210,16 +209,6 @@ def _complete(url, **kwargs):
     return client(url).completions.create(**body)
 
 
-def _post(url, route, body):
-    """(status, JSON answer) of a raw request."""
-    request = urllib.request.Request(url + route, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_guided_choice_answers_are_one_of_the_choices(url):
     texts = set()
     for sampling in SAMPLINGS:
@@ -256,7 +245,7 @@ def test_stop_token_ids_end_the_answer_at_that_id(url):
     """An id the model greedily produces at step k (and not before): asked again with stop_token_ids
     [that id], the answer is the first k tokens' text, finish_reason stop; the id is counted (as EOS is)
     but is no part of the text, streamed or not."""
-    status, generated = _post(url, "/generate", {"inputs": "The weather:", "parameters": {
+    status, generated = post_json(url + "/generate", {"inputs": "The weather:", "parameters": {
         "max_new_tokens": 16, "details": True}})
     assert status == 200, generated
     tokens = generated["details"]["tokens"]
@@ -279,7 +268,7 @@ def test_stop_token_ids_end_the_answer_at_that_id(url):
 
 
 def test_truncate_prompt_tokens_reads_the_prompts_last_tokens(url):
-    status, tokenized = _post(url, "/tokenize", {"prompt": "The weather in Paris is fine today:"})
+    status, tokenized = post_json(url + "/tokenize", {"prompt": "The weather in Paris is fine today:"})
     assert status == 200 and tokenized["count"] > 4
     last = tokenized["tokens"][-4:]
     truncated = _complete(url, prompt="The weather in Paris is fine today:", temperature=0, max_tokens=6,

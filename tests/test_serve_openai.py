@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from support.http import post_json
 from support.serving import PROMPTS, client, disconnect_mid_stream, served
 from support.tiny_models import REPO, run_cli
 from lite_runtime.tokenizers import export_tokenizer
@@ -29,17 +30,6 @@ def demo(tmp_path_factory):
     assert result.returncode == 0, result.stderr[-2000:]
     with served(out, "ms") as (url, _pid):
         yield url, export_tokenizer(load_manifest(out))
-
-
-def _request(url, route, body, method="POST"):
-    """(status, JSON answer) of a raw request; `body` bytes are sent as they are."""
-    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url + route, data, {"Content-Type": "application/json"}, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _greedy(**kwargs):
@@ -74,7 +64,7 @@ def test_a_batch_of_prompts_gets_n_choices_each_in_order_with_usage_summed(demo)
 
 @pytest.mark.parametrize("prompt", [[], [[1, 5], "one,"], [[1, 5], []], [True, 5], 5, [["one,"]]])
 def test_a_prompt_of_no_known_shape_is_refused_naming_the_shapes(demo, prompt):
-    status, answer = _request(demo[0], "/v1/completions", {"model": "demo", "prompt": prompt})
+    status, answer = post_json(demo[0] + "/v1/completions", {"model": "demo", "prompt": prompt})
     assert status == 400 and answer["error"]["param"] == "prompt", answer
     assert "a list of strings or a list of lists of token ids" in answer["error"]["message"], answer
 
@@ -104,7 +94,7 @@ def test_max_tokens_beyond_the_context_is_refused_with_the_numbers(demo):
     assert c.chat.completions.create(messages=chat, **_greedy()).choices[0].finish_reason in ("stop", "length")
     near = [1] + [5] * (CONTEXT - 6)       # 5 tokens of room, below completions' default 16
     assert c.completions.create(prompt=near, model="demo", temperature=0).usage.completion_tokens <= 5
-    status, answer = _request(url, "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 200}})
+    status, answer = post_json(url + "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 200}})
     assert status == 422 and answer["error"].startswith("parameters.max_new_tokens: max_new_tokens 200"), answer
 
 
@@ -126,7 +116,7 @@ def test_logprob_tokens_are_their_text_with_their_utf8_bytes(demo):
     forced = c.chat.completions.create(messages=[{"role": "user", "content": "Counting:"}], logprobs=True,
                                        logit_bias={str(half): 100}, **_greedy(max_tokens=1)).choices[0]
     assert (forced.logprobs.content[0].token, forced.logprobs.content[0].bytes) == ("\\xe4", [0xE4])
-    status, tgi = _request(url, "/generate", {"inputs": PROMPTS[0], "parameters": {
+    status, tgi = post_json(url + "/generate", {"inputs": PROMPTS[0], "parameters": {
         "max_new_tokens": 1, "details": True, "decoder_input_details": True}})
     prefill = [t["text"] for t in tgi["details"]["prefill"]]
     assert status == 200 and prefill[:3] == ["<s>", " An", " in"], prefill
@@ -176,32 +166,32 @@ def test_tokenize_and_detokenize_in_vllms_and_llama_cpps_shapes(demo):
     text = "Counting: one, two"
     ids = tokenizer.encode(text, add_special_tokens=True)
     assert ids[0] == tokenizer.bos_token_id
-    assert _request(url, "/tokenize", {"model": "demo", "prompt": text}) == \
+    assert post_json(url + "/tokenize", {"model": "demo", "prompt": text}) == \
         (200, {"tokens": ids, "count": len(ids), "max_model_len": CONTEXT})
-    assert _request(url, "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"] == ids[1:]
+    assert post_json(url + "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"] == ids[1:]
     # llama.cpp: content, add_special false unless asked; with_pieces
-    assert _request(url, "/tokenize", {"content": text})[1]["tokens"] == ids[1:]
-    assert _request(url, "/tokenize", {"content": text, "add_special": True})[1]["tokens"] == ids
-    pieces = _request(url, "/tokenize", {"content": "one 你", "with_pieces": True})[1]["tokens"]
+    assert post_json(url + "/tokenize", {"content": text})[1]["tokens"] == ids[1:]
+    assert post_json(url + "/tokenize", {"content": text, "add_special": True})[1]["tokens"] == ids
+    pieces = post_json(url + "/tokenize", {"content": "one 你", "with_pieces": True})[1]["tokens"]
     assert [p["piece"] for p in pieces] == [" one", " ", [0xE4], [0xBD], [0xA0]]      # 你: byte fallback
     assert b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces) \
         == " one 你".encode()
     # vLLM's chat form: the prompt tokens of the same chat request
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Counting:"}]
     chat = client(url).chat.completions.create(messages=messages, **_greedy(max_tokens=1))
-    status, tokenized = _request(url, "/tokenize", {"model": "demo", "messages": messages})
+    status, tokenized = post_json(url + "/tokenize", {"model": "demo", "messages": messages})
     assert status == 200 and tokenized["count"] == chat.usage.prompt_tokens == len(tokenized["tokens"])
     # detokenize: the text under vLLM's key and llama.cpp's, special tokens kept
-    status, answer = _request(url, "/detokenize", {"model": "demo", "tokens": ids[1:]})
+    status, answer = post_json(url + "/detokenize", {"model": "demo", "tokens": ids[1:]})
     assert status == 200 and answer == {"prompt": text, "content": text}
     with_bos = tokenizer.decode(ids, skip_special_tokens=False)
-    assert with_bos.startswith("<s>") and _request(url, "/detokenize", {"tokens": ids})[1]["prompt"] == with_bos
+    assert with_bos.startswith("<s>") and post_json(url + "/detokenize", {"tokens": ids})[1]["prompt"] == with_bos
     for route, body, status, param in (("/tokenize", {}, 400, None),
                                        ("/tokenize", {"prompt": "a", "content": "a"}, 400, None),
                                        ("/tokenize", {"model": "other", "prompt": "a"}, 404, "model"),
                                        ("/detokenize", {"tokens": [1, 10 ** 6]}, 400, "tokens"),
                                        ("/detokenize", {"tokens": "one"}, 400, "tokens")):
-        got, answer = _request(url, route, body)
+        got, answer = post_json(url + route, body)
         assert got == status and answer["error"]["param"] == param and answer["error"]["message"], (body, answer)
 
 
@@ -227,10 +217,10 @@ def test_developer_messages_are_system_messages_and_tool_call_history_is_accepte
                             ([{"role": "user", "content": "x", "tool_calls": [TOOL_CALL]}], "messages.0"),
                             ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}],
                              "messages.0.tool_calls.0.function")):
-        status, answer = _request(url, "/v1/chat/completions", {"model": "demo", "messages": messages})
+        status, answer = post_json(url + "/v1/chat/completions", {"model": "demo", "messages": messages})
         assert status == 400 and answer["error"]["param"] == param, (messages, answer)
     # a tool without a name is refused, naming the field
-    status, answer = _request(url, "/v1/chat/completions", {"model": "demo", "messages": ask, "tools": [
+    status, answer = post_json(url + "/v1/chat/completions", {"model": "demo", "messages": ask, "tools": [
         {"type": "function", "function": {}}]})
     assert status == 400 and answer["error"]["param"] == "tools.0.function.name", answer
 
@@ -303,7 +293,7 @@ def test_a_request_whose_connection_drops_is_cancelled_and_counted(demo):
 
 
 def test_a_body_that_is_not_json_is_a_400_without_a_param(demo):
-    status, answer = _request(demo[0], "/v1/completions", b'{"model": "demo", "prompt": ')
+    status, answer = post_json(demo[0] + "/v1/completions", b'{"model": "demo", "prompt": ')
     assert status == 400 and answer["error"]["param"] is None, answer
     assert answer["error"]["message"].startswith("the request body is not valid JSON"), answer
 
