@@ -18,6 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from support.hf_models import greedy_continuation
 from support.http import post_json
 from support.serving import client
 from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
@@ -71,22 +72,6 @@ def smollm2(tmp_path_factory):
         return export, model, AutoTokenizer.from_pretrained(where, gguf_file=name)
 
 
-def _greedy(model, ids, steps, stop=None):
-    """transformers' greedy continuation of `ids`: (new tokens, the logits of each step)."""
-    import torch
-    new, logits, past, feed = [], [], None, torch.tensor([ids])
-    with torch.no_grad():
-        for _ in range(steps):
-            out = model(feed, past_key_values=past, use_cache=True)
-            past, step = out.past_key_values, out.logits[0, -1].numpy()
-            logits.append(step)
-            new.append(int(step.argmax()))
-            if new[-1] == stop:
-                break
-            feed = torch.tensor([[new[-1]]])
-    return new, np.stack(logits)
-
-
 def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
     export, model, tokenizer = smollm2
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
@@ -96,7 +81,7 @@ def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     got = np.load(tmp_path / "lite.npz")
     for i, ids in enumerate(prompts):
-        tokens, logits = _greedy(model, ids, STEPS + 1)
+        tokens, logits = greedy_continuation(model, ids, STEPS + 1)
         assert got["tokens"][i].tolist() == tokens, PROMPTS[i]
         diff = np.abs(got["logits"][i] - logits).max()
         assert diff <= LOGIT_TOLERANCE, f"{PROMPTS[i]!r}: max abs logit difference {diff}"
@@ -140,10 +125,10 @@ def test_long_prompts_alone_and_beside_a_running_request_give_transformers_token
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     for n, prompt, alone, beside in zip(LONG_PROMPTS, prompts, got["alone"], got["beside"]):
-        expected, _ = _greedy(model, prompt, LONG_STEPS)
+        expected, _ = greedy_continuation(model, prompt, LONG_STEPS)
         assert alone == expected, f"{n} prompt tokens, alone"
         assert beside == expected, f"{n} prompt tokens, beside a running request"
-    neighbour, _ = _greedy(model, prompts[0][:24], max(len(t) for t in got["neighbour"]))
+    neighbour, _ = greedy_continuation(model, prompts[0][:24], max(len(t) for t in got["neighbour"]))
     for tokens in got["neighbour"]:
         assert tokens == neighbour[:len(tokens)], "the running request's own tokens"
 
@@ -174,7 +159,7 @@ def test_the_servers_chat_answer_is_transformers(smollm2, tmp_path):
         c = client(server.url)
         for messages in CHATS[:2]:
             ids = _reference_ids(tokenizer, messages)
-            new, _ = _greedy(model, ids, 40, stop=tokenizer.eos_token_id)
+            new, _ = greedy_continuation(model, ids, 40, stop=tokenizer.eos_token_id)
             expected = tokenizer.decode(new, skip_special_tokens=True)
             answer = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=40, temperature=0)
             assert answer.usage.prompt_tokens == len(ids)
@@ -211,7 +196,7 @@ def test_run_infer_main_chat_answers_as_transformers(smollm2):
     export, model, tokenizer = smollm2
     question, system = "What is the capital of France?", "Answer in one sentence."
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    new, _ = _greedy(model, _reference_ids(tokenizer, messages), 32, stop=tokenizer.eos_token_id)
+    new, _ = greedy_continuation(model, _reference_ids(tokenizer, messages), 32, stop=tokenizer.eos_token_id)
     result = run_cli(["run_infer_main.py", "--model_dir", export, "--chat", "True", "--system_prompt", system,
                       "--predict_data", question, "--max_new_tokens", "32"])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -240,7 +225,7 @@ def test_speculation_on_the_real_model_keeps_transformers_tokens(smollm2, tmp_pa
     export, model, tokenizer = smollm2
     code = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))\n"
     ids = _reference_ids(tokenizer, [{"role": "user", "content": f"Repeat this code exactly:\n{code}"}])
-    expected, _ = _greedy(model, ids, 36)
+    expected, _ = greedy_continuation(model, ids, 36)
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([ids]))
     result = run_cli([os.path.join(REPO, "tests", "support", "speculative_runner.py"), "mslite", export, str(prompts), "36"])

@@ -316,6 +316,35 @@ def save_tokenizer(family, folder):
         json.dump({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, f)
 
 
+def greedy_continuation(model, ids, steps, stop=None):
+    """transformers' greedy continuation of `ids` with its cache: (new tokens, the float32 logits of each step);
+    it ends early at `stop`."""
+    import torch
+    new, logits, past, feed = [], [], None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(feed, past_key_values=past, use_cache=True)
+            past, step = out.past_key_values, out.logits[0, -1].float().numpy()
+            logits.append(step)
+            new.append(int(step.argmax()))
+            if new[-1] == stop:
+                break
+            feed = torch.tensor([[new[-1]]])
+    return new, np.stack(logits)
+
+
+def write_model_folder(model, family, out_dir):
+    """The model (its weights widened as the family's test needs) as a Hugging Face folder out_dir/hf with the
+    family's side files and tokenizer; returns the folder."""
+    widen(model, family)
+    hf_dir = os.path.join(out_dir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    if family in FOLDERS:
+        FOLDERS[family](model, hf_dir)
+    save_tokenizer(family, hf_dir)
+    return hf_dir
+
+
 def greedy_reference(model, steps):
     import torch
     logits_all, tokens_all = [], []
@@ -460,12 +489,7 @@ def main(family, out_dir, steps):
     torch.manual_seed(0)
     torch.set_num_threads(2)
     model = dict(BUILDERS, **SHAPES)[family](transformers).eval()
-    widen(model, family)
-    hf_dir = os.path.join(out_dir, "hf")
-    model.save_pretrained(hf_dir, safe_serialization=True)
-    if family in FOLDERS:
-        FOLDERS[family](model, hf_dir)
-    save_tokenizer(family, hf_dir)
+    write_model_folder(model, family, out_dir)
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if family in REFERENCES:
         REFERENCES[family](model)

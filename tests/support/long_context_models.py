@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from hf_models import BUILDERS, FOLDERS, REFERENCES, VOCAB, save_tokenizer, widen  # noqa: E402
+from hf_models import BUILDERS, REFERENCES, VOCAB, greedy_continuation, write_model_folder  # noqa: E402
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length")
 POSITIONS = 2048
@@ -38,37 +38,19 @@ def build(family, positions):
     return type(model)(config)
 
 
-def greedy(model, prompt, steps):
-    import torch
-    logits, tokens, past, feed = [], [], None, torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(steps):
-            out = model(feed, past_key_values=past, use_cache=True)
-            past, last = out.past_key_values, out.logits[0, -1].float().numpy()
-            logits.append(last)
-            tokens.append(int(last.argmax()))
-            feed = torch.tensor([[tokens[-1]]])
-    return np.stack(logits), tokens
-
-
 def main(family, out_dir, positions, steps, lengths):
     import torch
     torch.manual_seed(0)
     torch.set_num_threads(2)
     model = build(family, positions).eval()
-    widen(model, family)
-    hf_dir = os.path.join(out_dir, "hf")
-    model.save_pretrained(hf_dir, safe_serialization=True)
-    if family in FOLDERS:
-        FOLDERS[family](model, hf_dir)
-    save_tokenizer(family, hf_dir)
+    write_model_folder(model, family, out_dir)
     if family in REFERENCES:      # what the checkpoint's own code computes at inference (hf_models.py)
         REFERENCES[family](model)
     rng = np.random.default_rng(7)
     prompts = [[1] + rng.integers(3, VOCAB, n - 1).tolist() for n in lengths]
-    runs = [greedy(model, p, steps) for p in prompts]
-    np.savez(os.path.join(out_dir, "reference.npz"), logits=np.stack([r[0] for r in runs]),
-             tokens=np.array([r[1] for r in runs]))
+    runs = [greedy_continuation(model, p, steps) for p in prompts]
+    np.savez(os.path.join(out_dir, "reference.npz"), logits=np.stack([r[1] for r in runs]),
+             tokens=np.array([r[0] for r in runs]))
     with open(os.path.join(out_dir, "prompts.json"), "w") as f:
         json.dump(prompts, f)
 
