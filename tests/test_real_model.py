@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from support.hf_models import greedy_continuation
-from support.http import post_json
+from support.http_json import post_json
 from support.serving import client
 from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, run_cli, write_yaml
 from lite_runtime.tokenizers import export_tokenizer

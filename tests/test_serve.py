@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from support.http import post_json
+from support.http_json import post_json
 from support.serving import PROMPTS, client, disconnect_mid_stream, pipeline_texts, served  # noqa: F401 (a fixture)
 from support.tiny_models import REPO
 from lite_runtime.tokenizers import export_tokenizer

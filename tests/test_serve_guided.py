@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 
-from support.http import post_json
+from support.http_json import post_json
 from support.serving import client, served
 from support.tiny_models import export_in_subprocess, write_yaml
 

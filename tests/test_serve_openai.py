@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from support.http import post_json
+from support.http_json import post_json
 from support.serving import PROMPTS, client, disconnect_mid_stream, served
 from support.tiny_models import REPO, run_cli
 from lite_runtime.tokenizers import export_tokenizer

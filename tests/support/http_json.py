@@ -1,4 +1,5 @@
-"""Raw HTTP for the server tests where the official clients would hide what is sent or answered."""
+"""Raw HTTP for the server tests where the official clients would hide what is sent or answered (not named
+http.py: the scripts run from this folder would import it in place of the standard library's)."""
 import json
 import urllib.error
 import urllib.request
