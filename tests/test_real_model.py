@@ -97,7 +97,8 @@ LONG_STEPS = 16
 def _long_text():
     """The project's own documents, more than 2,000 tokens of them."""
     folder = os.path.join(REPO, "docs")
-    return "\n\n".join(open(os.path.join(folder, name), encoding="utf-8").read() for name in sorted(os.listdir(folder)))
+    return "\n\n".join(open(os.path.join(folder, name), encoding="utf-8").read()
+                       for name in sorted(os.listdir(folder)) if name.endswith(".md"))
 
 
 @pytest.fixture(scope="module")

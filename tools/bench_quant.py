@@ -432,7 +432,7 @@ def main() -> int:
                    help="more exports measured beside the schemes' (e.g. another head choice)")
     p.add_argument("--plot", metavar="PNG", help="also draw decode ms/step and peak RSS against the depth, a line per "
                    "side and batch (tools/bench_plot.py)")
-    p.add_argument("--kv_cache_dtype", nargs="*", default=[], choices=["float32", "float16"],
+    p.add_argument("--kv_cache_dtype", nargs="*", default=[], metavar="DTYPE",
                    help="run each export with each of these dtypes of its paged KV store (default: the runtime's)")
     p.add_argument("--accuracy", metavar="TEXT_FILE", help="instead of timing: top-1 agreement with the first "
                    "scheme and perplexity, teacher-forced over --accuracy_tokens tokens of this text")
@@ -470,6 +470,10 @@ def main() -> int:
             return accuracy_child(a[0], a[1], int(a[2]), int(a[3]))
         a = args.child
         return child(a[0], a[1], int(a[2]), int(a[3]), int(a[4]))
+    from lite_runtime.contract.families import KV_CACHE_DTYPES      # not in the peers' venv, whose children run here
+    wrong = [d for d in args.kv_cache_dtype if d not in KV_CACHE_DTYPES]
+    if wrong:
+        raise SystemExit(f"error: --kv_cache_dtype {wrong[0]!r}: allowed: {', '.join(KV_CACHE_DTYPES)}")
     check_tokens = "none" not in args.reference
     llama_reference = [t for t in args.reference if t != "none"]
     if len(llama_reference) > 1:
