@@ -114,7 +114,6 @@ def test_a_long_prompt_waits_while_the_store_has_no_room_for_its_first_chunk():
 
 def test_the_limits_refuse_a_prompt_with_no_room_and_an_export_without_the_step_graph():
     limits = EngineLimits.of(manifest())
-    assert limits.new_tokens(100) == 29
     with pytest.raises(ValidationError, match="at most 127 prompt tokens"):
         limits.check_prompt(list(range(128)))
     io = manifest(kv_cache="io")

@@ -42,10 +42,6 @@ class EngineLimits:
         return cls(manifest.batch_size, manifest.seq_length, get_family(manifest.family).whole_prompts,
                    fixed_picks(manifest), int(manifest.pad_token_id), manifest.dims.adapter_slots > 0)
 
-    def new_tokens(self, prompt: int) -> int:
-        """The most new tokens a prompt of `prompt` tokens leaves room for (the last is never cached)."""
-        return self.seq_length - prompt + 1
-
     def check_prompt(self, prompt: List[int]) -> None:
         if not prompt:
             raise ValidationError("the prompt is empty after tokenisation; give at least one token")
@@ -67,7 +63,6 @@ class Row:
     generated: int = 0
     row_values: List[int] = field(default_factory=list)   # the family's per-row graph inputs
     order: int = 0               # when it was (last) admitted: the newest is preempted first
-    preemptions: int = 0
 
 
 @dataclass
@@ -135,7 +130,6 @@ class Scheduler:
         """Free the row's blocks; it waits first in the queue, to feed all its tokens again."""
         row = self.remove(slot)
         row.past, row.pending, row.guesses = 0, list(row.tokens), []
-        row.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(row)
 
