@@ -104,6 +104,7 @@ def test_q8_0_layers_exported_as_int8_keep_their_blocks_on_lite(tmp_path):
     transformers' on the file and its logits within TOLERANCE of them (rounded again per channel they differ by
     more: checked below on the same weights)."""
     import gguf
+    from exporter.weights import quantize as quantizers
     from lite_runtime.contract import quant
     from lite_runtime.contract.manifest import load_manifest
     from support.tiny_models import VENV_MS20_PYTHON
@@ -129,8 +130,8 @@ def test_q8_0_layers_exported_as_int8_keep_their_blocks_on_lite(tmp_path):
     weights = {t.name: gguf.quants.dequantize(t.data, t.tensor_type)
                for t in gguf.GGUFReader(path).tensors if t.name.startswith("blk.")}
     w = weights["blk.0.ffn_down.weight"]
-    again = quant.dequantize_int8(*quant.quantize_int8(w))          # by channel
-    stored = quant.quantize(w, "int8")
+    again = quant.dequantize_int8(*quantizers.quantize_int8(w))          # by channel
+    stored = quantizers.quantize(w, "int8")
     assert stored[0] == "int8_group" and np.array_equal(quant.dequantize(*stored, w.shape[1]), w)
     assert np.abs(again - w).max() > 1e-3 * np.abs(w).max()
 
@@ -199,6 +200,7 @@ def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
     multiples of float16s, stay within float16's rounding of their grid (1 % of a step; a second rounding
     moves values up to half a step)."""
     from gguf import GGMLQuantizationType, quants
+    from exporter.weights import quantize as quantizers
     from lite_runtime.contract import quant
     from support.gguf_models import k_blocks
     rng = np.random.default_rng(5)
@@ -207,9 +209,9 @@ def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
               else quants.quantize(rng.standard_normal((24, 256)).astype(np.float32), qtype))
     values = quants.dequantize(blocks, qtype)
     values[3, 64:96] = 0        # a block of zeros (d 0)
-    storage, constants = quant.quantize(values, "int4", 32)
+    storage, constants = quantizers.quantize(values, "int4", 32)
     assert storage == ("int4_sym" if kind == "Q4_0" else "int4_min")
-    general = quant.quantize_int4(values, 32)
+    general = quantizers.quantize_int4(values, 32)
     for error in (np.abs(quant.dequantize(storage, constants, 256, 32) - values),
                   np.abs(quant.dequantize_int4(*general, 256, 32) - values)):
         if kind == "Q4_K":
@@ -220,10 +222,11 @@ def test_int4_in_groups_of_32_holds_a_q4_tensor_on_its_own_grid(kind):
 
 def test_int4_grids_of_other_weights_stay_min_to_max():
     """Weights on no 4-bit grid keep 15 steps from each group's min to its max."""
+    from exporter.weights import quantize as quantizers
     from lite_runtime.contract import quant
     w = np.random.default_rng(6).standard_normal((64, 256)).astype(np.float32)
-    assert quant.quantize(w, "int4", 32)[0] == "int4_min"
-    _, scale, _ = quant.quantize_int4(w, 32)
+    assert quantizers.quantize(w, "int4", 32)[0] == "int4_min"
+    _, scale, _ = quantizers.quantize_int4(w, 32)
     groups = w.reshape(64, 8, 32)
     assert np.array_equal(np.abs(quant.unpack_halves(scale)),      # up from the min or down from the max
                           ((groups.max(2) - groups.min(2)) / np.float32(15)).astype(np.float16).astype(np.float32))

@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lite_runtime.backends import lite_kernels  # noqa: E402
 from lite_runtime.backends.lite_native import shim_path  # noqa: E402
+from exporter.weights import quantize as quantizers  # noqa: E402
 from lite_runtime.contract import quant  # noqa: E402
 
 # (hidden, intermediate, layers, q heads, kv heads, vocabulary)
@@ -44,11 +45,11 @@ def build(shapes, storage: str, group: int, rng):
         elif storage == "float32_p16":     # what `weights: float32` stores: the float GEMM's panels
             layers.append([quant.pack_f32_panels(w)])
         elif storage == "int8":
-            layers.append(list(quant.quantize_int8(w)))
+            layers.append(list(quantizers.quantize_int8(w)))
         elif storage == "int8_group":      # `weights: int8`'s default: a float16 scale per --group inputs
-            layers.append(list(quant.quantize_int8_group(w, group)))
+            layers.append(list(quantizers.quantize_int8_group(w, group)))
         else:
-            layers.append(list(quant.quantize_int4(w, group)))
+            layers.append(list(quantizers.quantize_int4(w, group)))
     return layers
 
 

@@ -33,7 +33,8 @@ SCHEMES = {"int8": ("int8", 32), "int8_channel": ("int8", -1), "int4": ("int4", 
 
 
 def dequantized(w: np.ndarray, scheme: str) -> np.ndarray:
-    from lite_runtime.contract.quant import dequantize, quantize
+    from exporter.weights.quantize import quantize
+    from lite_runtime.contract.quant import dequantize
     weights, group = SCHEMES[scheme]
     return dequantize(*quantize(w, weights, group), w.shape[1], group)
 

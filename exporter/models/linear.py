@@ -145,7 +145,7 @@ class LinearKernels:
         if cell is None or isinstance(array, QuantizedWeight) or tuple(array.shape) != cell.weight.full_shape:
             return array
         from lite_runtime.contract.errors import WeightError
-        from lite_runtime.contract.quant import quantize
+        from exporter.weights.quantize import quantize
         scheme = self.schemes.get(name, self.scheme)
         try:
             storage, constants = quantize(np.asarray(array, np.float32), scheme, self.group_size)

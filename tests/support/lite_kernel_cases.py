@@ -12,6 +12,7 @@ import pytest
 
 from lite_runtime.backends import lite_kernels
 from lite_runtime.backends.lite_native import LiteModel, kernel_types, load_shim, shim_path
+from exporter.weights import quantize as quantizers
 from lite_runtime.contract import quant
 from support.kernel_constants import constants, on_q8_0_grid
 from support.tiny_models import REPO, VENV_MS20_PYTHON
@@ -329,20 +330,20 @@ def test_the_loops_of_other_cpus_equal_numpy_too(library, isa):
 
 def test_quantizers_round_to_nearest_within_half_a_step():
     w = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
-    q, s = quant.quantize_int8(w)
+    q, s = quantizers.quantize_int8(w)
     assert np.abs(quant.dequantize_int8(q, s) - w).max() <= s.max() / 2 + 1e-7
-    assert quant.quantize(w, "int8", 32)[0] == "int8"    # rows of 70: per channel, the grouped kernel's need 32s
-    assert quant.quantize(w[:, :64], "int8", quant.PER_CHANNEL)[0] == "int8"
+    assert quantizers.quantize(w, "int8", 32)[0] == "int8"    # rows of 70: per channel, the grouped kernel's need 32s
+    assert quantizers.quantize(w[:, :64], "int8", quant.PER_CHANNEL)[0] == "int8"
     w[1, :40] *= 50          # one large group beside small ones: each its own scale
     for group in (32, 64, 128):
-        stored, consts = quant.quantize(w[:, :64], "int8", group)
+        stored, consts = quantizers.quantize(w[:, :64], "int8", group)
         d = np.repeat(quant.unpack_halves(consts[1]), group, axis=1)[:, :64]
         assert stored == "int8_group" and consts[1].shape == (5, 2 * -(-64 // group))
         assert (np.abs(quant.dequantize(stored, consts, 64, group) - w[:, :64]) <= d / 2 * 1.001 + 1e-7).all()
         assert (np.abs(quant.unpack_int8(consts[0])).max(axis=1) == 127).all()
     blocks = on_q8_0_grid(w[:, :64])        # llama.cpp's Q8_0 blocks come back as they are in groups of 32
-    assert np.array_equal(quant.dequantize(*quant.quantize(blocks, "int8", 32), 64, 32), blocks)
-    packed, s, mins = quant.quantize_int4(w, 32)
+    assert np.array_equal(quant.dequantize(*quantizers.quantize(blocks, "int8", 32), 64, 32), blocks)
+    packed, s, mins = quantizers.quantize_int4(w, 32)
     assert packed.shape == (5, 48) and s.shape == mins.shape == (5, 6) and s.dtype == np.int8   # float16 pairs
     err = np.abs(quant.dequantize_int4(packed, s, mins, 70, 32) - w)
     assert (err <= np.abs(np.repeat(quant.unpack_halves(s), 32, axis=1))[:, :70] / 2 + 1e-6).all()
@@ -364,7 +365,7 @@ def test_a_lookup_gives_the_tables_rows(library, storage, group):
     for v, h in ((7, 19), (12, 64), (5, 3), (37, 20), (48, 9)) if storage != "int8_group" else \
             ((7, 32), (12, 64), (37, 96), (48, 160)):
         w = rng.standard_normal((v, h)).astype(np.float32)
-        stored, constants = quant.quantize(w, scheme, group)
+        stored, constants = quantizers.quantize(w, scheme, group)
         assert stored == storage
         ids = rng.integers(0, v, (3, 4)).astype(np.int32)
         ids[0, :3] = 0, v - 1, min(17, v - 1)

@@ -16,7 +16,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the support package
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 from support.hf_models import greedy_reference  # noqa: E402
-from lite_runtime.contract.quant import dequantize, quantize  # noqa: E402
+from exporter.weights.quantize import quantize  # noqa: E402
+from lite_runtime.contract.quant import dequantize  # noqa: E402
 
 
 ROW_PARALLEL = ("o_proj", "down_proj")

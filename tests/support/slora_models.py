@@ -69,7 +69,8 @@ def int8_references(base, out_dir, steps):
     import peft
     import torch
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from lite_runtime.contract.quant import dequantize, quantize
+    from exporter.weights.quantize import quantize
+    from lite_runtime.contract.quant import dequantize
     head = base.get_output_embeddings()
     with torch.no_grad():
         for module in base.modules():
