@@ -75,11 +75,24 @@ def test_the_plan_feeds_prompts_in_chunks_beside_decoding_rows_and_whole_alone()
     s, _ = scheduler(prefill_chunk=32)
     a = admit(s, 300 % SEQ)
     plan = s.plan()
-    assert plan.counts[a] == 44 and plan.picks[a] == 1        # alone: whole
+    assert plan.counts[a] == 44 and plan.picks[a] == 1        # alone: whole (below lone_chunk)
     b = admit(s, 100)
     s.rows[a].pending, s.rows[a].past = [5], 44
     plan = s.plan()
     assert plan.counts[a] == 1 and plan.counts[b] == 32 and plan.picks[b] == 0 and plan.picks[a] == 1
+
+
+def test_a_prompt_alone_goes_in_lone_chunks_on_the_paged_store_and_whole_on_host_arrays():
+    s, _ = scheduler(prefill_chunk=8, lone_chunk=32)
+    a = admit(s, 100)
+    plan = s.plan()
+    assert plan.counts[a] == 32 and plan.picks[a] == 0        # no logits until its last chunk
+    s.rows[a].pending, s.rows[a].past = s.rows[a].pending[96:], 96
+    plan = s.plan()
+    assert plan.counts[a] == 4 and plan.picks[a] == 1
+    host = Scheduler(EngineLimits(ROWS, SEQ, False, None, 0, False), None, 8, lone_chunk=32)
+    b = admit(host, 100)
+    assert host.plan().counts[b] == 100
 
 
 def test_the_newest_row_is_preempted_when_blocks_run_out_and_fed_again_whole():

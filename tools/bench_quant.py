@@ -104,20 +104,27 @@ def lite_session(export_dir: str, threads: int):
 
 
 def child(export_dir: str, ids_file: str, batch: int, new_tokens: int, threads: int) -> None:
-    """Runs in its own process: prints one JSON line of timings and row 0's tokens."""
+    """Runs in its own process: prints one JSON line of timings and row 0's tokens. The prompts go as the
+    engine feeds a prompt alone: on the paged store in calls of LONE_CHUNK tokens (the rows' together), else
+    whole."""
     import numpy as np
+    from lite_runtime.backends.paged_cache import PagedKVCache
+    from lite_runtime.decode.scheduler import LONE_CHUNK
     manifest, session = lite_session(export_dir, threads)
     ids = read_ids(ids_file)
     rows = manifest.batch_size
-    counts = np.array([len(ids)] * batch + [0] * (rows - batch), np.int32)
-    tokens = np.zeros((rows, len(ids)), np.int32)
-    tokens[:batch] = ids
+    width = max(1, LONE_CHUNK // batch) if isinstance(session.cache, PagedKVCache) else len(ids)
     past = np.zeros(rows, np.int32)
     start = time.perf_counter()
-    logits = session.step(tokens, counts, past)
+    for at in range(0, len(ids), width):
+        piece = ids[at:at + width]
+        counts = np.array([len(piece)] * batch + [0] * (rows - batch), np.int32)
+        tokens = np.zeros((rows, len(piece)), np.int32)
+        tokens[:batch] = piece
+        logits = session.step(tokens, counts, past)
+        past = past + counts
     ttft = time.perf_counter() - start
     first = logits[0].tolist()
-    past = past + counts
     ones = (counts > 0).astype(np.int32)
     steps, out = [], [int(logits[0].argmax())]
     for _ in range(new_tokens):

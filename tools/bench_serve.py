@@ -222,6 +222,9 @@ for job, row in zip(jobs, rows):
 for event in done:
     event.wait()
 engine.stop()
+graph = engine.session.graph_seconds
+print(f"engine alone: {engine.step_seconds:.2f} s in {engine.steps} steps, of which the graph calls {graph:.2f} s; "
+      f"the host's share {1 - graph / engine.step_seconds:.1%} (sampling {engine.pick_seconds:.2f} s)")
 print(json.dumps(rows))
 """
 
@@ -235,7 +238,10 @@ def child_side(script: str, what: str, model_dir: str, backend: str, jobs: list,
                             text=True, capture_output=True, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
     if result.returncode:
         raise ToolchainError(f"the {what} run failed: {result.stderr.strip().splitlines()[-1]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    *said, rows = result.stdout.strip().splitlines()
+    for line in said:
+        print(line, file=sys.stderr)
+    return json.loads(rows)
 
 
 HF_FROM_GGUF = """

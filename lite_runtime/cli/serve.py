@@ -41,7 +41,8 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--max_step_tokens", type=click.IntRange(1, None), default=PackedKVCache.max_tokens, show_default=True,
               help="Most tokens one step computes (a packed export): decoding rows go first, prompts fill the "
                    "rest. Smaller keeps decoding rows' inter-token time steady while prompts join; larger "
-                   "gives new prompts their first token sooner. A request alone is fed whole.")
+                   "gives new prompts their first token sooner. A request alone goes in calls of up to 512 "
+                   "tokens (paged store) or whole.")
 @click.option("--prefill_chunk", type=click.IntRange(1, None), default=PREFILL_CHUNK, show_default=True,
               help="Most prompt tokens one request feeds in a step while others run; a longer prompt goes over "
                    "several steps. A request alone is fed whole (in one step: faster, with less memory).")

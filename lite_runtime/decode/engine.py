@@ -97,6 +97,7 @@ class Engine:
         self._stopping = False     # no new requests
         self._exit = False         # the engine thread ends
         self._preemptions_seen = 0
+        self.step_seconds = 0.0    # wall time in steps: less the session's graph_seconds, the host's share
         # How the requests' callbacks run: given [(callback, args)] in order, those of a step together.
         self.deliver: Callable[[list], None] = call_each
         self._told: Optional[Tuple[int, list]] = None    # (the stepping thread, the step's callbacks so far)
@@ -240,13 +241,14 @@ class Engine:
                 self.metrics.prefix_cache(cached, self.prefix)
 
     def _step(self) -> None:
-        self._told = (threading.get_ident(), [])
+        self._told, start = (threading.get_ident(), []), time.perf_counter()
         try:
             self._run_step()
         finally:
             told, self._told = self._told[1], None
             if told:
                 self.deliver(told)
+            self.step_seconds += time.perf_counter() - start
 
     def _tell(self, callback: Callable, *args) -> None:
         """Call a request's callback: with the step's others when the engine is stepping in this thread."""
