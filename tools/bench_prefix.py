@@ -8,13 +8,16 @@ Each request is the same system message (the words of a fixed text repeated to a
 `--system_tokens` tokens through the export's chat template) and its own question; greedy. The
 server runs in a process of its own, once without the cache and once with it (the first request
 fills it). Printed per side: TTFT p50 / p90 (from sending to the first streamed token), throughput
-(generated tokens per second over the run), the cached prompt tokens reported in usage; then the
-ratios. The export needs a context above the system prompt (e.g. `seq_length: 2048`).
+(generated tokens per second over the run), the cached prompt tokens reported in usage, and on the
+paged store (`attention: paged`) the most K/V it held at once (`/metrics`' lite_kv_cache_used_bytes, read
+every 20 ms) against one request's prompt; then the ratios. The export needs a context above the system
+prompt (e.g. `seq_length: 2048`); with `--clients` as many as its rows, every request is in flight at once.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,9 +46,34 @@ def chats(tokenizer, system_tokens: int, requests: int) -> list:
             for i in range(requests)]
 
 
+class KVWatch(threading.Thread):
+    """The most bytes the server's KV store held at once, from its /metrics, while the run lasts."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.peak, self.done = url + "/metrics", 0.0, threading.Event()
+
+    def run(self):
+        import httpx2
+        from prometheus_client.parser import text_string_to_metric_families
+        while not self.done.wait(0.02):
+            for family in text_string_to_metric_families(httpx2.get(self.url).text):
+                if family.name == "lite_kv_cache_used_bytes":
+                    self.peak = max(self.peak, family.samples[0].value)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join()
+
+
 def run_side(model_dir, backend, extra, messages, max_tokens, clients) -> dict:
     from openai import OpenAI
-    with served(model_dir, backend, "bench", extra=list(extra), cwd=REPO, start_timeout=300) as server:
+    with served(model_dir, backend, "bench", extra=list(extra), cwd=REPO, start_timeout=300) as server, \
+            KVWatch(server.url) as kv:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
 
         def one(chat):
@@ -68,7 +96,7 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients) -> dict:
     cached = [getattr(getattr(r[2], "prompt_tokens_details", None), "cached_tokens", 0) for r in results]
     return {"ttft_p50": float(np.median(ttft)), "ttft_p90": float(np.percentile(ttft, 90)),
             "throughput": tokens / seconds, "texts": [r[1] for r in results], "cached": cached,
-            "prompt_tokens": results[0][2].prompt_tokens}
+            "prompt_tokens": results[0][2].prompt_tokens, "kv_peak": kv.peak}
 
 
 @click.command(context_settings=CONTEXT)
@@ -83,7 +111,8 @@ def command(model_dir, backend, requests, system_tokens, max_tokens, clients, ca
     """Time to first token and throughput of a shared-system-prompt chat workload, without and with the
     prefix cache."""
     from lite_runtime.contract.manifest import load_manifest
-    messages = chats(export_tokenizer(load_manifest(model_dir)), system_tokens, requests)
+    manifest = load_manifest(model_dir)
+    messages = chats(export_tokenizer(manifest), system_tokens, requests)
     plain = run_side(model_dir, backend, [], messages, max_tokens, clients)
     cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients)
     if plain["texts"] != cached["texts"]:
@@ -96,6 +125,12 @@ def command(model_dir, backend, requests, system_tokens, max_tokens, clients, ca
               f"throughput {side['throughput']:6.2f} tokens/s  cached tokens {sum(side['cached'])}")
     print(f"  ratios (cache / none): TTFT p50 {cached['ttft_p50'] / plain['ttft_p50']:.2f}x, "
           f"throughput {cached['throughput'] / plain['throughput']:.2f}x")
+    if cached["kv_peak"]:
+        d = manifest.dims      # the server's default K/V: float16
+        prompt = plain["prompt_tokens"] * 2 * d.num_layers * d.kv_heads_per_rank * d.head_dim * 2
+        print(f"  most K/V held at once: no cache {plain['kv_peak'] / 2 ** 20:.1f} MiB "
+              f"({plain['kv_peak'] / prompt:.2f} prompts' worth), prefix cache {cached['kv_peak'] / 2 ** 20:.1f} MiB "
+              f"({cached['kv_peak'] / prompt:.2f}); one prompt {prompt / 2 ** 20:.1f} MiB")
 
 
 main = entry_point(command, "tools/bench_prefix.py")

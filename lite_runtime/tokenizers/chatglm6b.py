@@ -120,13 +120,8 @@ class _GLMProcessor:
 class ChatGLM6BTokenizer(SentencePieceTokenizer):
     kind = "chatglm-6b"
 
-    def __init__(
-        self,
-        model_path: str,
-        options: TokenizerOptions = TokenizerOptions(),
-        *,
-        num_image_tokens: Optional[int] = None,
-    ) -> None:
+    def __init__(self, model_path: str, options: TokenizerOptions = TokenizerOptions(), *,
+                 num_image_tokens: Optional[int] = None) -> None:
         super().__init__(model_path)   # loads the model; what it set up for a plain model is redone below
         if num_image_tokens is None:
             offset = num_image_tokens_beside(self.path)

@@ -41,11 +41,7 @@ class HFJsonTokenizer(Tokenizer):
     kind = "tokenizer.json"
     matches_special_tokens = True
 
-    def __init__(
-        self,
-        json_path: str,
-        options: TokenizerOptions = TokenizerOptions(),
-    ) -> None:
+    def __init__(self, json_path: str, options: TokenizerOptions = TokenizerOptions()) -> None:
         import tokenizers
 
         super().__init__(json_path)

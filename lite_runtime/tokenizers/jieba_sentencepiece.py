@@ -70,11 +70,7 @@ class _JiebaProcessor:
 class JiebaSentencePieceTokenizer(SentencePieceTokenizer):
     kind = "jieba+sentencepiece"
 
-    def __init__(
-        self,
-        model_path: str,
-        options: TokenizerOptions = TokenizerOptions(),
-    ) -> None:
+    def __init__(self, model_path: str, options: TokenizerOptions = TokenizerOptions()) -> None:
         super().__init__(model_path, options)
         # The base class encodes and decodes the text between special tokens with self._sp.
         self._sp = _JiebaProcessor(self._sp, jieba_cut())

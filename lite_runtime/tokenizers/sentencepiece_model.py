@@ -19,11 +19,7 @@ from lite_runtime.tokenizers.base import Tokenizer, TokenizerOptions, checked_sp
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 
-    def __init__(
-        self,
-        model_path: str,
-        options: TokenizerOptions = TokenizerOptions(),
-    ) -> None:
+    def __init__(self, model_path: str, options: TokenizerOptions = TokenizerOptions()) -> None:
         import sentencepiece
 
         super().__init__(model_path)

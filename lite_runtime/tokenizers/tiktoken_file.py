@@ -67,11 +67,7 @@ def read_ranks(path: str) -> Dict[bytes, int]:
 class TiktokenTokenizer(Tokenizer):
     kind = "tiktoken"
 
-    def __init__(
-        self,
-        bpe_path: str,
-        options: TokenizerOptions = TokenizerOptions(),
-    ) -> None:
+    def __init__(self, bpe_path: str, options: TokenizerOptions = TokenizerOptions()) -> None:
         import tiktoken
 
         super().__init__(bpe_path)
