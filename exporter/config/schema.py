@@ -255,7 +255,7 @@ class ExportConfig:
 
     def _check_attention(self) -> None:
         """The packed step's attention on the project's kernel where the export is for Lite on CPU: each token reads
-        its own row's cache in place (SmolLM2-135M: a batch-8 decode step 0.85x, int8 weights 0.76x; docs)."""
+        its own row's cache in place (faster than the graph's attention: docs/measured-choices.md)."""
         if self.attention is None:
             self.attention_by_default = True
             one_graph = self.world_size == 1 and self.parallel.collectives != "host"

@@ -118,8 +118,7 @@ class LinearKernels:
     `scheme` (quant.WEIGHT_SCHEMES; "float32": the float32 kernel), the head's by `head` (quant.HEAD_SCHEMES;
     "float32": the float32 kernel), so that Lite's own ops are left only small products; and with
     `embedding` int8 the token embedding's table, looked up by a kernel; so is a float32 table a tied head
-    reads, stored as the head's GEMM panels (a tied head's product at batch 8 on the table by rows took 1.7x
-    as long: SmolLM2-135M's).
+    reads, stored as the head's GEMM panels (faster than the table by rows: docs/measured-choices.md).
 
     `finish` quantizes a weight as soon as the reader has it in the layer's shape, so a model is never
     held in float32 whole (a 7B one would take 27 GB); `place` makes the layer a KernelProduct of it.

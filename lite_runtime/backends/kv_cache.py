@@ -88,7 +88,7 @@ class PackedKVCache(KVCache):
     positions, which are written token by token (one fancy-indexed assignment per layer).
 
     The buffers are as small as the longest row allows, rounded up to a bucket so that the graph's
-    shapes (and Lite's Resize, ≈0.15 ms plus a slower first call) change only every bucket: a
+    shapes (and Lite's Resize, plus a slower first call) change only every bucket: a
     quarter of seq_length, within 16..64 positions. Growing reallocates and copies once; the arrays
     are contiguous so a backend binds them without copying. Keys are stored transposed
     (B, kv, hd, P), values (B, kv, P, hd): `arrays` alternates them, layer by layer.
@@ -96,8 +96,7 @@ class PackedKVCache(KVCache):
     A call's new keys are scored against each other (N x N per head), so a prefill of many long rows
     goes in calls of at most `max_tokens` tokens: windows of positions, each reading the last one's
     keys from the cache. A family whose prompt attends both ways (GLM's prefix) is fed whole. 256 tokens
-    a call: on SmolLM2-135M (2 cores) 24 prompts of 60-200 tokens took 0.86-0.91x the time of 512 (int8
-    and float32), 192 and 128 about as long as 256; a larger model's products outweigh its N x N more.
+    a call (docs/measured-choices.md); a larger model's products outweigh its N x N more.
 
     Each token reads its row's cache over all P positions of the call (gathered per token), so the
     buffers shrink when the rows' pasts need at most half of them (`fit`), and a prompt that joins
@@ -153,8 +152,7 @@ class PackedKVCache(KVCache):
     def fit(self, past: np.ndarray) -> None:
         """Shrink the buffers to the rows' pasts (`past`, every row's) when those need at most half of
         them: the rows with long pasts have left, and every token reads its row over all the buffers'
-        positions (SmolLM2-135M: a 993-token prompt alone took 16.3 s after a request that had grown the
-        buffers to 1,024 positions, 2.0 s with them shrunk)."""
+        positions (docs/measured-choices.md)."""
         span = self._span(past)
         if self.capacity >= max(2 * span, span + self.bucket):
             self.arrays = [np.ascontiguousarray(a[:, :, :span] if i % 2 else a[..., :span])
@@ -233,7 +231,7 @@ class PackedKVCache(KVCache):
         positions = (past[rows] + index).astype(np.int32)
         live = None
         if picks is None:
-            # the head runs only for the rows that fed tokens (SmolLM2 int8, 1 of 8 rows: 0.8x the step)
+            # the head runs only for the rows that fed tokens (docs/measured-choices.md)
             live = np.flatnonzero(counts > 0) if counts.any() else np.arange(1)
             last = ends[live] - 1 if counts.any() else np.zeros(1, np.int64)
         else:
@@ -259,9 +257,8 @@ def split_positions(manifest: Manifest) -> int:
     """Token x cache positions (a packed step's per-token gather of its row's cache) worth a second
     call: those whose keys and values, in every layer, are 3/4 of a rank's weights' bytes, estimated
     as 12 hidden² float32 a layer (a quantized export's are fewer bytes: this errs towards one call).
-    Measured on SmolLM2-135M (`tools/bench_mixed_step.py`): a second call paid from about 6,000 to
-    8,000 (7 rows decoding at position 128 or 200); a 200-token prompt joining them at 200 took 747 ms
-    in one call, 340 in two. With the attention kernel a token reads only its own row's past: never split."""
+    (`tools/bench_mixed_step.py`; docs/measured-choices.md). With the attention kernel a token reads only its
+    own row's past: never split."""
     if ATTEND_TYPE in manifest.kernels or PAGED_ATTEND_TYPE in manifest.kernels:
         return sys.maxsize
     d, config = manifest.dims, manifest.model_config

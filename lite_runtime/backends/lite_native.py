@@ -69,7 +69,7 @@ _lib = None
 
 
 def load_shim() -> ctypes.CDLL:
-    """Load the shim once per process (≈0.3–0.6 s: it pulls in Lite's ≈300 MB of libraries)."""
+    """Load the shim once per process: it pulls in Lite's libraries (docs/measured-choices.md)."""
     global _lib
     if _lib is not None:
         return _lib
@@ -245,8 +245,8 @@ class LiteModel:
         """Read the tensors' shapes (at load and after a resize) and bind fresh output buffers, of
         `output_shapes` when given: after a resize Lite may report an output's new shape only once it
         has run (a Custom node's output whose input shape is known only then). Outputs of dynamic
-        dimensions get their buffers at `resize`: Predict copies every output into its buffer (a step
-        graph's 61 outputs read from Lite's memory instead, a view each, cost SmolLM2-135M 0.3 ms a step)."""
+        dimensions get their buffers at `resize`: Predict copies every output into its buffer, which
+        costs less than a view of each in Lite's memory (docs/measured-choices.md)."""
         self.inputs: List[TensorSpec] = self._specs(is_output=0)
         self.outputs: List[TensorSpec] = self._specs(is_output=1)
         self._bound_inputs: List[Optional[np.ndarray]] = [None] * len(self.inputs)

@@ -79,7 +79,7 @@ def kernel_threads(manifest: Manifest, num_threads: int) -> int:
     """The thread count of Lite's contexts for this export. Where the project's kernels run every large
     product (`head_on_kernel`), they take the `num_threads` and Lite runs the small ops between them on
     one: Lite's workers spin through a whole graph run and would compete with the kernels for the cores
-    (SmolLM2-135M int8 on 2 cores: a step took 0.66x that of Lite on 2 threads, kernels on 1 at decode)."""
+    (docs/measured-choices.md)."""
     if not manifest.quantization.get("head_on_kernel"):
         return num_threads
     lite_kernels.set_threads(num_threads)
@@ -221,7 +221,7 @@ class MSLiteSession(Session):
     def _open(self, path: str, lite: Optional[str], ini: Optional[str], num_threads: int, lite_format: str) -> LiteModel:
         """A graph (its .ms form when the export has one and lite_format allows), never one holding
         collectives: Lite 2.0 CPU drops AllReduce with a warning and returns one rank's partial sums.
-        A .ms is not scanned (reading the whole MindIR beside it took 2.7 s of a 1.1B model's 12 s load):
+        A .ms is not scanned (reading the whole MindIR beside it is a large part of a load: docs/measured-choices.md):
         the exporter converts only graphs without collectives (the schema refuses lite_ms for others)."""
         if lite_format == "ms" and not lite:
             raise UnsupportedError(f"{self.manifest.root or 'the export'} has no .ms models; export with "

@@ -46,7 +46,7 @@ class SegmentChain(LiteRunner):
         self.collectives = collectives
         self.names = run_order(manifest.segments)
         # Two Builds at a time: each is mostly copying and page faults, which a second core overlaps
-        # (a 1.1B model's 10 segments: load 6.6 -> 4.9-5.5 s).
+        # (docs/measured-choices.md).
         with ThreadPoolExecutor(BUILDERS) as pool:
             self._models: Dict[str, LiteModel] = dict(zip(self.names, pool.map(open_model, self.names)))
         for name, model in self._models.items():

@@ -1,6 +1,6 @@
 """File hashes: the sha256 of a file, and a record of the hashes already checked, so that an export
-of many gigabytes is hashed at its first load rather than at every one (hashing a 1.1B model's
-4.4 GB took 3.7 s from the page cache and 13.7 s from disk, longer than Lite's Build).
+of many gigabytes is hashed at its first load rather than at every one (hashing took longer than
+Lite's Build: docs/measured-choices.md).
 
 A record is keyed by the file's identity (real path, size, modification time, inode), so a file
 that was rewritten, truncated or replaced is hashed again. The record lives in the user's cache

@@ -25,8 +25,8 @@ from lite_runtime.contract.families import get_family
 from lite_runtime.contract.manifest import Manifest
 
 PREFILL_CHUNK = 128     # most prompt tokens a row feeds in one step
-# ... and a request alone, on the paged store: a call holds its tokens' activations (an 8,192-token prompt fed
-# whole peaked 0.2 GB above one fed in chunks of 512 on SmolLM2-135M), and a chunk reads only its row's blocks
+# ... and a request alone, on the paged store: a call holds its tokens' activations, and a chunk reads only its
+# row's blocks (docs/measured-choices.md)
 LONE_CHUNK = 512
 
 

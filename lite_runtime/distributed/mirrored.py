@@ -99,7 +99,7 @@ def replica_sessions(session, channel: RankChannel, model_ranks: int) -> list:
 
 
 def _pack_logits(logits: np.ndarray) -> bytes:
-    """Raw float32 after the shape (JSON of 8 x 32000 logits took 217 ms a step)."""
+    """Raw float32 after the shape (JSON was far too slow: docs/measured-choices.md)."""
     logits = np.ascontiguousarray(logits, np.float32)
     return struct.pack(f"<I{logits.ndim}Q", logits.ndim, *logits.shape) + logits.tobytes()
 

@@ -84,7 +84,7 @@ class AttendKernel : public mindspore::kernel::Kernel {
     a.out = static_cast<float *>(y.MutableData());
     if (a.out == nullptr && a.N > 0) return Report(who + "no output buffer");
     // Where Lite holds the threads (float32 weights), its workers spin through the whole graph run, and a
-    // second attention thread only competes with them: SmolLM2-135M decoded 4-8 % faster on one.
+    // second attention thread only competes with them (docs/measured-choices.md).
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
     if (RunAttend(a, KernelsHoldThreads() ? KernelThreads(lite_threads) : 1)) return Report(who + g_last_error);
     return 0;

@@ -5,8 +5,8 @@
 //   LiteGELU     x (..., F), form (1,) (layer_math.h's GeluForm) -> GELU(x)
 //   LiteRotary   x (N, n·hd), cos, sin (N·hd), pair (2, hd) -> (N, n, hd): x · cos + partner · sin, where
 //                partner[i] = pair[1][i] · x[pair[0][i]] (pair[0][i] < 0: no partner), as positions.py's P
-// Each costs Lite one node's dispatch instead of 3-9 (a decode step of SmolLM2-135M ran 1,233 Lite kernels, 23 % of
-// its time outside the matrix products). Their work is a few µs per token (the loops: layer_math.cc): a call of many
+// Each costs Lite one node's dispatch instead of 3-9 (Lite's dispatch of many small kernels was a large part of a
+// step: docs/measured-choices.md). Their work is a few µs per token (the loops: layer_math.cc): a call of many
 // tokens shares its rows over the kernels' pool where the kernels hold the threads (as the attention kernel does).
 #include <algorithm>
 #include <memory>

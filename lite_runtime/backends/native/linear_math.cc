@@ -9,8 +9,8 @@
 // (two panels at a time) on AVX-512 registers where the CPU has them (args.wide). At one or two rows of X the
 // sums run in several chains along k, so that the loop waits on loads rather than on each FMA's latency, and
 // int4 and grouped int8 take loops of their own (Decode: scales once a group). The panels are read where the
-// model holds them, 4-byte aligned: an aligned copy of SmolLM2-135M's weights raised its load's peak RSS 1.5x,
-// for steps 0.97-1.00x and prompt calls 0.99-1.01x the time on an AMD Zen 5.
+// model holds them, 4-byte aligned: an aligned copy raised the load's peak RSS for no speed
+// (docs/measured-choices.md, as for the other measured choices below).
 // float32 stored by rows (kF32) up to 16 rows of X takes dot products against one row of W at a time, more
 // rows dequantise 16 rows of W into a tile transposed to (K, 16) (8 x 8 blocks transposed in registers; the
 // tile 64-byte aligned by the caller), which runs the same GEMM; so do the last N % 16 rows of the panel
@@ -28,11 +28,11 @@ namespace LK_NS {
 namespace {
 
 constexpr int64_t kRowsPerPass = 64;   // rows of X per pass over a packed tile
-constexpr int64_t kDotRows = 16;       // up to this M, dot products over rows of W (measured: M 8 at 1.5x
-                                       // the transposed tile's speed, M 64 at 0.6x)
+constexpr int64_t kDotRows = 16;       // up to this M, dot products over rows of W (faster than the
+                                       // transposed tile at few rows, slower at many)
 
 // MB rows of X against one row of W, read front to back; U sums a row of X, so that MB * U chains of FMAs
-// are in flight. (Four rows of W against pairs of rows of X took 1.17x as long at M 8, as long at M 1.)
+// are in flight (rather than four rows of W against pairs of rows of X: slower at M 8).
 template <int MB, int U>
 inline void RowF32(const float *x, int64_t ldx, const float *w, int64_t K, float *y, int64_t ldy) {
   V8 acc[MB][U];
@@ -133,8 +133,7 @@ void PackTile(const LinearArgs &a, int64_t n, int64_t nb, float *tile) {
     }
 }
 
-// Bytes of a stored panel ahead of the GEMM that it asks the cache for (3 KB; SmolLM2-135M's float32
-// products at M 8: 0.73x the time without), once per cache line.
+// Bytes of a stored panel ahead of the GEMM that it asks the cache for, once per cache line.
 constexpr int64_t kPrefetchTileBytes = 3072;
 
 // The rows of a stored panel as the GEMM reads them, a step of k at a time: the 16 weights of row k of the
@@ -273,8 +272,7 @@ struct I8GroupPanel {   // int8 converted, times its group's scale as read
 template <int MB>
 constexpr int Chains() { return MB == 1 ? 4 : MB == 2 ? 2 : 1; }
 
-// One step of k of GemmTile into one chain of sums (inlined, or the sums leave the registers: GemmTile at
-// M 6 took 1.9x as long).
+// One step of k of GemmTile into one chain of sums (inlined, or the sums leave the registers).
 template <int MB, bool Ahead, typename P>
 __attribute__((always_inline)) inline void TileStep(const float *x, int64_t ldx, const P &panel, int64_t k,
                                                     V8 (&sums)[MB][2]) {
@@ -366,9 +364,8 @@ __attribute__((target("avx512f"), always_inline)) inline void PairStep(const flo
 }
 
 // Two stored panels side by side (32 columns): MB rows of X take 2 x MB registers of sums a chain (up to 24
-// of the 32), two loads and MB broadcasts a step of k, so that the products, not the loads, bound the loop
-// (SmolLM2-135M's float32 products at M 256: 1.7x the speed of one panel at a time). `Ahead`: the panels
-// stream from memory.
+// of the 32), two loads and MB broadcasts a step of k, so that the products, not the loads, bound the loop.
+// `Ahead`: the panels stream from memory.
 template <int MB, bool Ahead, typename P>
 __attribute__((target("avx512f"))) inline void GemmPair16(const float *x, int64_t ldx, const P &p0, const P &p1,
                                                           int64_t K, float *y, int64_t ldy) {
@@ -554,9 +551,7 @@ __attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const P 
 
 // Grouped int8 panels take their decode loop up to kDecodeRowsI8Group rows on AVX-512 (2 on AVX2), the GEMM
 // dequantising as it reads up to kStagedRowsI8Group, past it the GEMM on panels dequantised once a call, as
-// int4's are (PanelRange). SmolLM2-135M's products on two threads (tools/bench_kernels.py --kinds int8_group):
-// M 8 7.4-7.8 ms with the loop, 8.9-9.9 as read; M 12 and 16 about 5 % faster as read; staged against as read,
-// M 31 30.0 against 28.1 ms, 64 equal, 128 84.5 against 91.1.
+// int4's are (PanelRange): each the fastest in its range (tools/bench_kernels.py).
 constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 64;
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -596,9 +591,7 @@ void DecodeRange(const LinearArgs &a, int64_t n0, int64_t n1) {
 }
 
 // Up to this M int8 and int4 panels are read one at a time on AVX-512 too, not in pairs: two int8 streams at
-// 16 bytes a step of k each left the hardware's prefetch behind (SmolLM2-135M's layers from memory on one
-// thread, M 1: 13 GB/s in pairs, 28 one at a time, software prefetch or not; in L3 53 and 55); on two
-// threads, pairs against one at a time: M 2 1.21x the time, M 4 1.03-1.13x, M 8 0.93-0.95x.
+// 16 bytes a step of k each left the hardware's prefetch behind, software prefetch or not.
 constexpr int64_t kSinglePanelRows = 4;
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -639,8 +632,8 @@ void PanelRange(const LinearArgs &a, int64_t n0, int64_t n1, float *scratch) {
 #if defined(__AVX2__) && defined(__FMA__)
     const bool two = n + 2 * kTileCols <= std::min(panels_end, n1);     // this panel and the next together
     // On AVX-512 int4 panels past the decode loop are dequantised once a call into `scratch`, not again for
-    // each block of rows as the GEMM reads them (SmolLM2-135M's int4 products on two threads: M 128 and 256
-    // 0.74-0.78x the time). Not int8 panels (M 64-256 1.0-1.1x), nor on AVX2 (int4 M 8-128 1.3-1.5x).
+    // each block of rows as the GEMM reads them. Not int8 panels up to kStagedRowsI8Group, nor on AVX2:
+    // there it does not pay.
     if (a.wide && (a.kind == kI4Min || (a.kind == kI8Group && a.M > kStagedRowsI8Group))) {
       float *second = scratch + kTileCols * a.K;
       StageWide(panel, a.K, scratch);

@@ -55,9 +55,9 @@ constexpr int64_t kBlockRows = 4;
 inline int64_t BlockRows(int kind) { return kind == kF32 ? kBlockRows : 2 * kTileCols; }   // pairs of panels
 
 // Up to this M int4 panels take their decode loop on AVX-512 (linear_math.cc DecodeWide; Decode up to 2
-// rows on AVX2, whose 16 registers hold no more sums), which needs args.xsum. Against the GEMM's dequantising
-// panels, SmolLM2-135M's int4 products on two threads: M 8 0.68x the time, 16 0.78x, 32 0.88x, 64 equal; past
-// 64 rows the GEMM on panels dequantised once a call is faster (linear_math.cc PanelRange).
+// rows on AVX2, whose 16 registers hold no more sums), which needs args.xsum: faster than the GEMM's
+// dequantising panels up to here; past 64 rows the GEMM on panels dequantised once a call is faster
+// (linear_math.cc PanelRange; docs/measured-choices.md).
 constexpr int64_t kDecodeRowsI4 = 64;
 
 // Computes Y's columns [n0, n1); `scratch` holds at least 2 * kTileCols * K floats (K as padded for int4),

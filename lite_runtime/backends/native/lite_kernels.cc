@@ -210,13 +210,11 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
   // Where Lite's own workers run beside the kernels, decode-sized calls stream the weights on the calling
   // thread, but for large layers: Lite's workers spin through a graph run and compete for the other cores
-  // (SmolLM2-135M int8 on the idle 2-core machine: two kernel threads beside Lite's two made a step 1.7x
-  // one kernel thread's; on a 7B shape, 16-45 M weights a layer, two took 0.83x one's).
+  // (docs/measured-choices.md).
   if (lite_workers && M <= kDecodeRows && N * K < kSplitWeights) n = 1;
   // Decode-sized calls stream their weights: one run of columns a thread, as each chunk's start waits for
-  // memory before the hardware's prefetch follows (SmolLM2-135M int4 on two threads at one row: 3.4-3.6 ms
-  // a step of products against 4.1 in 8 chunks a thread; 1.1B 15.3 against 16.8-17.3). Larger ones, bound by
-  // arithmetic, take chunks from the counter, so that a thread held up elsewhere does not hold up the call.
+  // memory before the hardware's prefetch follows. Larger ones, bound by arithmetic, take chunks from the
+  // counter, so that a thread held up elsewhere does not hold up the call.
   const int64_t chunks = std::min<int64_t>(blocks, n == 1 ? 1 : M <= kDecodeRows ? n : 8 * n);
   const int64_t tile = 2 * lk::kTileCols * a.K;     // two panels (linear_math.cc StageWide)
   Pool::Get().Run(n, chunks, [&](int64_t c) {
