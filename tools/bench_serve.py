@@ -277,7 +277,7 @@ def build_gguf_peers(args) -> tuple:
     work = gguf_work_dir(args)
     suffix = (("" if args.rows == CACHE_ROWS else f"_r{args.rows}")
               + ("" if args.seq_length == BENCH_SEQ_LENGTH else f"_s{args.seq_length}")
-              + ("" if args.attention == "kernel" else "_graph")
+              + ("" if args.attention == "paged" else "_" + args.attention)
               + ("" if args.weights == "float32" else f"_{args.weights}"))
     ours, hf, ov = (os.path.join(work, name) for name in ("mslite_cpu" + suffix, "hf", "openvino"))
     os.makedirs(work, exist_ok=True)
@@ -410,8 +410,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 @click.option("--prompt_words", type=click.IntRange(1, None), default=None,
               help="with --gguf: every prompt this many words of the docs (about 1.3 tokens a word; default: "
                    "drawn up to a sixth of seq_length)")
-@click.option("--attention", type=click.Choice(["kernel", "graph"]), default="kernel", show_default=True,
-              help="with --gguf: our export's `attention` key")
+@click.option("--attention", type=click.Choice(["paged", "kernel", "graph"]), default="paged", show_default=True,
+              help="with --gguf: our export's `attention` key (paged: target cpu's default, the K/V store float16)")
 @click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="float32", show_default=True,
               help="with --gguf: our export's `quantization.weights` (float32, target cpu's default: float32 weights "
                    "on the project's kernels; none: Lite's MatMul)")
