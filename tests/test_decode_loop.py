@@ -139,6 +139,16 @@ def test_row_budgets(lengths, seq_length, max_new, max_length, expected):
     assert row_budgets(lengths, seq_length, max_new, max_length) == expected
 
 
+def test_the_default_length_limit_gives_way_to_max_new_tokens():
+    """A call that gives max_new_tokens is not refused for the default max_length (a 2,000-token prompt with
+    max_new_tokens=8 was: 'max_length is 256'); given, max_length still binds."""
+    from lite_runtime.api.generation_options import DEFAULT_MAX_LENGTH, GenerationOptions
+    assert GenerationOptions().length_limit() == DEFAULT_MAX_LENGTH
+    assert GenerationOptions(max_new_tokens=8).length_limit() is None
+    assert GenerationOptions(max_new_tokens=8, max_length=100).length_limit() == 100
+    assert row_budgets([2000], 4096, 8, GenerationOptions(max_new_tokens=8).length_limit()) == [8]
+
+
 def test_streaming_offsets_name_each_batch_first_prompt():
     seen = {}
 

@@ -87,9 +87,9 @@ def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
         assert diff <= LOGIT_TOLERANCE, f"{PROMPTS[i]!r}: max abs logit difference {diff}"
 
 
-# Prompts past 1,500 tokens: a lone one is fed in one step, whose last-token pick (one row of a product over
-# every token) Lite 2.0's MatMul got wrong (all-zero logits from 1,501 tokens on); beside a running request
-# it goes in chunks of 128.
+# Prompts past 1,500 tokens: a lone one is fed in one step on host arrays (in steps of 512 on the paged store),
+# whose last-token pick (one row of a product over every token) Lite 2.0's MatMul got wrong (all-zero logits from
+# 1,501 tokens on); beside a running request it goes in chunks of 128.
 LONG_PROMPTS = (1000, 1600, 2000)
 LONG_STEPS = 16
 
@@ -132,6 +132,22 @@ def test_long_prompts_alone_and_beside_a_running_request_give_transformers_token
     neighbour, _ = greedy_continuation(model, prompts[0][:24], max(len(t) for t in got["neighbour"]))
     for tokens in got["neighbour"]:
         assert tokens == neighbour[:len(tokens)], "the running request's own tokens"
+
+
+def test_pipeline_answers_a_long_prompt_given_only_max_new_tokens(smollm2, smollm2_paged, tmp_path):
+    """pipeline() given max_new_tokens (and no max_length) answers a 1,600-token prompt with transformers' greedy
+    tokens (alone on the paged store: in steps of 512); it refused it for the default max_length of 256."""
+    _, model, tokenizer = smollm2
+    text = tokenizer.decode(tokenizer(_long_text()).input_ids[:1600])
+    expected, _ = greedy_continuation(model, tokenizer(text).input_ids, 8)
+    (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
+    code = ("import json, sys; from lite_runtime import pipeline; "
+            "pipe = pipeline('text_generation', model=sys.argv[1], backend='mslite'); "
+            "print(json.dumps(pipe(open(sys.argv[2], encoding='utf-8').read(), max_new_tokens=8)))")
+    result = run_cli(["-c", code, smollm2_paged, str(tmp_path / "prompt.txt")], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answer = json.loads(result.stdout.strip().splitlines()[-1])[0]["text_generation_text"][0]
+    assert answer.startswith(text) and answer[len(text):] == tokenizer.decode(expected), answer[len(text):]
 
 
 def _reference_ids(tokenizer, chat):

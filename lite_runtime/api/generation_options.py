@@ -12,6 +12,9 @@ from lite_runtime.decode.sampling import SamplingParams
 from lite_runtime.decode.speculation import Speculation
 
 
+DEFAULT_MAX_LENGTH = 256     # prompt + new tokens when a call gives neither max_length nor max_new_tokens
+
+
 @dataclass(frozen=True)
 class GenerationOptions:
     do_sample: bool = False
@@ -25,7 +28,7 @@ class GenerationOptions:
     min_p: float = 0.0                   # sampling keeps tokens at least min_p x the most likely one's probability
     logit_bias: Optional[Dict[int, float]] = None       # token id -> added to its logit
     min_tokens: int = 0                  # no EOS before this many new tokens
-    max_length: Optional[int] = 256      # prompt + new tokens (capped by the export's seq_length)
+    max_length: Optional[int] = None     # prompt + new tokens (capped by the export's seq_length); None: length_limit
     max_new_tokens: Optional[int] = None
     eos_token_id: Union[int, List[int], None] = None    # None: the export's
     pad_token_id: Optional[int] = None                  # None: the export's
@@ -48,6 +51,13 @@ class GenerationOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValidationError(f"{name} must be a positive integer or None, got {value!r}")
+
+    def length_limit(self) -> Optional[int]:
+        """Prompt + new tokens at most: max_length when given, else DEFAULT_MAX_LENGTH unless max_new_tokens is
+        given (then a long prompt is not refused for a length nobody asked for)."""
+        if self.max_length is not None or self.max_new_tokens is not None:
+            return self.max_length
+        return DEFAULT_MAX_LENGTH
 
     @classmethod
     def keywords(cls) -> List[str]:

@@ -147,7 +147,7 @@ class TextGeneratorInfer:
         pick = [Sampler(for_sequence(options.sampling(), i), stop_ids=eos) for i in range(len(prompts))]
         pad = self.pad_id if options.pad_token_id is None else int(options.pad_token_id)
         budgets = row_budgets([len(p) for p in prompts], self.manifest.seq_length, options.max_new_tokens,
-                              options.max_length)
+                              options.length_limit())
         adapters = self.adapter_slots(options.adapter_id, len(prompts), options.strict_adapter)
         _check_streamer(streamer, len(prompts))
         forward = None
@@ -186,7 +186,7 @@ class TextGeneratorInfer:
 
     def _prompt_ids(self, texts: Sequence[str], options: GenerationOptions, truncate_option: str,
                     log_truncation: Callable[[str], None]) -> List[List[int]]:
-        """Each text's prompt token ids, checked against the export's seq_length and options.max_length."""
+        """Each text's prompt token ids, checked against the export's seq_length and options' length limit."""
         if not texts:
             raise ValidationError("inputs is empty: give a prompt or a list of prompts")
         for i, text in enumerate(texts):
@@ -199,7 +199,7 @@ class TextGeneratorInfer:
                                       or getattr(self.tokenizer, "suffix_ids", None))
         prompts = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         prompts = check_prompts(prompts, self.manifest.seq_length, options.truncate, log_truncation, truncate_option)
-        max_length = options.max_length
+        max_length = options.length_limit()
         if max_length is not None:
             for i, prompt in enumerate(prompts):
                 if len(prompt) >= max_length:
