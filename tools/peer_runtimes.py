@@ -356,6 +356,8 @@ def measure_openvino_cb(job):
     # request that arrives decodes at once, up to max_num_batched_tokens of them (measured: 64).
     scheduler.dynamic_split_fuse = False
     scheduler.max_num_seqs = job["max_num_seqs"]
+    # in this mode a step takes whole prompts: it refuses one longer than max_num_batched_tokens (256 by default)
+    scheduler.max_num_batched_tokens = max(scheduler.max_num_batched_tokens, max(len(j["ids"]) for j in job["jobs"]))
     scheduler.cache_size = job["cache_gb"]
     scheduler.enable_prefix_caching = False
     properties = dict(INFERENCE_NUM_THREADS=job["threads"], INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
