@@ -70,7 +70,7 @@ class KVWatch(threading.Thread):
         self.join()
 
 
-def run_side(model_dir, backend, extra, messages, max_tokens, clients) -> dict:
+def run_side(model_dir, backend, extra, messages, max_tokens, clients, first_alone=False) -> dict:
     from openai import OpenAI
     with served(model_dir, backend, "bench", extra=list(extra), cwd=REPO, start_timeout=300) as server, \
             KVWatch(server.url) as kv:
@@ -88,8 +88,9 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients) -> dict:
                 usage = chunk.usage or usage
             return first - start, "".join(text), usage
         started = time.perf_counter()
+        first = [one(messages[0])] if first_alone else []
         with ThreadPoolExecutor(clients) as pool:
-            results = list(pool.map(one, messages))
+            results = first + list(pool.map(one, messages[len(first):]))
         seconds = time.perf_counter() - started
     ttft = np.array([r[0] for r in results])
     tokens = sum(r[2].completion_tokens for r in results if r[2] is not None)
@@ -107,19 +108,23 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients) -> dict:
 @click.option("--max_tokens", type=click.IntRange(1, None), default=16, show_default=True)
 @click.option("--clients", type=click.IntRange(1, None), default=1, show_default=True)
 @click.option("--cache_gb", type=float, default=1.0, show_default=True)
-def command(model_dir, backend, requests, system_tokens, max_tokens, clients, cache_gb):
+@click.option("--first_alone", is_flag=True, help="send the first request alone, the others after it: a system "
+              "prompt the server has answered before (requests that arrive together each compute it)")
+def command(model_dir, backend, requests, system_tokens, max_tokens, clients, cache_gb, first_alone):
     """Time to first token and throughput of a shared-system-prompt chat workload, without and with the
     prefix cache."""
     from lite_runtime.contract.manifest import load_manifest
     manifest = load_manifest(model_dir)
     messages = chats(export_tokenizer(manifest), system_tokens, requests)
-    plain = run_side(model_dir, backend, [], messages, max_tokens, clients)
-    cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients)
+    plain = run_side(model_dir, backend, [], messages, max_tokens, clients, first_alone)
+    cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients,
+                      first_alone)
     if plain["texts"] != cached["texts"]:
         differ = [i for i, (a, b) in enumerate(zip(plain["texts"], cached["texts"])) if a != b]
         raise ToolchainError(f"the answers differ with the prefix cache (requests {differ})")
     print(f"{requests} requests, {plain['prompt_tokens']} prompt tokens each (a shared system prompt), "
-          f"{max_tokens} new tokens, {clients} client(s), {backend}; answers equal: yes")
+          f"{max_tokens} new tokens, {clients} client(s){', the first alone' if first_alone else ''}, {backend}; "
+          "answers equal: yes")
     for name, side in (("no cache", plain), ("prefix cache", cached)):
         print(f"  {name:13s} TTFT p50 {side['ttft_p50'] * 1e3:8.1f} ms  p90 {side['ttft_p90'] * 1e3:8.1f} ms  "
               f"throughput {side['throughput']:6.2f} tokens/s  cached tokens {sum(side['cached'])}")
