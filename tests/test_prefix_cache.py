@@ -14,15 +14,16 @@ from lite_runtime.tokenizers import export_tokenizer
 
 @pytest.mark.parametrize("backend", ["ms", "mslite", "mslite_paged"])
 def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backend, tmp_path):
-    """mslite_paged: the cached prefix's blocks of the kernels' paged store, given to the next row by reference."""
+    """mslite_paged: the cached prefix's blocks of the kernels' paged store, given to the next row by reference;
+    there the prompts submitted together reuse them too (the later ones wait for the blocks being computed)."""
     from lite_runtime.decode.prefix_cache import BLOCK
     if backend.startswith("mslite"):       # Lite's process must not import mindspore: the same check in a child
         from support.tiny_models import run_cli
         result = run_cli([os.path.join(REPO, "tests", "support", "prefix_cache_runner.py"), demo_exports[backend]])
         assert result.returncode == 0, result.stderr[-2000:]
-        plain, cached = eval(result.stdout)
+        plain, cached, together = eval(result.stdout)
     else:
-        plain, cached = compare(demo_exports[backend])
+        plain, cached, together = compare(demo_exports[backend])
     tokenizer_ids = prompt_ids(demo_exports[backend])
     assert [t for t, _ in cached] == [t for t, _ in plain]
     assert [n for _, n in plain] == [0, 0, 0]
@@ -30,6 +31,11 @@ def test_prompts_sharing_a_prefix_get_their_uncached_tokens(demo_exports, backen
     common = next(i for i, (a, b) in enumerate(zip(tokenizer_ids[0], tokenizer_ids[1])) if a != b)
     assert cached[0][1] == 0 and cached[1][1] == common - common % BLOCK > 0
     assert cached[2][1] == min(shared, (len(tokenizer_ids[2]) - 1) // BLOCK * BLOCK) > 0
+    assert [t for t, _ in together] == [t for t, _ in plain]
+    if backend == "mslite_paged":
+        assert [n for _, n in together] == [n for _, n in cached]
+    else:       # host arrays: a prompt is stored once it is whole, after the others have started theirs
+        assert [n for _, n in together] == [0, 0, 0]
 
 
 def test_the_store_keeps_within_its_bytes_dropping_the_least_recent(demo_exports):

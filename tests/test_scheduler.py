@@ -132,3 +132,37 @@ def test_the_limits_refuse_a_prompt_with_no_room_and_an_export_without_the_step_
     io = manifest(kv_cache="io")
     with pytest.raises(Exception, match="serving needs an export with kv_cache packed.*'io'"):
         EngineLimits.of(io, "serving")
+
+
+def test_a_request_may_wait_only_for_shared_blocks_a_row_has_still_to_compute():
+    s, cache = scheduler(prefill_chunk=32)
+    a = admit(s, 100)                        # tokens 1 .. 100, its prompt not fed yet
+    shares = list(range(1, 61)) + [999, 998]
+    assert s.computing(shares, 0, BLOCK) == 48         # 60 shared tokens: 3 whole blocks
+    assert s.computing(shares, 1, BLOCK) == 0          # another adapter's K/V differ
+    assert s.computing(list(range(1, 40)), 0, BLOCK) == 32     # all but its last token at most
+    assert s.computing([5] + shares[1:], 0, BLOCK) == 0
+    s.rows[a].past, s.rows[a].pending = 48, s.rows[a].pending[48:]
+    assert s.computing(shares, 0, BLOCK) == 0          # computed already (the prefix cache has them)
+    s.rows[a].past, s.rows[a].pending = 99, [100]
+    assert s.computing(list(range(1, 101)) + [7], 0, BLOCK) == 0   # decoding: its prompt is done
+
+
+def test_the_prefix_cache_stores_a_prompt_as_computed_and_keeps_each_block_once():
+    from lite_runtime.decode.prefix_cache import PagedPrefixCache
+    cache = PagedKVCache(manifest())
+    prefix = PagedPrefixCache(cache, 64 * cache.block_bytes)
+    tokens = list(range(1, 101))
+    cache._hold(0, 40, 0)                    # row 0's first chunk: 2 whole blocks
+    prefix.store(0, 0, tokens[:40])
+    cache._hold(0, 80, 40)
+    prefix.store(0, 0, tokens[:80])          # replaces the entry of the chunk before
+    assert len(prefix._entries) == 1 and prefix.bytes == 5 * cache.block_bytes
+    assert prefix.peek(0, tokens[:90]) == 80 and prefix.peek(0, tokens[:80]) == 64 and prefix.peek(1, tokens) == 0
+    assert [cache.refs[b] for b in cache.held[0]] == [2] * 5
+    cache._hold(1, 96, 0)                    # row 1 computed the same prompt on its own, and more
+    prefix.store(1, 0, tokens[:96])          # its entry extends row 0's: that one's blocks are dropped
+    assert len(prefix._entries) == 1 and prefix.peek(0, tokens) == 96
+    cache.release(0)
+    cache.release(1)
+    assert cache.held_blocks == 6 and prefix.bytes == 6 * cache.block_bytes

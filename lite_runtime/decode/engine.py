@@ -29,7 +29,7 @@ from lite_runtime.backends.kv_cache import PackedKVCache
 from lite_runtime.backends.paged_cache import PagedKVCache
 from lite_runtime.contract.errors import ConfigError
 from lite_runtime.decode.output import OutputStage, TokenLogprobs
-from lite_runtime.decode.prefix_cache import PagedPrefixCache, PrefixCache
+from lite_runtime.decode.prefix_cache import BLOCK, PagedPrefixCache, PrefixCache
 from lite_runtime.decode.runner import StepRunner
 from lite_runtime.decode.sampling import Sampler, SamplingParams
 from lite_runtime.decode.scheduler import PREFILL_CHUNK, EngineLimits, Row, Scheduler
@@ -227,6 +227,9 @@ class Engine:
             row = item if isinstance(item, Row) else Row(
                 request, Sampler(request.sampling, request.stop_ids, request.constraint), list(request.prompt),
                 row_values=self.runner.row_values(request.prompt))
+            if self._shared_later(row):
+                self.waiting[0] = row
+                return
             cached = self.prefix.load(slot, request.adapter_slot, row.tokens) if self.prefix else 0
             row.past, row.pending = cached, list(row.tokens[cached:])
             if not self.scheduler.place(slot, row):
@@ -239,6 +242,15 @@ class Engine:
                     self.metrics.queue_time.observe(request.admitted - request.arrived)
             if self.metrics is not None and self.prefix is not None:
                 self.metrics.prefix_cache(cached, self.prefix)
+
+    def _shared_later(self, row: Row) -> bool:
+        """Whether a running row is computing more of `row`'s prompt than the prefix cache holds now: `row` waits
+        for those blocks (stored as they are computed) rather than compute them too. So chats that arrive
+        together with one system prompt compute it once; the queue behind waits with it."""
+        if self.prefix is None or not self.prefix.progressive:
+            return False
+        slot, tokens = row.request.adapter_slot, row.tokens
+        return self.scheduler.computing(tokens, slot, BLOCK) > self.prefix.peek(slot, tokens)
 
     def _step(self) -> None:
         self._told, start = (threading.get_ident(), []), time.perf_counter()

@@ -31,6 +31,8 @@ class OutputStage:
                 row.past += int(plan.counts[i])
                 del row.pending[:int(plan.counts[i])]
                 row.guesses = []
+                if self.prefix is not None and self.prefix.progressive:     # the whole blocks computed so far
+                    self.prefix.store(i, row.request.adapter_slot, row.tokens[:row.past])
                 continue
             row.past += len(row.pending)
             if self.prefix is not None and row.generated == 0:      # the whole prompt is in the cache now

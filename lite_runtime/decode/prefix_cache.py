@@ -9,7 +9,7 @@ blocks of `BLOCK` tokens: every block boundary of a stored prompt is indexed by 
 its blocks (and the request's adapter slot: an adapter's K/V differ from the base model's), and a
 new prompt takes the longest indexed boundary it shares, at most its length minus one (its last
 token is always fed: its logits choose the first new token). The least recently used prompts are
-dropped beyond `max_bytes`.
+dropped beyond `max_bytes`, and a prompt a newer one extends (a chat's earlier turn) when that is stored.
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ class _Entry:
 
 
 class PrefixCache:
+    progressive = False      # stored only once a prompt is whole: each store copies the K/V
+
     def __init__(self, cache, max_bytes: int):
         self.cache, self.max_bytes = cache, int(max_bytes)
         self._entries: "collections.OrderedDict[int, _Entry]" = collections.OrderedDict()   # by id, LRU first
@@ -49,21 +51,30 @@ class PrefixCache:
             out.append(h)
         return out
 
-    def _match(self, slot: int, prompt: Sequence[int]) -> int:
-        """The length of the longest stored prefix of `prompt` (0: none), counted as a hit or a miss."""
+    def _longest(self, slot: int, prompt: Sequence[int]):
+        """(entry id, tokens) of the longest stored prefix of `prompt`, at most its length minus one; None: none."""
         best = None
         for h in self._chain(slot, prompt, len(prompt) - 1):
             found = self._index.get(h)
             if found is None:
                 break
             best = found
+        if best is None or tuple(prompt[:best[1]]) != self._entries[best[0]].prompt[:best[1]]:   # a hash collision
+            return None
+        return best
+
+    def peek(self, slot: int, prompt: Sequence[int]) -> int:
+        """The length of the longest stored prefix of `prompt` (0: none), not counted."""
+        best = self._longest(slot, prompt)
+        return best[1] if best else 0
+
+    def _match(self, slot: int, prompt: Sequence[int]) -> int:
+        """The length of the longest stored prefix of `prompt` (0: none), counted as a hit or a miss."""
+        best = self._longest(slot, prompt)
         if best is None:
             self.misses += 1
             return 0
         entry_id, tokens = best
-        if tuple(prompt[:tokens]) != self._entries[entry_id].prompt[:tokens]:      # a hash collision: no reuse
-            self.misses += 1
-            return 0
         self._entries.move_to_end(entry_id)
         self.hits += 1
         self.cached_tokens += tokens
@@ -97,6 +108,10 @@ class PrefixCache:
         self._add(chain, _Entry(tuple(chain), arrays, tuple(prompt[:tokens]), nbytes))
 
     def _add(self, chain: List[int], entry) -> None:
+        for n, h in enumerate(chain, 1):      # an entry the new one extends holds nothing more: dropped
+            older = self._entries.get(self._index.get(h, (None,))[0])
+            if older is not None and len(older.keys) == n and older.prompt == entry.prompt[:n * BLOCK]:
+                self._forget(self._index[h][0])
         entry_id, self._next_id = self._next_id, self._next_id + 1
         self._entries[entry_id] = entry
         for n, h in enumerate(chain, 1):
@@ -106,12 +121,15 @@ class PrefixCache:
             self._evict()
 
     def _evict(self) -> None:
-        entry_id, entry = self._entries.popitem(last=False)
+        self._forget(next(iter(self._entries)))
+        self.evictions += 1
+
+    def _forget(self, entry_id: int) -> None:
+        entry = self._entries.pop(entry_id)
         for h in entry.keys:
             if self._index.get(h, (None,))[0] == entry_id:
                 del self._index[h]
         self.bytes -= entry.nbytes
-        self.evictions += 1
         self._release(entry)
 
     def _release(self, entry) -> None:
@@ -121,9 +139,13 @@ class PrefixCache:
 class PagedPrefixCache(PrefixCache):
     """The prefix cache on the kernels' paged store (backends/paged_cache.py): an entry holds references
     to its prompt's whole blocks, and a prompt that starts with it is given those blocks as its row's first
-    ones, read where they are: nothing is copied. Its `max_bytes` are blocks reserved in the store beside the
+    ones, read where they are: nothing is copied. So a prompt is stored as it is computed, after each chunk
+    (`progressive`: each store replaces the entry of the chunks before), and a request that shares a prompt
+    still being computed can wait for its blocks (engine.py) rather than compute them again. Its `max_bytes` are blocks reserved in the store beside the
     rows' (within the store's budget when it has one, kv_cache_gb); when the store has no free block the least
     recently used entry is dropped."""
+
+    progressive = True
 
     def __init__(self, cache, max_bytes: int):
         if cache.block != BLOCK:

@@ -110,6 +110,21 @@ class Scheduler:
             return None
         return self.rows.index(None)
 
+    def computing(self, tokens: List[int], adapter_slot: int, block: int) -> int:
+        """The longest run of whole `block`s that starts `tokens` (at most all of it but its last token) and that
+        a running row shares and has still to compute, in its prompt: a request may wait for those blocks
+        (a prefix cache stores them as they are computed) rather than compute them too."""
+        cap, best = (len(tokens) - 1) // block * block, 0
+        for row in self.rows:
+            if row is None or row.request.adapter_slot != adapter_slot or row.past + 1 >= len(row.tokens):
+                continue
+            end, n = min(cap, len(row.tokens) // block * block), 0
+            while n < end and row.tokens[n:n + block] == tokens[n:n + block]:
+                n += block
+            if n > row.past:
+                best = max(best, n)
+        return best
+
     def place(self, slot: int, row: Row) -> bool:
         """Put `row` (its cached prefix attached to `slot` already) into `slot` if the store has room for its
         first chunk; False leaves the slot empty (its blocks given back) and the row at the head of the queue."""

@@ -22,6 +22,17 @@ def run_each_alone(engine, prompts, tokens=8):
     return out
 
 
+def run_together(engine, prompts, tokens=8):
+    """The prompts submitted at once: (new tokens, cached prompt tokens) per prompt."""
+    from lite_runtime.decode.engine import EngineRequest
+    got, requests = [[] for _ in prompts], []
+    for i, prompt in enumerate(prompts):
+        requests.append(EngineRequest(prompt, tokens, on_token=lambda t, lp, i=i: got[i].append(t)))
+        engine.submit(requests[-1])
+    engine.run_until_idle()
+    return [(g, r.cached_tokens) for g, r in zip(got, requests)]
+
+
 def prompt_ids(export):
     from lite_runtime.contract.manifest import load_manifest
     tokenizer = export_tokenizer(load_manifest(export))
@@ -29,7 +40,7 @@ def prompt_ids(export):
 
 
 def compare(export, backend="ms"):
-    """(tokens, cached) of PROMPTS without and with the prefix cache."""
+    """(tokens, cached) of PROMPTS without and with the prefix cache, and with it, submitted together."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     from lite_runtime.decode.engine import Engine
@@ -37,8 +48,9 @@ def compare(export, backend="ms"):
     session = load_session(backend, load_manifest(export))
     plain = run_each_alone(Engine(session, threaded=False), ids)
     cached = run_each_alone(Engine(session, threaded=False, prefix_cache_bytes=64 << 20), ids)
+    together = run_together(Engine(session, threaded=False, prefix_cache_bytes=64 << 20), ids)
     session.close()
-    return plain, cached
+    return plain, cached, together
 
 
 if __name__ == "__main__":
