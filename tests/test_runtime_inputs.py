@@ -176,6 +176,13 @@ def test_generation_options_are_checked_once_and_travel_as_they_are():
     assert options.sampling().top_k == 3 and options.sampling().seed == 7
     with pytest.raises(ConfigError, match="unknown keyword 'top_n'"):
         options.updated(top_n=2)
+    # the server's fields map onto the same SamplingParams, in its own terms for greedy and top-k off
+    from lite_runtime.serve.protocol import CompletionRequest
+    given = dict(top_p=0.9, seed=3, min_p=0.1, presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.1,
+                 logit_bias={5: 2.0}, min_tokens=2)
+    served = CompletionRequest(model="m", prompt="hi", temperature=0.7, top_k=-1, **given).sampling()
+    assert served == GenerationOptions(do_sample=True, top_k=0, temperature=0.7, **given).sampling()
+    assert CompletionRequest(model="m", prompt="hi", temperature=0).sampling() == GenerationOptions(top_k=0).sampling()
     with pytest.raises(ValidationError, match="top_p"):
         GenerationOptions(top_p=0)
     with pytest.raises(ValidationError, match="max_new_tokens"):

@@ -64,10 +64,7 @@ class GenerationOptions:
         return [f.name for f in dataclasses.fields(cls)]
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(do_sample=self.do_sample, top_k=self.top_k, top_p=self.top_p,
-                              temperature=self.temperature, repetition_penalty=self.repetition_penalty, seed=self.seed,
-                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              min_p=self.min_p, logit_bias=self.logit_bias, min_tokens=self.min_tokens)
+        return SamplingParams.of(self)
 
     def updated(self, where: str = "", **keywords) -> "GenerationOptions":
         """These options with `keywords` changed; an unknown keyword is refused, naming the allowed ones."""

@@ -214,6 +214,13 @@ class SamplingParams:
     logit_bias: Optional[Dict[int, float]] = None
     min_tokens: int = 0
 
+    @classmethod
+    def of(cls, fields, **decided) -> "SamplingParams":
+        """The parameters from an object with fields of these names (a request's or GenerationOptions), those
+        `decided` (what the object says in its own terms: the server's temperature 0, top_k -1) replacing its."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in decided]
+        return cls(**{name: getattr(fields, name) for name in names}, **decided)
+
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, (bool, np.bool_)):
             raise ValidationError(f"do_sample: expected True or False, got {self.do_sample!r}")

@@ -185,11 +185,8 @@ class SamplingFields(BaseModel):
 
     def sampling(self) -> SamplingParams:
         greedy = self.temperature == 0.0
-        return SamplingParams(do_sample=not greedy, top_k=max(self.top_k, 0), top_p=self.top_p,
-                              temperature=1.0 if greedy else self.temperature,
-                              repetition_penalty=self.repetition_penalty, seed=self.seed,
-                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              min_p=self.min_p, logit_bias=self.logit_bias, min_tokens=self.min_tokens)
+        return SamplingParams.of(self, do_sample=not greedy, top_k=max(self.top_k, 0),
+                                 temperature=1.0 if greedy else self.temperature)
 
     def samplings(self, prompts: int) -> List[SamplingParams]:
         """One per choice of `prompts` prompts, in the answer's order (choice j of prompt i is i·n + j): with a seed,
