@@ -58,10 +58,12 @@ def test_the_store_keeps_within_its_bytes_dropping_the_least_recent(demo_exports
     assert run_each_alone(small, [ids[1]])[0][1] > 0              # ids[0]'s again: what ids[1] shares with it is reused
 
 
-def test_the_server_reports_cached_tokens_and_counts_hits(demo_exports):
+@pytest.mark.parametrize("backend, extra", [("ms", ["--prefix_cache_gb", "0.05"]), ("mslite_paged", [])])
+def test_the_server_reports_cached_tokens_and_counts_hits(demo_exports, backend, extra):
+    """mslite_paged: on by default, within the paged store."""
     from openai import OpenAI
     from served_process import served
-    with served(demo_exports["ms"], "ms", "demo", extra=["--prefix_cache_gb", "0.05"], cwd=REPO) as server:
+    with served(demo_exports[backend], backend.split("_")[0], "demo", extra=extra, cwd=REPO) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         first = client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=8, temperature=0)
         second = client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=8, temperature=0)

@@ -116,7 +116,7 @@ def command(model_dir, backend, requests, system_tokens, max_tokens, clients, ca
     from lite_runtime.contract.manifest import load_manifest
     manifest = load_manifest(model_dir)
     messages = chats(export_tokenizer(manifest), system_tokens, requests)
-    plain = run_side(model_dir, backend, [], messages, max_tokens, clients, first_alone)
+    plain = run_side(model_dir, backend, ["--prefix_cache_gb", "0"], messages, max_tokens, clients, first_alone)
     cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients,
                       first_alone)
     if plain["texts"] != cached["texts"]:

@@ -163,7 +163,9 @@ def streaming_clients(url: str, jobs: list, clients: int, body, tokens_of) -> li
 
 def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0) -> list:
     from served_process import served
-    with served(model_dir, backend, "bench", ["--num_threads", str(threads)], cwd=REPO, output=None) as server:
+    # no prefix cache: the peers run without theirs, and the engine alone (engine_side) without it
+    with served(model_dir, backend, "bench", ["--num_threads", str(threads), "--prefix_cache_gb", "0"], cwd=REPO,
+                output=None) as server:
         rows = streaming_clients(server.url, jobs, clients, lambda job: {"model": "bench", "prompt": job["prompt"]},
                                  lambda chunk, tokens: (chunk.get("usage") or {}).get("completion_tokens", tokens))
         peak = server.rss_bytes(peak=True)

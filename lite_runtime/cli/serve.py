@@ -46,9 +46,11 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--prefill_chunk", type=click.IntRange(1, None), default=PREFILL_CHUNK, show_default=True,
               help="Most prompt tokens one request feeds in a step while others run; a longer prompt goes over "
                    "several steps. A request alone is fed whole (in one step: faster, with less memory).")
-@click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=0.0, show_default=True,
+@click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=None,
               help="Keep recent prompts' K/V up to this many GiB and reuse the prefix a new prompt shares with "
-                   "one (a chat's system prompt and history): only the rest is prefilled. 0: off.")
+                   "one (a chat's system prompt and history): only the rest is prefilled. 0: off. Default: on an "
+                   "`attention: paged` export (backend mslite, one rank), within its KV store (cached prompts keep "
+                   "blocks no running request holds, least recent given up first); elsewhere off.")
 @click.option("--speculative", default=None, metavar="ngram[:K] | draft:DIR[:K]",
               help="Speculative decoding: each decoding row also feeds up to K (default 4) guessed tokens and "
                    "keeps those the model confirms; the text is the same. ngram: guessed from the row's own text "
@@ -103,7 +105,8 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, kv_c
 
     def make_engine(session_of_a_replica):
         return Engine(session_of_a_replica, max_waiting=max_waiting, prefill_chunk=prefill_chunk, metrics=metrics,
-                      max_step_tokens=max_step_tokens, prefix_cache_bytes=int(prefix_cache_gb * 2 ** 30),
+                      max_step_tokens=max_step_tokens,
+                      prefix_cache_bytes=None if prefix_cache_gb is None else int(prefix_cache_gb * 2 ** 30),
                       speculation=speculation)
     engine = ranks.rank0_engine(session, channel, make_engine) if channel else make_engine(session)
     metrics.cache_rows.set(manifest.batch_size * (data_parallel if channel else 1))
@@ -113,7 +116,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, kv_c
     log = logging.getLogger("lite_runtime.serve")
     log.info("serving %s (%s, %d cache rows, %s, prefix cache %s, speculation %s) on http://%s:%d; chats: %s",
              name, manifest.family, manifest.batch_size, session.runtime,
-             f"{prefix_cache_gb:g} GiB" if prefix_cache_gb > 0 else "off", guessing, host, port,
+             _prefix_text(engine, prefix_cache_gb), guessing, host, port,
              served.chat.describe())
     why = chat_tuned_sign(tokenizer.path, os.path.basename(os.path.abspath(model_dir)))
     if served.chat.published is None and why:
@@ -138,6 +141,13 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, kv_c
             speculation.close()
         if channel is not None:
             channel.close()
+
+
+def _prefix_text(engine, prefix_cache_gb) -> str:
+    prefix = engine.replicas[0].prefix
+    if prefix is None:
+        return "off"
+    return f"{prefix_cache_gb:g} GiB" if prefix_cache_gb else "on, within the KV store"
 
 
 def _speculation_text(speculation) -> str:

@@ -77,17 +77,19 @@ class Engine:
     """Owns `session` (a packed export's session) and schedules requests onto its rows."""
 
     def __init__(self, session, max_waiting: int = 64, prefill_chunk: int = PREFILL_CHUNK, metrics=None,
-                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True, prefix_cache_bytes: int = 0,
-                 speculation: Optional[Speculation] = None):
+                 max_step_tokens: int = PackedKVCache.max_tokens, threaded: bool = True,
+                 prefix_cache_bytes: Optional[int] = 0, speculation: Optional[Speculation] = None):
         """`prefix_cache_bytes` > 0 keeps recent prompts' K/V up to that size and reuses their shared
-        prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally.
+        prefixes (prefix_cache.py): on one rank's session, for families whose prompts attend causally. None: within
+        the paged store where there is one (cached prompts keep blocks no row holds until a row needs them), else
+        none.
         `speculation` guesses tokens (prompt lookup or a draft export), verified in the step (speculation.py)."""
         self.limits = EngineLimits.of(session.manifest, "serving")
         self.session = session
         self.seq_length = self.limits.seq_length
         self.max_waiting = max_waiting
         self.metrics = metrics
-        self.prefix = self._prefix_cache(session, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.prefix = self._prefix_cache(session, prefix_cache_bytes) if prefix_cache_bytes != 0 else None
         self.scheduler = Scheduler(self.limits, getattr(session, "cache", None), prefill_chunk, max_step_tokens)
         self.runner = StepRunner(session, self.limits)
         self.output = OutputStage(self.scheduler, self._tell, self.prefix, metrics)
@@ -127,7 +129,11 @@ class Engine:
     def pick_seconds(self) -> float:
         return self.output.pick_seconds
 
-    def _prefix_cache(self, session, max_bytes: int) -> PrefixCache:
+    def _prefix_cache(self, session, max_bytes: Optional[int]) -> Optional[PrefixCache]:
+        if max_bytes is None:        # by default: where the store holds it by reference
+            paged = isinstance(getattr(session, "cache", None), PagedKVCache)
+            if not isinstance(session, Session) or self.limits.whole_prompts or not paged:
+                return None
         if not isinstance(session, Session):
             raise ConfigError("prefix caching keeps the K/V of one rank's session; this engine drives several ranks "
                               f"({session.runtime}): serve without --prefix_cache_gb")

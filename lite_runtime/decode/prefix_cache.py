@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -141,18 +141,20 @@ class PagedPrefixCache(PrefixCache):
     to its prompt's whole blocks, and a prompt that starts with it is given those blocks as its row's first
     ones, read where they are: nothing is copied. So a prompt is stored as it is computed, after each chunk
     (`progressive`: each store replaces the entry of the chunks before), and a request that shares a prompt
-    still being computed can wait for its blocks (engine.py) rather than compute them again. Its `max_bytes` are blocks reserved in the store beside the
-    rows' (within the store's budget when it has one, kv_cache_gb); when the store has no free block the least
-    recently used entry is dropped."""
+    still being computed can wait for its blocks (engine.py) rather than compute them again. Its `max_bytes`
+    are blocks reserved in the store beside the rows' (within the store's budget when it has one, kv_cache_gb);
+    None: the store's own, no more (entries keep blocks no row holds). When the store has no free block the
+    least recently used entry is dropped."""
 
     progressive = True
 
-    def __init__(self, cache, max_bytes: int):
+    def __init__(self, cache, max_bytes: Optional[int]):
         if cache.block != BLOCK:
             raise ValueError(f"the paged store's blocks of {cache.block} positions are not the prefix cache's {BLOCK}")
-        super().__init__(cache, max_bytes)
+        super().__init__(cache, cache.total_blocks * cache.block_bytes if max_bytes is None else max_bytes)
         self.block_bytes = cache.block_bytes
-        cache.reserve(self.max_bytes // self.block_bytes)
+        if max_bytes is not None:
+            cache.reserve(self.max_bytes // self.block_bytes)
         cache.on_full = self._drop_one
 
     def _drop_one(self) -> bool:
