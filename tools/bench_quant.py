@@ -23,7 +23,9 @@ row says TOKENS DIFFER and the tool exits 1. `--kv_cache_dtype float32 float16` 
 dtype of its paged KV store (rows `NAME kv float16`). `--reference none` skips the check (a model transformers cannot load).
 `--accuracy TEXT_FILE` measures instead each scheme's top-1 agreement with the first one
 and its perplexity, teacher-forced over --accuracy_tokens tokens of the text (one slice per cache row), and
-so llama.cpp's at each --llama_cpp type (the same slices, our tokenizer's ids).
+so llama.cpp's at each --llama_cpp type (the same slices, our tokenizer's ids), with each --llama_kv type of
+its K/V cache (`--llama_kv f16 q8_0`: rows `llama.cpp Q8_0 kv q8_0`; flash attention on at every type, as
+a q8_0 V cache needs it).
 
 `--llama_cpp Q4_1 Q8_0 F32` adds llama.cpp (llama-cpp-python in the peers venv, `make peers`) at each batch
 on the same GGUF: the file as it is when its type is asked for, else a copy requantized (or dequantized)
@@ -57,6 +59,7 @@ MS20 = os.path.join(REPO, ".venv-ms20", "bin", "python")
 PEERS = os.path.join(REPO, ".venv-peers", "bin", "python")
 PEER_TOOL = os.path.join(REPO, "tools", "peer_runtimes.py")
 LLAMA_FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}   # llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*
+LLAMA_KV_TYPES = {"f16": 1, "q8_0": 8}      # its K/V cache's: ggml's GGML_TYPE_F16, GGML_TYPE_Q8_0
 DEFAULT_SEQ = 256
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type with an oil-based ink and a wooden press.")
@@ -293,16 +296,21 @@ def accuracy_child(export_dir: str, text_file: str, tokens: int, threads: int) -
 
 
 def llama_accuracy_child(gguf: str, slices: list, threads: int) -> None:
-    """Runs in the peers venv: accuracy_child's measure for llama.cpp on the GGUF, `slices` the rows' token ids
-    (each its length + 1), each a sequence of its own decoded in one call, logits at every position."""
+    """Runs in the peers venv: accuracy_child's measure for llama.cpp on the GGUF (`FILE@KV`: its K/V cache of
+    that type, f16 without), `slices` the rows' token ids (each its length + 1), each a sequence of its own
+    decoded in one call, logits at every position."""
     import llama_cpp as lc
     import numpy as np
+    gguf, _, kv = gguf.partition("@")
     lc.llama_backend_init()
     model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
     length, rows = len(slices[0]) - 1, len(slices)
     params = lc.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_seq_max = rows * 256, rows * length, rows
+    params.n_ctx, params.n_batch, params.n_seq_max = rows * -(-length // 256) * 256, rows * length, rows
     params.n_threads = params.n_threads_batch = threads
+    params.type_k = params.type_v = LLAMA_KV_TYPES[kv or "f16"]
+    # A quantized V cache needs flash attention; on for every K/V type, so that f16 compares like with like.
+    params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
     ctx = lc.llama_init_from_model(model, params)
     vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
     calls = lc.llama_batch_init(rows * length, 0, 1)
@@ -451,6 +459,9 @@ def main() -> int:
     p.add_argument("--reference_child", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--llama_cpp", nargs="*", default=[], choices=sorted(LLAMA_FTYPES),
                    help="llama.cpp on the GGUF in these types (needs the peers venv: make peers)")
+    p.add_argument("--llama_kv", nargs="*", default=[], choices=sorted(LLAMA_KV_TYPES),
+                   help="with --accuracy: llama.cpp at each --llama_cpp type with each of these types of its K/V "
+                   "cache (default: f16)")
     p.add_argument("--peers", nargs="*", default=[], choices=["ort_int4", "openvino_int8", "openvino_int4"],
                    help="quantized peers built from --hf_dir (needs the peers venv)")
     p.add_argument("--hf_dir", help="a Hugging Face folder of the GGUF's model, for --peers")
@@ -481,6 +492,8 @@ def main() -> int:
     wrong = [d for d in args.kv_cache_dtype if d not in KV_CACHE_DTYPES]
     if wrong:
         raise SystemExit(f"error: --kv_cache_dtype {wrong[0]!r}: allowed: {', '.join(KV_CACHE_DTYPES)}")
+    if args.llama_kv and not args.accuracy:
+        raise SystemExit(f"error: --llama_kv {' '.join(args.llama_kv)}: only with --accuracy")
     check_tokens = "none" not in args.reference
     llama_reference = [t for t in args.reference if t != "none"]
     if len(llama_reference) > 1:
@@ -500,6 +513,8 @@ def main() -> int:
         raise SystemExit(f"error: --llama_cpp, --reference {'/'.join(sorted(LLAMA_FTYPES))} and --peers need the "
                          f"peers venv {PEERS}: run `make peers` (it builds llama-cpp-python)")
     llama = {f"llama.cpp {t}": llama_file(args.gguf, args.work_dir, t) for t in args.llama_cpp}
+    if args.llama_kv:       # each llama.cpp type with each type of its K/V cache
+        llama = {f"{name} kv {kv}": f"{path}@{kv}" for name, path in llama.items() for kv in args.llama_kv}
     if args.accuracy:
         return accuracy(exports, os.path.abspath(args.accuracy), args.accuracy_tokens, args.threads, llama)
     if args.rounds < 1:
