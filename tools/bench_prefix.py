@@ -1,5 +1,6 @@
 """Prefix caching, measured: a chat workload whose requests share one long system prompt, sent to the
-server with and without `--prefix_cache_gb`, side by side, with the answers checked equal.
+server with the prefix cache (the server's default, or `--cache_gb`) and without it (`--prefix_cache_gb 0`),
+side by side, with the answers checked equal.
 
     python tools/bench_prefix.py --model_dir output/smollm2_2k [--requests 12] [--system_tokens 1000]
                                  [--max_tokens 16] [--clients 1] [--backend mslite]
@@ -107,7 +108,8 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients, first_alo
 @click.option("--system_tokens", type=click.IntRange(16, None), default=1000, show_default=True)
 @click.option("--max_tokens", type=click.IntRange(1, None), default=16, show_default=True)
 @click.option("--clients", type=click.IntRange(1, None), default=1, show_default=True)
-@click.option("--cache_gb", type=float, default=1.0, show_default=True)
+@click.option("--cache_gb", type=float, default=None,
+              help="the cached side's --prefix_cache_gb; default: the server's (on a paged export: within its KV store)")
 @click.option("--first_alone", is_flag=True, help="send the first request alone, the others after it: a system "
               "prompt the server has answered before (requests that arrive together each compute it)")
 def command(model_dir, backend, requests, system_tokens, max_tokens, clients, cache_gb, first_alone):
@@ -117,8 +119,8 @@ def command(model_dir, backend, requests, system_tokens, max_tokens, clients, ca
     manifest = load_manifest(model_dir)
     messages = chats(export_tokenizer(manifest), system_tokens, requests)
     plain = run_side(model_dir, backend, ["--prefix_cache_gb", "0"], messages, max_tokens, clients, first_alone)
-    cached = run_side(model_dir, backend, ["--prefix_cache_gb", str(cache_gb)], messages, max_tokens, clients,
-                      first_alone)
+    cached = run_side(model_dir, backend, [] if cache_gb is None else ["--prefix_cache_gb", str(cache_gb)], messages,
+                      max_tokens, clients, first_alone)
     if plain["texts"] != cached["texts"]:
         differ = [i for i, (a, b) in enumerate(zip(plain["texts"], cached["texts"])) if a != b]
         raise ToolchainError(f"the answers differ with the prefix cache (requests {differ})")
