@@ -46,7 +46,7 @@ def build(shapes, storage: str, group: int, rng):
             layers.append([quant.pack_f32_panels(w)])
         elif storage == "int8":
             layers.append(list(quantizers.quantize_int8(w)))
-        elif storage == "int8_group":      # `weights: int8`'s default: a float16 scale per --group inputs
+        elif storage in ("int8_group", "int8_group_a8"):   # `weights: int8`'s default: a float16 scale per --group inputs
             layers.append(list(quantizers.quantize_int8_group(w, group)))
         else:
             layers.append(list(quantizers.quantize_int4(w, group)))
@@ -58,9 +58,15 @@ def nbytes(layers) -> int:
 
 
 def step(layers, kind, xs, ys, threads):
-    storage = "int4_min" if kind == "int4" else kind
-    for consts, x, y in zip(layers, xs, ys):
-        lite_kernels.linear(x, storage, consts, threads, out=y)
+    """int8_group_a8: int8_group's weights on activations quantized to int8 (set_int8_activations)."""
+    storage = {"int4": "int4_min", "int8_group_a8": "int8_group"}.get(kind, kind)
+    if kind == "int8_group_a8" and not lite_kernels.set_int8_activations(True):
+        raise SystemExit("error: int8_group_a8 needs a CPU with AVX512-VNNI")
+    try:
+        for consts, x, y in zip(layers, xs, ys):
+            lite_kernels.linear(x, storage, consts, threads, out=y)
+    finally:
+        lite_kernels.set_int8_activations(False)
 
 
 def main():
@@ -72,7 +78,7 @@ def main():
     p.add_argument("--steps", type=int, default=10, help="steps timed per round")
     p.add_argument("--kinds", nargs="+", default=["float32_p16", "int8", "int4"],
                    help="storages: float32_p16 (weights: float32), float32 (by rows), int8 (per channel), int8_group "
-                        "(in groups: weights: int8), int4")
+                        "(in groups: weights: int8), int8_group_a8 (those on int8 activations: AVX512-VNNI), int4")
     p.add_argument("--group", type=int, default=32)
     p.add_argument("--head", action="store_true", help="include the output head")
     args = p.parse_args()

@@ -38,7 +38,7 @@ KERNELS_NAME = "liblite_kernels.so"
 _NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 KERNELS_SOURCES = [os.path.join(_NATIVE, name) for name in (
     "lite_kernels.cc", "attention_kernel.cc", "paged_attention_kernel.cc", "layer_ops_kernel.cc", "linear_math.cc",
-    "linear_math.h", "attention_math.cc", "attention_math.h", "layer_math.cc", "layer_math.h",
+    "linear_math.h", "linear_int8.cc", "attention_math.cc", "attention_math.h", "layer_math.cc", "layer_math.h",
     "vec8.h", "thread_pool.h", "kernel_support.h", "lite_registry.h", os.path.join("schema", "model_generated.h"))]
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKOUT_PREFIX = os.path.join(_CHECKOUT, "build", "lite")
@@ -171,7 +171,8 @@ def _compile(command: List[str], source: str, compiler: str) -> None:
 
 def _build_kernels(prefix: str, cxx: str, say) -> str:
     """liblite_kernels.so: the loops (linear products, attention) twice (AVX2 + FMA, the prefill GEMM also for
-    AVX-512, and portable; chosen at load by cpuid) and the Lite kernels, linked against the converter
+    AVX-512, and portable; chosen at load by cpuid), the int8 activations' products once (AVX512-VNNI) and the Lite
+    kernels, linked against the converter
     library, which defines Kernel::Initialize()."""
     lib = os.path.join(prefix, "lib")
     target = os.path.join(lib, KERNELS_NAME)
@@ -187,6 +188,8 @@ def _build_kernels(prefix: str, cxx: str, say) -> str:
               for stem in ("linear_math", "attention_math", "layer_math")
               for isa, flags in (("avx2", ["-DLK_NS=avx2", "-mavx2", "-mfma", "-mf16c"]), ("generic", ["-DLK_NS=generic"]))]
     objects = []
+    builds.append(("linear_int8", os.path.join(_NATIVE, "linear_int8.cc"),
+                   ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c", "-mfma"]))     # called where cpuid has them
     builds += [(stem, os.path.join(_NATIVE, stem + ".cc"), []) for stem in ("lite_kernels", "attention_kernel", "paged_attention_kernel",
                                                                          "layer_ops_kernel")]
     for name, source, flags in builds:

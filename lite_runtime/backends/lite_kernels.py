@@ -44,6 +44,8 @@ def load(path: str):
         lib.lk_linear.restype = ctypes.c_int
         lib.lk_set_threads.argtypes = [ctypes.c_int]
         lib.lk_set_threads.restype = None
+        lib.lk_set_int8_activations.argtypes = [ctypes.c_int]
+        lib.lk_set_int8_activations.restype = ctypes.c_int
         lib.lk_gather.argtypes = [ctypes.c_int, vp, i64, vp, vp, i64, i64, i64, vp]
         lib.lk_gather.restype = ctypes.c_int
         lib.lk_attend.argtypes = [vp] * 7 + [ctypes.c_float] + [i64] * 6 + [vp, ctypes.c_int]
@@ -89,6 +91,15 @@ def set_threads(threads: int) -> None:
     if _lib is None:
         raise RuntimeError("the kernel library is not loaded")
     _lib.lk_set_threads(int(threads))
+
+
+def set_int8_activations(on: bool) -> bool:
+    """From now on, in this process, grouped int8 products (`weights: int8` in groups of 32) on activations
+    quantized to int8 alike (llama.cpp's Q8_0 products, on AVX512-VNNI: native/linear_int8.cc), or on float32
+    activations; returns whether they are on (False where the CPU lacks VNNI)."""
+    if _lib is None:
+        raise RuntimeError("the kernel library is not loaded")
+    return bool(_lib.lk_set_int8_activations(int(bool(on))))
 
 
 def linear(x, storage: str, constants: Sequence, threads: int = 1, out=None, lite_workers: bool = False):

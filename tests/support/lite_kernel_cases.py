@@ -328,6 +328,50 @@ def test_the_loops_of_other_cpus_equal_numpy_too(library, isa):
                                           else "generic")
 
 
+def w8a8_reference(x, q, scales):
+    """Grouped int8 weights (q (N, K) int8, scales (N, K / 32) float32) against x quantized alike: per row and run
+    of 32, d = max |x| / 127 and round(x / d) (float32 steps, ties to even), the products summed exactly."""
+    m, k = x.shape
+    runs = x.reshape(m, k // 32, 32)
+    d = (np.abs(runs).max(axis=2) / np.float32(127)).astype(np.float32)
+    inverse = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    qx = np.rint(runs * inverse[:, :, None]).astype(np.int64)
+    sums = np.einsum("mgk,ngk->mng", qx, q.astype(np.int64).reshape(q.shape[0], k // 32, 32))
+    return (sums * (scales[None] * d[:, None, :]).astype(np.float32)).sum(axis=2)
+
+
+def test_int8_activations_give_the_w8a8_products_where_the_cpu_has_vnni(library):
+    """Opt-in (lite_kernels.set_int8_activations): grouped int8 weights in groups of 32 against activations
+    quantized alike, on AVX512-VNNI; refused (False) elsewhere, and off again the float products are back."""
+    vnni = "avx512_vnni" in open("/proc/cpuinfo").read() and lite_kernels.isa() == "avx512"
+    rng = np.random.default_rng(5)
+    try:
+        assert lite_kernels.set_int8_activations(True) == vnni
+        # panel pairs, a lone panel and rows stored whole (N 35, 24), rows past a tile of 4 and a 64-row pass
+        for m, k, n in ((1, 64, 32), (3, 96, 35), (5, 576, 64), (70, 160, 24), (2, 4096, 48), (13, 32, 16)):
+            x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+            x[0, :32] = 0.0          # a run of zeros: its scale 0
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            consts, deq = constants("int8_group", w, 32)
+            d = (np.abs(w.reshape(n, k // 32, 32)).max(axis=2) / np.float32(127)).astype(np.float16).astype(np.float32)
+            q = np.clip(np.rint(w.reshape(n, k // 32, 32) / np.where(d != 0, d, 1)[:, :, None]), -127, 127)
+            q, scales = q.reshape(n, k).astype(np.int8), d
+            assert np.array_equal(q * np.repeat(scales, 32, axis=1), deq)      # the weights stored
+            for threads in (1, 2):
+                y = lite_kernels.linear(x, "int8_group", consts, threads)
+                if vnni:
+                    assert_close(y, w8a8_reference(x, q, scales), f"w8a8 M={m} K={k} N={n} threads={threads}")
+                    err = np.abs(y - reference(x, deq)).max() / np.abs(reference(x, deq)).max()
+                    assert 0 < err < 0.02, f"M={m} K={k} N={n}: {err:.3g} of max |y| from the float products"
+                else:
+                    assert_close(y, reference(x, deq), f"M={m} K={k} N={n} threads={threads}")
+    finally:
+        lite_kernels.set_int8_activations(False)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    consts, deq = constants("int8_group", rng.standard_normal((32, 64)).astype(np.float32), 32)
+    assert_close(lite_kernels.linear(x, "int8_group", consts, 2), reference(x, deq), "after int8 activations")
+
+
 def test_quantizers_round_to_nearest_within_half_a_step():
     w = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
     q, s = quantizers.quantize_int8(w)

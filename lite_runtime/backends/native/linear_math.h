@@ -37,6 +37,8 @@ struct LinearArgs {
   int64_t G = 0, group = 0;   // int4, kI8Group: groups per row and weights per group
   int group_shift = -1;       // int4, kI8Group: log2(group / 32) when a power of two, else -1
   const float *xsum = nullptr;  // int4 up to kDecodeRowsI4 rows: (M, G) sums of x over each group
+  const uint8_t *xq = nullptr;  // kI8Group with int8 activations (vnni::Range): X quantized (M, K), q + 128,
+  const float *xd = nullptr;    // and its scales (M, K / 32)
   float *y = nullptr;         // (M, N)
   bool wide = false;          // AVX-512 present (avx2 build only): the prefill GEMM on 16-float registers
 };
@@ -69,6 +71,13 @@ void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
 }
 namespace generic {
 void Range(const LinearArgs &args, int64_t n0, int64_t n1, float *scratch);
+}
+// Grouped int8 weights in groups of 32 against X quantized alike (linear_int8.cc, AVX512-VNNI): Quantize fills
+// args.xq and args.xd from X (M, K), Range computes Y's columns [n0, n1) from them.
+namespace vnni {
+bool Supported();
+void Quantize(const float *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xq, float *xd);
+void Range(const LinearArgs &args, int64_t n0, int64_t n1);
 }
 
 }  // namespace lk

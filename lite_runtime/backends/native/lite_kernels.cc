@@ -89,6 +89,9 @@ const char *PickIsa() {
 const char *const g_isa = PickIsa();
 const bool g_avx512 = std::strcmp(g_isa, "avx512") == 0, g_avx2 = std::strcmp(g_isa, "avx2") == 0;
 const lk::RangeFn g_range = g_avx512 || g_avx2 ? lk::avx2::Range : lk::generic::Range;
+// Grouped int8 products on int8 activations (lk_set_int8_activations): off unless asked for, and only where the
+// AVX-512 loops run on a CPU with VNNI.
+std::atomic<bool> g_int8_activations{false};
 }  // namespace
 
 namespace lk {
@@ -205,6 +208,16 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
       a.xsum = sums.data();
     }
   }
+  std::vector<uint8_t> xq;
+  std::vector<float> xd;
+  const bool w8a8 = kind == lk::kI8Group && a.group == 32 && g_int8_activations.load(std::memory_order_relaxed);
+  if (w8a8) {       // X quantized once, for every thread's columns
+    xq.resize(M * K);
+    xd.resize(M * G);
+    lk::vnni::Quantize(x, M, K, K, xq.data(), xd.data());
+    a.xq = xq.data();
+    a.xd = xd.data();
+  }
   const int64_t block = lk::BlockRows(kind), blocks = (N + block - 1) / block;
   int n = std::max(1, std::min<int>(threads, static_cast<int>(blocks)));
   if (M * N * K < (1 << 15)) n = 1;   // waking a thread costs more than such a product
@@ -223,7 +236,8 @@ int RunLinear(int kind, const float *x, int64_t M, int64_t K, const void *w, con
     // 64-byte aligned: a tile row is one AVX-512 load that must not straddle two cache lines
     float *aligned = scratch.data() + (16 - (reinterpret_cast<uintptr_t>(scratch.data()) / sizeof(float)) % 16) % 16;
     const int64_t b0 = blocks * c / chunks, b1 = blocks * (c + 1) / chunks;
-    g_range(a, b0 * block, std::min(N, b1 * block), aligned);
+    if (w8a8) lk::vnni::Range(a, b0 * block, std::min(N, b1 * block));
+    else g_range(a, b0 * block, std::min(N, b1 * block), aligned);
   });
   return 0;
 }
@@ -503,6 +517,14 @@ int lk_register(int op_info) {
 // The threads every kernel call may use from now on (0: the thread count of the calling Lite context). The
 // runtime gives the kernels the threads and Lite's context one where the kernels run every large product.
 void lk_set_threads(int threads) { g_threads.store(std::max(0, threads)); }
+
+// Grouped int8 products (`weights: int8` in groups of 32) on activations quantized to int8 alike, on AVX512-VNNI
+// (linear_int8.cc), from now on (non-zero) or not; returns whether they are on (0 where the CPU lacks VNNI or the
+// AVX-512 loops are not the ones chosen).
+int lk_set_int8_activations(int on) {
+  g_int8_activations.store(on != 0 && g_avx512 && lk::vnni::Supported());
+  return g_int8_activations.load();
+}
 
 // The kernels' product without Lite (tests, benchmarks): y (M, N) = x (M, K) . W^T, W as in linear_math.h;
 // `lite_workers` non-zero: as beside Lite's own workers (decode-sized calls on one thread).
