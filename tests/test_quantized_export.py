@@ -13,7 +13,7 @@ import pytest
 
 from lite_runtime.contract.errors import ArtifactError, ConfigError, UnsupportedError
 from lite_runtime.contract.manifest import load_manifest
-from support.family_cases import BATCH, SEQ, STEPS, check_parity, lite_run
+from support.family_cases import BATCH, SEQ, STEPS, TOLERANCE, check_parity, lite_run
 from support.tiny_models import REPO, VENV_MS20_PYTHON, export_in_subprocess, rank_table, run_cli, write_yaml
 
 SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segments"), ("int8", 32, "segments"),
@@ -109,6 +109,28 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     logits, tokens = lite_run(hf_family("llama"), export, f"q_{scheme}_{group}_{form}_run")
     what = f"llama {scheme} g{group} ({form}) on Lite"
     check_parity(logits, tokens, ref_logits, ref_tokens, what)
+
+
+def test_int8_activations_give_transformers_with_each_linear_input_quantized_alike(hf_family, quantized, tmp_path):
+    """The runtime's int8_activations (AVX512-VNNI): the grouped int8 products on inputs quantized in runs of 32,
+    against transformers on the dequantized weights with each such layer's input quantized so (a hook); where the
+    CPU lacks VNNI, refused in one line."""
+    export, _, _ = quantized("int8", 32, "packed")
+    folder = hf_family("llama")
+    ref = tmp_path / "a8_reference.npz"
+    result = run_cli([os.path.join(REPO, "tests", "support", "quant_reference.py"), str(folder / "hf"), "int8", "32",
+                      str(STEPS), str(ref), "1", "float32", "float32", "int8"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    if "avx512_vnni" not in open("/proc/cpuinfo").read():
+        result = run_cli([os.path.join(REPO, "tests", "support", "parity_runner.py"), "mslite", export,
+                          str(folder / "prompts.json"), str(STEPS), str(tmp_path / "out.npz"), "int8_activations=True"])
+        assert result.returncode != 0 and "needs a CPU with AVX512-VNNI" in result.stderr
+        return
+    logits, tokens = lite_run(folder, export, "q_int8_a8_run", "int8_activations=True")
+    got = np.load(ref)
+    check_parity(logits, tokens, got["logits"], got["tokens"], "llama int8 g32 with int8 activations on Lite")
+    plain = quantized("int8", 32, "packed")[1]
+    assert np.abs(plain - got["logits"]).max() > 10 * TOLERANCE     # the reference differs from the float products'
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])

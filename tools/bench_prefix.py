@@ -16,6 +16,7 @@ prompt (e.g. `seq_length: 2048`); with `--clients` as many as its rows, every re
 """
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -40,27 +41,35 @@ QUESTIONS = ["When does the library open?", "How many books may I borrow?", "Can
              "Is the library open on Sunday morning?", "How long may I keep a book?", "When does it close?"]
 
 
-def chats(tokenizer, system_tokens: int, requests: int) -> list:
+def chats(tokenizer, system_tokens: int, requests: int, distinct: bool = False) -> list:
+    """`distinct`: each system prompt opens with its chat's number, so that no two share a block."""
     per = len(tokenizer.encode(TEXT))
     system = TEXT * max(1, system_tokens // per)
-    return [[{"role": "system", "content": system}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-            for i in range(requests)]
+    return [[{"role": "system", "content": (f"Chat {i}. " if distinct else "") + system},
+             {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(requests)]
 
 
 class KVWatch(threading.Thread):
-    """The most bytes the server's KV store held at once, from its /metrics, while the run lasts."""
+    """The most bytes the server's KV store held at once, from its /metrics, while the run lasts; its capacity
+    and the preemptions so far."""
 
     def __init__(self, url: str):
         super().__init__(daemon=True)
         self.url, self.peak, self.done = url + "/metrics", 0.0, threading.Event()
+        self.capacity = self.preemptions = 0.0
 
     def run(self):
         import httpx2
         from prometheus_client.parser import text_string_to_metric_families
         while not self.done.wait(0.02):
             for family in text_string_to_metric_families(httpx2.get(self.url).text):
+                value = family.samples[0].value if family.samples else 0.0
                 if family.name == "lite_kv_cache_used_bytes":
-                    self.peak = max(self.peak, family.samples[0].value)
+                    self.peak = max(self.peak, value)
+                elif family.name == "lite_kv_cache_capacity_bytes":
+                    self.capacity = value
+                elif family.name == "lite_preemptions":
+                    self.preemptions = value
 
     def __enter__(self):
         self.start()
@@ -78,7 +87,7 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients, first_alo
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
 
         def one(chat):
-            start, first, text, usage = time.perf_counter(), None, [], None
+            start, first, text, usage, reason = time.perf_counter(), None, [], None, None
             stream = client.chat.completions.create(model="bench", messages=chat, max_tokens=max_tokens,
                                                     temperature=0, stream=True,
                                                     stream_options={"include_usage": True})
@@ -86,19 +95,23 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients, first_alo
                 if chunk.choices and chunk.choices[0].delta.content:
                     first = first or time.perf_counter()
                     text.append(chunk.choices[0].delta.content)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    reason = chunk.choices[0].finish_reason
                 usage = chunk.usage or usage
-            return first - start, "".join(text), usage
+            return first - start, "".join(text), usage, reason
         started = time.perf_counter()
         first = [one(messages[0])] if first_alone else []
         with ThreadPoolExecutor(clients) as pool:
             results = first + list(pool.map(one, messages[len(first):]))
         seconds = time.perf_counter() - started
+        rss = server.rss_bytes(peak=True)
     ttft = np.array([r[0] for r in results])
     tokens = sum(r[2].completion_tokens for r in results if r[2] is not None)
     cached = [getattr(getattr(r[2], "prompt_tokens_details", None), "cached_tokens", 0) for r in results]
     return {"ttft_p50": float(np.median(ttft)), "ttft_p90": float(np.percentile(ttft, 90)),
             "throughput": tokens / seconds, "texts": [r[1] for r in results], "cached": cached,
-            "prompt_tokens": results[0][2].prompt_tokens, "kv_peak": kv.peak}
+            "prompt_tokens": results[0][2].prompt_tokens, "kv_peak": kv.peak, "kv_capacity": kv.capacity,
+            "preemptions": kv.preemptions, "reasons": collections.Counter(r[3] for r in results), "rss": rss}
 
 
 @click.command(context_settings=CONTEXT)
@@ -111,16 +124,26 @@ def run_side(model_dir, backend, extra, messages, max_tokens, clients, first_alo
 @click.option("--cache_gb", type=float, default=None,
               help="the cached side's --prefix_cache_gb; default: the server's (on a paged export: within its KV store)")
 @click.option("--first_alone", is_flag=True, help="send the first request alone, the others after it: a system "
-              "prompt the server has answered before (requests that arrive together each compute it)")
-def command(model_dir, backend, requests, system_tokens, max_tokens, clients, cache_gb, first_alone):
+              "prompt the server has answered before")
+@click.option("--distinct", is_flag=True, help="no prompt shares a block with another: only the server's default "
+              "side runs, for the KV store's use within --kv_cache_gb")
+@click.option("--kv_cache_gb", type=click.FloatRange(0, None, min_open=True), default=None,
+              help="the server's KV store (default: its own)")
+def command(model_dir, backend, requests, system_tokens, max_tokens, clients, cache_gb, first_alone, distinct,
+            kv_cache_gb):
     """Time to first token and throughput of a shared-system-prompt chat workload, without and with the
     prefix cache."""
     from lite_runtime.contract.manifest import load_manifest
     manifest = load_manifest(model_dir)
-    messages = chats(export_tokenizer(manifest), system_tokens, requests)
-    plain = run_side(model_dir, backend, ["--prefix_cache_gb", "0"], messages, max_tokens, clients, first_alone)
-    cached = run_side(model_dir, backend, [] if cache_gb is None else ["--prefix_cache_gb", str(cache_gb)], messages,
-                      max_tokens, clients, first_alone)
+    messages = chats(export_tokenizer(manifest), system_tokens, requests, distinct)
+    budget = [] if kv_cache_gb is None else ["--kv_cache_gb", str(kv_cache_gb)]
+    if distinct:
+        return report_distinct(manifest, run_side(model_dir, backend, budget, messages, max_tokens, clients),
+                               requests, clients)
+    plain = run_side(model_dir, backend, budget + ["--prefix_cache_gb", "0"], messages, max_tokens, clients,
+                     first_alone)
+    cached = run_side(model_dir, backend, budget + ([] if cache_gb is None else ["--prefix_cache_gb", str(cache_gb)]),
+                      messages, max_tokens, clients, first_alone)
     if plain["texts"] != cached["texts"]:
         differ = [i for i, (a, b) in enumerate(zip(plain["texts"], cached["texts"])) if a != b]
         raise ToolchainError(f"the answers differ with the prefix cache (requests {differ})")
@@ -133,11 +156,25 @@ def command(model_dir, backend, requests, system_tokens, max_tokens, clients, ca
     print(f"  ratios (cache / none): TTFT p50 {cached['ttft_p50'] / plain['ttft_p50']:.2f}x, "
           f"throughput {cached['throughput'] / plain['throughput']:.2f}x")
     if cached["kv_peak"]:
-        d = manifest.dims      # the server's default K/V: float16
-        prompt = plain["prompt_tokens"] * 2 * d.num_layers * d.kv_heads_per_rank * d.head_dim * 2
+        prompt = prompt_bytes(manifest, plain["prompt_tokens"])
         print(f"  most K/V held at once: no cache {plain['kv_peak'] / 2 ** 20:.1f} MiB "
               f"({plain['kv_peak'] / prompt:.2f} prompts' worth), prefix cache {cached['kv_peak'] / 2 ** 20:.1f} MiB "
               f"({cached['kv_peak'] / prompt:.2f}); one prompt {prompt / 2 ** 20:.1f} MiB")
+
+
+def prompt_bytes(manifest, tokens: int) -> int:
+    d = manifest.dims      # the server's default K/V: float16
+    return tokens * 2 * d.num_layers * d.kv_heads_per_rank * d.head_dim * 2
+
+
+def report_distinct(manifest, side: dict, requests: int, clients: int) -> None:
+    prompt = prompt_bytes(manifest, side["prompt_tokens"])
+    print(f"{requests} requests, about {side['prompt_tokens']} prompt tokens each (no block shared), {clients} "
+          f"client(s); finish reasons {dict(side['reasons'])}")
+    print(f"  TTFT p50 {side['ttft_p50']:.1f} s  p90 {side['ttft_p90']:.1f} s  throughput {side['throughput']:.2f} "
+          f"tokens/s  preemptions {side['preemptions']:.0f}")
+    print(f"  KV store {side['kv_capacity'] / 2 ** 30:.2f} GiB, most held at once {side['kv_peak'] / 2 ** 30:.2f} GiB "
+          f"({side['kv_peak'] / prompt:.1f} prompts' worth); server peak RSS {side['rss'] / 2 ** 30:.2f} GiB")
 
 
 main = entry_point(command, "tools/bench_prefix.py")

@@ -98,12 +98,15 @@ def export(gguf: str, work: str, scheme: str, group: int, batch: int, seq: int) 
 
 
 def lite_session(export_dir: str, threads: int):
-    """The export's Lite session; EXPORT may end in `@float16` (a kv_cache_dtype of its paged store)."""
+    """The export's Lite session; EXPORT may end in `@float16` (a kv_cache_dtype of its paged store) and `@a8`
+    (int8_activations)."""
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
-    folder, _, kv = export_dir.partition("@")
+    folder, *options = export_dir.split("@")
     manifest = load_manifest(folder)
-    return manifest, load_session("mslite", manifest, num_threads=threads, **({"kv_cache_dtype": kv} if kv else {}))
+    kv = [o for o in options if o != "a8"]
+    return manifest, load_session("mslite", manifest, num_threads=threads, int8_activations="a8" in options,
+                                  **({"kv_cache_dtype": kv[0]} if kv else {}))
 
 
 def child(export_dir: str, ids_file: str, batch: int, new_tokens: int, threads: int) -> None:
@@ -415,10 +418,10 @@ def float32_export(export_dir: str) -> bool:
     """Whether an export's weights are all float32 (the head and embedding are int8 only beside int8 or int4), run
     with float32 K/V (host arrays, or a paged store given `@float32`)."""
     from lite_runtime.contract.manifest import load_manifest
-    folder, _, kv = export_dir.partition("@")
+    folder, *options = export_dir.split("@")
     manifest = load_manifest(folder)
     return manifest.quantization.get("weights", "none") in ("none", "float32") and (
-        not manifest.dims.kv_block or kv == "float32")
+        not manifest.dims.kv_block or "float32" in options)
 
 
 def same_prefix(a, b) -> int:
@@ -447,6 +450,8 @@ def main() -> int:
                    help="more exports measured beside the schemes' (e.g. another head choice)")
     p.add_argument("--plot", metavar="PNG", help="also draw decode ms/step and peak RSS against the depth, a line per "
                    "side and batch (tools/bench_plot.py)")
+    p.add_argument("--int8_activations", action="store_true", help="each int8 scheme also with its products on int8 "
+                   "activations (rows `NAME a8`; AVX512-VNNI)")
     p.add_argument("--kv_cache_dtype", nargs="*", default=[], metavar="DTYPE",
                    help="run each export with each of these dtypes of its paged KV store (default: the runtime's)")
     p.add_argument("--accuracy", metavar="TEXT_FILE", help="instead of timing: top-1 agreement with the first "
@@ -508,6 +513,8 @@ def main() -> int:
     exports.update(item.split("=", 1) for item in args.extra)
     if args.kv_cache_dtype:      # each export with each dtype of its paged store
         exports = {f"{name} kv {kv}": f"{folder}@{kv}" for name, folder in exports.items() for kv in args.kv_cache_dtype}
+    if args.int8_activations:    # each int8 export also with its products on int8 activations
+        exports.update({f"{name} a8": f"{folder}@a8" for name, folder in list(exports.items()) if name.startswith("int8")})
     args.schemes = list(exports)
     if (args.llama_cpp or llama_reference or args.peers) and not os.path.isfile(PEERS):
         raise SystemExit(f"error: --llama_cpp, --reference {'/'.join(sorted(LLAMA_FTYPES))} and --peers need the "

@@ -161,11 +161,13 @@ def streaming_clients(url: str, jobs: list, clients: int, body, tokens_of) -> li
             return list(pool.map(run, jobs))
 
 
-def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0) -> list:
+def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: int, weights: int = 0,
+               int8_activations: bool = False) -> list:
     from served_process import served
     # no prefix cache: the peers run without theirs, and the engine alone (engine_side) without it
-    with served(model_dir, backend, "bench", ["--num_threads", str(threads), "--prefix_cache_gb", "0"], cwd=REPO,
-                output=None) as server:
+    extra = ["--num_threads", str(threads), "--prefix_cache_gb", "0"] + \
+        (["--int8_activations", "true"] if int8_activations else [])
+    with served(model_dir, backend, "bench", extra, cwd=REPO, output=None) as server:
         rows = streaming_clients(server.url, jobs, clients, lambda job: {"model": "bench", "prompt": job["prompt"]},
                                  lambda chunk, tokens: (chunk.get("usage") or {}).get("completion_tokens", tokens))
         peak = server.rss_bytes(peak=True)
@@ -178,7 +180,8 @@ STATIC = """
 import json, sys, time
 from lite_runtime import pipeline
 model_dir, backend, jobs, threads = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), int(sys.argv[4])
-pipe = pipeline("text_generation", model=model_dir, backend=backend, num_threads=threads)
+a8 = {"int8_activations": True} if sys.argv[5] == "1" else {}
+pipe = pipeline("text_generation", model=model_dir, backend=backend, num_threads=threads, **a8)
 pipe(jobs[0]["prompt"], max_new_tokens=2, add_special_tokens=True)          # warm
 batch = pipe.manifest.batch_size if hasattr(pipe, "manifest") else 1
 results, pending, start = [None] * len(jobs), list(range(len(jobs))), time.perf_counter()
@@ -207,8 +210,9 @@ from lite_runtime.backends import load_session
 from lite_runtime.contract.manifest import load_manifest
 from lite_runtime.decode.engine import Engine, EngineRequest
 model_dir, backend, jobs, threads = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), int(sys.argv[4])
+a8 = {"int8_activations": True} if sys.argv[5] == "1" else {}
 manifest = load_manifest(model_dir)
-engine = Engine(load_session(backend, manifest, 0, num_threads=threads), max_waiting=len(jobs))
+engine = Engine(load_session(backend, manifest, 0, num_threads=threads, **a8), max_waiting=len(jobs))
 stop_ids = frozenset(int(i) for i in manifest.eos_token_id)
 
 def submit(job, max_tokens, row, start):
@@ -231,12 +235,14 @@ print(json.dumps(rows))
 """
 
 
-def child_side(script: str, what: str, model_dir: str, backend: str, jobs: list, work: str, threads: int) -> list:
+def child_side(script: str, what: str, model_dir: str, backend: str, jobs: list, work: str, threads: int,
+               int8_activations: bool = False) -> list:
     """`script` (pipeline() or the engine alone) in a process of its own; its last line is the rows."""
     path = os.path.join(work, "jobs.json")
     with open(path, "w") as f:
         json.dump(jobs, f)
-    result = subprocess.run([sys.executable, "-c", script, model_dir, backend, path, str(threads)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-c", script, model_dir, backend, path, str(threads),
+                             str(int(int8_activations))], cwd=REPO,
                             text=True, capture_output=True, env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
     if result.returncode:
         raise ToolchainError(f"the {what} run failed: {result.stderr.strip().splitlines()[-1]}")
@@ -417,6 +423,8 @@ def summary(name: str, rows: list, tokens: list) -> dict:
 @click.option("--weights", type=click.Choice(["none", "float32", "int8", "int4"]), default="float32", show_default=True,
               help="with --gguf: our export's `quantization.weights` (float32, target cpu's default: float32 weights "
                    "on the project's kernels; none: Lite's MatMul)")
+@click.option("--int8_activations", is_flag=True, help="our sides' `weights: int8` products on int8 activations "
+              "(AVX512-VNNI), as llama.cpp's Q8_0 computes them")
 @click.option("--backend", type=click.Choice(["mslite", "ms"]), default="mslite", show_default=True)
 @click.option("--requests", type=int, default=64, show_default=True)
 @click.option("--clients", type=int, default=16, show_default=True)
@@ -460,9 +468,11 @@ def command(**options):
         print(f"CPUs {busy:.0%} busy before the next side", file=sys.stderr, flush=True)
     idle()
     weights = 4 * weight_counts(PEER_SHAPES[args.shape])["total"] if args.peers and not args.gguf else 0
-    served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads, weights))
+    served_rows = with_ends(serve_side(model_dir, args.backend, jobs, args.clients, args.threads, weights,
+                                       args.int8_activations))
     idle()
-    static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads)
+    static_rows = child_side(STATIC, "static pipeline", model_dir, args.backend, jobs, args.work_dir, args.threads,
+                             args.int8_activations)
     engine_rows = ov_rows = llama_rows = None
     if args.llama_server:
         gguf = args.llama_gguf or llama_file(args.gguf, gguf_work_dir(args), LLAMA_TYPE.get(args.weights, "F32"))
@@ -471,7 +481,7 @@ def command(**options):
     if ov_dir:
         idle()
         engine_rows = with_ends(child_side(ENGINE, "engine", model_dir, args.backend, jobs, args.work_dir,
-                                           args.threads))
+                                           args.threads, args.int8_activations))
         idle()
         ov_rows = openvino_side(ov_dir, jobs, args, manifest.dims)
         ov_rows = with_ends(ov_rows) if ov_rows is not None else None

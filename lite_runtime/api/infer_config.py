@@ -36,6 +36,7 @@ class InferConfig:
     num_threads: int = 2
     kv_cache_dtype: str = KV_CACHE_DTYPES[0]   # what the paged store of an `attention: paged` export holds (mslite)
     kv_cache_gb: Optional[float] = None  # that store's size (default: every row's seq_length, within half the memory)
+    int8_activations: bool = False      # `weights: int8` products on int8 activations (AVX512-VNNI; mslite)
     data_parallel: int = 1              # > 1: replicas of the export under the launcher, prompts split in order
 
     def __init__(self, **kwargs):
@@ -66,6 +67,10 @@ class InferConfig:
         if self.kv_cache_gb is not None and self.backend != "mslite":
             raise ConfigError(f"InferConfig: kv_cache_gb sizes the paged KV store of backend 'mslite'; backend "
                               f"{self.backend!r} keeps its K/V in host arrays: leave kv_cache_gb unset")
+        if not isinstance(self.int8_activations, bool) or (self.int8_activations and self.backend != "mslite"):
+            raise ConfigError(f"InferConfig: int8_activations runs backend 'mslite''s kernels on int8 activations; "
+                              f"got {self.int8_activations!r} with backend {self.backend!r} (allowed: True with mslite, "
+                              "or False)")
         if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
             raise ConfigError(f"InferConfig: data_parallel must be a positive integer, got {self.data_parallel!r}")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):

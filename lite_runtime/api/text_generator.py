@@ -56,7 +56,8 @@ class TextGeneratorInfer:
         ini = ",".join(dict.fromkeys(p for p in (prefill_ini, increment_ini) if p)) or None
         options = {"num_threads": config.num_threads, "device_id": config.device_id, "config_path": ini}
         if config.backend == "mslite":
-            options.update(target=config.target, kv_cache_dtype=config.kv_cache_dtype, kv_cache_gb=config.kv_cache_gb)
+            options.update(target=config.target, kv_cache_dtype=config.kv_cache_dtype, kv_cache_gb=config.kv_cache_gb,
+                           int8_activations=config.int8_activations)
         # Under the launcher (data parallel, or an export of several ranks) rank 0 answers every request
         # on a session per replica and the other ranks replay its calls (distributed/data_parallel.py).
         self.ranks = launched_ranks(config.data_parallel, self.manifest.world_size, self.manifest.root or "the export")

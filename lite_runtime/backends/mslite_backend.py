@@ -113,13 +113,14 @@ class MSLiteSession(Session):
     def __init__(self, manifest: Manifest, rank: int = 0, *, config_path: Optional[str] = None,
                  device_id: int = 0, num_threads: int = 2, target: str = "cpu",
                  config_dict: Optional[dict] = None, lite_format: str = "auto", kv_cache_dtype: str = KV_CACHE_DTYPES[0],
-                 kv_cache_gb: Optional[float] = None):
+                 kv_cache_gb: Optional[float] = None, int8_activations: bool = False):
         """`config_path`: one ini, or 'prefill.ini,increment.ini'; default: the export's own ini, if any.
         `config_dict` ({section: {key: value}}) overrides ini entries (official API only).
         `lite_format` (CPU): 'auto' loads the export's .ms models when it has them (`lite_ms: true`),
         else the MindIR; 'ms' or 'mindir' insist on one. `kv_cache_dtype`: float32 or float16, what the paged
         store of an `attention: paged` export holds; `kv_cache_gb`: its size (default: every row's seq_length,
-        within half the memory available)."""
+        within half the memory available). `int8_activations`: the products of `weights: int8` (in groups of 32)
+        on activations quantized to int8 alike, as llama.cpp's Q8_0 computes them (AVX512-VNNI; for the process)."""
         if lite_format not in LITE_FORMATS:
             raise ConfigError(f"lite_format {lite_format!r} is not allowed; allowed: {', '.join(LITE_FORMATS)}")
         if lite_format == "mindir" and manifest.lite_files and not manifest.mindir_kept and not all(
@@ -134,6 +135,12 @@ class MSLiteSession(Session):
             raise ConfigError(f"target {target!r} is not supported by backend 'mslite'; allowed: {', '.join(TARGETS)}")
         if config_path is None and getattr(manifest, "ge_config_path", None):
             config_path = manifest.ge_config_path()
+        q = manifest.quantization
+        if int8_activations and (q.get("weights") != "int8" or q.get("group_size") != 32):
+            stored = f"weights {q.get('weights') or 'none'}" + (f", group_size {q['group_size']}" if "group_size" in q
+                                                               else "")
+            raise ConfigError(f"int8_activations runs the products of `quantization: {{weights: int8}}` in groups of "
+                              f"32 on int8 activations; {manifest.root} has {stored}: leave it off")
         configs = read_configs(config_path)
         paths = {kind: c.path if c else None for kind, c in configs.items()}
         present = [c for c in configs.values() if c is not None]
@@ -162,8 +169,16 @@ class MSLiteSession(Session):
                 raise UnsupportedError("config_dict needs the official mindspore_lite package; on CPU put the "
                                        "settings in the config.ini")
             self._runner = self._load_native(paths, present, num_threads, lite_format)
+            if self.manifest.kernels:
+                self._int8_activations(int8_activations)
             self.runtime = f"MindSpore Lite {LITE_VERSION} CPU (native binding), {num_threads} threads"
         self.load_seconds = time.perf_counter() - start
+
+    def _int8_activations(self, on: bool) -> None:
+        """The kernels' products on int8 activations (or not: the process's setting follows each load)."""
+        if lite_kernels.set_int8_activations(on) != on:
+            raise UnsupportedError(f"int8_activations needs a CPU with AVX512-VNNI (the kernels here run their "
+                                   f"{lite_kernels.isa()} loops): leave it off")
 
     # --- loading: the runner for this export --------------------------------------------------
     def _load_official(self, mslite, paths, present, device_id, num_threads, target, config_dict) -> LiteRunner:

@@ -44,7 +44,8 @@ if __name__ == "__main__":
     from lite_runtime.backends import load_session
     from lite_runtime.contract.manifest import load_manifest
     backend, export, prompts_file, steps, out = sys.argv[1:6]
-    options = dict(arg.split("=", 1) for arg in sys.argv[6:])
+    options = {key: {"True": True, "False": False}.get(value, value)
+               for key, value in (arg.split("=", 1) for arg in sys.argv[6:])}
     if backend == "mslite":
         options.setdefault("kv_cache_dtype", "float32")
     with open(prompts_file) as f:

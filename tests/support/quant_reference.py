@@ -2,11 +2,14 @@
 their quantized-then-dequantized values (lite_runtime/contract/quant.py), the head and the embedding kept
 in float32 as the exporter keeps them: the reference a quantized export must give. Run in its own process
 (torch):
-    python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD [EMBEDDING]]]
+    python tests/support/quant_reference.py HF_DIR SCHEME GROUP_SIZE STEPS OUT.npz [SHARES [HEAD [EMBEDDING
+                                                                                           [ACTIVATIONS]]]]
 With SHARES (tensor parallel ranks), the row-parallel layers (o_proj, down_proj: their input is split
 across ranks) are quantized share by share along the input, as each rank does.
 With HEAD int8, the head is quantized to int8 too; with EMBEDDING int8, the embedding. A tied head stays tied
 when both have the same scheme, as exported (the head reads the embedding's table), else it is a weight of its own.
+With ACTIVATIONS int8 (int8 weights in groups of 32), the input of each linear layer quantized in groups of 32
+(the runtime's int8_activations): per row and run of 32 inputs, d = max |x| / 127, x replaced by round(x / d) d.
 """
 import os
 import sys
@@ -28,7 +31,18 @@ def per_share(function, array, shares):
     return np.concatenate([function(part) for part in np.split(array, shares, axis=-1)], axis=-1)
 
 
-def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", embedding_scheme="float32"):
+def quantized_input(module, inputs):
+    """A forward pre-hook: the layer's input as int8 in runs of 32 (float32 steps, ties to even) times its scales."""
+    import torch
+    x = inputs[0]
+    runs = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    d = runs.abs().amax(-1, keepdim=True) / 127.0
+    inverse = torch.where(d > 0, 1.0 / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    return (torch.round(runs * inverse) * d).reshape(x.shape),
+
+
+def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", embedding_scheme="float32",
+         activations="float32"):
     import torch
     import transformers
     torch.set_num_threads(2)
@@ -51,6 +65,8 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", emb
                     return dequantize(*quantize(w, scheme, group), w.shape[1], group)
                 module.weight.copy_(torch.from_numpy(per_share(dequantized, module.weight.numpy(), n)))
                 count += 1
+                if activations == "int8" and module.in_features % 32 == 0:     # grouped int8: Q8_0's blocks
+                    module.register_forward_pre_hook(quantized_input)
     assert count, "no linear layer found"
     if embedding_scheme != "float32":       # in place: a head still tied to it follows
         with torch.no_grad():
@@ -62,4 +78,4 @@ def main(hf_dir, scheme, group, steps, out, shares=1, head_scheme="float32", emb
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *map(int, sys.argv[6:7]),
-         *sys.argv[7:9])
+         *sys.argv[7:10])
