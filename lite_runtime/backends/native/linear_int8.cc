@@ -119,7 +119,8 @@ void Streamed(const LinearArgs &a, int64_t m0, int64_t n) {
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(a.y + (m0 + m) * a.N + n, f[m]);
 }
 
-// Up to this many rows of X a panel's operands are made as they are read (Streamed), from it once a call (Stage).
+// Up to this many rows of X a panel's operands are made as they are read (Streamed), from it once a call (Stage)
+// (docs/measured-choices.md).
 constexpr int64_t kStreamedRows = 8;
 
 template <int P>
