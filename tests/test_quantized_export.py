@@ -133,6 +133,16 @@ def test_int8_activations_give_transformers_with_each_linear_input_quantized_ali
     assert np.abs(plain - got["logits"]).max() > 10 * TOLERANCE     # the reference differs from the float products'
 
 
+def test_int8_activations_without_int8_groups_or_on_backend_ms_are_one_line(hf_family, quantized):
+    from support.runtime_checks import assert_one_line_error
+    export, _, _ = quantized("int4", 32, "packed")
+    base = ["run_infer_main.py", "--model_dir", export, "--predict_data", "hi", "--int8_activations", "True"]
+    assert_one_line_error(run_cli(base), "int8_activations runs the products of `quantization: {weights: int8}` in "
+                          "groups of 32", "has weights int4, group_size 32: leave it off")
+    assert_one_line_error(run_cli(base + ["--backend", "ms"]), "int8_activations runs the kernels of backend 'mslite'",
+                          "with backend 'ms'")
+
+
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_tp2_segments_give_transformers_on_each_ranks_quantized_shares(hf_family, quantized, scheme,
                                                                                 tmp_path):

@@ -68,9 +68,9 @@ class InferConfig:
             raise ConfigError(f"InferConfig: kv_cache_gb sizes the paged KV store of backend 'mslite'; backend "
                               f"{self.backend!r} keeps its K/V in host arrays: leave kv_cache_gb unset")
         if not isinstance(self.int8_activations, bool) or (self.int8_activations and self.backend != "mslite"):
-            raise ConfigError(f"InferConfig: int8_activations runs backend 'mslite''s kernels on int8 activations; "
-                              f"got {self.int8_activations!r} with backend {self.backend!r} (allowed: True with mslite, "
-                              "or False)")
+            raise ConfigError(f"InferConfig: int8_activations runs the kernels of backend 'mslite' on int8 "
+                              f"activations; got {self.int8_activations!r} with backend {self.backend!r} (allowed: "
+                              "True with backend 'mslite', or False)")
         if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
             raise ConfigError(f"InferConfig: data_parallel must be a positive integer, got {self.data_parallel!r}")
         for name in ("device_id", "rank_id", "num_threads", "infer_seq_length"):

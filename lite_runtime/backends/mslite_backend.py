@@ -171,7 +171,8 @@ class MSLiteSession(Session):
             self._runner = self._load_native(paths, present, num_threads, lite_format)
             if self.manifest.kernels:
                 self._int8_activations(int8_activations)
-            self.runtime = f"MindSpore Lite {LITE_VERSION} CPU (native binding), {num_threads} threads"
+            self.runtime = f"MindSpore Lite {LITE_VERSION} CPU (native binding), {num_threads} threads" + \
+                (", int8 activations" if int8_activations else "")
         self.load_seconds = time.perf_counter() - start
 
     def _int8_activations(self, on: bool) -> None:

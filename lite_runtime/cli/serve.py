@@ -66,9 +66,9 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--data_parallel", type=click.IntRange(1, None), default=1, show_default=True,
               help="Under the launcher: replicas of the export, each on as many ranks as the export has, "
                    "behind rank 0's endpoint.")
-def command(model_dir, host, port, backend, served_model_name, num_threads, kv_cache_dtype, kv_cache_gb, int8_activations,
-            max_waiting, max_step_tokens, prefill_chunk, prefix_cache_gb, speculative, shutdown_timeout, distributed,
-            data_parallel):
+def command(model_dir, host, port, backend, served_model_name, num_threads, kv_cache_dtype, kv_cache_gb,
+            int8_activations, max_waiting, max_step_tokens, prefill_chunk, prefix_cache_gb, speculative,
+            shutdown_timeout, distributed, data_parallel):
     """Serve an export with continuous batching: /v1/completions, /v1/chat/completions, /v1/models,
     TGI's /generate and /generate_stream, /health, /metrics."""
     from lite_runtime.backends import load_session
