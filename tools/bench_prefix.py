@@ -3,7 +3,11 @@ server with the prefix cache (the server's default, or `--cache_gb`) and without
 side by side, with the answers checked equal.
 
     python tools/bench_prefix.py --model_dir output/smollm2_2k [--requests 12] [--system_tokens 1000]
-                                 [--max_tokens 16] [--clients 1] [--backend mslite]
+                                 [--max_tokens 16] [--clients 1] [--backend mslite] [--first_alone]
+    python tools/bench_prefix.py --model_dir output/smollm2_4k --distinct --kv_cache_gb 2 ...
+
+With --distinct no two prompts share a block: one side only (the cache changes nothing), for the KV store's use
+within --kv_cache_gb: every answer's finish reason, the preemptions, the most K/V held and the server's peak RSS.
 
 Each request is the same system message (the words of a fixed text repeated to about
 `--system_tokens` tokens through the export's chat template) and its own question; greedy. The

@@ -172,8 +172,7 @@ def _compile(command: List[str], source: str, compiler: str) -> None:
 def _build_kernels(prefix: str, cxx: str, say) -> str:
     """liblite_kernels.so: the loops (linear products, attention) twice (AVX2 + FMA, the prefill GEMM also for
     AVX-512, and portable; chosen at load by cpuid), the int8 activations' products once (AVX512-VNNI) and the Lite
-    kernels, linked against the converter
-    library, which defines Kernel::Initialize()."""
+    kernels, linked against the converter library, which defines Kernel::Initialize()."""
     lib = os.path.join(prefix, "lib")
     target = os.path.join(lib, KERNELS_NAME)
     if os.path.isfile(target) and os.path.getmtime(target) > max(map(os.path.getmtime, KERNELS_SOURCES)):
