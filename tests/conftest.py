@@ -145,7 +145,8 @@ def family_export(hf_family, tmp_path_factory):
     lite_packed (MindSpore 2.0, .ms), mindformers (.ckpt + MindFormers yaml), tp2 (2 ranks),
     lite_tp2_packed (MindSpore 2.0, 2 ranks as step segments), lite_segments_packed (one rank as step
     segments, .ms); a `_b1` suffix: batch size 1; `_cpu`: `target: cpu` (attention, layer ops and float32
-    products as nodes of the project's kernels); `_paged`: that with `attention: paged`."""
+    products as nodes of the project's kernels; its K/V in their paged store); `_paged`: the same with
+    `attention: paged` written in the yaml; `_kernel`: with `attention: kernel` (host arrays)."""
     def get(family, variant):
         folder = hf_family(family)
 
@@ -173,6 +174,8 @@ def family_export(hf_family, tmp_path_factory):
                     cfg["target"] = "cpu"
                 if variant.endswith("_paged"):   # the same, its K/V in the kernels' paged store
                     cfg.update(target="cpu", attention="paged")
+                if variant.endswith("_kernel"):  # target cpu with the kernels' attention over host arrays
+                    cfg.update(target="cpu", attention="kernel")
             python = str(VENV_MS20_PYTHON) if variant.startswith("lite") else sys.executable
             export_in_subprocess(write_yaml(str(out) + ".yaml", cfg), python=python)
         return str(built_once(tmp_path_factory, f"family_{family}_export_{variant}", build))

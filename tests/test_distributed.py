@@ -86,6 +86,33 @@ def test_a_segment_export_runs_on_mslite_under_the_launcher_only(lite_tp, backen
     assert all(f in result.stderr for f in facts), result.stderr
 
 
+def test_paged_ranks_preempt_alike_and_answer_as_one_rank(family_export, tmp_path):
+    """`target: cpu` on 2 ranks: each rank's K/V in its own paged store, whose blocks rank 0's scheduler gives out.
+    A store that holds one sequence of the export's 3 rows makes it preempt requests; rank 1, which only replays
+    the calls, frees a row's blocks when a call shows it restarted, before taking any, and so holds the same
+    blocks. The answers are those of one rank with a store of the same blocks (float32 K/V: both the same)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one two three four\nalpha beta\nfive six seven eight nine ten\neleven\ntwelve thirteen\n")
+    gen = ["--predict_data", str(prompts), "--max_new_tokens", "20", "--backend", "mslite", "--kv_cache_dtype",
+           "float32"]
+
+    def args(export):
+        d = load_manifest(export).dims        # a store of one row's blocks (the rank's heads)
+        block_bytes = 2 * d.num_layers * d.kv_heads_per_rank * d.kv_block * 4 * d.head_dim
+        return ["run_infer_main.py", "--model_dir", export, "--kv_cache_gb",
+                repr((d.kv_blocks_per_row + 0.5) * block_bytes / 2 ** 30)] + gen
+    tp2, tp1 = family_export("llama", "lite_tp2_packed_cpu"), family_export("llama", "lite_packed_cpu")
+    single = run_cli(args(tp1))
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert "preempted the request" in single.stderr and single.stdout.startswith("one two three four")
+    multi = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "t2.json", 2),
+                     "--backend", "mslite", "--log_dir", str(tmp_path / "logs"), "--"] + args(tp2))
+    assert multi.returncode == 0, multi.stderr[-2000:]
+    assert multi.stdout == single.stdout
+    rank0 = (tmp_path / "logs" / "rank_0.log").read_text()
+    assert rank0.count("preempted the request") == single.stderr.count("preempted the request")
+
+
 @pytest.mark.parametrize("backend", ["ms", "mslite"])
 def test_seeded_sampling_agrees_on_every_rank_and_with_single_rank(tp_setup, tp_exports, backend, tmp_path):
     folder, exports, table = tp_setup

@@ -54,8 +54,8 @@ def test_for_cpu_the_attention_runs_on_the_kernel_unless_the_yaml_says_graph():
     def attention(**keys):
         return config_from_dict({"output_dir": "out", "seq_length": 32, "model": {"hf_dir": "hf"}, **keys}).attention
     assert attention(target="cpu") == "paged"         # one step graph on one rank: over the kernels' paged store
-    assert attention(target="cpu", parallel={"model_parallel": 2}) == "kernel"       # segments: host arrays
-    assert attention(target="cpu", parallel={"collectives": "host"}) == "kernel"
+    assert attention(target="cpu", parallel={"model_parallel": 2}) == "paged"        # segments: each rank's store
+    assert attention(target="cpu", parallel={"collectives": "host"}) == "paged"
     assert attention(target="cpu", attention="graph") == "graph"
     assert attention(target="cpu", compute_dtype="float16") == "graph"     # kv_cache io there
     assert attention() == attention(kv_cache="packed") == attention(target="ascend") == "graph"
@@ -68,12 +68,6 @@ def test_for_cpu_the_attention_runs_on_the_kernel_unless_the_yaml_says_graph():
     ({"target": "cpu", "compute_dtype": "float16", "parallel": {"model_parallel": 2}},
      "target cpu with parallel.model_parallel 2 needs kv_cache packed and compute_dtype float32"),
     ({"target": "cpu", "attention": "flash"}, "attention 'flash' is not allowed; allowed: graph, kernel, paged"),
-    ({"target": "cpu", "attention": "paged", "parallel": {"model_parallel": 2}},
-     "attention paged is a Custom node that the project's kernels run on MindSpore Lite on CPU, in the packed step: "
-     "it needs kv_cache packed and compute_dtype float32, not target ascend, as one step graph on one rank; this "
-     "config has parallel.model_parallel 2"),
-    ({"target": "cpu", "attention": "paged", "parallel": {"collectives": "host"}},
-     "as one step graph on one rank; this config has parallel.collectives host"),
     ({"target": "ascend", "attention": "kernel"},
      "attention kernel is a Custom node that the project's kernels run on MindSpore Lite on CPU, in the packed "
      "step: it needs kv_cache packed and compute_dtype float32, not target ascend; this config has target ascend, "

@@ -60,7 +60,7 @@ LLAMA_OPS, GELU_OPS = {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"}, {"LiteLayerNo
     ("llama", "lite_packed_cpu", LLAMA_OPS), ("bloom", "lite_packed_cpu", GELU_OPS),
     ("gpt2", "lite_packed_cpu", GELU_OPS), ("glm", "lite_packed_cpu", GELU_OPS | {"LiteRotary"}),
     ("glm2", "lite_packed_cpu", LLAMA_OPS), ("pangualpha", "lite_packed_cpu", GELU_OPS),
-    ("qwen", "lite_segments_packed_cpu", LLAMA_OPS)])
+    ("qwen", "lite_segments_packed_cpu", LLAMA_OPS), ("qwen", "lite_segments_packed_kernel", LLAMA_OPS)])
 def test_target_cpus_kernels_match_transformers(hf_family, family_export, family, variant, layer_ops):
     """`target: cpu`: each layer's attention one node of the project's kernels (grouped heads and rotary,
     ALiBi, GLM's prefix context and 2-D positions, PanGu's top query layer, segments), its norms, MLP
@@ -73,7 +73,7 @@ def test_target_cpus_kernels_match_transformers(hf_family, family_export, family
     export = family_export(family, variant)
     manifest = load_manifest(export)
     kernels = set(manifest.kernels)
-    attend = "LiteAttend" if "segments" in variant else "LitePagedAttend"    # one graph: over the paged store
+    attend = "LiteAttend" if variant.endswith("_kernel") else "LitePagedAttend"    # over host arrays, the store
     assert attend in kernels and kernels & (LLAMA_OPS | GELU_OPS) == layer_ops
     assert manifest.quantization["weights"] == "float32" and "LiteLinearF32P16" in kernels
     graphs = b"".join(path.read_bytes() for path in Path(export).rglob("*.ms"))     # Lite's node names, by scope
@@ -138,6 +138,9 @@ def test_mindformers_checkpoint_and_yaml_give_the_hf_folders_logits(hf_family, f
 # with MindSpore's collectives in the graphs, on GLM here (2-D positions, a bidirectional prefix) and on
 # llama in test_distributed.py.
 TP2_CASES = [("glm", "tp2")] + [(family, "lite_tp2_packed") for family in FAMILIES]
+# target cpu: each rank's K/V in its own paged store (GQA and rotary, ALiBi slopes split across the ranks, GLM's
+# prefix and DeepNorm, PanGu's top query layer)
+TP2_CASES += [(family, "lite_tp2_packed_cpu") for family in ("llama", "bloom", "glm", "pangualpha")]
 
 
 @pytest.mark.parametrize("family, variant", TP2_CASES)
@@ -149,6 +152,7 @@ def test_tp2_equals_tp1(hf_family, family_export, family, variant, tmp_path):
     manifest = load_manifest(export)
     lite = variant.startswith("lite")
     assert manifest.world_size == 2 and manifest.collectives == ("host" if lite else "graph")
+    assert ("LitePagedAttend" in manifest.kernels) == variant.endswith("_cpu")
     table = rank_table(tmp_path / "table2.json", 2)
     result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", table,
                       "--backend", "mslite" if lite else "ms",

@@ -3,8 +3,8 @@ transformers (tests/support/long_context_models.py): lengths that cross the cach
 the engine's prompt chunks (128), the packed prefill's windows (256) and 1,500, past which Lite 2.0's CPU
 MatMul sums a one-row product of graph-made operands wrongly (a lone prompt's last-token pick; the one query
 head a KV head of a decode step's past: exporter/models/attention.py's Weigh). Each family's forms on Lite:
-`target: cpu` (the kernels' attention over the paged store; `attention: kernel`: over host arrays), the packed
-step's attention as Lite's own ops (.ms), as segments,
+`target: cpu` (the kernels' attention over the paged store, in one graph and as segments; `attention: kernel`:
+over host arrays), the packed step's attention as Lite's own ops (.ms),
 upstream's io graphs (MindIR); and the packed step on `ms`. The engine's greedy tokens (float16 K/V in the paged
 store), each prompt alone (fed whole) and beside a running request (in chunks), equal transformers'; the io graphs' logits are within 1e-4.
 GLM v1 and PanGu-alpha (numpy references, 48 positions) are not here: their families' tests run them."""

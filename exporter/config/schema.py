@@ -23,7 +23,7 @@ from exporter.config.mindformers import from_mindformers, is_mindformers_yaml
 COMPUTE_DTYPES = ("float32", "float16")
 TARGETS = ("cpu", "ascend")
 ATTENTION_FORMS = ("graph", "kernel", "paged")
-NOT_YAML_KEYS = ("source", "output_dir_default", "segments_by_size", "attention_by_default")   # ExportConfig fields a yaml cannot set
+NOT_YAML_KEYS = ("source", "output_dir_default", "segments_by_size")   # ExportConfig fields a yaml cannot set
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -148,14 +148,13 @@ class ExportConfig:
     # graph | kernel | paged: the packed step's attention as graph ops, or one Custom node of the project's Lite
     # kernels reading each token's own cache row in place (kernel: host arrays fed and returned; paged: the
     # kernels' store of blocks, allocated once, written by the node), with the layers' norms, MLP activations and
-    # rotary as nodes of those kernels too (Lite on CPU only); None: for target cpu paged where the step is one
-    # graph on one rank, else kernel
+    # rotary as nodes of those kernels too (Lite on CPU only); None: for target cpu paged where the step runs on
+    # Lite (one graph on one rank, or step segments), else kernel
     attention: Optional[str] = None
     infer: InferSection = field(default_factory=InferSection)
     source: str = "<dict>"                       # the yaml file, for messages; not a yaml key
     output_dir_default: bool = False             # output_dir is MindFormers' default (the run yaml sets none); not a yaml key
     segments_by_size: bool = False               # target cpu chose one rank's graph: segments if it is too large for one .ms
-    attention_by_default: bool = False           # `attention` was chosen by the target (paged falls back to kernel)
 
     def __post_init__(self):
         where = self.source
@@ -257,23 +256,18 @@ class ExportConfig:
         """The packed step's attention on the project's kernel where the export is for Lite on CPU: each token reads
         its own row's cache in place (faster than the graph's attention: docs/measured-choices.md)."""
         if self.attention is None:
-            self.attention_by_default = True
-            one_graph = self.world_size == 1 and self.parallel.collectives != "host"
-            self.attention = ("paged" if one_graph else "kernel") if self._step_on_cpu else "graph"
+            on_lite = self.world_size == 1 or self.parallel.collectives == "host"      # not ranks' graphs
+            self.attention = ("paged" if on_lite else "kernel") if self._step_on_cpu else "graph"
         if self.attention not in ATTENTION_FORMS:
             raise ConfigError(f"{self.source}: attention {self.attention!r} is not allowed; allowed: "
                               f"{', '.join(ATTENTION_FORMS)}")
         needs = [f"{key} {value}" for key, value, allowed in (
             ("target", self.target, self.target != "ascend"), ("kv_cache", self.kv_cache, self.kv_cache == "packed"),
             ("compute_dtype", self.compute_dtype, self.compute_dtype == "float32")) if not allowed]
-        if self.attention == "paged":
-            needs += [f"parallel.model_parallel {self.world_size}"] if self.world_size > 1 else []
-            needs += ["parallel.collectives host"] if self.parallel.collectives == "host" else []
         if self.attention_on_kernel and needs:
             raise ConfigError(f"{self.source}: attention {self.attention} is a Custom node that the project's kernels "
                               "run on MindSpore Lite on CPU, in the packed step: it needs kv_cache packed and "
-                              "compute_dtype float32, not target ascend" + (", as one step graph on one rank" if self.attention == "paged"
-                                                                            else "") + f"; this config has {', '.join(needs)}")
+                              f"compute_dtype float32, not target ascend; this config has {', '.join(needs)}")
 
     @property
     def attention_on_kernel(self) -> bool:

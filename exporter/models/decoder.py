@@ -309,15 +309,16 @@ class CausalLM(nn.Cell):
         meta = self.concat_columns(tuple(self.reshape(c, d.flat_column) for c in columns))
         return tokens[:META] + (meta,)
 
-    def packed_blocks(self, layers, x, cos, sin, kv, tokens, biases, select):
-        """Blocks `layers` of a packed call (kv: their past K/V pairs). Returns the hidden states, the
-        blocks' new K/V and the score biases (made by the first block when `biases` is None)."""
+    def packed_blocks(self, layers, x, cos, sin, kv, tokens, biases, select, first=0):
+        """Blocks `layers` of a packed call (kv: their past K/V pairs, or the paged store's tables and id, whose
+        layers from `first` on they are). Returns the hidden states, the blocks' new K/V (none with the paged
+        store) and the score biases (made by the first block when `biases` is None)."""
         new_kv, i, tokens = (), 0, self.with_meta(tokens)
         for layer in layers:
             h = layer.attn_norm(x)
             caches = kv if self.paged else (kv[2 * i], kv[2 * i + 1])
             attn, k, v, biases = self.packed_attention(layer.attn, h, cos, sin, caches[0], caches[1], tokens,
-                                                       biases, select, layer=i)
+                                                       biases, select, layer=first + i)
             x = layer.finish(x, attn, select, h)
             if not self.paged:
                 new_kv = new_kv + (k, v)

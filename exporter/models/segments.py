@@ -85,7 +85,7 @@ class AttentionSegment(_Segment):
 
     def __init__(self, net: CausalLM, layout: SegmentLayout, layer: int):
         super().__init__(net, layout)
-        self.layer = net.layers[layer]
+        self.layer, self.index = net.layers[layer], layer       # index: the layer of the paged store
         self.adapted, self.deepnorm = "attn" in layout.adapted, layout.deepnorm
 
     def construct(self, hidden, token_rows, past, row, position, key_cache, value_cache, *kv):
@@ -95,7 +95,8 @@ class AttentionSegment(_Segment):
         cos, sin, context, select = self.attention_inputs(kv, self.adapted)
         h = self.layer.attn_norm(hidden)
         out, k, v, _ = self.net.packed_attention(self.layer.attn, h, cos, sin, key_cache, value_cache,
-                                                 _tokens(token_rows, past, row, position, context), None, select)
+                                                 _tokens(token_rows, past, row, position, context), None, select,
+                                                 layer=self.index)
         if self.deepnorm:
             return out, h * self.layer.alpha, k, v
         return out, k, v
@@ -109,7 +110,8 @@ class BlocksSegment(_Segment):
         super().__init__(net, layout)
         # a tuple: an nn.CellList renames the parameters of the cells put in it (the network's own)
         self.blocks = tuple(net.layers[l] for l in range(first, first + count))
-        self.caches = 2 * count
+        self.first = first
+        self.caches = 2 if layout.paged else 2 * count     # the store's tables and id, or a K/V pair a layer
         self.adapted = bool(layout.adapted)
 
     def construct(self, hidden, token_rows, past, row, position, *kv):
@@ -118,7 +120,7 @@ class BlocksSegment(_Segment):
     def run(self, hidden, token_rows, past, row, position, kv):
         cos, sin, context, select = self.attention_inputs(kv[self.caches:], self.adapted)
         tokens = _tokens(token_rows, past, row, position, context)
-        x, new_kv, _ = self.net.packed_blocks(self.blocks, hidden, cos, sin, kv, tokens, None, select)
+        x, new_kv, _ = self.net.packed_blocks(self.blocks, hidden, cos, sin, kv, tokens, None, select, self.first)
         return (x,) + new_kv
 
 
@@ -154,7 +156,7 @@ class TopQueryAttentionSegment(_Segment):
         h = self.net.final_norm(hidden)
         out, k, v, _ = self.net.packed_attention(layer.attn, layer.attn_norm(h), cos, sin, key_cache, value_cache,
                                                  _tokens(token_rows, past, row, position, None), None, None,
-                                                 layer.query_embed(token_positions))
+                                                 layer.query_embed(token_positions), len(self.net.layers))
         return out, h, k, v
 
 
@@ -176,6 +178,26 @@ class KernelTopQueryAttentionSegment(TopQueryAttentionSegment):
         return self.attend(hidden, token_positions, None, past, row, position, key_cache, value_cache, kv)
 
 
+# With `attention: paged` the attention nodes read each row's block ids and the store's id (the step's own
+# inputs) in place of the caches, and write the new K/V into the store: the same segments, named so.
+
+class PagedAttentionSegment(AttentionSegment):
+    def construct(self, hidden, past, row, position, block_tables, kv_store, *kv):
+        out = self.attend(hidden, None, past, row, position, block_tables, kv_store, kv)
+        return out[:2] if self.deepnorm else out[0]       # no new K/V: the node wrote them
+
+
+class PagedBlocksSegment(BlocksSegment):
+    def construct(self, hidden, past, row, position, block_tables, kv_store, *kv):
+        return self.run(hidden, None, past, row, position, (block_tables, kv_store) + kv)[0]
+
+
+class PagedTopQueryAttentionSegment(TopQueryAttentionSegment):
+    def construct(self, hidden, token_positions, past, row, position, block_tables, kv_store, *kv):
+        out = self.attend(hidden, token_positions, None, past, row, position, block_tables, kv_store, kv)
+        return out[:2]
+
+
 class HeadSegment(_Segment):
     def construct(self, hidden, last_token):
         return self.net.packed_logits(hidden, last_token)
@@ -185,8 +207,11 @@ def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
     """The cells to export, by segment name (the contract's order)."""
     cells = {"embed": EmbedSegment(net, layout)}
     group = layout.blocks_per_segment
-    kernel = layout.attention_kernel
-    blocks, attention = (KernelBlocksSegment, KernelAttentionSegment) if kernel else (BlocksSegment, AttentionSegment)
+    form = "paged" if layout.paged else "kernel" if layout.attention_kernel else "graph"
+    blocks, attention, top_query = {
+        "graph": (BlocksSegment, AttentionSegment, TopQueryAttentionSegment),
+        "kernel": (KernelBlocksSegment, KernelAttentionSegment, KernelTopQueryAttentionSegment),
+        "paged": (PagedBlocksSegment, PagedAttentionSegment, PagedTopQueryAttentionSegment)}[form]
     for l, layer in enumerate(net.layers):
         if group and l % group == 0:
             cells[f"layer{l}.blocks"] = blocks(net, layout, l, min(group, len(net.layers) - l))
@@ -194,7 +219,7 @@ def segment_cells(net: CausalLM, layout: SegmentLayout) -> Dict[str, nn.Cell]:
             cells[f"layer{l}.attn"] = attention(net, layout, l)
             cells[f"layer{l}.mlp"] = MlpSegment(net, layout, layer)
     if net.use_top_query:
-        cells["top_query.attn"] = (KernelTopQueryAttentionSegment if kernel else TopQueryAttentionSegment)(net, layout)
+        cells["top_query.attn"] = top_query(net, layout)
         cells["top_query.mlp"] = MlpSegment(net, layout, net.top_query, block=False)
     cells["head"] = HeadSegment(net, layout)
     return cells

@@ -67,12 +67,6 @@ def plan_export(config: ExportConfig, source: ModelSource) -> ExportPlan:
     """The plan of exporting `source` as `config` asks; refuses `target: cpu` with a MindSpore whose
     MindIR Lite 2.0 cannot read."""
     collectives = _settle_collectives(config, source)
-    if config.attention == "paged" and collectives == "host" and config.attention_by_default:
-        config.attention = "kernel"       # the segments' caches stay host arrays
-    if config.attention == "paged" and collectives == "host":
-        raise ConfigError(f"{config.source}: attention paged runs the packed step as one graph, and this export is "
-                          "step segments (parallel.collectives host, or weights above Lite's 2 GB .ms limit as "
-                          "stored): use attention kernel")
     dims, ranks, kv = _graph_dims(config, source), range(config.world_size), config.kv_cache
     layout = None
     if collectives == "host":
@@ -150,7 +144,7 @@ def _segment_layout(config: ExportConfig, source: ModelSource) -> SegmentLayout:
     return SegmentLayout(source.family.spec.row_inputs, cfg.prefix_attention, cfg.deepnorm,
                          cfg.top_query, lora.get("lora_width", 0), adapted,
                          forms.blocks_per_segment(cfg, config.world_size, stored_bytes(config)),
-                         config.attention_on_kernel)
+                         config.attention_on_kernel, config.attention == "paged")
 
 
 def stored_bytes(config: ExportConfig) -> forms.StoredBytes:

@@ -151,8 +151,9 @@ class MSLiteSession(Session):
         if isinstance(self.cache, PagedKVCache):
             self.cache.configure(kv_cache_dtype, None if kv_cache_gb is None else kv_cache_gb * 2 ** 30)
         elif kv_cache_gb is not None:
-            raise ConfigError(f"kv_cache_gb sizes the paged KV store of an export with attention: paged (target cpu, "
-                              f"one rank); {manifest.root} keeps its K/V {'in host arrays' if manifest.kv_cache == 'packed' else 'as kv_cache ' + repr(manifest.kv_cache)}: leave kv_cache_gb unset")
+            kept = "in host arrays" if manifest.kv_cache == "packed" else f"as kv_cache {manifest.kv_cache!r}"
+            raise ConfigError(f"kv_cache_gb sizes the paged KV store of an export with attention: paged (target "
+                              f"cpu); {manifest.root} keeps its K/V {kept}: leave kv_cache_gb unset")
         start = time.perf_counter()
         if mslite is not None:
             log.info("mslite: using the official mindspore_lite package (target %s)", target)

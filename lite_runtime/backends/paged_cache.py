@@ -161,13 +161,18 @@ class PagedKVCache(PackedKVCache):
         if self.store is None:
             from lite_runtime.backends.lite_kernels import KVStore
             self.store = KVStore(self._layers, self.total_blocks, self.block, self._kv, self._hd, self.dtype)
+            self._store_id = np.array([self.store.id], np.float32)
         ends = np.array(past, np.int64)
         np.maximum.at(ends, rows, positions.astype(np.int64) + 1)
         fed = np.bincount(rows, minlength=len(ends)) > 0
+        # Rows give back first, then take: another rank replaying this call (mirrored.py), which is not told of
+        # rank 0's releases, frees the same blocks before it needs them and takes the same ids.
+        for row, end in enumerate(ends):
+            if -(-end // self.block) < len(self.held[row]):
+                self._hold(row, int(end), int(past[row]) if fed[row] else None)
         for row, end in enumerate(ends):
             self._hold(row, int(end), int(past[row]) if fed[row] else None)
-        store = np.array([self.store.id], np.float32)
-        return run(STEP, [ids, rows, positions, past, last, *extra, self.tables, store])[0]
+        return run(STEP, [ids, rows, positions, past, last, *extra, self.tables, self._store_id])[0]
 
     def close(self) -> None:
         if self.store is not None:

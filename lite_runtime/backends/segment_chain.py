@@ -23,8 +23,8 @@ from lite_runtime.contract.errors import ArtifactError
 from lite_runtime.contract.families import STEP
 from lite_runtime.contract.graph_check import check_graph_inputs
 from lite_runtime.contract.manifest import Manifest
-from lite_runtime.contract.segments import (CACHE_INPUTS, HIDDEN, LOGITS_PART, NEW_CACHE, PARTIAL_SUMS, RESIDUAL,
-                                            call_shape, run_order)
+from lite_runtime.contract.segments import (CACHE_INPUTS, HIDDEN, LOGITS_PART, NEW_CACHE, PAGED_INPUTS, PARTIAL_SUMS,
+                                            RESIDUAL, call_shape, run_order)
 
 BUILDERS = 2
 _PART, _RESIDUAL, _NEW, _LOGITS, _STATE = range(5)     # what the host does with a segment's output
@@ -52,14 +52,22 @@ class SegmentChain(LiteRunner):
         for name, model in self._models.items():
             check_graph_inputs(model.inputs, manifest.segments[name].inputs, manifest.segment_path(name, rank))
         self._roles = {name: [_role(s.name) for s in manifest.segments[name].outputs] for name in self.names}
-        # the step's cache arrays in the order of the segments and their inputs: (segment, input index)
-        self._cache_inputs: List[Tuple[str, int]] = [
-            (name, i) for name in self.names for i, s in enumerate(manifest.segments[name].inputs)
-            if s.name in CACHE_INPUTS]
-        if len(self._cache_inputs) != 2 * self.dims.num_layers:
+        # where the step's cache feeds go: (segment, input index, feed index). Host arrays: a key and a value array
+        # a layer, in the order of the segments and their inputs; the paged store: its tables and id, to every
+        # attention segment
+        self._paged = bool(self.dims.kv_block)
+        names = PAGED_INPUTS if self._paged else CACHE_INPUTS
+        self._cache_inputs: List[Tuple[str, int, int]] = []
+        for name in self.names:
+            for i, spec in enumerate(manifest.segments[name].inputs):
+                if spec.name in names:
+                    feed = names.index(spec.name) if self._paged else len(self._cache_inputs)
+                    self._cache_inputs.append((name, i, feed))
+        feeds = len(PAGED_INPUTS) if self._paged else 2 * self.dims.num_layers
+        if not self._paged and len(self._cache_inputs) != feeds:
             raise ArtifactError(f"{manifest.file or 'the manifest'}: its segments read {len(self._cache_inputs)} "
                                 f"caches but the model has {self.dims.num_layers} layers (2 each); export again")
-        self._step_names = [s.name for s in manifest.graphs[STEP].inputs[:-len(self._cache_inputs)]]
+        self._step_names = [s.name for s in manifest.graphs[STEP].inputs[:-feeds]]
         self._shape = None
         self._caches: List[np.ndarray] = []
         self.collective_seconds = 0.0      # time in host collectives (waiting for the other ranks included)
@@ -70,19 +78,20 @@ class SegmentChain(LiteRunner):
 
     def run(self, kind: str, feeds: List[np.ndarray]) -> List[np.ndarray]:
         """The step's contract (families.py; `kind` is the step): feeds its inputs (input_ids (N,)
-        first), the caches last; returns logits (L, vocab) and the new keys and values of every layer."""
+        first), the caches (or the paged store's tables and id) last; returns logits (L, vocab) and the new keys
+        and values of every layer (none with the paged store: its nodes wrote them)."""
         given, caches = feeds[:len(self._step_names)], feeds[len(self._step_names):]
         picks = len(given[self._step_names.index("last_token")])
-        shape = (len(given[0]), caches[1].shape[2], picks)     # (N, P, L)
+        shape = (len(given[0]), 0 if self._paged else caches[1].shape[2], picks)     # (N, P, L)
         if shape != self._shape:
             self._resize(*shape, caches)
         for name, array in zip(self._step_names, given):
             if name in self._buffers:
                 np.copyto(self._buffers[name], array, casting="same_kind")
-        for i, ((name, index), array) in enumerate(zip(self._cache_inputs, caches)):
-            if array is not self._caches[i]:                 # a new request's cache at the same shape
-                self._models[name].bind_input(index, array)
-                self._caches[i] = array
+        for i, (name, index, feed) in enumerate(self._cache_inputs):
+            if caches[feed] is not self._caches[i]:          # a new request's cache at the same shape
+                self._models[name].bind_input(index, caches[feed])
+                self._caches[i] = caches[feed]
         hidden, new_kv, logits = self._buffers[HIDDEN], [], None
         for name in self.names:
             part = residual = None
@@ -122,16 +131,16 @@ class SegmentChain(LiteRunner):
         shape = lambda spec: call_shape(spec, tokens, positions, picks)
         segments = [self.manifest.segments[name] for name in self.names]
         self._buffers = {s.name: np.zeros(shape(s), s.dtype)
-                         for entry in segments for s in entry.inputs if s.name not in CACHE_INPUTS}
+                         for entry in segments for s in entry.inputs if s.name not in CACHE_INPUTS + PAGED_INPUTS}
         self._reduced = np.zeros_like(self._buffers[HIDDEN])
         logits_part = next(shape(s) for entry in segments for s in entry.outputs if s.name == LOGITS_PART)
         self._gathered = np.zeros((self.manifest.world_size,) + logits_part, np.float32)
         self._logits = np.zeros((logits_part[0], self.dims.vocab_size), np.float32)   # reused by every call
-        self._caches = list(caches)
-        cache_of = {place: array for place, array in zip(self._cache_inputs, caches)}
+        self._caches = [caches[feed] for _, _, feed in self._cache_inputs]
+        cache_of = {(name, i): caches[feed] for name, i, feed in self._cache_inputs}
         for name, entry in zip(self.names, segments):
             self._models[name].resize([shape(s) for s in entry.inputs], [shape(s) for s in entry.outputs])
-            self._models[name].bind_inputs([cache_of[(name, i)] if s.name in CACHE_INPUTS else self._buffers[s.name]
+            self._models[name].bind_inputs([cache_of.get((name, i), self._buffers.get(s.name))
                                            for i, s in enumerate(entry.inputs)])
         self._shape = (tokens, positions, picks)
 

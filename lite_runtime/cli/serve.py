@@ -52,7 +52,7 @@ PROG = "python -m lite_runtime.serve"
 @click.option("--prefix_cache_gb", type=click.FloatRange(0, None), default=None,
               help="Keep recent prompts' K/V up to this many GiB and reuse the prefix a new prompt shares with "
                    "one (a chat's system prompt and history): only the rest is prefilled. 0: off. Default: on an "
-                   "`attention: paged` export (backend mslite, one rank), within its KV store (cached prompts keep "
+                   "`attention: paged` export (backend mslite) on one rank, within its KV store (cached prompts keep "
                    "blocks no running request holds, least recent given up first); elsewhere off.")
 @click.option("--speculative", default=None, metavar="ngram[:K] | draft:DIR[:K]",
               help="Speculative decoding: each decoding row also feeds up to K (default 4) guessed tokens and "

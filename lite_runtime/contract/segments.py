@@ -26,9 +26,14 @@ models: a 1.1B model's step is 10 Lite calls instead of 46, each with its own pe
                    l on (pair after pair), [cos, sin], [context], [adapter_columns]
                    -> hidden (N, H), key_new, value_new of each of its layers
 
+With the K/V in the kernels' paged store (`attention: paged`) each attention segment (or group of blocks)
+reads `block_tables` (B, T) and `kv_store` (1,), the step's own two, in place of the caches, and returns no
+new rows: its kernel node writes them into the rank's store, each layer into its own layer of it.
+
 What the runtime does with a segment's tensors follows from their names alone, so its chain knows
 no family: inputs named `key_cache` / `value_cache` take the step's caches in the order of the
-segments and of their inputs (and `key_new` / `value_new` are the step's new rows in that order); a
+segments and of their inputs (and `key_new` / `value_new` are the step's new rows in that order),
+inputs named `block_tables` / `kv_store` the step's paged inputs of that name; a
 partial sum (`attn_part`, `mlp_part`) is all-reduced and added to `hidden`, or, when the segment also returns a
 `residual`, hidden = residual + the sum; `logits_part` is joined along the vocabulary across ranks;
 any other output is host state read by later segments' inputs of its name, and any other input is
@@ -54,6 +59,7 @@ from lite_runtime.contract.families import DYNAMIC, GraphDims, TensorSpec
 COLLECTIVE_FORMS = ("graph", "host")   # collectives inside each rank's graphs, or between segments on the host
 SEGMENT_FOLDER = "segments"
 CACHE_INPUTS = ("key_cache", "value_cache")
+PAGED_INPUTS = ("block_tables", "kv_store")     # the step's own (families.py), read by every attention segment
 NEW_CACHE = ("key_new", "value_new")
 PARTIAL_SUMS = ("attn_part", "mlp_part")
 RESIDUAL = "residual"
@@ -73,6 +79,7 @@ class SegmentLayout:
     adapted: Tuple[str, ...] = ()      # "attn", "mlp": the block parts whose layers carry adapters
     blocks_per_segment: int = 0        # one rank: whole layers per `blocks` segment (0: attn and mlp apart)
     attention_kernel: bool = False     # `attention: kernel`: the attention reads no token_rows (`row` serves)
+    paged: bool = False                # `attention: paged` (a kernel node too): the K/V in the rank's paged store
 
 
 def segment_relpath(name: str, rank: int) -> str:
@@ -89,6 +96,8 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     rows = [TensorSpec(name, i32, (b,)) for name in layout.row_inputs]
     adapter_ids = [TensorSpec("adapter_ids", i32, (b,))] if layout.adapter_columns else []
     cache = [TensorSpec(CACHE_INPUTS[0], f32, (b, kv, hd, DYNAMIC)), TensorSpec(CACHE_INPUTS[1], f32, (b, kv, DYNAMIC, hd))]
+    paged = ([TensorSpec(PAGED_INPUTS[0], f32, (b, dims.kv_blocks_per_row)), TensorSpec(PAGED_INPUTS[1], f32, (1,))]
+             if dims.kv_block else [])
     # per token: its row, its row's past, as float its row and position; GLM's context
     ids = [TensorSpec(name, i32, (n,)) for name in ("input_ids", "token_rows", "token_positions")]
     past_length, last = TensorSpec("past_length", i32, (b,)), TensorSpec("last_token", i32, (n,))
@@ -97,6 +106,11 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
     context = [TensorSpec("context", f32, (n,))] if layout.prefix_attention else []
     attending = tokens[1:] if layout.attention_kernel else tokens     # what the attention segments read of them
     new = [TensorSpec(name, f32, (n, kv, hd)) for name in NEW_CACHE]
+    if layout.paged != bool(paged) or layout.paged and not layout.attention_kernel:
+        raise ValueError("a paged layout is a kernel node's, over dims with kv_block, and only it has kv_block")
+    if layout.paged:
+        new = []
+    caches = lambda layers: paged if layout.paged else cache * layers     # what an attention or a group reads
     embed = (ids + [past_length] + rows + adapter_ids, [x] + rotary + tokens[1:] + context + columns)
     positions, head = ids[2:3], [x, last]
     residual = [TensorSpec(RESIDUAL, f32, (n, hidden))]
@@ -111,15 +125,15 @@ def segment_specs(dims: GraphDims, world_size: int, layout: SegmentLayout = Segm
         if group:
             layers = min(group, blocks - first)
             adapters = columns if layout.adapted else []
-            specs[f"layer{first}.blocks"] = ([x] + attending + cache * layers + rotary + context + adapters,
+            specs[f"layer{first}.blocks"] = ([x] + attending + caches(layers) + rotary + context + adapters,
                                              [x] + new * layers)
             continue
         kept = residual if layout.deepnorm else []
-        specs[f"layer{first}.attn"] = ([x] + attending + cache + rotary + context + own("attn"),
+        specs[f"layer{first}.attn"] = ([x] + attending + caches(1) + rotary + context + own("attn"),
                                        [part["attn_part"]] + kept + new)
         specs[f"layer{first}.mlp"] = ([x] + own("mlp"), [part["mlp_part"]] + kept)
     if layout.top_query:
-        specs["top_query.attn"] = ([x] + positions + attending + cache + rotary, [part["attn_part"]] + residual + new)
+        specs["top_query.attn"] = ([x] + positions + attending + caches(1) + rotary, [part["attn_part"]] + residual + new)
         specs["top_query.mlp"] = ([x], [part["mlp_part"]])
     specs["head"] = (head, [TensorSpec(LOGITS_PART, f32, (n, dims.vocab_size // world_size))])
     return specs

@@ -12,6 +12,7 @@ waits at the head of the queue to be fed again, its prompt and the tokens it has
 from __future__ import annotations
 
 import collections
+import logging
 from dataclasses import dataclass, field
 from typing import Deque, List, Optional, Union
 
@@ -27,6 +28,7 @@ PREFILL_CHUNK = 128     # most prompt tokens a row feeds in one step
 # ... and a request alone, on the paged store: a call holds its tokens' activations, and a chunk reads only its
 # row's blocks (docs/measured-choices.md)
 LONE_CHUNK = 512
+log = logging.getLogger("lite_runtime.engine")
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,8 @@ class Scheduler:
     def preempt(self, slot: int) -> None:
         """Free the row's blocks; it waits first in the queue, to feed all its tokens again."""
         row = self.remove(slot)
+        log.warning("preempted the request in cache row %d (%d tokens): the KV store has no free block; it is fed "
+                    "again when blocks free (a larger kv_cache_gb avoids it)", slot, len(row.tokens))
         row.past, row.pending, row.guesses = 0, list(row.tokens), []
         self.preemptions += 1
         self.waiting.appendleft(row)

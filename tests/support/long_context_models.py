@@ -24,7 +24,7 @@ STEPS = 6
 # the forms of an export at POSITIONS: target cpu (the kernels' attention over host arrays, or the paged store), the packed step's attention as Lite's
 # ops (.ms), that step as segments (.ms each), upstream's io graphs (MindIR, Lite), the packed step on ms
 FORMS = {"lite_cpu": {"target": "cpu", "attention": "kernel"}, "lite_paged": {"target": "cpu"}, "lite_packed": {"kv_cache": "packed", "lite_ms": True},
-         "lite_segments": {"kv_cache": "packed", "lite_ms": True, "parallel": {"collectives": "host"}},
+         "lite_segments": {"target": "cpu", "parallel": {"collectives": "host"}},
          "lite_io": {"kv_cache": "io"}, "ms_packed": {"kv_cache": "packed"}}
 
 

@@ -24,7 +24,9 @@ def main(backend, export, out_dir, steps, prompts=None, slots=None):
         from mindspore.communication import get_rank, init
         init()
         assert get_rank() == rank, "launcher rank order differs from MindSpore's"
-    session = load_session(backend, load_manifest(export), rank)
+    manifest = load_manifest(export)
+    paged = {"kv_cache_dtype": "float32"} if manifest.dims.kv_block else {}      # the reference's K/V
+    session = load_session(backend, manifest, rank, **paged)
     if prompts is None:
         logits, tokens = greedy_run(session, steps)
     elif slots is None:
