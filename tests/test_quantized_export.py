@@ -28,8 +28,8 @@ SCHEMES = [("int8", 32, "packed"), ("int4", 32, "packed"), ("int4", 64, "segment
 
 def schemes_of(form):
     """(head, embedding) schemes of a test form."""
-    return ("int8" if form.endswith("head") or form == "tied_shared" else "float32",
-            "int8" if form == "tied_shared" else "float32")
+    shared = form.startswith("tied_shared")
+    return "int8" if form.endswith("head") or shared else "float32", "int8" if shared else "float32"
 
 
 def tied_folder(folder):
@@ -60,14 +60,14 @@ def quantized(hf_family):
             hf = tied_folder(folder) if form.startswith("tied") else folder / "hf"
             head, embedding = schemes_of(form)
             result = run_cli([os.path.join(REPO, "tests", "support", "quant_reference.py"), str(hf), scheme,
-                              str(group), str(STEPS), str(ref), "2" if form == "tp2" else "1", head, embedding])
+                              str(group), str(STEPS), str(ref), "2" if form.endswith("tp2") else "1", head, embedding])
             assert result.returncode == 0, result.stderr[-3000:]
             cfg = {"model": {"hf_dir": str(hf)}, "seq_length": SEQ, "batch_size": BATCH, "target": "cpu",
                    "quantization": {"weights": scheme, "group_size": group}, "output_dir": str(folder / name)}
             if form.endswith("segments"):     # one rank's step as segments of whole layers, each a .ms
                 cfg["parallel"] = {"collectives": "host"}
             cfg["quantization"].update(head=head, embedding=embedding)
-            if form == "tp2":          # two ranks' steps as segments, the all-reduces on the host
+            if form.endswith("tp2"):          # two ranks' steps as segments, the all-reduces on the host
                 cfg["parallel"] = {"model_parallel": 2, "collectives": "host"}
             export = export_in_subprocess(write_yaml(str(folder / f"{name}.yaml"), cfg), python=VENV_MS20_PYTHON)
             got = np.load(ref)
@@ -91,10 +91,9 @@ def test_a_quantized_llama_on_lite_gives_transformers_on_the_dequantized_weights
     # the embedding looked up by a kernel: int8 (in groups, or by rows), or the float32 panels a tied head reads
     lookups = ["LiteGatherI8P16", "LiteGatherI8GroupF16P16"] if embedding == "int8" else ["LiteGatherF32P16"] \
         if form.startswith("tied") and head == embedding else []
-    # one rank's step as one graph: the attention over the paged store (target cpu's default there)
-    attend = "LiteAttend" if manifest.collectives == "host" else "LitePagedAttend"
+    # the attention over the paged store (target cpu's default), as one graph or as segments
     assert manifest.kernels == (layers + [t for t in head_types if t not in layers] + lookups
-                                + [attend, "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"])
+                                + ["LitePagedAttend", "LiteRMSNorm", "LiteSwiGLU", "LiteRotary"])
     if lookups == ["LiteGatherF32P16"]:    # the tied table, read in place by the head and the lookup: the loader
         from lite_runtime.backends.lite_weights import matmul_weight_ranges     # must not give its pages back
         table = manifest.dims.vocab_size * manifest.model_config["hidden_size"] * 4
@@ -143,13 +142,14 @@ def test_int8_activations_without_int8_groups_or_on_backend_ms_are_one_line(hf_f
                           "with backend 'ms'")
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_quantized_tp2_segments_give_transformers_on_each_ranks_quantized_shares(hf_family, quantized, scheme,
+@pytest.mark.parametrize("scheme, form", [("int8", "tp2"), ("int4", "tp2"), ("int8", "tied_shared_tp2")])
+def test_quantized_tp2_segments_give_transformers_on_each_ranks_quantized_shares(hf_family, quantized, scheme, form,
                                                                                 tmp_path):
     """Two ranks under the launcher (MPI): each rank quantizes its own share of every weight. A
     column-parallel share is whole output rows, quantized as with one rank; a row-parallel share (o_proj,
-    down_proj) is half of each row's inputs, with its own int8 scale."""
-    export, ref_logits, ref_tokens = quantized(scheme, 32, "tp2")
+    down_proj) is half of each row's inputs, with its own int8 scale. A head tied to an int8 embedding (as
+    SmolLM2's) is each rank's vocabulary rows of the float table, quantized as such, beside the whole int8 table."""
+    export, ref_logits, ref_tokens = quantized(scheme, 32, form)
     manifest = load_manifest(export)
     assert manifest.world_size == 2 and manifest.collectives == "host"
     prompts = hf_family("llama") / "prompts.json"

@@ -39,10 +39,14 @@ def rank_weights(source: ModelSource, rules: Dict[str, int], expects_head: bool,
         weights = W.read_rank_shard(shards[rank], source.family, source.config)
         return W.tie_head(weights, expects_head, source.config.tie_word_embeddings, 0, 1)
     done = set()   # tensors read as this rank's slice already
+    read_finish = finish
+    if finish is not None and world_size > 1 and source.config.tie_word_embeddings and expects_head:
+        def read_finish(name, array):     # the head's rows are cut from the float table below; each is
+            return array if name == W.EMBEDDING else finish(name, array)     # quantized when loaded
     if shards:
         full = W.merge_shards(shards, source.strategy, source.family, source.config)
     else:
-        full, done = W.read_source(source, rules, rank, world_size, float_dtype, finish)
+        full, done = W.read_source(source, rules, rank, world_size, float_dtype, read_finish)
     if source.slora:
         from exporter.weights.slora import stacked_weights
         full.update(stacked_weights(source.slora, source.config))
