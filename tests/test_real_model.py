@@ -7,7 +7,7 @@ the server's chat answer equal to transformers' greedy answer to the same chat, 
 valid against their schema (response_format json_schema, TGI's grammar; regexes: TGI's and vLLM's
 guided_regex), the same from run_infer_main --json_schema, prompt lookup keeping transformers' tokens, and
 prompts of 1,000-2,000 tokens on the 2,048-token export, alone and beside a running request (the cache as
-host arrays, and float16 in the kernels' paged store)."""
+host arrays, and float16 in the kernels' paged store), and greedy tokens from 3 ranks of step segments."""
 import contextlib
 import functools
 import json
@@ -85,6 +85,32 @@ def test_greedy_tokens_on_lite_equal_transformers(smollm2, tmp_path):
         assert got["tokens"][i].tolist() == tokens, PROMPTS[i]
         diff = np.abs(got["logits"][i] - logits).max()
         assert diff <= LOGIT_TOLERANCE, f"{PROMPTS[i]!r}: max abs logit difference {diff}"
+
+
+def test_three_ranks_give_transformers_greedy_tokens(smollm2, tmp_path):
+    """SmolLM2's 9 query and 3 KV heads on 3 ranks under the launcher (`target: cpu`: each rank's step as
+    segments, its KV head in a paged store of its own, float32 here; the all-reduces over MPI, whose 3 ranks
+    join one at a time): every rank gets transformers' greedy tokens, logits within the tolerance above."""
+    from support.tiny_models import rank_table
+    _, model, tokenizer = smollm2
+    folder = tmp_path / "tp3"
+    export = export_in_subprocess(write_yaml(str(tmp_path / "tp3.yaml"), {
+        "model": {"gguf": GGUF}, "target": "cpu", "seq_length": 64, "batch_size": 4,
+        "parallel": {"model_parallel": 3}, "output_dir": str(folder)}), python=str(VENV_MS20_PYTHON))
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    result = run_cli(["-m", "lite_runtime.cli.launch", "--rank_table", rank_table(tmp_path / "t3.json", 3),
+                      "--backend", "mslite", "--log_dir", str(tmp_path / "logs"), "--",
+                      os.path.join(REPO, "tests", "support", "tp_worker.py"), str(tmp_path), str(STEPS),
+                      str(tmp_path / "prompts.json"), "--model_dir", export, "--num_threads", "1"], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = [greedy_continuation(model, ids, STEPS + 1) for ids in prompts]
+    for rank in range(3):
+        got = np.load(tmp_path / f"rank_{rank}.npz")
+        for i, (tokens, logits) in enumerate(expected):
+            assert got["tokens"][i].tolist() == tokens, (rank, PROMPTS[i])
+            diff = np.abs(got["logits"][i] - logits).max()
+            assert diff <= LOGIT_TOLERANCE, f"rank {rank}, {PROMPTS[i]!r}: max abs logit difference {diff}"
 
 
 # Prompts past 1,500 tokens: a lone one is fed in one step on host arrays (in steps of 512 on the paged store),

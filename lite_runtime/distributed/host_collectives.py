@@ -42,22 +42,22 @@ class HostCollectives:
         self.rank, self.world_size = rank, world_size
         comm = MPI.COMM_SELF
         channel = RankChannel(rank, world_size, address, timeout, names)
+        # Each newcomer joins everyone who is in already, one at a time: rank 0 gives the port to the next only
+        # once the last has joined (with two connecting to it at once MPICH's Accept crashed, SIGSEGV, at 3 ranks).
         try:
             if rank == 0:
                 port = MPI.Open_port()
-                channel.send_json({"mpi_port": port})
+                for newcomer in range(1, world_size):
+                    channel.send_json_to(newcomer, {"mpi_port": port})
+                    comm = comm.Accept(port).Merge(high=False)
+                MPI.Close_port(port)
             else:
                 port = channel.recv_json()["mpi_port"]
+                comm = comm.Connect(port).Merge(high=True)
+                while comm.Get_size() < world_size:
+                    comm = comm.Accept(port).Merge(high=False)
         finally:
             channel.close()
-        if rank > 0:
-            joined = comm.Connect(port)
-            comm = joined.Merge(high=True)
-        while comm.Get_size() < world_size:      # each newcomer joins everyone who is in already
-            joined = comm.Accept(port)
-            comm = joined.Merge(high=False)
-        if rank == 0:
-            MPI.Close_port(port)
         self.comm = comm.Split(0, rank)          # ranks in RANK_ID order, whoever connected first
         if self.comm.Get_rank() != rank:
             raise DistributedError(f"rank {rank}: MPI placed this process at rank {self.comm.Get_rank()}")
