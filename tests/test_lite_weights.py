@@ -109,3 +109,35 @@ print(lite_weights._copies(regions, address(source), size) == [address(copies[1]
 def test_memory_protected_after_it_was_listed_is_skipped_by_the_scan():
     result = run_cli(["-c", VANISHING])
     assert result.returncode == 0 and result.stdout.strip() == "True", (result.returncode, result.stderr[-2000:])
+
+
+# The resident pages of Lite's library files once a model is loaded and has run a step.
+LIBRARY_PAGES = """
+import os, sys
+sys.path.insert(0, "tests")
+from support.greedy_runner import greedy_run
+from lite_runtime.backends import load_session
+from lite_runtime.backends.lite_native import shim_path
+from lite_runtime.contract.manifest import load_manifest
+session = load_session("mslite", load_manifest(sys.argv[1]))
+greedy_run(session, 2)
+folder, path, kb = os.path.dirname(os.path.realpath(shim_path())) + os.sep, None, 0
+for line in open("/proc/self/smaps"):
+    if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+        parts = line.split()
+        path = parts[5] if len(parts) > 5 else None
+    elif line.startswith("Rss:") and path and path.startswith(folder):
+        kb += int(line.split()[1])
+print(kb * 1024)
+"""
+
+
+def test_lite_libraries_give_back_the_pages_their_loading_touched(family_export):
+    """Loading touches 190-215 MB of Lite's libraries (registries, start-up code) that a step does not read again;
+    the runtime has Linux reclaim them after each Build (lite_native.py), so a loaded model that has decoded
+    holds under 64 MB of them (about 26 MB measured, 215 MB before)."""
+    ensure_lite_installed()
+    result = run_cli(["-c", LIBRARY_PAGES, family_export("llama", "lite_packed_cpu")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    resident = int(result.stdout.strip().splitlines()[-1])
+    assert 1 << 20 < resident < 64 << 20, resident

@@ -140,6 +140,29 @@ def _release_freed_memory() -> None:
         pass
 
 
+MADV_PAGEOUT = 21      # Linux 5.4 on: reclaim the pages of a range now, as memory pressure would
+
+
+def _page_out_lite_libraries() -> None:
+    """Give back the read-only pages of Lite's libraries touched while loading. Their registries and start-up
+    code (libmindspore-extendrt, and the converter library it links) held 190-215 MB resident after a
+    SmolLM2 load, of which a step touches about 7 MB again (faulted back in from the files, docs/run.md): a
+    process holds what it uses. Where madvise refuses (an older kernel), nothing changes."""
+    folder = os.path.dirname(os.path.realpath(shim_path())) + os.sep
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+        madvise = ctypes.CDLL(None).madvise
+    except (OSError, AttributeError):       # not Linux, or no madvise
+        return
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and "w" not in parts[1] and parts[5].startswith(folder):
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            madvise(start, end - start, MADV_PAGEOUT)
+
+
 _CWD_LOCK = threading.Lock()        # the working directory is the process's: one Build at a time changes it
 
 
@@ -206,6 +229,7 @@ class LiteModel:
                                 + (f" with config {config_path}" if config_path else "") + f": {text}")
         self.load_seconds = time.perf_counter() - start
         _release_freed_memory()
+        _page_out_lite_libraries()
         self._take_shapes()
 
     def _build_releasing(self, model: str, config: Optional[bytes], num_threads: int) -> int:
