@@ -13,10 +13,10 @@ from exporter.models.linear import weight_param
 from lite_runtime.contract.quant import LAYER_NORM_TYPE, NORM_TYPE
 
 
-class RMSNorm(nn.Cell):
-    """`kernel`: one node of the project's Lite kernels (float32 graphs only), the same arithmetic."""
+class _Norm(nn.Cell):
+    """`kernel`: one node of the project's Lite kernels (float32 graphs only, `kernel_type`), the same arithmetic."""
 
-    def __init__(self, dim: int, eps: float, dtype, kernel: bool = False):
+    def __init__(self, dim: int, eps: float, dtype, kernel: bool, kernel_type: str):
         super().__init__()
         self.weight = weight_param((dim,), ms.float32, "weight")
         self.eps = eps
@@ -27,8 +27,13 @@ class RMSNorm(nn.Cell):
         self.kernel = kernel
         if kernel:
             from exporter.models.kernels import layer_op
-            self.op = layer_op(NORM_TYPE)
+            self.op = layer_op(kernel_type)
             self.eps_tensor = Tensor(np.array([eps], np.float32))
+
+
+class RMSNorm(_Norm):
+    def __init__(self, dim: int, eps: float, dtype, kernel: bool = False):
+        super().__init__(dim, eps, dtype, kernel, NORM_TYPE)
 
     def construct(self, x):
         if self.kernel:
@@ -38,23 +43,10 @@ class RMSNorm(nn.Cell):
         return self.cast(y * self.weight, self.dtype)
 
 
-class LayerNorm(nn.Cell):
-    """`kernel`: one node of the project's Lite kernels (float32 graphs only), the same arithmetic."""
-
+class LayerNorm(_Norm):
     def __init__(self, dim: int, eps: float, dtype, kernel: bool = False):
-        super().__init__()
-        self.weight = weight_param((dim,), ms.float32, "weight")
+        super().__init__(dim, eps, dtype, kernel, LAYER_NORM_TYPE)
         self.bias = weight_param((dim,), ms.float32, "bias")
-        self.eps = eps
-        self.dtype = dtype
-        self.mean = ops.ReduceMean(keep_dims=True)
-        self.sqrt = ops.Sqrt()
-        self.cast = ops.Cast()
-        self.kernel = kernel
-        if kernel:
-            from exporter.models.kernels import layer_op
-            self.op = layer_op(LAYER_NORM_TYPE)
-            self.eps_tensor = Tensor(np.array([eps], np.float32))
 
     def construct(self, x):
         if self.kernel:
