@@ -145,8 +145,8 @@ def generate_batches(session: Session, inputs: BaseInputsOfInfer, prompts: List[
     """New token ids of every prompt (EOS included when produced), any number of prompts.
 
     `pick` picks every row's token (a function of generate_steps', e.g. one Sampler for all), or is one Sampler
-    per prompt (each row's own, seeded as the engine's: the same text as the packed forms); `on_step(offset, step)` sees each step (offset = index of the batch's first
-    prompt), for streaming; `adapters`: each prompt's SLoRA slot (an SLoRA export needs them).
+    per prompt (each row's own, seeded as the engine's: the same text as the packed forms); `on_step(offset, step)`
+    sees each step (offset = index of the batch's first prompt), for streaming; `adapters`: each prompt's SLoRA slot (an SLoRA export needs them).
     """
     m = session.manifest
     if adapters is None and m.dims.adapter_slots:     # an SLoRA export without a choice: the base model

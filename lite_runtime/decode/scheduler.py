@@ -3,11 +3,11 @@ in the next step. It calls no graph and samples nothing (runner.py calls the gra
 
 A step plan gives each row its tokens: a request admitted since the last step feeds its prompt (in chunks of
 `prefill_chunk` tokens; alone, in chunks of LONE_CHUNK on the paged store, else whole; whole when its family's
-prompts attend both ways), a decoding row its last token and any guesses (speculation). On the kernels' paged store (`blocks`, backends/paged_cache.py
-PagedKVCache) a request is admitted only while the store has room for its first chunk, and when a step
-needs more blocks than are free the newest running request is preempted: its blocks go back and it
-waits at the head of the queue to be fed again, its prompt and the tokens it has generated as one prompt
-(vLLM's recompute), its sampler and budget kept.
+prompts attend both ways), a decoding row its last token and any guesses (speculation). On the kernels' paged
+store (`blocks`, backends/paged_cache.py PagedKVCache) a request is admitted only while the store has room for
+its first chunk, and when a step needs more blocks than are free the newest running request is preempted:
+its blocks go back and it waits at the head of the queue to be fed again, its prompt and the tokens it has
+generated as one prompt (vLLM's recompute), its sampler and budget kept.
 """
 from __future__ import annotations
 
