@@ -134,8 +134,8 @@ print(kb * 1024)
 
 def test_lite_libraries_give_back_the_pages_their_loading_touched(family_export):
     """Loading touches 190-215 MB of Lite's libraries (registries, start-up code) that a step does not read again;
-    the runtime has Linux reclaim them after each Build (lite_native.py), so a loaded model that has decoded
-    holds under 64 MB of them (about 26 MB measured, 215 MB before)."""
+    the runtime has Linux reclaim them once loaded and after each Build (lite_native.py), so a loaded model that
+    has decoded holds under 64 MB of them (about 26 MB measured, 190-215 MB before)."""
     ensure_lite_installed()
     result = run_cli(["-c", LIBRARY_PAGES, family_export("llama", "lite_packed_cpu")])
     assert result.returncode == 0, result.stderr[-3000:]

@@ -109,6 +109,7 @@ def load_shim() -> ctypes.CDLL:
                  "lite_bind_output", "lite_predict", "lite_resize", "lite_profile"):
         getattr(lib, name).restype = c_int
     _lib = lib
+    _page_out_lite_libraries()       # what loading the libraries touched: a Build does not read most of it again
     return lib
 
 
@@ -144,10 +145,11 @@ MADV_PAGEOUT = 21      # Linux 5.4 on: reclaim the pages of a range now, as memo
 
 
 def _page_out_lite_libraries() -> None:
-    """Give back the read-only pages of Lite's libraries touched while loading. Their registries and start-up
-    code (libmindspore-extendrt, and the converter library it links) held 190-215 MB resident after a
-    SmolLM2 load, of which a step touches about 7 MB again (faulted back in from the files, docs/run.md): a
-    process holds what it uses. Where madvise refuses (an older kernel), nothing changes."""
+    """Give back the read-only pages of Lite's libraries touched so far: once they are loaded (their registries
+    and start-up code, in libmindspore-extendrt and the converter library it links: about 150 MB) and after each
+    Build. They held 190-215 MB resident after a SmolLM2 load, of which a step touches about 7 MB again
+    (faulted back in from the files, docs/run.md): a process holds what it uses. Where madvise refuses (an
+    older kernel), nothing changes."""
     folder = os.path.dirname(os.path.realpath(shim_path())) + os.sep
     try:
         with open("/proc/self/maps") as f:
