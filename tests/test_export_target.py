@@ -177,7 +177,8 @@ def cpu_exports(hf_family, tmp_path_factory):
 @pytest.mark.parametrize("limit, form_words, graphs", [
     ("lite's", "kv_cache packed: one step graph over a list of tokens of any rows, its K/V in the kernels' paged "
      "store, converted to Lite's .ms, for target cpu", ["step"]),
-    ("lowered", "kv_cache packed as step segments per rank, converted to Lite's .ms, for target cpu",
+    ("lowered", "kv_cache packed as step segments per rank, its K/V in the kernels' paged store, converted to "
+     "Lite's .ms, for target cpu",
      ["embed", "head", "layer0.blocks", "layer1.blocks"]),
 ])
 def test_a_cpu_export_runs_on_lite_as_transformers_does(hf_family, cpu_exports, limit, form_words, graphs):
