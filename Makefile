@@ -108,19 +108,21 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt Makefile
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VENV_PEERS)/bin/pip install -q --no-cache-dir -r tools/peers-requirements.txt
 	@touch $@
 
-# llama.cpp's own server (tools/bench_serve.py --llama_server), built from the sources of the llama-cpp-python
-# the peers venv pins (about 10 minutes on 2 cores).
-LLAMA_SERVER := build/llama-server/bin/llama-server
+# llama.cpp's own server (tools/bench_serve.py --llama_server) and benchmarks (tools/bench_llama_cpp.py), built
+# from the sources of the llama-cpp-python the peers venv pins (about 10 minutes on 2 cores).
+LLAMA_BIN := build/llama-server/bin
+LLAMA_TOOLS := llama-server llama-bench llama-batched-bench
+LLAMA_SERVER := $(LLAMA_BIN)/llama-server
 LLAMA_SERVER_SRC := build/llama-server/src/llama_cpp_python-0.3.36/vendor/llama.cpp
-$(LLAMA_SERVER):
+$(addprefix $(LLAMA_BIN)/,$(LLAMA_TOOLS)) &:
 	$(VENV)/bin/pip download -q --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d build/llama-server/src
 	tar xzf build/llama-server/src/llama_cpp_python-0.3.36.tar.gz -C build/llama-server/src
 	cmake -S $(LLAMA_SERVER_SRC) -B build/llama-server/build $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release \
 		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-	cmake --build build/llama-server/build --target llama-server -j 2
-	install -D build/llama-server/build/bin/llama-server $@
+	cmake --build build/llama-server/build --target $(LLAMA_TOOLS) -j 2
+	for tool in $(LLAMA_TOOLS); do install -D build/llama-server/build/bin/$$tool $(LLAMA_BIN)/$$tool; done
 
-llama-server: $(LLAMA_SERVER)
+llama-server: $(addprefix $(LLAMA_BIN)/,$(LLAMA_TOOLS))
 
 peers: setup $(STAMP)/venv-peers
 	$(VENV)/bin/python tools/compare_peers.py $(ARGS)

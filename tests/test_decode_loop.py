@@ -116,10 +116,10 @@ def test_eos_ends_its_row_only_and_is_returned():
 
 
 def test_the_last_token_of_a_full_row_needs_no_cache_slot():
+    """The loop can fill every slot and pick one more (the entry points allow seq_length - n: row_budgets)."""
     seq_length = 8
     prompt = [4, 6, 1]
-    [budget] = row_budgets([len(prompt)], seq_length, None, None)
-    assert budget == seq_length - len(prompt) + 1       # 6: five stored behind the prompt, the last not
+    budget = seq_length - len(prompt) + 1       # 6: five stored behind the prompt, the last not
     state = prepare_batch([prompt], 1, seq_length, [budget], [], PAD)
     model = HistoryModel(1, seq_length)
     tokens = [int(step.tokens[0]) for step in generate_steps(model, CommonInputsOfInfer(), state, greedy)]
@@ -130,8 +130,8 @@ def test_the_last_token_of_a_full_row_needs_no_cache_slot():
 
 
 @pytest.mark.parametrize("lengths, seq_length, max_new, max_length, expected", [
-    ([3, 7], 8, None, None, [6, 2]),          # the cache: seq_length - n + 1
-    ([3, 7], 8, 4, None, [4, 2]),             # max_new_tokens
+    ([3, 7], 8, None, None, [5, 1]),          # the export: prompt + new <= seq_length
+    ([3, 7], 8, 4, None, [4, 1]),             # max_new_tokens
     ([3, 7], 8, None, 6, [3, 0]),             # max_length counts the prompt; nothing left is 0, not negative
     ([3, 7], 8, 2, 4, [1, 0]),                # the smallest limit wins
 ])

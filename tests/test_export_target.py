@@ -174,6 +174,23 @@ def cpu_exports(hf_family, tmp_path_factory):
     return get
 
 
+def test_paged_segments_that_do_not_read_the_store_are_refused_before_any_build(cpu_exports):
+    """A manifest whose attention segment lost one of the paged feeds: one line naming it, no Build (the
+    open_model given is a stand-in that fails the test if called)."""
+    from lite_runtime.backends.segment_chain import SegmentChain
+    from lite_runtime.contract.errors import ArtifactError
+    from lite_runtime.contract.manifest import load_manifest
+    manifest = load_manifest(cpu_exports("lowered")[0])
+    blocks = manifest.segments["layer1.blocks"]
+    blocks.inputs = [spec for spec in blocks.inputs if spec.name != "kv_store"]
+
+    def no_build(name):
+        raise AssertionError(f"built {name} before checking the manifest")
+    with pytest.raises(ArtifactError, match=r"manifest.json: a paged export's attention segments read "
+                                            r"block_tables and kv_store, but segment layer1.blocks reads only one"):
+        SegmentChain(manifest, 0, no_build, None)
+
+
 @pytest.mark.parametrize("limit, form_words, graphs", [
     ("lite's", "kv_cache packed: one step graph over a list of tokens of any rows, its K/V in the kernels' paged "
      "store, converted to Lite's .ms, for target cpu", ["step"]),

@@ -94,6 +94,8 @@ def test_max_tokens_beyond_the_context_is_refused_with_the_numbers(demo):
     assert c.chat.completions.create(messages=chat, **_greedy()).choices[0].finish_reason in ("stop", "length")
     near = [1] + [5] * (CONTEXT - 6)       # 5 tokens of room, below completions' default 16
     assert c.completions.create(prompt=near, model="demo", temperature=0).usage.completion_tokens <= 5
+    full = c.completions.create(prompt=near, extra_body={"ignore_eos": True}, **_greedy(max_tokens=5))
+    assert full.usage.completion_tokens == 5 and full.choices[0].finish_reason == "length"     # prompt + new = 128
     status, answer = post_json(url + "/generate", {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 200}})
     assert status == 422 and answer["error"].startswith("parameters.max_new_tokens: max_new_tokens 200"), answer
 

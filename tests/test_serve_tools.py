@@ -19,6 +19,7 @@ import pytest
 from support.chat_templates import QWEN25
 from support.serving import client, served
 from support.tiny_models import export_in_subprocess, write_yaml
+from lite_runtime.decode.scheduler import EngineLimits
 from lite_runtime.tokenizers import export_tokenizer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
@@ -452,6 +453,7 @@ class AnsweringEngine:
 
     def __init__(self, manifest, tokenizer):
         self.session = SimpleNamespace(manifest=manifest)
+        self.limits = EngineLimits(1, manifest.seq_length, False, None, 0, False)
         self.tokenizer, self.answer = tokenizer, ""
         self.waiting = []
         self.replicas = [self]

@@ -140,11 +140,16 @@ class PagedKVCache(PackedKVCache):
         self.refs[block] = 1
         return block
 
-    def _hold(self, row: int, positions: int, past: int = None) -> None:
-        """Row `row` holds the blocks of positions < `positions`, those it writes from `past` on its own."""
+    def _shrink(self, row: int, positions: int) -> int:
+        """Row `row` gives back its blocks past those of positions < `positions`; returns how many it keeps."""
         held, need = self.held[row], -(-positions // self.block)
         while len(held) > need:
             self.unref([held.pop()])
+        return need
+
+    def _hold(self, row: int, positions: int, past: int = None) -> None:
+        """Row `row` holds the blocks of positions < `positions`, those it writes from `past` on its own."""
+        held, need = self.held[row], self._shrink(row, positions)
         for j in range(len(held) if past is None else past // self.block, len(held)):
             if self.refs[held[j]] > 1:        # shared (a cached prefix): written by this row, so copied first
                 block = self._alloc()
@@ -168,8 +173,7 @@ class PagedKVCache(PackedKVCache):
         # Rows give back first, then take: another rank replaying this call (mirrored.py), which is not told of
         # rank 0's releases, frees the same blocks before it needs them and takes the same ids.
         for row, end in enumerate(ends):
-            if -(-end // self.block) < len(self.held[row]):
-                self._hold(row, int(end), int(past[row]) if fed[row] else None)
+            self._shrink(row, int(end))
         for row, end in enumerate(ends):
             self._hold(row, int(end), int(past[row]) if fed[row] else None)
         return run(STEP, [ids, rows, positions, past, last, *extra, self.tables, self._store_id])[0]

@@ -11,6 +11,7 @@ when the shapes or the cache arrays change.
 """
 from __future__ import annotations
 
+import collections
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Tuple
@@ -40,18 +41,21 @@ def _role(name: str) -> int:
     return _LOGITS if name == LOGITS_PART else _STATE
 
 
+def _check_paged_readers(manifest: Manifest, cache_inputs: List[Tuple[str, int, int]]) -> None:
+    """Each segment that reads the paged store reads both its feeds (checked before any Build)."""
+    reads = collections.Counter(name for name, _, _ in cache_inputs)
+    partial = sorted(name for name, count in reads.items() if count != len(PAGED_INPUTS))
+    if not reads or partial:
+        which = f"segment {', '.join(partial)} reads only one of them" if partial else "no segment reads them"
+        raise ArtifactError(f"{manifest.file or 'the manifest'}: a paged export's attention segments read "
+                            f"{' and '.join(PAGED_INPUTS)}, but {which}; export again")
+
+
 class SegmentChain(LiteRunner):
     def __init__(self, manifest: Manifest, rank: int, open_model: Callable[[str], LiteModel], collectives):
         self.manifest, self.dims = manifest, manifest.dims
         self.collectives = collectives
         self.names = run_order(manifest.segments)
-        # Two Builds at a time: each is mostly copying and page faults, which a second core overlaps
-        # (docs/measured-choices.md).
-        with ThreadPoolExecutor(BUILDERS) as pool:
-            self._models: Dict[str, LiteModel] = dict(zip(self.names, pool.map(open_model, self.names)))
-        for name, model in self._models.items():
-            check_graph_inputs(model.inputs, manifest.segments[name].inputs, manifest.segment_path(name, rank))
-        self._roles = {name: [_role(s.name) for s in manifest.segments[name].outputs] for name in self.names}
         # where the step's cache feeds go: (segment, input index, feed index). Host arrays: a key and a value array
         # a layer, in the order of the segments and their inputs; the paged store: its tables and id, to every
         # attention segment
@@ -67,6 +71,15 @@ class SegmentChain(LiteRunner):
         if not self._paged and len(self._cache_inputs) != feeds:
             raise ArtifactError(f"{manifest.file or 'the manifest'}: its segments read {len(self._cache_inputs)} "
                                 f"caches but the model has {self.dims.num_layers} layers (2 each); export again")
+        if self._paged:
+            _check_paged_readers(manifest, self._cache_inputs)
+        # Two Builds at a time: each is mostly copying and page faults, which a second core overlaps
+        # (docs/measured-choices.md).
+        with ThreadPoolExecutor(BUILDERS) as pool:
+            self._models: Dict[str, LiteModel] = dict(zip(self.names, pool.map(open_model, self.names)))
+        for name, model in self._models.items():
+            check_graph_inputs(model.inputs, manifest.segments[name].inputs, manifest.segment_path(name, rank))
+        self._roles = {name: [_role(s.name) for s in manifest.segments[name].outputs] for name in self.names}
         self._step_names = [s.name for s in manifest.graphs[STEP].inputs[:-feeds]]
         self._shape = None
         self._caches: List[np.ndarray] = []

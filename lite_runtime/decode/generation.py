@@ -14,6 +14,7 @@ import numpy as np
 from lite_runtime.backends.base import Session
 from lite_runtime.contract.errors import ValidationError
 from lite_runtime.decode.inputs import BaseInputsOfInfer
+from lite_runtime.decode.scheduler import context_room
 
 
 @dataclass
@@ -103,10 +104,10 @@ def _each_row(samplers: Sequence[Callable]) -> Callable:
 def row_budgets(prompt_lengths: Sequence[int], seq_length: int, max_new_tokens: Optional[int],
                 max_length: Optional[int]) -> List[int]:
     """New tokens each row may produce: within max_new_tokens, max_length (prompt + new) and the
-    graph's seq_length (the cache holds seq_length tokens; the last token needs no slot)."""
+    export's seq_length (scheduler.context_room)."""
     budgets = []
     for n in prompt_lengths:
-        limit = seq_length - n + 1
+        limit = context_room(seq_length, n)
         if max_new_tokens is not None:
             limit = min(limit, max_new_tokens)
         if max_length is not None:

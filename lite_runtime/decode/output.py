@@ -59,8 +59,8 @@ class OutputStage:
         reason = None
         if token in row.request.stop_ids:
             reason = "stop"
-        elif row.generated >= row.request.max_tokens or row.past >= self.scheduler.limits.seq_length:
-            reason = "length"     # no position left
+        elif row.generated >= row.request.max_tokens or len(row.tokens) >= self.scheduler.limits.seq_length:
+            reason = "length"
         if reason:
             self.finish(slot, reason)
         return reason is not None

@@ -31,11 +31,17 @@ LONE_CHUNK = 512
 log = logging.getLogger("lite_runtime.engine")
 
 
+def context_room(seq_length: int, prompt_length: int) -> int:
+    """New tokens a prompt leaves room for: an export holds seq_length tokens a request, its prompt and its
+    new ones (vLLM's max_model_len, MindFormers' max_length), on every entry point."""
+    return max(seq_length - prompt_length, 0)
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """What an export allows the engine, decided once from its manifest for every entry point."""
     rows: int                 # cache rows: requests in flight at once
-    seq_length: int           # positions a request holds: its prompt and its new tokens but the last
+    seq_length: int           # tokens a request holds: its prompt and its new ones (vLLM's max_model_len)
     whole_prompts: bool       # a prompt attends both ways (GLM): fed in one call
     max_picks: Optional[int]  # logits a step returns when fixed by the export (older exports), else None
     pad_id: int
@@ -46,6 +52,11 @@ class EngineLimits:
         manifest.require_packed(what)
         return cls(manifest.batch_size, manifest.seq_length, get_family(manifest.family).whole_prompts,
                    fixed_picks(manifest), int(manifest.pad_token_id), manifest.dims.adapter_slots > 0)
+
+    def new_tokens(self, prompt_length: int, asked: Optional[int] = None) -> int:
+        """The most new tokens a prompt of `prompt_length` may get, within `asked` when given."""
+        room = context_room(self.seq_length, prompt_length)
+        return room if asked is None else min(asked, room)
 
     def check_prompt(self, prompt: List[int]) -> None:
         if not prompt:

@@ -30,7 +30,8 @@ class ServedModel:
         self.adapters = {a["name"]: a["slot"] for a in m.adapters if a.get("type") == "slora"}
         self.stop_ids = frozenset(int(i) for i in m.eos_token_id)
         self.chat = ChatFormat(m.family, m.root, tokenizer)
-        self.context = m.seq_length
+        self.limits = engine.replicas[0].limits
+        self.context = self.limits.seq_length
         self.vocab_size = m.vocab_size
         self.token_text = TokenText(tokenizer)
         template = self.chat.published.templates if self.chat.published is not None else {}
@@ -141,12 +142,13 @@ def _check_context(served: ServedModel, body: SamplingFields, prompt_ids: List[i
     if used >= context:
         raise BadRequest(f"{which} has {used} tokens but this model takes at most {context - 1} (its context is "
                           f"{context} tokens)", "messages" if chat else "prompt", "context_length_exceeded")
-    if body.max_tokens is None or "max_tokens" not in body.model_fields_set or used + body.max_tokens <= context:
+    room = served.limits.new_tokens(used)
+    if body.max_tokens is None or "max_tokens" not in body.model_fields_set or body.max_tokens <= room:
         return
     field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
     raise BadRequest(f"{field} {body.max_tokens} is too large: this model's context is {context} tokens and "
                       f"{which} has {used} tokens ({used} + {body.max_tokens} > {context}); allowed: at most "
-                      f"{context - used}", field, "context_length_exceeded")
+                      f"{room}", field, "context_length_exceeded")
 
 
 class _Choice:
@@ -164,7 +166,7 @@ class _Choice:
         self.finish_reason: Optional[str] = None
         self.stopped_by_text = False                # a stop string ended the text (its reason is "stop")
         self.last = None
-        max_tokens = min(body.max_tokens or served.context, served.context - len(prompt_ids))
+        max_tokens = served.limits.new_tokens(len(prompt_ids), body.max_tokens or None)
         top = ((body.top_logprobs or 0) if body.logprobs else None) if run.chat else body.logprobs
         put = run.queue.put_nowait          # on the event loop (ServedModel._deliver)
         stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | run.stop_token_ids
