@@ -108,7 +108,7 @@ $(STAMP)/venv-peers: tools/peers-requirements.txt Makefile
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VENV_PEERS)/bin/pip install -q --no-cache-dir -r tools/peers-requirements.txt
 	@touch $@
 
-# llama.cpp's own server (tools/bench_serve.py --llama_server) and benchmarks (tools/bench_llama_cpp.py), built
+# llama.cpp's own server (tools/bench_serve.py --llama_server) and benchmarks (tools/bench_llama_tools.py), built
 # from the sources of the llama-cpp-python the peers venv pins (about 10 minutes on 2 cores).
 LLAMA_BIN := build/llama-server/bin
 LLAMA_TOOLS := llama-server llama-bench llama-batched-bench
