@@ -6,6 +6,7 @@ The demo's context of 128 tokens makes an answer of a second at most: the test o
 stops with --shutdown_timeout 0, the test of answers that end within the timeout drains them."""
 import http.client
 import json
+import re
 import signal
 import time
 import urllib.request
@@ -141,6 +142,10 @@ def test_answers_that_end_within_the_timeout_keep_their_finish_reason(demo_expor
     assert chunks[-1]["usage"]["completion_tokens"] == 2 * 120 and len(chunks) == 2 * 120 + 2
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 120
+    # its last words: the engine's steps (each of the 120 tokens took one)
+    steps = re.search(r"lite_runtime.serve: engine: (\d+) steps in [\d.]+ s, of which the graph calls [\d.]+ s: "
+                      r"the host's share", log_path.read_text())
+    assert steps and int(steps.group(1)) >= 120, log_path.read_text()[-2000:]
 
 
 def test_the_first_log_line_says_whether_prefix_caching_and_speculation_are_on(demo_exports, tmp_path):

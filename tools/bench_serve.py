@@ -168,8 +168,15 @@ def serve_side(model_dir: str, backend: str, jobs: list, clients: int, threads: 
     extra = ["--num_threads", str(threads), "--prefix_cache_gb", "0"] + \
         (["--int8_activations", "true"] if int8_activations else [])
     with served(model_dir, backend, "bench", extra, cwd=REPO, output=None) as server:
+        before, clients_before, start = server.thread_seconds(), time.process_time(), time.perf_counter()
         rows = streaming_clients(server.url, jobs, clients, lambda job: {"model": "bench", "prompt": job["prompt"]},
                                  lambda chunk, tokens: (chunk.get("usage") or {}).get("completion_tokens", tokens))
+        after, wall = server.thread_seconds(), time.perf_counter() - start
+        used = {tid: seconds - before.get(tid, 0.0) for tid, seconds in after.items()}
+        loop, clients_cpu = used.get(server.pid, 0.0), time.process_time() - clients_before
+        print(f"CPU during the {wall:.1f} s run on {os.cpu_count()} cores: the server {sum(used.values()):.1f} s (its "
+              f"event loop and HTTP thread {loop:.1f} s, {100 * loop / wall:.1f} % of a core), the clients' process "
+              f"{clients_cpu:.1f} s ({100 * clients_cpu / wall:.1f} % of a core)", file=sys.stderr)
         peak = server.rss_bytes(peak=True)
         print(f"server peak RSS {peak / 2 ** 30:.2f} GiB" + (f", {peak / weights:.2f}x the fp32 weights" if weights else ""),
               file=sys.stderr)
@@ -228,9 +235,7 @@ for job, row in zip(jobs, rows):
 for event in done:
     event.wait()
 engine.stop()
-graph = engine.session.graph_seconds
-print(f"engine alone: {engine.step_seconds:.2f} s in {engine.steps} steps, of which the graph calls {graph:.2f} s; "
-      f"the host's share {1 - graph / engine.step_seconds:.1%} (sampling {engine.pick_seconds:.2f} s)")
+print(f"engine alone: {engine.summary()}")
 print(json.dumps(rows))
 """
 

@@ -32,6 +32,19 @@ class ServerProcess:
             kb = next(int(line.split()[1]) for line in f if line.startswith(field))
         return kb * 1024
 
+    def thread_seconds(self) -> dict:
+        """CPU seconds (user + system) each of the server's threads has used so far: {thread id: seconds}; the
+        main thread (id = pid) runs the event loop and the HTTP side."""
+        seconds, tick = {}, os.sysconf("SC_CLK_TCK")
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/stat", encoding="ascii") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:     # a thread that ended meanwhile
+                continue
+            seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / tick     # utime, stime
+        return seconds
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -144,6 +144,7 @@ def command(model_dir, host, port, backend, served_model_name, num_threads, kv_c
         else:       # uvicorn did not start (its port was taken)
             engine.stop(timeout=shutdown_timeout)
         for replica in engine.replicas:
+            log.info("engine: %s", replica.summary())
             replica.session.close()
         if isinstance(speculation, DraftModel):
             speculation.close()

@@ -129,6 +129,13 @@ class Engine:
     def pick_seconds(self) -> float:
         return self.output.pick_seconds
 
+    def summary(self) -> str:
+        """Its steps so far: their time, the graph calls' part, the host's share of the rest."""
+        graph, total = self.session.graph_seconds, self.step_seconds
+        share = f"{1 - graph / total:.1%}" if total else "-"
+        return (f"{self.steps} steps in {total:.2f} s, of which the graph calls {graph:.2f} s: the host's share "
+                f"{share} (sampling {self.pick_seconds:.2f} s)")
+
     def _prefix_cache(self, session, max_bytes: Optional[int]) -> Optional[PrefixCache]:
         if max_bytes is None:        # by default: where the store holds it by reference
             paged = isinstance(getattr(session, "cache", None), PagedKVCache)
