@@ -32,7 +32,7 @@ def test_preempted_requests_give_the_tokens_they_get_without_a_budget(demo_expor
 
 
 def test_int8_k_v_give_the_demo_model_its_float16_tokens_within_a_budget(demo_exports, unbounded):
-    """int8 K/V (a scale per position and head): the demo model's confident greedy tokens, preempted or not."""
+    """int8 K/V (a scale per run of 32 values of a position and head): the demo model's confident greedy tokens, preempted or not."""
     bounded = run(demo_exports["mslite_paged"], 10, 0, "int8")
     assert bounded["total"] == 10 and bounded["preemptions"] > 0
     assert bounded["tokens"] == unbounded["tokens"] and bounded["held"] == 0

@@ -179,7 +179,7 @@ KV_DTYPE_CODES = {"float32": 0, "float16": 1, "int8": 2}     # native/attention_
 
 class KVStore:
     """A paged KV store of the kernels (native/paged_attention_kernel.cc): `blocks` blocks of `block` positions
-    for each of `layers` layers of `kv` heads of `hd`, float16, float32 or int8 (a scale per position and head),
+    for each of `layers` layers of `kv` heads of `hd`, float16, float32 or int8 (a scale per 32 values of a position and head),
     allocated once, resident as blocks are written. Its `id` is what the graphs' paged attention nodes are fed.
     Needs the library loaded."""
 

@@ -13,6 +13,8 @@ from lite_runtime.contract.errors import ConfigError
 from lite_runtime.contract.families import KV_CACHE_DTYPES, STEP
 from lite_runtime.contract.manifest import Manifest
 
+KV_SCALE_RUN = 32     # int8 K/V: values of a position and head per scale (native/attention_math.h kKvScaleRun)
+
 
 class PagedKVCache(PackedKVCache):
     """The packed step over the kernels' paged store (`attention: paged`, native/paged_attention_kernel.cc): the
@@ -42,8 +44,9 @@ class PagedKVCache(PackedKVCache):
     @property
     def block_bytes(self) -> int:
         """One block's K/V in every layer."""
-        per_position = {"float32": 4 * self._hd, "float16": 2 * self._hd, "int8": self._hd + 4}[self.dtype]
-        return 2 * self._layers * self._kv * self.block * per_position     # int8: its scale (float32) too
+        runs = -(-self._hd // KV_SCALE_RUN)      # int8: a float32 scale a run of values too
+        per_position = {"float32": 4 * self._hd, "float16": 2 * self._hd, "int8": self._hd + 4 * runs}[self.dtype]
+        return 2 * self._layers * self._kv * self.block * per_position
 
     @property
     def total_blocks(self) -> int:

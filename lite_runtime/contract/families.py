@@ -77,7 +77,7 @@ class TensorSpec:
 
 KV_BLOCK = 16     # positions a block of the paged store holds (`attention: paged`)
 # What the paged store may hold (the runtime's kv_cache_dtype); the first is the default: llama.cpp's, half the
-# bytes, top-1 99.9 % of float32's; int8: a scale per position and head (llama.cpp's q8_0 over the head).
+# bytes, top-1 99.9 % of float32's; int8: a scale per 32 values of a position and head (llama.cpp's q8_0).
 KV_CACHE_DTYPES = ("float16", "float32", "int8")
 
 

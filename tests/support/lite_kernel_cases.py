@@ -237,14 +237,21 @@ def check_attention():
 
 
 def as_stored(x, dtype, axis=-1):
-    """K or V as the paged store gives them back: float16-rounded, or int8 over the head's `axis` with a float32
-    scale (its largest magnitude / 127, rounded to nearest even; llama.cpp's q8_0 over the head)."""
+    """K or V as the paged store gives them back: float16-rounded, or int8 by runs of 32 along the head's `axis`
+    (the last run shorter), each with a float32 scale (its largest magnitude / 127, rounded to nearest even;
+    llama.cpp's q8_0 blocks)."""
     if dtype == "float16":
         return x.astype(np.float16).astype(np.float32)
     if dtype == "int8":
-        scale = np.abs(x).max(axis=axis, keepdims=True) / np.float32(127)
-        q = np.where(scale > 0, np.rint(x / np.where(scale > 0, scale, np.float32(1))), np.float32(0))
-        return (q * scale).astype(np.float32)
+        out = np.empty_like(x)
+        for start in range(0, x.shape[axis], 32):
+            run = [slice(None)] * x.ndim
+            run[axis] = slice(start, start + 32)
+            part = x[tuple(run)]
+            scale = np.abs(part).max(axis=axis, keepdims=True) / np.float32(127)
+            q = np.where(scale > 0, np.rint(part / np.where(scale > 0, scale, np.float32(1))), np.float32(0))
+            out[tuple(run)] = q * scale
+        return out.astype(np.float32)
     return x
 
 

@@ -25,11 +25,10 @@ inline float ScalarAs(float x) { return x; }
 inline float ScalarAs(uint16_t x) { return HalfToFloat(x); }
 inline float ScalarAs(int8_t x) { return static_cast<float>(x); }
 
-// s[j * ld + p] = scale * q_j . K[:, p] (times kscale[p] when given: int8 keys) + slope_j * (base + p) for
-// p < past, J query heads (J <= 4).
+// s[j * ld + p] = scale * q_j . K[:, p] + slope_j * (base + p) for p < past, J query heads (J <= 4).
 template <int J, typename T = float>
 void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
-                const float *slope, float *s, int64_t ld, int64_t base = 0, const float *kscale = nullptr) {
+                const float *slope, float *s, int64_t ld, int64_t base = 0) {
   const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15);
   int64_t p = 0;
   for (; p < past16; p += 16) {     // 16 positions: a whole cache line of each key row
@@ -45,7 +44,7 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
     }
     for (int half = 0; half < 2; ++half) {
       const V8 key = Add(Bcast(static_cast<float>(base + p + 8 * half)), Load(kIota));
-      const V8 sc = kscale ? Mul(Load(kscale + p + 8 * half), Bcast(scale)) : Bcast(scale);
+      const V8 sc = Bcast(scale);
       for (int j = 0; j < J; ++j)
         Store(s + j * ld + p + 8 * half, Fma(Bcast(slope[j]), key, Mul(acc[j][half], sc)));
     }
@@ -58,14 +57,71 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
       for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
     }
     const V8 key = Add(Bcast(static_cast<float>(base + p)), Load(kIota));
-    const V8 sc = kscale ? Mul(Load(kscale + p), Bcast(scale)) : Bcast(scale);
+    const V8 sc = Bcast(scale);
     for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], sc)));
   }
   for (int64_t p = past8; p < past; ++p)
     for (int j = 0; j < J; ++j) {
       float dot = 0.0f;
       for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * ScalarAs(K[d * P + p]);
-      s[j * ld + p] = dot * (kscale ? kscale[p] * scale : scale) + slope[j] * static_cast<float>(base + p);
+      s[j * ld + p] = dot * scale + slope[j] * static_cast<float>(base + p);
+    }
+}
+
+// PastScores for int8 keys: the dot product by runs of kKvScaleRun head dimensions, each run's times its scale,
+// kscale[run * P + p]. J <= 3: the runs' sums and their total stay in the registers (16 on AVX2); a loop of its
+// own, so that PastScores keeps all of them for 4 query heads.
+template <int J, typename T>
+void PastScoresRuns(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
+                    const float *slope, float *s, int64_t ld, int64_t base, const float *kscale) {
+  const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15), run = kKvScaleRun;
+  int64_t p = 0;
+  for (; p < past16; p += 16) {
+    V8 tot[J][2];
+    for (int j = 0; j < J; ++j) tot[j][0] = tot[j][1] = Zero();
+    for (int64_t d0 = 0; d0 < hd; d0 += run) {
+      V8 acc[J][2];
+      for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = Zero();
+      for (int64_t d = d0; d < std::min(hd, d0 + run); ++d) {
+        const V8 k0 = LoadAs(K + d * P + p), k1 = LoadAs(K + d * P + p + 8);
+        for (int j = 0; j < J; ++j) {
+          const V8 qv = Bcast(q[j * hd + d]);
+          acc[j][0] = Fma(qv, k0, acc[j][0]);
+          acc[j][1] = Fma(qv, k1, acc[j][1]);
+        }
+      }
+      for (int half = 0; half < 2; ++half) {
+        const V8 ks = Load(kscale + d0 / run * P + p + 8 * half);
+        for (int j = 0; j < J; ++j) tot[j][half] = Fma(acc[j][half], ks, tot[j][half]);
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const V8 key = Add(Bcast(static_cast<float>(base + p + 8 * half)), Load(kIota));
+      for (int j = 0; j < J; ++j)
+        Store(s + j * ld + p + 8 * half, Fma(Bcast(slope[j]), key, Mul(tot[j][half], Bcast(scale))));
+    }
+  }
+  for (; p < past8; p += 8) {
+    V8 tot[J];
+    for (int j = 0; j < J; ++j) tot[j] = Zero();
+    for (int64_t d0 = 0; d0 < hd; d0 += run) {
+      V8 acc[J];
+      for (int j = 0; j < J; ++j) acc[j] = Zero();
+      for (int64_t d = d0; d < std::min(hd, d0 + run); ++d) {
+        const V8 kv = LoadAs(K + d * P + p);
+        for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
+      }
+      const V8 ks = Load(kscale + d0 / run * P + p);
+      for (int j = 0; j < J; ++j) tot[j] = Fma(acc[j], ks, tot[j]);
+    }
+    const V8 key = Add(Bcast(static_cast<float>(base + p)), Load(kIota));
+    for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(tot[j], Bcast(scale))));
+  }
+  for (int64_t p = past8; p < past; ++p)
+    for (int j = 0; j < J; ++j) {
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * ScalarAs(K[d * P + p]) * kscale[d / run * P + p];
+      s[j * ld + p] = dot * scale + slope[j] * static_cast<float>(base + p);
     }
 }
 
@@ -134,11 +190,12 @@ void Weigh(const float *e, int64_t ld, int64_t past, const T *V, const T *const 
 // by one.
 template <typename T = float>
 void WeighAll(const float *e, int64_t ld, int64_t g, int64_t past, const T *V, const T *const *new_values,
-              int64_t count, int64_t hd, float *o) {
-  const int64_t hd8 = hd & ~int64_t(7);
+              int64_t count, int64_t hd, float *o, int64_t d0 = 0, int64_t d1 = -1) {
+  if (d1 < 0) d1 = hd;     // the columns [d0, d1) of o's rows of hd
+  const int64_t hd8 = d0 + ((d1 - d0) & ~int64_t(7));
   for (int64_t j = 0; j < g; j += 3) {
     const int64_t J = std::min<int64_t>(3, g - j);
-    int64_t d = 0;
+    int64_t d = d0;
     for (; d + 32 <= hd8; d += 32) {
       if (J == 3) Weigh<3, 4, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
       else if (J == 2) Weigh<2, 4, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
@@ -150,7 +207,7 @@ void WeighAll(const float *e, int64_t ld, int64_t g, int64_t past, const T *V, c
       else Weigh<1, 1, T>(e + j * ld, ld, past, V, new_values, count, hd, d, o + j * hd);
     }
   }
-  for (int64_t d = hd8; d < hd; ++d)
+  for (int64_t d = hd8; d < d1; ++d)
     for (int64_t j = 0; j < g; ++j) {
       float sum = 0.0f;
       for (int64_t p = 0; p < past; ++p) sum += e[j * ld + p] * ScalarAs(V[p * hd + d]);
@@ -241,14 +298,22 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   for (int64_t start = 0; start < L; start += bs) {
     const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, L - start);
     const T *K = keys + (block * a.kv + h) * head_keys;
-    const float *ks = a.key_scales ? a.key_scales + (block * a.kv + h) * bs : nullptr;
-    for (int64_t j = 0; j < g; j += 4) {
+    const float *ks = a.key_scales ? a.key_scales + (block * a.kv + h) * KvScaleRuns(hd) * bs : nullptr;
+    for (int64_t j = 0; j < g; j += ks ? 3 : 4) {
       float *sj = s + j * ld + start;
+      if (ks) {     // int8 keys: by runs, three query heads at a time
+        switch (std::min<int64_t>(3, g - j)) {
+          case 3: PastScoresRuns<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+          case 2: PastScoresRuns<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+          default: PastScoresRuns<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+        }
+        continue;
+      }
       switch (std::min<int64_t>(4, g - j)) {
-        case 4: PastScores<4, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
-        case 3: PastScores<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
-        case 2: PastScores<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
-        default: PastScores<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+        case 4: PastScores<4, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 3: PastScores<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 2: PastScores<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        default: PastScores<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
       }
     }
     const T *V = values + block * block_values + h * bs * hd;
@@ -256,13 +321,20 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   }
   float *den = o + g * hd;
   for (int64_t j = 0; j < g; ++j) den[j] = Softmax(s + j * ld, L);
-  if (a.value_scales)     // int8 values: each weight takes its value's scale (the denominators are the weights')
-    for (int64_t start = 0; start < L; start += bs) {
-      const float *vs = a.value_scales + (static_cast<int64_t>(table[start / bs]) * a.kv + h) * bs;
-      for (int64_t j = 0; j < g; ++j)
-        for (int64_t i = 0; i < std::min(bs, L - start); ++i) s[j * ld + start + i] *= vs[i];
+  if (a.value_scales) {   // int8 values: per run of head dimensions, each weight times its value's scale there
+    const int64_t runs = KvScaleRuns(hd);
+    float *w = den + g;   // the weights of one run (the denominators are the unscaled weights')
+    for (int64_t r = 0; r < runs; ++r) {
+      for (int64_t start = 0; start < L; start += bs) {
+        const float *vs = a.value_scales + ((static_cast<int64_t>(table[start / bs]) * a.kv + h) * runs + r) * bs;
+        for (int64_t j = 0; j < g; ++j)
+          for (int64_t i = 0; i < std::min(bs, L - start); ++i) w[j * ld + start + i] = s[j * ld + start + i] * vs[i];
+      }
+      WeighAll<T>(w, ld, g, 0, nullptr, rows, L, hd, o, r * kKvScaleRun, std::min(hd, (r + 1) * kKvScaleRun));
     }
-  WeighAll<T>(s, ld, g, 0, nullptr, rows, L, hd, o);
+  } else {
+    WeighAll<T>(s, ld, g, 0, nullptr, rows, L, hd, o);
+  }
   float *out = a.out + (n * a.kv + h) * g * hd;
   for (int64_t j = 0; j < g; ++j) {
     const float inv = 1.0f / den[j];

@@ -46,15 +46,21 @@ struct PagedArgs {
   const void *keys = nullptr;      // this layer's keys, block after block
   const void *values = nullptr;    // and values
   int dtype = 0;                   // what the store holds: kKvFloat32, kKvFloat16 (bits) or kKvInt8
-  const float *key_scales = nullptr, *value_scales = nullptr;   // int8: each (block, head, position)'s scale
+  const float *key_scales = nullptr, *value_scales = nullptr;   // int8: (block, head, run, position)
   float scale = 1.0f;
   int64_t N = 0, B = 0, T = 0, kv = 0, g = 0, hd = 0, block = 0;
   const int64_t *ends = nullptr;   // (B,): positions each row holds after the call's writes
   float *out = nullptr;            // (N, kv * g * hd)
 };
 
-// Floats of scratch one paged work item needs.
-inline int64_t PagedScratch(const PagedArgs &a) { return a.g * (a.T * a.block + 8 + a.hd + 1) + 2 * a.T * a.block + 16; }
+// int8 K/V: a scale for each run of this many head dimensions of a position (llama.cpp's q8_0 blocks).
+constexpr int64_t kKvScaleRun = 32;
+inline int64_t KvScaleRuns(int64_t hd) { return (hd + kKvScaleRun - 1) / kKvScaleRun; }
+
+// Floats of scratch one paged work item needs: int8 values also one run's weights.
+inline int64_t PagedScratch(const PagedArgs &a) {
+  return a.g * (2 * (a.T * a.block + 8) + a.hd + 1) + 2 * a.T * a.block + 16;
+}
 
 // Work items [i0, i1) of the N * kv (token, KV head) pairs, item = n * kv + h.
 using AttendFn = void (*)(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);

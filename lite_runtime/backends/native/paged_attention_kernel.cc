@@ -1,8 +1,9 @@
 // The paged KV store and its attention node (LitePagedAttend; the loops: attention_math.cc's PagedItem).
 //
 // A store is allocated once, by the runtime, for a session: `blocks` blocks of `block` positions for every
-// layer, float16, float32 or int8 (each position's key and value of each head with a float32 scale: their
-// largest magnitude / 127, rounded to nearest even), zeroed lazily by the system (calloc), so that memory is
+// layer, float16, float32 or int8 (each run of kKvScaleRun values of a position's key and value of each head
+// with a float32 scale: their largest magnitude / 127, rounded to nearest even, as llama.cpp's q8_0 blocks),
+// zeroed lazily by the system (calloc), so that memory is
 // resident only for the blocks used. The graph's attention node of layer l gets q (N, kv, g, hd), the call's new keys and values
 // (N, kv, hd), meta (N, 4), each row's block ids (B, T), the store's id (1,) and its layer (1,); it writes each
 // new token's key and value into its row's block at its position, then attends over the store. Nothing of
@@ -34,18 +35,19 @@ struct KvStore {
   int64_t layers = 0, blocks = 0, block = 0, kv = 0, hd = 0;
   int dtype = kKvFloat32;
   void *data = nullptr;     // layer after layer: its keys (blocks, kv, hd, block), then its values (blocks, kv, block, hd)
-  float *scales = nullptr;  // int8: layer after layer, its keys' scales (blocks, kv, block), then its values'
+  float *scales = nullptr;  // int8: layer after layer, its keys' scales (blocks, kv, runs, block), then its values'
   ~KvStore() {
     std::free(data);
     std::free(scales);
   }
   int64_t Elements() const { return blocks * kv * block * hd; }   // of the keys (or values) of one layer
+  int64_t ScaleCount() const { return blocks * kv * KvScaleRuns(hd) * block; }   // int8: of one layer's keys
   int64_t ElementBytes() const { return dtype == kKvFloat32 ? 4 : dtype == kKvFloat16 ? 2 : 1; }
   char *Part(int64_t layer, int which) const {
     return static_cast<char *>(data) + (2 * layer + which) * Elements() * ElementBytes();
   }
   float *Scales(int64_t layer, int which) const {
-    return scales ? scales + (2 * layer + which) * blocks * kv * block : nullptr;
+    return scales ? scales + (2 * layer + which) * ScaleCount() : nullptr;
   }
 };
 
@@ -115,9 +117,13 @@ int WriteTokens(const PagedArgs &a, const PagedCall &c, std::vector<int64_t> *en
       const float *key = c.k + (n * st.kv + h) * st.hd, *value = c.v + (n * st.kv + h) * st.hd;
       const int64_t kbase = (block * st.kv + h) * st.hd * st.block + slot, vbase = ((block * st.kv + h) * st.block + slot) * st.hd;
       if (st.dtype == kKvInt8) {
-        const int64_t at = (block * st.kv + h) * st.block + slot;
-        st.Scales(c.layer, 0)[at] = QuantizeI8(key, st.hd, reinterpret_cast<int8_t *>(keys) + kbase, st.block);
-        st.Scales(c.layer, 1)[at] = QuantizeI8(value, st.hd, reinterpret_cast<int8_t *>(values) + vbase, 1);
+        const int64_t runs = KvScaleRuns(st.hd);
+        for (int64_t r = 0, d0 = 0; r < runs; ++r, d0 += kKvScaleRun) {
+          const int64_t at = ((block * st.kv + h) * runs + r) * st.block + slot, n = std::min(kKvScaleRun, st.hd - d0);
+          st.Scales(c.layer, 0)[at] =
+              QuantizeI8(key + d0, n, reinterpret_cast<int8_t *>(keys) + kbase + d0 * st.block, st.block);
+          st.Scales(c.layer, 1)[at] = QuantizeI8(value + d0, n, reinterpret_cast<int8_t *>(values) + vbase + d0, 1);
+        }
       } else if (st.dtype == kKvFloat16) {
         uint16_t *K = reinterpret_cast<uint16_t *>(keys), *V = reinterpret_cast<uint16_t *>(values);
         for (int64_t d = 0; d < st.hd; ++d) K[kbase + d * st.block] = FloatToHalf(key[d]), V[vbase + d] = FloatToHalf(value[d]);
@@ -246,7 +252,7 @@ int64_t lk_kv_create(int64_t layers, int64_t blocks, int64_t block, int64_t kv, 
   store->layers = layers, store->blocks = blocks, store->block = block, store->kv = kv, store->hd = hd;
   store->dtype = dtype;
   store->data = std::calloc(static_cast<size_t>(2 * layers * store->Elements()), store->ElementBytes());
-  if (dtype == lk::kKvInt8) store->scales = static_cast<float *>(std::calloc(2 * layers * blocks * kv * block, 4));
+  if (dtype == lk::kKvInt8) store->scales = static_cast<float *>(std::calloc(2 * layers * store->ScaleCount(), 4));
   if (store->data == nullptr || (dtype == lk::kKvInt8 && store->scales == nullptr))
     return lk::Fail("could not reserve " + std::to_string(2 * layers * store->Elements() * store->ElementBytes()) +
                     " bytes for the KV store"), -1;
@@ -269,7 +275,7 @@ int lk_kv_copy_block(int64_t id, int64_t src, int64_t dst) {
   if (st == nullptr) return lk::Fail("no KV store " + std::to_string(id));
   if (src < 0 || dst < 0 || src >= st->blocks || dst >= st->blocks)
     return lk::Fail("blocks " + std::to_string(src) + " -> " + std::to_string(dst) + " of " + std::to_string(st->blocks));
-  const int64_t bytes = st->kv * st->block * st->hd * st->ElementBytes(), scales = st->kv * st->block;
+  const int64_t bytes = st->kv * st->block * st->hd * st->ElementBytes(), scales = st->ScaleCount() / st->blocks;
   for (int64_t layer = 0; layer < st->layers; ++layer)
     for (int which = 0; which < 2; ++which) {
       std::memcpy(st->Part(layer, which) + dst * bytes, st->Part(layer, which) + src * bytes, bytes);
@@ -290,9 +296,11 @@ int lk_kv_read(int64_t id, int64_t layer, int64_t block, float *keys, float *val
     const float *scales = st->Scales(layer, which);
     float *out = which ? values : keys;
     for (int64_t i = 0; i < n; ++i) {
-      if (st->dtype == lk::kKvInt8) {     // keys (kv, hd, block), values (kv, block, hd): each position's scale
+      if (st->dtype == lk::kKvInt8) {     // keys (kv, hd, block), values (kv, block, hd): each run's scale
         const int64_t h = i / (st->block * st->hd), slot = which ? i / st->hd % st->block : i % st->block;
-        out[i] = reinterpret_cast<const int8_t *>(part)[i] * scales[(block * st->kv + h) * st->block + slot];
+        const int64_t d = which ? i % st->hd : i / st->block % st->hd, runs = lk::KvScaleRuns(st->hd);
+        out[i] = reinterpret_cast<const int8_t *>(part)[i] *
+                 scales[((block * st->kv + h) * runs + d / lk::kKvScaleRun) * st->block + slot];
       } else {
         out[i] = st->dtype == lk::kKvFloat16 ? lk::HalfToFloat(reinterpret_cast<const uint16_t *>(part)[i])
                                              : reinterpret_cast<const float *>(part)[i];
