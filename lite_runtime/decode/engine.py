@@ -130,8 +130,11 @@ class Engine:
         return self.output.pick_seconds
 
     def summary(self) -> str:
-        """Its steps so far: their time, the graph calls' part, the host's share of the rest."""
-        graph, total = self.session.graph_seconds, self.step_seconds
+        """Its steps so far: their time, the graph calls' part and the host's share of the rest (where the
+        session times its calls: not a data-parallel replica's remote one)."""
+        graph, total = getattr(self.session, "graph_seconds", None), self.step_seconds
+        if graph is None:
+            return f"{self.steps} steps in {total:.2f} s (sampling {self.pick_seconds:.2f} s)"
         share = f"{1 - graph / total:.1%}" if total else "-"
         return (f"{self.steps} steps in {total:.2f} s, of which the graph calls {graph:.2f} s: the host's share "
                 f"{share} (sampling {self.pick_seconds:.2f} s)")
