@@ -85,6 +85,17 @@ def test_listeners_sit_on_the_server_of_the_replicas_first_rank(tmp_path):
         assert ports == list(range(9000, 9000 + len(ports)))
 
 
+def test_a_jobs_own_ports_are_outside_the_range_outgoing_connections_take():
+    """The ports a launcher gives its ranks are bound later, by them: one from the ephemeral range could be
+    taken meanwhile by any outgoing connection (a CI run's rank 0 failed so: "Address already in use")."""
+    from lite_runtime.distributed.job_layout import JobLayout
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    layout = JobLayout(2, 2, ["127.0.0.1"] * 4, ms_cluster=True, mpi=False)
+    ports = list(layout.ports.values())
+    assert len(set(ports)) == len(ports) and all(1024 < p <= low - 16 for p in ports), (ports, low)
+
+
 def test_a_script_on_more_ranks_than_its_replicas_hold_is_refused_naming_the_data_parallel_that_fits(monkeypatch):
     """pipeline() or run_infer_main started on 2 ranks with a one-rank export and no data_parallel: one
     line, before any channel is opened (each rank used to answer every prompt again)."""

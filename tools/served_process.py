@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from lite_runtime.contract.errors import ToolchainError
+from lite_runtime.distributed.process_group import free_port
 
 
 @dataclass
@@ -44,12 +44,6 @@ class ServerProcess:
                 continue
             seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / tick     # utime, stime
         return seconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -31,7 +32,29 @@ SCHEDULER_CODE = ("import mindspore as ms; ms.set_context(mode=ms.GRAPH_MODE); "
                   "from mindspore.communication import init; init()")
 
 
-def free_port() -> int:
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768        # Linux's default
+
+
+def free_port(span: int = 16) -> int:
+    """A port of 127.0.0.1 that is free now, at least `span` ports below the ephemeral range (a job given
+    a master port also uses the ports after it).
+
+    The port is only chosen here and bound later by another process. Ports of the ephemeral range
+    (what binding port 0 returns) are also what the kernel gives every outgoing connection meanwhile,
+    so one of those could take it first ("Address already in use" at the rank's bind)."""
+    top, chooser = _ephemeral_start() - span, random.SystemRandom()
+    for port in (chooser.randrange(10000, top) for _ in range(200 if top > 10000 else 0)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
