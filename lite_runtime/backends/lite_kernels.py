@@ -54,6 +54,8 @@ def load(path: str):
         lib.lk_kv_create.restype = i64
         lib.lk_kv_free.argtypes = [i64]
         lib.lk_kv_copy_block.argtypes = [i64, i64, i64]
+        lib.lk_kv_bytes.argtypes = [i64]
+        lib.lk_kv_bytes.restype = i64
         lib.lk_kv_read.argtypes = [i64, i64, i64, vp, vp]
         lib.lk_paged_attend.argtypes = [vp] * 5 + [i64] * 4 + [vp, ctypes.c_float] + [i64] * 4 + [vp, ctypes.c_int]
         lib.lk_read.argtypes = [vp, i64, ctypes.c_int]
@@ -190,6 +192,14 @@ class KVStore:
         self.id = _lib.lk_kv_create(layers, blocks, block, kv, hd, KV_DTYPE_CODES[dtype])
         if self.id < 0:
             raise ValueError(_lib.lk_last_error().decode())
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes it holds: values and, int8, their scales."""
+        size = _lib.lk_kv_bytes(self.id)
+        if size < 0:
+            raise ValueError(_lib.lk_last_error().decode())
+        return size
 
     def copy_block(self, src: int, dst: int) -> None:
         if _lib.lk_kv_copy_block(self.id, src, dst):

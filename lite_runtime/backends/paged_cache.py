@@ -44,9 +44,7 @@ class PagedKVCache(PackedKVCache):
     @property
     def block_bytes(self) -> int:
         """One block's K/V in every layer."""
-        runs = -(-self._hd // KV_SCALE_RUN)      # int8: a float32 scale a run of values too
-        per_position = {"float32": 4 * self._hd, "float16": 2 * self._hd, "int8": self._hd + 4 * runs}[self.dtype]
-        return 2 * self._layers * self._kv * self.block * per_position
+        return kv_block_bytes(self._layers, self._kv, self._hd, self.block, self.dtype)
 
     @property
     def total_blocks(self) -> int:
@@ -185,6 +183,14 @@ class PagedKVCache(PackedKVCache):
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def kv_block_bytes(layers: int, kv: int, hd: int, block: int, dtype: str) -> int:
+    """The bytes of one block of `block` positions of the store (lite_kernels.KVStore): keys and values of
+    `kv` heads of `hd` in each of `layers` layers, and for int8 a float32 scale a run of KV_SCALE_RUN values."""
+    runs = -(-hd // KV_SCALE_RUN)
+    per_position = {"float32": 4 * hd, "float16": 2 * hd, "int8": hd + 4 * runs}[dtype]
+    return 2 * layers * kv * block * per_position
 
 
 def available_memory() -> int:

@@ -17,7 +17,8 @@ NEW_TOKENS = 90
 def main(export, blocks, prefix_bytes, dtype="float16"):
     m = load_manifest(export)
     d = m.dims
-    per_position = {"float16": 2 * d.head_dim, "float32": 4 * d.head_dim, "int8": d.head_dim + 4}[dtype]
+    hd = d.head_dim
+    per_position = {"float16": 2 * hd, "float32": 4 * hd, "int8": hd + 4 * -(-hd // 32)}[dtype]    # int8: scales
     block_bytes = 2 * d.num_layers * d.kv_heads_per_rank * d.kv_block * per_position     # K and V
     session = load_session("mslite", m, kv_cache_dtype=dtype,
                            kv_cache_gb=blocks * block_bytes / 2 ** 30 if blocks else None)

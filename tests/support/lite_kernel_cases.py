@@ -317,6 +317,17 @@ def test_a_paged_token_past_its_rows_blocks_is_refused_in_one_line(library):
                                   store, 0, np.zeros(1, np.float32), 1.0)
 
 
+def test_the_budgets_block_bytes_are_what_the_store_holds(library):
+    """The server's KV budget counts blocks by paged_cache.kv_block_bytes; the store allocates its own: int8's
+    scales by runs of 32 values (hd 48: two runs, the second short) must agree."""
+    from lite_runtime.backends.paged_cache import kv_block_bytes
+    for dtype in ("float32", "float16", "int8"):
+        for hd in (64, 48):
+            store = lite_kernels.KVStore(2, 5, 16, 3, hd, dtype)
+            assert store.nbytes == 5 * kv_block_bytes(2, 3, hd, 16, dtype), (dtype, hd)
+            store.close()
+
+
 def test_the_kernels_equal_numpy_on_odd_shapes(library):
     check_direct()
 

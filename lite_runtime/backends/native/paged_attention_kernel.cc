@@ -269,6 +269,13 @@ int lk_kv_free(int64_t id) {
   return 0;
 }
 
+// The bytes store `id` holds (its values and, int8, their scales), or -1.
+int64_t lk_kv_bytes(int64_t id) {
+  const lk::KvStore *st = lk::FindStore(id);
+  if (st == nullptr) return lk::Fail("no KV store " + std::to_string(id)), -1;
+  return 2 * st->layers * (st->Elements() * st->ElementBytes() + (st->scales ? st->ScaleCount() * 4 : 0));
+}
+
 // Copies block `src` into block `dst` in every layer (a shared block written by one of its users).
 int lk_kv_copy_block(int64_t id, int64_t src, int64_t dst) {
   const lk::KvStore *st = lk::FindStore(id);
