@@ -53,7 +53,7 @@ def test_lite_matches_transformers(hf_family, family_export, family, variant):
     check_parity(logits, tokens, ref_logits, ref_tokens, f"{family} Lite ({variant})")
 
 
-LLAMA_OPS, GELU_OPS = {"LiteRMSNorm", "LiteSwiGLU", "LiteSwiGLUJoined", "LiteRotary"}, {"LiteLayerNorm", "LiteGELU"}
+LLAMA_OPS, GELU_OPS = {"LiteRMSNorm", "LiteSwiGLU", "LiteRotary"}, {"LiteLayerNorm", "LiteGELU"}
 
 
 @pytest.mark.parametrize("family, variant, layer_ops", [

@@ -10,8 +10,7 @@ from __future__ import annotations
 from mindspore import dtype as mstype
 from mindspore import ops
 
-from lite_runtime.contract.quant import (ATTEND_TYPE, GATHER_TYPES, OP_TYPES, PAGED_ATTEND_TYPE, ROTARY_TYPE,
-                                         SWIGLU_JOINED_TYPE, aot_func)
+from lite_runtime.contract.quant import ATTEND_TYPE, GATHER_TYPES, OP_TYPES, PAGED_ATTEND_TYPE, ROTARY_TYPE, aot_func
 
 
 def _out_shape(x, w, *scales):
@@ -78,15 +77,11 @@ def _rotated_shape(x, cos, sin, pair):
     return [x[0], x[1] // pair[1], pair[1]]
 
 
-def _halved_shape(x):
-    return list(x[:-1]) + [x[-1] // 2 if x[-1] > 0 else x[-1]]
-
-
 def layer_op(op_type: str) -> ops.Custom:
     """One of a layer's small float32 ops (native/layer_ops_kernel.cc): LiteRMSNorm (x, weight, eps), LiteLayerNorm
-    (x, weight, bias, eps), LiteSwiGLU (gate, up) and LiteGELU (x, form) keep x's shape; LiteSwiGLUJoined (gate and
-    up side by side (..., 2F)) gives (..., F); LiteRotary (x (N, n·hd), cos, sin, pair (2, hd)) gives (N, n, hd)."""
-    shape = {ROTARY_TYPE: _rotated_shape, SWIGLU_JOINED_TYPE: _halved_shape}.get(op_type, _same_shape)
+    (x, weight, bias, eps), LiteSwiGLU (gate, up) and LiteGELU (x, form) keep x's shape; LiteRotary (x (N, n·hd),
+    cos, sin, pair (2, hd)) gives (N, n, hd)."""
+    shape = _rotated_shape if op_type == ROTARY_TYPE else _same_shape
     op = ops.Custom(aot_func(op_type), out_shape=shape, out_dtype=_out_dtype, func_type="aot")
     op.add_prim_attr("type", op_type)
     return op

@@ -6,7 +6,7 @@ MindSpore 2.10 and 2.0 and run on Lite 2.0 CPU are used.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -133,17 +133,6 @@ class LinearKernels:
                       if (isinstance(cell, Linear) or name == "embed" and table) and cell.kernel is None}
         # a layer's own scheme, where it is not `scheme`
         self.schemes = {"head.weight": head, "embed.weight": embedding}
-        # SwiGLU's gate and up, joined into one product (SwiGLU.join) where both are plain products of the
-        # packed step whose stored panels line up (rows a multiple of 16): weight name -> (prefix, part)
-        from exporter.models.mlp import SwiGLU
-        self.joins: Dict[str, Tuple[str, int]] = {}
-        self._mlps = {name: cell for name, cell in net.cells_and_names() if isinstance(cell, SwiGLU) and cell.kernel}
-        for prefix, mlp in self._mlps.items():
-            parts = [mlp.gate, mlp.up]
-            if all(f"{prefix}.{p}.weight" in self.cells for p in ("gate", "up")) and \
-                    all(c.flat and not c.lora and not c.has_bias and c.out_features % 16 == 0 for c in parts):
-                self.joins.update({f"{prefix}.gate.weight": (prefix, 0), f"{prefix}.up.weight": (prefix, 1)})
-        self._waiting: Dict[str, list] = {}
 
     def takes(self, name: str) -> bool:
         return name in self.cells
@@ -168,28 +157,9 @@ class LinearKernels:
         cell = self.cells[name]
         value = self.finish(name, value)
         del cell.weight
-        if name not in self.joins:
-            return self._attach(cell, "kernel", name[:-len(".weight")], value)
-        prefix, part = self.joins[name]
-        waiting = self._waiting.setdefault(prefix, [None, None])
-        waiting[part] = (cell, name, value)
-        if None in waiting:
-            return
-        del self._waiting[prefix]
-        if waiting[0][2].storage != waiting[1][2].storage:      # int4: one on Q4_0's grid, the other not
-            for cell, name, value in waiting:
-                self._attach(cell, "kernel", name[:-len(".weight")], value)
-            return
-        gate, up = waiting[0][2], waiting[1][2]
-        joined = QuantizedWeight(gate.storage, [np.concatenate(pair) for pair in zip(gate.constants, up.constants)], ())
-        self._attach(self._mlps[prefix], "gate_up", f"{prefix}.gate_up", joined)
-        self._mlps[prefix].join()
-
-    @staticmethod
-    def _attach(owner: nn.Cell, attribute: str, prefix: str, value: QuantizedWeight) -> None:
-        setattr(owner, attribute, KernelProduct(value.storage, value.constants, lookup=isinstance(owner, Embedding)))
+        cell.kernel = KernelProduct(value.storage, value.constants, lookup=isinstance(cell, Embedding))
         for param_name in KernelProduct.NAMES[:len(value.constants)]:    # after attaching, which renames them
-            getattr(getattr(owner, attribute), param_name).name = f"{prefix}.{param_name}"
+            getattr(cell.kernel, param_name).name = f"{name[:-len('.weight')]}.{param_name}"
 
 
 class ColumnParallelLinear(Linear):

@@ -7,7 +7,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from exporter.models.linear import ColumnParallelLinear, RowParallelLinear
-from lite_runtime.contract.quant import GELU_FORMS, GELU_TYPE, SWIGLU_JOINED_TYPE, SWIGLU_TYPE
+from lite_runtime.contract.quant import GELU_FORMS, GELU_TYPE, SWIGLU_TYPE
 
 
 class SwiGLU(nn.Cell):
@@ -23,20 +23,11 @@ class SwiGLU(nn.Cell):
         self.down = RowParallelLinear(intermediate, hidden, world_size, dtype, bias, flat, lora.get("down", 0), reduce)
         self.sigmoid = ops.Sigmoid()
         self.kernel = kernel
-        self.joined = False       # gate and up as one product (join)
         if kernel:
             from exporter.models.kernels import layer_op
             self.op = layer_op(SWIGLU_TYPE)
 
-    def join(self) -> None:
-        """Gate and up read x as one product, `gate_up` (LinearKernels sets it): one node and one stream of
-        weights instead of two."""
-        from exporter.models.kernels import layer_op
-        self.joined_op, self.joined = layer_op(SWIGLU_JOINED_TYPE), True
-
     def construct(self, x, select=None):
-        if self.joined:
-            return self.down(self.joined_op(self.gate_up(x)), select)
         gate = self.gate(x, select)
         if self.kernel:
             return self.down(self.op(gate, self.up(x, select)), select)

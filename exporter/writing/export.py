@@ -203,8 +203,7 @@ def _write_side_files(config: ExportConfig, source: ModelSource, plan: ExportPla
                         kernels=kernels_for(quant.weights, quant.head, quant.embedding, head_reads_embedding(
                             bool(cfg.tie_word_embeddings), config.world_size,
                             own_head(quant.weights, quant.head, quant.embedding)))
-                        + (layer_kernels(cfg.norm, cfg.mlp, cfg.positions, config.attention == "paged",
-                                         quant.weights != "none")
+                        + (layer_kernels(cfg.norm, cfg.mlp, cfg.positions, config.attention == "paged")
                            if config.attention_on_kernel else []))
     manifest.save(tmp)
     return manifest

@@ -48,9 +48,7 @@ PAGED_ATTEND_TYPE = "LitePagedAttend"    # the attention over the kernels' paged
 # A layer's small ops, each one node, beside the attention kernel (native/layer_ops_kernel.cc).
 NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE = (
     "LiteRMSNorm", "LiteLayerNorm", "LiteSwiGLU", "LiteGELU", "LiteRotary")
-SWIGLU_JOINED_TYPE = "LiteSwiGLUJoined"     # SwiGLU on one product's gate and up side by side (..., 2F)
-LAYER_KERNELS = [ATTEND_TYPE, PAGED_ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, SWIGLU_JOINED_TYPE, GELU_TYPE,
-                 ROTARY_TYPE]
+LAYER_KERNELS = [ATTEND_TYPE, PAGED_ATTEND_TYPE, NORM_TYPE, LAYER_NORM_TYPE, SWIGLU_TYPE, GELU_TYPE, ROTARY_TYPE]
 GELU_FORMS = {"gelu": 0, "gelu_tanh": 1, "fast_gelu": 2}     # LiteGELU's form input (native/layer_math.h)
 # Types no kernel runs any more are refused by the manifest (manifest.RETIRED_OP_TYPES).
 KIND_CODES: Dict[str, int] = {"float32": 0, "int8": 1, "int4_min": 5, "int4_sym": 5, "float32_p16": 4,
@@ -92,15 +90,13 @@ def kernels_for(scheme: str, head: str = "float32", embedding: str = "float32", 
     return kernels
 
 
-def layer_kernels(norm: str, mlp: str, positions: str, paged: bool = False, weights_on_kernels: bool = False
-                  ) -> List[str]:
-    """The Custom types a packed step with `attention: kernel` (or `paged`) may run for a model of these
-    DecoderConfig kinds (the manifest's `kernels` beside the linear layers'): the attention, its norms, its MLP's
-    activation (SwiGLU also on its gate and up joined, when the products run on the kernels) and rotary."""
+def layer_kernels(norm: str, mlp: str, positions: str, paged: bool = False) -> List[str]:
+    """The Custom types a packed step with `attention: kernel` (or `paged`) runs for a model of these DecoderConfig
+    kinds (the manifest's `kernels` beside the linear layers'): the attention, its norms, its MLP's activation and
+    rotary."""
     norm_type = NORM_TYPE if norm == "rms" else LAYER_NORM_TYPE
-    mlp_types = ([SWIGLU_TYPE] + [SWIGLU_JOINED_TYPE] * weights_on_kernels) if mlp == "swiglu" else [GELU_TYPE]
-    return [PAGED_ATTEND_TYPE if paged else ATTEND_TYPE, norm_type, *mlp_types] + \
-        ([ROTARY_TYPE] if positions in ("rotary", "rotary_2d") else [])
+    mlp_type = SWIGLU_TYPE if mlp == "swiglu" else GELU_TYPE
+    return [PAGED_ATTEND_TYPE if paged else ATTEND_TYPE, norm_type, mlp_type] + ([ROTARY_TYPE] if positions in ("rotary", "rotary_2d") else [])
 
 
 def quantization_record(scheme: str, group_size: int, head: str = "float32", embedding: str = "float32"

@@ -62,7 +62,6 @@ LAYER_CASES = {
     "rms_norm": (quant.NORM_TYPE, 37),
     "layer_norm": (quant.LAYER_NORM_TYPE, 37),
     "swiglu": (quant.SWIGLU_TYPE, 37),
-    "swiglu_joined": (quant.SWIGLU_JOINED_TYPE, 37),      # gate and up side by side: (rows, 74) -> (rows, 37)
     "gelu": (quant.GELU_TYPE, 37),
     "gelu_tanh": (quant.GELU_TYPE, 37),
     "fast_gelu": (quant.GELU_TYPE, 37),
@@ -114,15 +113,6 @@ class SwiGLU(nn.Cell):
         return self.op(gate, up)
 
 
-class SwiGLUJoined(nn.Cell):
-    def __init__(self, consts):
-        super().__init__()
-        self.op = layer_op(quant.SWIGLU_JOINED_TYPE)
-
-    def construct(self, gate_up):
-        return self.op(gate_up)
-
-
 class Rotary(nn.Cell):
     def __init__(self, consts):
         super().__init__()
@@ -149,9 +139,6 @@ def layer_graphs(out, rng):
         elif op_type == quant.GELU_TYPE:
             consts = [np.array([quant.GELU_FORMS[name]], np.float32)]
             inputs, cell = [Tensor(shape=[None, shape], dtype=ms.float32)], Gelu(consts)
-        elif op_type == quant.SWIGLU_JOINED_TYPE:
-            consts, cell = [], SwiGLUJoined([])
-            inputs = [Tensor(shape=[None, 2 * shape], dtype=ms.float32)]
         else:
             consts, cell = [], SwiGLU([])
             inputs = [Tensor(shape=[None, shape], dtype=ms.float32)] * 2

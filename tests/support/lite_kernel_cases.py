@@ -20,7 +20,7 @@ from support.tiny_models import REPO, VENV_MS20_PYTHON
 ROWS = (1, 2, 3, 8, 70)        # decode paths (1, 2), the dequantised tiles, and past one 64-row pass
 CASES = ("f32", "f32p16", "f32p16_wide", "i8", "i8_wide", "i4_g32", "i4_g64", "i4_g128", "i4_g32_wide", "i4s_g32",
          "i4s_g32_wide", "i8g_g32", "i8g_g128", "i8g_g32_wide")
-LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "swiglu_joined", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
+LAYER_CASES = ("rms_norm", "layer_norm", "swiglu", "gelu", "gelu_tanh", "fast_gelu", "rotary_half",
                "rotary_pairs_partial")     # kernel_graphs.LAYER_CASES
 TOLERANCE = 2e-5               # of the largest |y|: float32 sums in another order than numpy's float64
 
@@ -115,9 +115,6 @@ def layer_reference(case, consts, inputs):
         return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + eps) * weight + bias
     if case == "swiglu":
         return x / (1.0 + np.exp(-x)) * inputs[1]
-    if case == "swiglu_joined":
-        gate, up = np.split(x, 2, axis=-1)
-        return gate / (1.0 + np.exp(-gate)) * up
     if case == "gelu":        # the exact form, by the error function (math.erf: numpy has none)
         return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
     if case == "gelu_tanh":   # as GPT-2 and Bloom write it
@@ -148,8 +145,7 @@ def test_a_layer_op_on_lite_equals_numpy(graphs, case, fmt):
                     inputs = [rng.standard_normal((rows, heads * hd)).astype(np.float32), cos, cos * 0.5 + 0.1]
                     out = [rows, heads, hd]
                 else:
-                    width = 74 if case == "swiglu_joined" else 37
-                    inputs = [rng.standard_normal((rows, width)).astype(np.float32) * 3 for _ in model.inputs]
+                    inputs = [rng.standard_normal((rows, 37)).astype(np.float32) * 3 for _ in model.inputs]
                     out = [rows, 37]
                 model.resize([list(a.shape) for a in inputs], [out])
                 model.bind_inputs(inputs)

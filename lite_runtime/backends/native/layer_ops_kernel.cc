@@ -2,7 +2,6 @@
 //   LiteRMSNorm  x (..., H), weight (H,), eps (1,)       -> x / sqrt(mean(x²) + eps) · weight
 //   LiteLayerNorm x (..., H), weight, bias (H,), eps (1,) -> (x - mean) / sqrt(var + eps) · weight + bias
 //   LiteSwiGLU   gate (..., F), up (..., F)               -> gate · sigmoid(gate) · up
-//   LiteSwiGLUJoined  gate and up side by side (..., 2F)  -> the same (one product made both: mlp.py)
 //   LiteGELU     x (..., F), form (1,) (layer_math.h's GeluForm) -> GELU(x)
 //   LiteRotary   x (N, n·hd), cos, sin (N·hd), pair (2, hd) -> (N, n, hd): x · cos + partner · sin, where
 //                partner[i] = pair[1][i] · x[pair[0][i]] (pair[0][i] < 0: no partner), as positions.py's P
@@ -25,14 +24,14 @@ namespace {
 using mindspore::DataType;
 using mindspore::MSTensor;
 
-enum Op { kNorm, kLayerNorm, kSwiGLU, kSwiGLUJoined, kGelu, kRotary };
+enum Op { kNorm, kLayerNorm, kSwiGLU, kGelu, kRotary };
 struct OpType {
   const char *name;
   Op op;
   int inputs;
 };
 const OpType kOps[] = {{"LiteRMSNorm", kNorm, 3}, {"LiteLayerNorm", kLayerNorm, 4}, {"LiteSwiGLU", kSwiGLU, 2},
-                       {"LiteSwiGLUJoined", kSwiGLUJoined, 1}, {"LiteGELU", kGelu, 2}, {"LiteRotary", kRotary, 4}};
+                       {"LiteGELU", kGelu, 2}, {"LiteRotary", kRotary, 4}};
 constexpr int64_t kSplitFloats = int64_t(1) << 16;   // a call of fewer floats runs on one thread
 
 // Rows [r0, r1) of the op's output: rows of H floats (norms, activations) or tokens (rotary).
@@ -44,9 +43,6 @@ void RunRows(Op op, const float *const *in, const std::vector<int64_t> &ys, int6
   if (op == kLayerNorm)
     (avx2 ? avx2::LayerNorm : generic::LayerNorm)(in[0] + at, in[1], in[2], *in[3], r1 - r0, H, out + at);
   if (op == kSwiGLU) (avx2 ? avx2::SwiGLU : generic::SwiGLU)(in[0] + at, in[1] + at, (r1 - r0) * H, out + at);
-  if (op == kSwiGLUJoined)
-    for (int64_t r = r0; r < r1; ++r)
-      (avx2 ? avx2::SwiGLU : generic::SwiGLU)(in[0] + 2 * r * H, in[0] + 2 * r * H + H, H, out + r * H);
   if (op == kGelu) (avx2 ? avx2::Gelu : generic::Gelu)(static_cast<int>(*in[1]), in[0] + at, (r1 - r0) * H, out + at);
   if (op == kRotary)
     (avx2 ? avx2::Rotary : generic::Rotary)(in[0] + at, in[1] + r0 * ys[2], in[2] + r0 * ys[2], in[3], r1 - r0, ys[1],
@@ -70,12 +66,6 @@ std::vector<int64_t> OutShape(const OpType &type, const std::vector<MSTensor> &i
     case kSwiGLU:
       if (in[1].Shape() != xs) *why = "gate " + Shape(xs) + " and up " + Shape(in[1].Shape()) + " differ";
       return xs;
-    case kSwiGLUJoined: {
-      if (xs.empty() || xs.back() % 2) *why = "gate and up " + Shape(xs) + " must end in an even width";
-      std::vector<int64_t> ys = xs;
-      if (!ys.empty()) ys.back() /= 2;
-      return ys;
-    }
     case kGelu:
       if (xs.empty() || in[1].ElementNum() != 1) *why = "the form " + Shape(in[1].Shape()) + " must be one value";
       return xs;
@@ -129,7 +119,7 @@ class LayerOpKernel : public mindspore::kernel::Kernel {
     if (type_.op == kGelu && !(*in[1] == kGeluErf || *in[1] == kGeluTanh || *in[1] == kGeluFast))
       return Report(std::string(type_.name) + ": form " + std::to_string(*in[1]) +
                     " is none of 0 (erf), 1 (tanh), 2 (fast)");
-    const int64_t rows = type_.op == kRotary ? ys[0] : count / inputs_[0].Shape().back();
+    const int64_t rows = type_.op == kRotary ? ys[0] : count / ys.back();
     const int lite_threads = context_ ? std::max(1, context_->GetThreadNum()) : 1;
     const int threads = count < kSplitFloats || !KernelsHoldThreads() ? 1 : KernelThreads(lite_threads);
     const int64_t chunks = std::min<int64_t>(rows, threads == 1 ? 1 : 4 * threads);
@@ -154,9 +144,7 @@ class LayerOpInfer : public mindspore::kernel::KernelInterface {
     y.SetFormat((*inputs)[0].format());
     const std::vector<int64_t> xs = (*inputs)[0].Shape();
     if (type_.op != kRotary) {
-      std::vector<int64_t> ys = xs;
-      if (type_.op == kSwiGLUJoined && !ys.empty() && ys.back() > 0) ys.back() /= 2;
-      y.SetShape(ys);
+      y.SetShape(xs);
       return mindspore::kSuccess;
     }
     for (int64_t d : xs)   // N is unknown until Resize; the converter's own pass sees the rank unknown too

@@ -450,7 +450,7 @@ const char *lk_types() {
   return "LiteLinearF32,LiteLinearF32P16,LiteLinearI8P16,LiteLinearI4F16P16,LiteLinearI4SymF16P16,"
          "LiteLinearI8GroupF16P16,LiteGatherI8P16,LiteGatherI8GroupF16P16,"
          "LiteGatherF32P16,"
-         "LiteAttend,LitePagedAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteSwiGLUJoined,LiteGELU,LiteRotary";
+         "LiteAttend,LitePagedAttend,LiteRMSNorm,LiteLayerNorm,LiteSwiGLU,LiteGELU,LiteRotary";
 }
 
 
