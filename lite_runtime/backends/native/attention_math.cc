@@ -25,23 +25,42 @@ inline float ScalarAs(float x) { return x; }
 inline float ScalarAs(uint16_t x) { return HalfToFloat(x); }
 inline float ScalarAs(int8_t x) { return static_cast<float>(x); }
 
+// acc[j] = q_j[d0:d1] . K[d0:d1, p:p + 16] (two halves of 8 positions), J query heads: a whole cache line of
+// each key row a step of d. Inlined, or the sums leave the registers.
+template <int J, typename T>
+__attribute__((always_inline)) inline void Dot16(const float *q, int64_t hd, const T *K, int64_t P, int64_t p,
+                                                 int64_t d0, int64_t d1, V8 (&acc)[J][2]) {
+  for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = Zero();
+  for (int64_t d = d0; d < d1; ++d) {
+    const V8 k0 = LoadAs(K + d * P + p), k1 = LoadAs(K + d * P + p + 8);
+    for (int j = 0; j < J; ++j) {
+      const V8 qv = Bcast(q[j * hd + d]);
+      acc[j][0] = Fma(qv, k0, acc[j][0]);
+      acc[j][1] = Fma(qv, k1, acc[j][1]);
+    }
+  }
+}
+
+// Dot16 for 8 positions.
+template <int J, typename T>
+__attribute__((always_inline)) inline void Dot8(const float *q, int64_t hd, const T *K, int64_t P, int64_t p,
+                                                int64_t d0, int64_t d1, V8 (&acc)[J]) {
+  for (int j = 0; j < J; ++j) acc[j] = Zero();
+  for (int64_t d = d0; d < d1; ++d) {
+    const V8 kv = LoadAs(K + d * P + p);
+    for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
+  }
+}
+
 // s[j * ld + p] = scale * q_j . K[:, p] + slope_j * (base + p) for p < past, J query heads (J <= 4).
 template <int J, typename T = float>
 void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
                 const float *slope, float *s, int64_t ld, int64_t base = 0) {
   const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15);
   int64_t p = 0;
-  for (; p < past16; p += 16) {     // 16 positions: a whole cache line of each key row
+  for (; p < past16; p += 16) {
     V8 acc[J][2];
-    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = Zero();
-    for (int64_t d = 0; d < hd; ++d) {
-      const V8 k0 = LoadAs(K + d * P + p), k1 = LoadAs(K + d * P + p + 8);
-      for (int j = 0; j < J; ++j) {
-        const V8 qv = Bcast(q[j * hd + d]);
-        acc[j][0] = Fma(qv, k0, acc[j][0]);
-        acc[j][1] = Fma(qv, k1, acc[j][1]);
-      }
-    }
+    Dot16<J>(q, hd, K, P, p, 0, hd, acc);
     for (int half = 0; half < 2; ++half) {
       const V8 key = Add(Bcast(static_cast<float>(base + p + 8 * half)), Load(kIota));
       const V8 sc = Bcast(scale);
@@ -51,11 +70,7 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
   }
   for (; p < past8; p += 8) {
     V8 acc[J];
-    for (int j = 0; j < J; ++j) acc[j] = Zero();
-    for (int64_t d = 0; d < hd; ++d) {
-      const V8 kv = LoadAs(K + d * P + p);
-      for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
-    }
+    Dot8<J>(q, hd, K, P, p, 0, hd, acc);
     const V8 key = Add(Bcast(static_cast<float>(base + p)), Load(kIota));
     const V8 sc = Bcast(scale);
     for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], sc)));
@@ -81,15 +96,7 @@ void PastScoresRuns(const float *q, int64_t hd, const T *K, int64_t P, int64_t p
     for (int j = 0; j < J; ++j) tot[j][0] = tot[j][1] = Zero();
     for (int64_t d0 = 0; d0 < hd; d0 += run) {
       V8 acc[J][2];
-      for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = Zero();
-      for (int64_t d = d0; d < std::min(hd, d0 + run); ++d) {
-        const V8 k0 = LoadAs(K + d * P + p), k1 = LoadAs(K + d * P + p + 8);
-        for (int j = 0; j < J; ++j) {
-          const V8 qv = Bcast(q[j * hd + d]);
-          acc[j][0] = Fma(qv, k0, acc[j][0]);
-          acc[j][1] = Fma(qv, k1, acc[j][1]);
-        }
-      }
+      Dot16<J>(q, hd, K, P, p, d0, std::min(hd, d0 + run), acc);
       for (int half = 0; half < 2; ++half) {
         const V8 ks = Load(kscale + d0 / run * P + p + 8 * half);
         for (int j = 0; j < J; ++j) tot[j][half] = Fma(acc[j][half], ks, tot[j][half]);
@@ -106,11 +113,7 @@ void PastScoresRuns(const float *q, int64_t hd, const T *K, int64_t P, int64_t p
     for (int j = 0; j < J; ++j) tot[j] = Zero();
     for (int64_t d0 = 0; d0 < hd; d0 += run) {
       V8 acc[J];
-      for (int j = 0; j < J; ++j) acc[j] = Zero();
-      for (int64_t d = d0; d < std::min(hd, d0 + run); ++d) {
-        const V8 kv = LoadAs(K + d * P + p);
-        for (int j = 0; j < J; ++j) acc[j] = Fma(Bcast(q[j * hd + d]), kv, acc[j]);
-      }
+      Dot8<J>(q, hd, K, P, p, d0, std::min(hd, d0 + run), acc);
       const V8 ks = Load(kscale + d0 / run * P + p);
       for (int j = 0; j < J; ++j) tot[j] = Fma(acc[j], ks, tot[j]);
     }
