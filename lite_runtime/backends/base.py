@@ -53,10 +53,10 @@ class Session:
 
     def verify(self, tokens: np.ndarray, counts: np.ndarray, past: np.ndarray, picks: np.ndarray,
                *extra: np.ndarray) -> np.ndarray:
-        """`step`, returning the logits of row r's last picks[r] tokens, row after row (sum(picks), vocab):
-        a row feeding its last token and k speculated ones gets the k + 1 distributions that verify them
-        (packed exports)."""
-        self.manifest.require_packed("speculative decoding")
+        """`step`, returning the logits of row r's last picks[r] tokens, row after row (sum(picks), vocab): a row
+        feeding its last token and k speculated ones gets the k + 1 distributions that verify them, a row whose
+        prompt goes on at the next step none (packed exports; the engine's every step)."""
+        self.manifest.require_packed("picking logits by row (the engine, speculative decoding)")
         return self.cache.step(self._timed_run, tokens, counts, past, extra, picks)
 
     def close(self) -> None:

@@ -239,6 +239,8 @@ class PackedKVCache(KVCache):
             last = np.arange(int(picks.sum())) - np.repeat(np.cumsum(picks) - picks, picks) + \
                 np.repeat(ends - picks, picks)
         wanted = len(last)
+        if not wanted and self.max_picks is None:       # a call that picks none (prompt chunks): one row's, unused
+            last = np.zeros(1, np.int64)
         if self.max_picks is not None and wanted != self.max_picks:
             if wanted > self.max_picks:
                 raise UnsupportedError(f"this export returns {self.max_picks} logits a step, {wanted} were asked "

@@ -24,13 +24,13 @@ class StepRunner:
         return [int(v[0]) for v in rows]
 
     def run(self, plan: StepPlan, rows: List[Optional[Row]]) -> Tuple[np.ndarray, np.ndarray]:
-        """(logits, first): row r's j-th picked logits are logits[first[r] + j]."""
+        """(logits, first): row r's j-th picked logits are logits[first[r] + j]. Only the picked rows' logits are
+        made (the head runs for them alone): a step of one running row in a 32-row export returns one row of
+        logits, not 32 of which 31 are zeros."""
         idle = self.idle_values
         extra = [np.array([row.row_values[k] if row else idle[k] for row in rows], np.int32) for k in range(len(idle))]
         if self.limits.adapters:
             extra.append(np.array([row.request.adapter_slot if row else 0 for row in rows], np.int32))
         self.steps += 1
-        if plan.guessing:
-            logits = self.session.verify(plan.tokens, plan.counts, plan.past, plan.picks, *extra)
-            return logits, np.cumsum(plan.picks) - plan.picks
-        return self.session.step(plan.tokens, plan.counts, plan.past, *extra), np.arange(len(rows))
+        logits = self.session.verify(plan.tokens, plan.counts, plan.past, plan.picks, *extra)
+        return logits, np.cumsum(plan.picks) - plan.picks

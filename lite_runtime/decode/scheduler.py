@@ -90,7 +90,6 @@ class StepPlan:
     counts: np.ndarray
     past: np.ndarray
     picks: np.ndarray
-    guessing: bool
 
 
 class Scheduler:
@@ -223,4 +222,4 @@ class Scheduler:
         # Rows whose fed tokens end their pending ones get logits: one each, or one per guess more.
         picks = np.array([len(rows[i].guesses) + 1 if rows[i] and counts[i] >= len(rows[i].pending) else 0
                           for i in range(L.rows)], np.int64)
-        return StepPlan(live, tokens, counts, past, picks, any(rows[i].guesses for i in live))
+        return StepPlan(live, tokens, counts, past, picks)
