@@ -4,6 +4,7 @@ The store is the runtime's own `PagedKVCache` over a manifest made here (its K/V
 graph call, which these tests never make)."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from lite_runtime.backends.paged_cache import PagedKVCache
@@ -11,6 +12,7 @@ from lite_runtime.contract.errors import ConfigError, ValidationError
 from lite_runtime.contract.families import DYNAMIC, STEP, GraphDims, TensorSpec
 from lite_runtime.contract.manifest import GraphEntry, Manifest
 from lite_runtime.contract.quant import PAGED_ATTEND_TYPE
+from lite_runtime.decode.runner import StepRunner
 from lite_runtime.decode.scheduler import EngineLimits, Row, Scheduler
 
 pytestmark = pytest.mark.fast
@@ -80,6 +82,32 @@ def test_the_plan_feeds_prompts_in_chunks_beside_decoding_rows_and_whole_alone()
     s.rows[a].pending, s.rows[a].past = [5], 44
     plan = s.plan()
     assert plan.counts[a] == 1 and plan.counts[b] == 32 and plan.picks[b] == 0 and plan.picks[a] == 1
+
+
+class PickingSession:
+    """A stand-in for the runner's call wiring only: records the picks asked for and returns, for each pick, a
+    row of logits holding the number of the cache row it is for."""
+
+    def __init__(self, m):
+        self.manifest, self.asked = m, []
+
+    def verify(self, tokens, counts, past, picks, *extra):
+        self.asked.append(np.array(picks))
+        return np.repeat(np.arange(len(picks)), picks)[:, None] * np.ones((1, 5), np.float32)
+
+
+def test_the_runner_asks_for_the_picked_rows_logits_only():
+    """A decoding row beside a prompt's middle chunk in a 4-row export: one row of logits, the decoding row's
+    (not one a row of the export, nor one for the chunk)."""
+    s, _ = scheduler(prefill_chunk=32)
+    a = admit(s, 44)
+    b = admit(s, 100)
+    s.rows[a].pending, s.rows[a].past = [5], 44
+    plan = s.plan()
+    session = PickingSession(manifest())
+    logits, first = StepRunner(session, s.limits).run(plan, s.rows)
+    assert list(session.asked[0]) == [1 if i == a else 0 for i in range(ROWS)] and plan.counts[b] == 32
+    assert logits.shape == (1, 5) and logits[first[a], 0] == a
 
 
 def test_a_prompt_alone_goes_in_lone_chunks_on_the_paged_store_and_whole_on_host_arrays():
