@@ -141,6 +141,7 @@ def _release_freed_memory() -> None:
         pass
 
 
+MADV_DONTNEED = 4
 MADV_PAGEOUT = 21      # Linux 5.4 on: reclaim the pages of a range now, as memory pressure would
 
 
@@ -149,20 +150,31 @@ def _page_out_lite_libraries() -> None:
     and start-up code, in libmindspore-extendrt and the converter library it links: about 150 MB) and after each
     Build. They held 190-215 MB resident after a SmolLM2 load, of which a step touches about 7 MB again
     (faulted back in from the files, docs/run.md): a process holds what it uses. Where madvise refuses (an
-    older kernel), nothing changes."""
+    older kernel), nothing changes.
+
+    Linux does not page out a page another process maps too (two ranks, or two servers, loading at once): those
+    are then unmapped from this process (MADV_DONTNEED), which is safe only where no page of the mapping is this
+    process's own copy (Anonymous: 0, unlike the relocated read-only data); the file's pages stay cached."""
     folder = os.path.dirname(os.path.realpath(shim_path())) + os.sep
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/smaps") as f:
             lines = f.read().splitlines()
         madvise = ctypes.CDLL(None).madvise
     except (OSError, AttributeError):       # not Linux, or no madvise
         return
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    ranges, current = [], None              # (start, end) of each read-only mapping of the folder, own pages none
     for line in lines:
         parts = line.split(maxsplit=5)
-        if len(parts) == 6 and "w" not in parts[1] and parts[5].startswith(folder):
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            madvise(start, end - start, MADV_PAGEOUT)
+        if "-" in parts[0] and not parts[0].endswith(":"):
+            current = None
+            if len(parts) == 6 and "w" not in parts[1] and parts[5].startswith(folder):
+                current = [int(x, 16) for x in parts[0].split("-")]
+                madvise(current[0], current[1] - current[0], MADV_PAGEOUT)
+        elif current is not None and parts[0] == "Anonymous:" and parts[1] == "0":
+            ranges.append(current)
+    for start, end in ranges:
+        madvise(start, end - start, MADV_DONTNEED)
 
 
 _CWD_LOCK = threading.Lock()        # the working directory is the process's: one Build at a time changes it
