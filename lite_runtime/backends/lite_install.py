@@ -37,9 +37,10 @@ SHIM_ENV = "LITE_SHIM_LIB"
 KERNELS_NAME = "liblite_kernels.so"
 _NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 KERNELS_SOURCES = [os.path.join(_NATIVE, name) for name in (
-    "lite_kernels.cc", "attention_kernel.cc", "paged_attention_kernel.cc", "layer_ops_kernel.cc", "linear_math.cc",
-    "linear_math.h", "linear_int8.cc", "attention_math.cc", "attention_math.h", "layer_math.cc", "layer_math.h",
-    "vec8.h", "thread_pool.h", "kernel_support.h", "lite_registry.h", os.path.join("schema", "model_generated.h"))]
+    "lite_kernels.cc", "attention_kernel.cc", "paged_attention_kernel.cc", "layer_ops_kernel.cc", "lookup_kernel.cc",
+    "linear_math.cc", "linear_math.h", "linear_panels.h", "linear_gemm.h", "linear_int8.cc", "attention_math.cc",
+    "attention_math.h", "layer_math.cc", "layer_math.h", "vec8.h", "thread_pool.h", "kernel_support.h",
+    "lite_registry.h", os.path.join("schema", "model_generated.h"))]
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKOUT_PREFIX = os.path.join(_CHECKOUT, "build", "lite")
 
@@ -190,7 +191,7 @@ def _build_kernels(prefix: str, cxx: str, say) -> str:
     builds.append(("linear_int8", os.path.join(_NATIVE, "linear_int8.cc"),
                    ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c", "-mfma"]))     # called where cpuid has them
     builds += [(stem, os.path.join(_NATIVE, stem + ".cc"), []) for stem in ("lite_kernels", "attention_kernel", "paged_attention_kernel",
-                                                                         "layer_ops_kernel")]
+                                                                         "layer_ops_kernel", "lookup_kernel")]
     for name, source, flags in builds:
         obj = os.path.join(lib, f".lite_kernels_{name}.o")
         _compile(base + flags + [source, "-o", obj], source, compiler)

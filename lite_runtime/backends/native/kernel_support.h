@@ -46,5 +46,15 @@ int RegisterAttend(bool op_info);
 int RegisterPagedAttend(bool op_info);
 // The layer ops' (layer_ops_kernel.cc: RMS norm, SwiGLU, rotary), likewise.
 int RegisterLayerOps(bool op_info);
+// The lookups' (lookup_kernel.cc), likewise.
+int RegisterLookups(bool op_info);
+
+// The group of runs of 32 weights that the scales' G columns a row stand for: the least power of two 2^s with
+// ceil(runs / 2^s) == G (the groups are 32, 64 or 128 weights; the last of a row may be short, so that G alone
+// does not give the size: 160 weights in groups of 128 are 2 groups, as in groups of 96 would be). -1: none.
+int GroupShift(int64_t runs, int64_t G);
+// out (count, H) = the rows `ids` of a table (V, H) stored as the linear kernels' `kind` (lookup_kernel.cc).
+int Gather(int kind, const int32_t *ids, int64_t count, const void *table, const void *scales, int64_t V, int64_t H,
+           int64_t G, float *out);
 
 }  // namespace lk
