@@ -38,17 +38,28 @@ def command(model_dir, runs, by_name, top, threads, batch, lite_format, prompt_l
     manifest = load_manifest(model_dir)
     session = load_session("mslite", manifest, num_threads=threads, lite_format=lite_format)
     prompts = bench_prompts(batch or manifest.batch_size, prompt_len, manifest.dims.vocab_size)
-    run_request(session, InputOfInfer.get_inputs(manifest.family, manifest), prompts, new_tokens)
     models = session.lite_models
     if not models:
         raise ToolchainError("the official mindspore_lite API ran this export: profiling needs the native binding")
     # the decode graph, or every segment of a segment export (their kernels added up)
     chosen = [models[name] for name in ("increment", "step") if name in models][:1] or list(models.values())
-    merged = {}
-    for model in chosen:
-        for key, count, us in model.profile(runs, by_name=by_name):
-            seen = merged.get(key, (0, 0.0))
-            merged[key] = (seen[0] + count, seen[1] + us)
+    merged, calls = {}, []
+
+    def profile_once() -> float:
+        """On the inputs of the request's last decode step but one, as bound: every row decoding, its prompt
+        fed (in chunks of the engine's step budget, which may take many calls at many rows), where the
+        request's last call need not be a decode step."""
+        calls.append(1)
+        if len(calls) == max(1, new_tokens - 2):
+            for model in chosen:
+                for key, count, us in model.profile(runs, by_name=by_name):
+                    seen = merged.get(key, (0, 0.0))
+                    merged[key] = (seen[0] + count, seen[1] + us)
+        return 0.0
+    run_request(session, InputOfInfer.get_inputs(manifest.family, manifest), prompts, max(new_tokens, 2),
+                between=profile_once)
+    if not merged:
+        raise ToolchainError(f"--new_tokens {new_tokens}: the request ended before a decode step to profile; give more")
     rows = sorted(((key, count, us) for key, (count, us) in merged.items()), key=lambda row: -row[2])
     total = sum(us for _, _, us in rows)
     print(f"{'kernel':<60} {'count':>5} {'us/run':>9} {'share':>6}")
