@@ -166,6 +166,8 @@ def _page_out_lite_libraries() -> None:
     ranges, current = [], None              # (start, end) of each read-only mapping of the folder, own pages none
     for line in lines:
         parts = line.split(maxsplit=5)
+        if not parts:
+            continue
         if "-" in parts[0] and not parts[0].endswith(":"):
             current = None
             if len(parts) == 6 and "w" not in parts[1] and parts[5].startswith(folder):
