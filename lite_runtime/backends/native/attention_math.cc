@@ -53,10 +53,13 @@ __attribute__((always_inline)) inline void Dot8(const float *q, int64_t hd, cons
 }
 
 // s[j * ld + p] = scale * q_j . K[:, p] + slope_j * (base + p) for p < past, J query heads (J <= 4).
-template <int J, typename T = float>
+// `Padded`: K holds P >= past rounded up to 8 positions (a paged block), and s room for as many: the last
+// positions run as a vector of 8 whose extra scores are never read, not one by one (a chain of scalar FMAs per
+// head, a float16 converted a value at a time: as long as the block's vectors when rows end mid-vector).
+template <int J, typename T = float, bool Padded = false>
 void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
                 const float *slope, float *s, int64_t ld, int64_t base = 0) {
-  const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15);
+  const int64_t past8 = Padded ? (past + 7) & ~int64_t(7) : past & ~int64_t(7), past16 = past & ~int64_t(15);
   int64_t p = 0;
   for (; p < past16; p += 16) {
     V8 acc[J][2];
@@ -75,7 +78,7 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
     const V8 sc = Bcast(scale);
     for (int j = 0; j < J; ++j) Store(s + j * ld + p, Fma(Bcast(slope[j]), key, Mul(acc[j], sc)));
   }
-  for (int64_t p = past8; p < past; ++p)
+  for (int64_t p = past8; p < past; ++p)     // none when Padded
     for (int j = 0; j < J; ++j) {
       float dot = 0.0f;
       for (int64_t d = 0; d < hd; ++d) dot += q[j * hd + d] * ScalarAs(K[d * P + p]);
@@ -86,10 +89,11 @@ void PastScores(const float *q, int64_t hd, const T *K, int64_t P, int64_t past,
 // PastScores for int8 keys: the dot product by runs of kKvScaleRun head dimensions, each run's times its scale,
 // kscale[run * P + p]. J <= 3: the runs' sums and their total stay in the registers (16 on AVX2); a loop of its
 // own, so that PastScores keeps all of them for 4 query heads.
-template <int J, typename T>
+template <int J, typename T, bool Padded = false>
 void PastScoresRuns(const float *q, int64_t hd, const T *K, int64_t P, int64_t past, float scale,
                     const float *slope, float *s, int64_t ld, int64_t base, const float *kscale) {
-  const int64_t past8 = past & ~int64_t(7), past16 = past & ~int64_t(15), run = kKvScaleRun;
+  const int64_t past8 = Padded ? (past + 7) & ~int64_t(7) : past & ~int64_t(7), past16 = past & ~int64_t(15),
+                run = kKvScaleRun;
   int64_t p = 0;
   for (; p < past16; p += 16) {
     V8 tot[J][2];
@@ -306,17 +310,17 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
       float *sj = s + j * ld + start;
       if (ks) {     // int8 keys: by runs, three query heads at a time
         switch (std::min<int64_t>(3, g - j)) {
-          case 3: PastScoresRuns<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
-          case 2: PastScoresRuns<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
-          default: PastScoresRuns<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+          case 3: PastScoresRuns<3, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+          case 2: PastScoresRuns<2, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
+          default: PastScoresRuns<1, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
         }
         continue;
       }
       switch (std::min<int64_t>(4, g - j)) {
-        case 4: PastScores<4, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
-        case 3: PastScores<3, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
-        case 2: PastScores<2, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
-        default: PastScores<1, T>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 4: PastScores<4, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 3: PastScores<3, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        case 2: PastScores<2, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
+        default: PastScores<1, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start); break;
       }
     }
     const T *V = values + block * block_values + h * bs * hd;
