@@ -237,7 +237,7 @@ __attribute__((target("avx512f"))) void DecodeWide(const LinearArgs &a, const P 
 // Grouped int8 panels take their decode loop up to kDecodeRowsI8Group rows on AVX-512 (2 on AVX2), the GEMM
 // dequantising as it reads up to kStagedRowsI8Group, past it the GEMM on panels dequantised once a call, as
 // int4's are (PanelRange): each the fastest in its range (tools/bench_kernels.py).
-constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 40;
+constexpr int64_t kDecodeRowsI8Group = 8, kStagedRowsI8Group = 32;
 
 #if defined(__AVX2__) && defined(__FMA__)
 // Every row of X against one panel (int4's or grouped int8's), twelve rows at a time (24 of the 32 registers).
