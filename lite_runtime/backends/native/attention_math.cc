@@ -180,11 +180,11 @@ void Weigh(const float *e, int64_t ld, int64_t past, const T *V, const T *const 
   for (int j = 0; j < J; ++j)
     for (int v = 0; v < DV; ++v) acc[j][v] = Zero();
   auto take = [&](const T *row, int64_t i) {
-    V8 x[DV];
-    for (int v = 0; v < DV; ++v) x[v] = LoadAs(row + d0 + 8 * v);
-    for (int j = 0; j < J; ++j) {
-      const V8 w = Bcast(e[j * ld + i]);
-      for (int v = 0; v < DV; ++v) acc[j][v] = Fma(w, x[v], acc[j][v]);
+    V8 w[J];
+    for (int j = 0; j < J; ++j) w[j] = Bcast(e[j * ld + i]);
+    for (int v = 0; v < DV; ++v) {
+      const V8 x = LoadAs(row + d0 + 8 * v);
+      for (int j = 0; j < J; ++j) acc[j][v] = Fma(w[j], x, acc[j][v]);
     }
   };
   for (int64_t p = 0; p < past; ++p) take(V + p * hd, p);
