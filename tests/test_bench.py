@@ -169,3 +169,36 @@ def test_bench_checkpoint_holds_every_weight_at_the_models_full_shape(tmp_path):
     assert shapes["model.layers.0.attention.wk.weight"] == (16, 32)          # 2 kv heads of head_dim 8
     assert shapes["model.layers.0.feed_forward.w1.weight"] == (48, 32)
     assert all(len(s) == 1 or min(s) > 1 for s in shapes.values()), shapes
+
+
+@pytest.mark.fast
+def test_shape_gguf_has_its_shape_and_the_real_tokenizer_padded(tmp_path, monkeypatch):
+    """tools/shape_gguf.py: the exporter reads the file back as the shape's config, every tensor at its size,
+    SmolLM2's tokens first and control tokens up to the shape's vocabulary."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    import shape_gguf
+    from exporter.weights.gguf_io import GGUFSource
+    small = dict(shape_gguf.SHAPES["qwen2-0.5b"], hidden=64, ffn=96, layers=2, heads=4, kv_heads=2, vocab=49200)
+    monkeypatch.setitem(shape_gguf.SHAPES, "small", small)
+    tokenizer = os.path.join(REPO, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    out = str(tmp_path / "small.F16.gguf")
+    shape_gguf.write_shape_gguf("small", out, tokenizer)
+    source = GGUFSource(out)
+    config = source.hf_config()
+    assert (config["model_type"], config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
+            config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]) == \
+        ("qwen2", 64, 96, 2, 4, 2, 49200)
+    assert config["tie_word_embeddings"] and config["eos_token_id"] == 2
+    tensors = source.tensors()
+    assert tensors["model.embed_tokens.weight"].shape == (49200, 64)
+    assert tensors["model.layers.1.self_attn.k_proj.weight"].shape == (32, 64)
+    assert tensors["model.layers.1.self_attn.k_proj.bias"].shape == (32,)
+    assert tensors["model.layers.0.mlp.down_proj.weight"].shape == (64, 96)
+    real, padded = GGUFSource(tokenizer), source
+    tokens = padded._field("tokenizer.ggml.tokens")
+    assert tokens[:49152] == real._field("tokenizer.ggml.tokens") and len(tokens) == 49200
+    assert set(padded._field("tokenizer.ggml.token_type")[49152:]) == {3}    # control: never made from text
+    monkeypatch.setitem(shape_gguf.SHAPES, "small", dict(small, vocab=1000))
+    with pytest.raises(shape_gguf.click.UsageError, match="49152 tokens, more than small's vocabulary of 1000"):
+        shape_gguf.write_shape_gguf("small", str(tmp_path / "none.F16.gguf"), tokenizer)
+    assert not os.path.exists(tmp_path / "none.F16.gguf") and not os.path.exists(tmp_path / "none.F16.gguf.part")
