@@ -215,7 +215,9 @@ ATTENTION_CASES = [(3, 2, 3, 16, 21, [(0, 5, 3), (2, 0, 4), (1, 17, 1)], False, 
                    (2, 1, 1, 12, 9, [(1, 8, 1), (0, 0, 6)], True, False),
                    (4, 3, 5, 64, 40, [(3, 39, 1), (0, 12, 7), (2, 0, 9)], True, True),
                    (1, 2, 2, 7, 1, [(0, 0, 5)], False, True),
-                   (8, 3, 3, 64, 256, [(r, 200 + r, 1) for r in range(7)] + [(7, 0, 19)], False, False)]
+                   (8, 3, 3, 64, 256, [(r, 200 + r, 1) for r in range(7)] + [(7, 0, 19)], False, False),
+                   (2, 2, 7, 64, 40, [(0, 37, 30), (1, 0, 50)], True, True),
+                   (1, 1, 1, 32, 30, [(0, 3, 53)], False, False)]
 
 
 def check_attention():
@@ -257,7 +259,8 @@ def as_stored(x, dtype, axis=-1):
 
 def check_paged_attention():
     """ATTENTION_CASES on the paged store, float32, float16 and int8, blocks of 8 and 16 in shuffled order: each
-    row's past written by a first call, then the case's call; the reference reads K/V as the store holds them."""
+    row's past written by a first call, then the case's call; the reference reads K/V as the store holds them.
+    Blocks of 16 get the call's tokens row by row in order, as the engine feeds a prompt: the tiles' GEMMs."""
     rng = np.random.default_rng(5)
     for dtype in ("float32", "float16", "int8"):
         for block in (8, 16):
@@ -275,7 +278,7 @@ def check_paged_attention():
                                               1, np.zeros(kv * g, np.float32), 1.0)
                 meta = np.array([[row, past + t, past, past + 2 if prefix else -1] for row, past, count in rows
                                  for t in range(count)], np.float32)
-                meta = meta[rng.permutation(len(meta))]
+                meta = meta[rng.permutation(len(meta))] if block == 8 else meta
                 n = len(meta)
                 q = rng.standard_normal((n, kv, g, hd), dtype=np.float32)
                 k, v = (as_stored(rng.standard_normal((n, kv, hd), dtype=np.float32), dtype) for _ in range(2))

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "attention_math.h"
+#include "linear_gemm.h"
 #include "vec8.h"
 
 namespace lk {
@@ -349,6 +350,94 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   }
 }
 
+// Keys or values of the store as a GEMM panel (linear_gemm.h): step k is the 16 values at `at(k)`, a head
+// dimension's 16 positions of a block's keys (hd, block), or a position's 16 head dimensions of its values.
+template <typename T>
+struct KeysPanel {
+  const T *K;
+  int64_t block;
+  const T *At(int64_t d) const { return K + d * block; }
+};
+template <typename T>
+struct ValuesPanel {
+  const T *const *rows;   // each position's
+  int64_t c;
+  const T *At(int64_t p) const { return rows[p] + c; }
+};
+template <typename Where>
+struct StoredPanel : Where {
+  void Prefetch(int64_t) const {}
+  void Get(int64_t k, V8 &lo, V8 &hi) const {
+    lo = LoadAs(this->At(k));
+    hi = LoadAs(this->At(k) + 8);
+  }
+  void Finish(V8 &, V8 &) const {}
+#if defined(__AVX2__) && defined(__FMA__)
+  __attribute__((target("avx512f"))) __m512 Get16(int64_t k) const { return Load16(this->At(k)); }
+  __attribute__((target("avx512f"))) void Finish16(__m512 &) const {}
+  __attribute__((target("avx512f"))) static __m512 Load16(const float *p) { return _mm512_loadu_ps(p); }
+  __attribute__((target("avx512f"))) static __m512 Load16(const uint16_t *p) { return Half16(p); }
+#endif
+};
+
+// y (rows, 16) = x (rows, K) times a panel's K steps, on AVX-512 registers where the CPU has them.
+template <typename P>
+void PanelProduct(bool wide, const float *x, int64_t ldx, int64_t rows, const P &panel, int64_t K, float *y,
+                  int64_t ldy) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (wide) return GemmRows16(x, ldx, rows, panel, K, y, ldy, kTileCols);
+#endif
+  GemmRows<false>(x, ldx, rows, panel, K, y, ldy, kTileCols);
+}
+
+// Tokens n0 .. n1 - 1 of one row at consecutive positions (PagedArgs::tiles) on KV head h: their R query vectors
+// against the row's blocks as two GEMMs, scores = Q K (block by block) and sums = weights V, so that each key and
+// value is read and converted once for the R vectors instead of once a token.
+template <typename T>
+void PagedTile(const PagedArgs &a, int64_t n0, int64_t n1, int64_t h, float *scratch) {
+  const int64_t g = a.g, hd = a.hd, bs = a.block, R = (n1 - n0) * g;
+  const int64_t row = static_cast<int64_t>(a.meta[n0 * kMetaCols + kRow]);
+  auto length = [&](int64_t n) {
+    const float *meta = a.meta + n * kMetaCols;
+    const int64_t position = static_cast<int64_t>(meta[kPosition]), context = static_cast<int64_t>(meta[kContext]);
+    return std::max<int64_t>(1, std::min(std::max(position + 1, context), a.ends[row]));
+  };
+  int64_t most = 0;
+  for (int64_t n = n0; n < n1; ++n) most = std::max(most, length(n));
+  const int64_t ld = (most + 15) & ~int64_t(15);
+  // scratch: the value rows (most pointers), queries (R, hd), scores (R, ld), sums (R, hd), denominators
+  const T **rows = reinterpret_cast<const T **>(scratch);
+  float *q = scratch + ((2 * most + 15) & ~int64_t(15));
+  float *s = q + R * hd, *o = s + R * ld, *den = o + R * hd;
+  for (int64_t n = n0; n < n1; ++n) std::copy_n(a.q + (n * a.kv + h) * g * hd, g * hd, q + (n - n0) * g * hd);
+  const float *table = a.tables + row * a.T;
+  for (int64_t start = 0; start < most; start += bs) {
+    const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, most - start);
+    const T *K = static_cast<const T *>(a.keys) + (block * a.kv + h) * hd * bs;
+    for (int64_t p = 0; p < count; p += kTileCols)
+      PanelProduct(a.wide, q, hd, R, StoredPanel<KeysPanel<T>>{{K + p, bs}}, hd, s + start + p, ld);
+    const T *V = static_cast<const T *>(a.values) + (block * a.kv + h) * bs * hd;
+    for (int64_t i = 0; i < count; ++i) rows[start + i] = V + i * hd;
+  }
+  const V8 sc = Bcast(a.scale);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t L = length(n0 + r / g);
+    float *sr = s + r * ld;
+    const V8 slope = Bcast(a.slopes[h * g + r % g]);
+    for (int64_t p = 0; p < L; p += 8)
+      Store(sr + p, Fma(slope, Add(Bcast(static_cast<float>(p)), Load(kIota)), Mul(Load(sr + p), sc)));
+    den[r] = Softmax(sr, L);
+    std::fill(sr + L, sr + most, 0.0f);   // positions past this token's: no weight
+  }
+  for (int64_t c = 0; c < hd; c += kTileCols)
+    PanelProduct(a.wide, s, ld, R, StoredPanel<ValuesPanel<T>>{{rows, c}}, most, o + c, hd);
+  for (int64_t r = 0; r < R; ++r) {
+    const float inv = 1.0f / den[r];
+    float *out = a.out + ((n0 + r / g) * a.kv + h) * g * hd + r % g * hd;
+    for (int64_t d = 0; d < hd; ++d) out[d] = o[r * hd + d] * inv;
+  }
+}
+
 }  // namespace
 
 void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
@@ -361,9 +450,13 @@ void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
 
 void PagedAttend(const PagedArgs &a, int64_t i0, int64_t i1, float *scratch) {
   for (int64_t i = i0; i < i1; ++i) {
-    if (a.dtype == kKvFloat16) PagedItem<uint16_t>(a, i / a.kv, i % a.kv, scratch);
-    else if (a.dtype == kKvInt8) PagedItem<int8_t>(a, i / a.kv, i % a.kv, scratch);
-    else PagedItem<float>(a, i / a.kv, i % a.kv, scratch);
+    const int64_t h = i % a.kv, n0 = a.tiles ? a.tiles[i / a.kv] : i / a.kv;
+    const int64_t n1 = a.tiles ? a.tiles[i / a.kv + 1] : n0 + 1;
+    if (n1 - n0 > 1 && a.dtype == kKvFloat16) PagedTile<uint16_t>(a, n0, n1, h, scratch);
+    else if (n1 - n0 > 1) PagedTile<float>(a, n0, n1, h, scratch);
+    else if (a.dtype == kKvFloat16) PagedItem<uint16_t>(a, n0, h, scratch);
+    else if (a.dtype == kKvInt8) PagedItem<int8_t>(a, n0, h, scratch);
+    else PagedItem<float>(a, n0, h, scratch);
   }
 }
 

@@ -7,6 +7,7 @@
 // context (GLM; score + slope * t_m); one softmax over both, in float32. Slopes are ALiBi's (zeros
 // otherwise), one per query head.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 namespace lk {
@@ -50,6 +51,10 @@ struct PagedArgs {
   float scale = 1.0f;
   int64_t N = 0, B = 0, T = 0, kv = 0, g = 0, hd = 0, block = 0;
   const int64_t *ends = nullptr;   // (B,): positions each row holds after the call's writes
+  // Work items: with `tiles`, (tile, KV head) pairs, tile t the tokens tiles[t] .. tiles[t + 1] - 1 (one row's,
+  // at consecutive positions: a prompt's chunk); without, (token, KV head) pairs.
+  const int64_t *tiles = nullptr;
+  bool wide = false;               // AVX-512 present (avx2 build only): the tiles' GEMMs on 16-float registers
   float *out = nullptr;            // (N, kv * g * hd)
 };
 
@@ -57,9 +62,17 @@ struct PagedArgs {
 constexpr int64_t kKvScaleRun = 32;
 inline int64_t KvScaleRuns(int64_t hd) { return (hd + kKvScaleRun - 1) / kKvScaleRun; }
 
-// Floats of scratch one paged work item needs: int8 values also one run's weights.
+// Tokens of a tile (PagedArgs::tiles) of a prompt's chunk: about 24 query vectors of one KV head (12 and 36
+// measured slower), each key and value read and converted once for all of them.
+inline int64_t PagedTileTokens(int64_t g) { return std::max<int64_t>(2, 24 / g); }
+// Whether a store's keys and values take the tiles' GEMMs: blocks and heads in panels of 16, float32 or float16.
+inline bool PagedTiles(const PagedArgs &a) { return a.block % 16 == 0 && a.hd % 16 == 0 && a.dtype != kKvInt8; }
+
+// Floats of scratch one paged work item needs: int8 values also one run's weights; a tile its queries, scores,
+// sums, denominators and value rows.
 inline int64_t PagedScratch(const PagedArgs &a) {
-  return a.g * (2 * (a.T * a.block + 8) + a.hd + 1) + 2 * a.T * a.block + 16;
+  const int64_t L = a.T * a.block, rows = PagedTileTokens(a.g) * a.g;
+  return std::max(a.g * (2 * (L + 8) + a.hd + 1) + 2 * L + 16, rows * (2 * a.hd + L + 16 + 1) + 2 * L + 16);
 }
 
 // Work items [i0, i1) of the N * kv (token, KV head) pairs, item = n * kv + h.

@@ -23,6 +23,8 @@ int KernelThreads(int lite_threads);
 bool KernelsHoldThreads();
 // The AVX2 + FMA loops (else the portable ones), chosen once at load (LITE_KERNELS_ISA forces a choice).
 bool Avx2Loops();
+// ... and the GEMMs on AVX-512 registers (the CPU has them)
+bool WideLoops();
 std::vector<char> Chars(const std::string &s);
 // A float16's bits as a float (normal, subnormal, zero, infinity, NaN).
 inline float HalfToFloat(uint16_t h) {

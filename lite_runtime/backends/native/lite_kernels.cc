@@ -112,6 +112,8 @@ bool KernelsHoldThreads() { return g_threads.load(std::memory_order_relaxed) > 0
 
 bool Avx2Loops() { return g_avx512 || g_avx2; }
 
+bool WideLoops() { return g_avx512; }
+
 std::vector<char> Chars(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
 
 std::string OpInfo(const std::string &name, const std::vector<std::string> &dtypes) {

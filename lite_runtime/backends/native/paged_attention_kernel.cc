@@ -160,6 +160,20 @@ int WriteTokens(const PagedArgs &a, const PagedCall &c, std::vector<int64_t> *en
   return 0;
 }
 
+// The call's tiles (PagedArgs::tiles): runs of up to PagedTileTokens tokens of one row at consecutive positions,
+// as each row's chunk of a prompt comes; their first tokens, then N.
+std::vector<int64_t> Tiles(const PagedArgs &a) {
+  std::vector<int64_t> first;
+  const int64_t most = PagedTileTokens(a.g);
+  for (int64_t n = 0; n < a.N; ++n) {
+    const float *meta = a.meta + n * kMetaCols, *prev = meta - kMetaCols;
+    if (n == 0 || n - first.back() == most || meta[kRow] != prev[kRow] || meta[kPosition] != prev[kPosition] + 1.0f)
+      first.push_back(n);
+  }
+  first.push_back(a.N);
+  return first;
+}
+
 int RunPaged(PagedArgs a, const PagedCall &c, int threads) {
   if (c.store == nullptr) return Fail("no KV store of that id (freed, or never made)");
   const KvStore &st = *c.store;
@@ -175,7 +189,11 @@ int RunPaged(PagedArgs a, const PagedCall &c, int threads) {
   a.ends = ends.data();
   int64_t work = 0;
   for (int64_t n = 0; n < a.N; ++n) work += static_cast<int64_t>(a.meta[n * kMetaCols + kPosition]) + 1;
-  const int64_t items = a.N * a.kv;
+  std::vector<int64_t> tiles;
+  if (PagedTiles(a)) tiles = Tiles(a);
+  if (tiles.size() <= static_cast<size_t>(a.N)) a.tiles = tiles.data();   // some tile of several tokens
+  a.wide = WideLoops();
+  const int64_t items = (a.tiles ? static_cast<int64_t>(tiles.size()) - 1 : a.N) * a.kv;
   int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
   if (work * a.kv * a.g * a.hd < (1 << 14)) n = 1;   // waking a thread costs more than such a call
   const int64_t chunks = std::min<int64_t>(items, n == 1 ? 1 : 8 * n), need = PagedScratch(a);
