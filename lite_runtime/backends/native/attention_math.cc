@@ -286,6 +286,11 @@ void Prefetch(const AttendArgs &a, int64_t n, int64_t h) {
 }
 
 
+// An item asks the caches for the keys (into L1) and values (L2) of the block this many blocks ahead of the one
+// it reads: one thread's stream of blocks, a few KB apart, outruns what the hardware fetches ahead by itself
+// (1 and 2 measured 0.8x the time of a lone row's call at 4-8k positions, 0.95x at 64 rows of 200; 4 no better).
+constexpr int64_t kPagedAhead = 2;
+
 // Token n's attention on KV head h in the paged form: its row's positions p < L, block after block.
 template <typename T>
 void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
@@ -303,9 +308,16 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   const float *slope = a.slopes + h * g;
   const float *table = a.tables + row * a.T;
   const T *keys = static_cast<const T *>(a.keys), *values = static_cast<const T *>(a.values);
+  const int64_t ahead = kPagedAhead * bs, key_bytes = head_keys * sizeof(T);
   for (int64_t start = 0; start < L; start += bs) {
     const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, L - start);
     const T *K = keys + (block * a.kv + h) * head_keys;
+    if (start + ahead < L) {
+      const int64_t later = static_cast<int64_t>(table[(start + ahead) / bs]) * a.kv + h;
+      const char *k = reinterpret_cast<const char *>(keys + later * head_keys);
+      const char *v = reinterpret_cast<const char *>(values + later * head_keys);
+      for (int64_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 3), __builtin_prefetch(v + b, 0, 2);
+    }
     const float *ks = a.key_scales ? a.key_scales + (block * a.kv + h) * KvScaleRuns(hd) * bs : nullptr;
     for (int64_t j = 0; j < g; j += ks ? 3 : 4) {
       float *sj = s + j * ld + start;
