@@ -210,14 +210,23 @@ def attention_reference(q, k, v, k_cache, v_cache, meta, slopes, scale):
 
 
 # (caches' rows B, kv heads, query heads per kv head g, head dim, cached positions P, calls' rows as (row, past,
-# tokens), ALiBi, prefix context): head dims and pasts off the vectors of 8, rows in any order, a row without past
+# tokens), ALiBi, prefix context): head dims and pasts off the vectors of 8, rows in any order, a row without past;
+# the last two, a token or two at long pasts, split in parts on two threads (a part past the shorter row's end)
 ATTENTION_CASES = [(3, 2, 3, 16, 21, [(0, 5, 3), (2, 0, 4), (1, 17, 1)], False, False),
                    (2, 1, 1, 12, 9, [(1, 8, 1), (0, 0, 6)], True, False),
                    (4, 3, 5, 64, 40, [(3, 39, 1), (0, 12, 7), (2, 0, 9)], True, True),
                    (1, 2, 2, 7, 1, [(0, 0, 5)], False, True),
                    (8, 3, 3, 64, 256, [(r, 200 + r, 1) for r in range(7)] + [(7, 0, 19)], False, False),
                    (2, 2, 7, 64, 40, [(0, 37, 30), (1, 0, 50)], True, True),
-                   (1, 1, 1, 32, 30, [(0, 3, 53)], False, False)]
+                   (1, 1, 1, 32, 30, [(0, 3, 53)], False, False),
+                   (1, 2, 3, 64, 1500, [(0, 1500, 1)], True, False),
+                   (2, 1, 2, 32, 900, [(0, 900, 1), (1, 100, 1)], False, False)]
+
+
+def alibi_slopes(rng, heads, positions):
+    """Slopes up to 0.5, smaller past 64 positions: slope x position stays within what float32 scores hold to
+    the tolerance (BLOOM's slopes shrink with the heads, not the length)."""
+    return rng.random(heads, dtype=np.float32) * np.float32(0.5 * min(1.0, 64 / positions))
 
 
 def check_attention():
@@ -231,7 +240,7 @@ def check_attention():
         k, v = (rng.standard_normal((n, kv, hd), dtype=np.float32) for _ in range(2))
         k_cache = rng.standard_normal((b, kv, hd, p), dtype=np.float32)
         v_cache = rng.standard_normal((b, kv, p, hd), dtype=np.float32)
-        slopes = rng.random(kv * g, dtype=np.float32) * 0.5 if alibi else np.zeros(kv * g, np.float32)
+        slopes = alibi_slopes(rng, kv * g, p) if alibi else np.zeros(kv * g, np.float32)
         ref = attention_reference(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd))
         for threads in (1, 2):
             assert_close(lite_kernels.attend(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd), threads), ref,
@@ -282,7 +291,7 @@ def check_paged_attention():
                 n = len(meta)
                 q = rng.standard_normal((n, kv, g, hd), dtype=np.float32)
                 k, v = (as_stored(rng.standard_normal((n, kv, hd), dtype=np.float32), dtype) for _ in range(2))
-                slopes = rng.random(kv * g, dtype=np.float32) * 0.5 if alibi else np.zeros(kv * g, np.float32)
+                slopes = alibi_slopes(rng, kv * g, p) if alibi else np.zeros(kv * g, np.float32)
                 ref = attention_reference(q, k, v, k_cache, v_cache, meta, slopes, 1 / np.sqrt(hd))
                 for threads in (1, 2):
                     got = lite_kernels.paged_attend(q, k, v, meta, tables, store, 1, slopes, 1 / np.sqrt(hd), threads)

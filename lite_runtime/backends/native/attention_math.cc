@@ -142,8 +142,8 @@ float Dot(const float *a, const float *b, int64_t n) {
   return s;
 }
 
-// s[0, n) -> e^(s - max), returns their sum.
-float Softmax(float *s, int64_t n) {
+// s[0, n) -> e^(s - max), returns their sum (and the max in *largest).
+float Softmax(float *s, int64_t n, float *largest = nullptr) {
   const int64_t n8 = n & ~int64_t(7);
   float mx = s[0];
   if (n8) {
@@ -152,6 +152,7 @@ float Softmax(float *s, int64_t n) {
     mx = Hmax(m);
   }
   for (int64_t i = n8; i < n; ++i) mx = std::max(mx, s[i]);
+  if (largest) *largest = mx;
   const V8 mv = Bcast(mx);
   V8 sum = Zero();
   for (int64_t i = 0; i < n8; i += 8) {
@@ -288,16 +289,25 @@ void Prefetch(const AttendArgs &a, int64_t n, int64_t h) {
 
 // An item asks the caches for the keys (into L1) and values (L2) of the block this many blocks ahead of the one
 // it reads: one thread's stream of blocks, a few KB apart, outruns what the hardware fetches ahead by itself
-// (1 and 2 measured 0.8x the time of a lone row's call at 4-8k positions, 0.95x at 64 rows of 200; 4 no better).
+// (1 and 2 measured 0.83-0.89x the time of a lone row's call at 4-8k positions, 0.95x at 64 rows of 200; 4 no
+// better).
 constexpr int64_t kPagedAhead = 2;
 
-// Token n's attention on KV head h in the paged form: its row's positions p < L, block after block.
+// Token n's attention on KV head h in the paged form: its row's positions p < L, block after block. With a
+// `part` (PagedArgs::splits), only the positions [first, first + a.split) (first a multiple of the block), and
+// the unnormalised sums go to `part` with each query head's largest score and denominator (PagedPart).
 template <typename T>
-void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
+void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch, float *part = nullptr, int64_t first = 0) {
   const float *meta = a.meta + n * kMetaCols;
   const int64_t row = static_cast<int64_t>(meta[kRow]);
   const int64_t position = static_cast<int64_t>(meta[kPosition]), context = static_cast<int64_t>(meta[kContext]);
-  const int64_t L = std::max<int64_t>(1, std::min(std::max(position + 1, context), a.ends[row]));
+  const int64_t end = std::max<int64_t>(1, std::min(std::max(position + 1, context), a.ends[row]));
+  const int64_t last = part ? std::min(end, first + a.split) : end, L = last - first;
+  if (L <= 0) {   // a part past the row's end
+    std::fill_n(part, PagedPart(a), 0.0f);
+    for (int64_t j = 0; j < a.g; ++j) part[a.g * a.hd + a.g + j] = -INFINITY;
+    return;
+  }
   const int64_t g = a.g, hd = a.hd, bs = a.block, ld = (L + 7) & ~int64_t(7);
   const int64_t head_keys = hd * bs, block_values = a.kv * bs * hd;
   // scratch: each position's value row (L pointers), scores, sums, denominators
@@ -309,10 +319,10 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
   const float *table = a.tables + row * a.T;
   const T *keys = static_cast<const T *>(a.keys), *values = static_cast<const T *>(a.values);
   const int64_t ahead = kPagedAhead * bs, key_bytes = head_keys * sizeof(T);
-  for (int64_t start = 0; start < L; start += bs) {
-    const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, L - start);
+  for (int64_t start = first; start < last; start += bs) {
+    const int64_t block = static_cast<int64_t>(table[start / bs]), count = std::min(bs, last - start);
     const T *K = keys + (block * a.kv + h) * head_keys;
-    if (start + ahead < L) {
+    if (start + ahead < last) {
       const int64_t later = static_cast<int64_t>(table[(start + ahead) / bs]) * a.kv + h;
       const char *k = reinterpret_cast<const char *>(keys + later * head_keys);
       const char *v = reinterpret_cast<const char *>(values + later * head_keys);
@@ -320,7 +330,7 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
     }
     const float *ks = a.key_scales ? a.key_scales + (block * a.kv + h) * KvScaleRuns(hd) * bs : nullptr;
     for (int64_t j = 0; j < g; j += ks ? 3 : 4) {
-      float *sj = s + j * ld + start;
+      float *sj = s + j * ld + start - first;
       if (ks) {     // int8 keys: by runs, three query heads at a time
         switch (std::min<int64_t>(3, g - j)) {
           case 3: PastScoresRuns<3, T, true>(q + j * hd, hd, K, bs, count, a.scale, slope + j, sj, ld, start, ks); break;
@@ -337,23 +347,29 @@ void PagedItem(const PagedArgs &a, int64_t n, int64_t h, float *scratch) {
       }
     }
     const T *V = values + block * block_values + h * bs * hd;
-    for (int64_t i = 0; i < count; ++i) rows[start + i] = V + i * hd;
+    for (int64_t i = 0; i < count; ++i) rows[start - first + i] = V + i * hd;
   }
-  float *den = o + g * hd;
-  for (int64_t j = 0; j < g; ++j) den[j] = Softmax(s + j * ld, L);
+  float *den = o + g * hd, *largest = den + g;
+  for (int64_t j = 0; j < g; ++j) den[j] = Softmax(s + j * ld, L, largest + j);
   if (a.value_scales) {   // int8 values: per run of head dimensions, each weight times its value's scale there
     const int64_t runs = KvScaleRuns(hd);
-    float *w = den + g;   // the weights of one run (the denominators are the unscaled weights')
+    float *w = largest + g;   // the weights of one run (the denominators are the unscaled weights')
     for (int64_t r = 0; r < runs; ++r) {
-      for (int64_t start = 0; start < L; start += bs) {
+      for (int64_t start = first; start < last; start += bs) {
         const float *vs = a.value_scales + ((static_cast<int64_t>(table[start / bs]) * a.kv + h) * runs + r) * bs;
+        float *ws = w + start - first;
+        const float *ss = s + start - first;
         for (int64_t j = 0; j < g; ++j)
-          for (int64_t i = 0; i < std::min(bs, L - start); ++i) w[j * ld + start + i] = s[j * ld + start + i] * vs[i];
+          for (int64_t i = 0; i < std::min(bs, last - start); ++i) ws[j * ld + i] = ss[j * ld + i] * vs[i];
       }
       WeighAll<T>(w, ld, g, 0, nullptr, rows, L, hd, o, r * kKvScaleRun, std::min(hd, (r + 1) * kKvScaleRun));
     }
   } else {
     WeighAll<T>(s, ld, g, 0, nullptr, rows, L, hd, o);
+  }
+  if (part) {
+    std::copy_n(o, g * hd + 2 * g, part);   // the sums, denominators and largest scores
+    return;
   }
   float *out = a.out + (n * a.kv + h) * g * hd;
   for (int64_t j = 0; j < g; ++j) {
@@ -462,6 +478,14 @@ void Attend(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch) {
 
 void PagedAttend(const PagedArgs &a, int64_t i0, int64_t i1, float *scratch) {
   for (int64_t i = i0; i < i1; ++i) {
+    if (a.parts) {      // item i / splits, its part i % splits
+      const int64_t item = i / a.splits, first = i % a.splits * a.split;
+      float *part = a.parts + i * PagedPart(a);
+      if (a.dtype == kKvFloat16) PagedItem<uint16_t>(a, item / a.kv, item % a.kv, scratch, part, first);
+      else if (a.dtype == kKvInt8) PagedItem<int8_t>(a, item / a.kv, item % a.kv, scratch, part, first);
+      else PagedItem<float>(a, item / a.kv, item % a.kv, scratch, part, first);
+      continue;
+    }
     const int64_t h = i % a.kv, n0 = a.tiles ? a.tiles[i / a.kv] : i / a.kv;
     const int64_t n1 = a.tiles ? a.tiles[i / a.kv + 1] : n0 + 1;
     if (n1 - n0 > 1 && a.dtype == kKvFloat16) PagedTile<uint16_t>(a, n0, n1, h, scratch);

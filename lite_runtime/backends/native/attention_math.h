@@ -55,6 +55,11 @@ struct PagedArgs {
   // at consecutive positions: a prompt's chunk); without, (token, KV head) pairs.
   const int64_t *tiles = nullptr;
   bool wide = false;               // AVX-512 present (avx2 build only): the tiles' GEMMs on 16-float registers
+  // Or, with `parts`, (token, KV head, part) triples: part k the positions [k * split, (k + 1) * split) of its
+  // token's, `splits` parts a token (a few long rows on more threads than their items); each writes PagedPart
+  // floats to parts, combined after (paged_attention_kernel.cc, Combine).
+  float *parts = nullptr;
+  int64_t splits = 1, split = 0;
   float *out = nullptr;            // (N, kv * g * hd)
 };
 
@@ -68,11 +73,14 @@ inline int64_t PagedTileTokens(int64_t g) { return std::max<int64_t>(2, 24 / g);
 // Whether a store's keys and values take the tiles' GEMMs: blocks and heads in panels of 16, float32 or float16.
 inline bool PagedTiles(const PagedArgs &a) { return a.block % 16 == 0 && a.hd % 16 == 0 && a.dtype != kKvInt8; }
 
+// Floats of a part's results: its sums (g, hd), denominators (g) and largest scores (g).
+inline int64_t PagedPart(const PagedArgs &a) { return a.g * (a.hd + 2); }
+
 // Floats of scratch one paged work item needs: int8 values also one run's weights; a tile its queries, scores,
 // sums, denominators and value rows.
 inline int64_t PagedScratch(const PagedArgs &a) {
   const int64_t L = a.T * a.block, rows = PagedTileTokens(a.g) * a.g;
-  return std::max(a.g * (2 * (L + 8) + a.hd + 1) + 2 * L + 16, rows * (2 * a.hd + L + 16 + 1) + 2 * L + 16);
+  return std::max(a.g * (2 * (L + 8) + a.hd + 2) + 2 * L + 16, rows * (2 * a.hd + L + 16 + 1) + 2 * L + 16);
 }
 
 // Work items [i0, i1) of the N * kv (token, KV head) pairs, item = n * kv + h.

@@ -174,6 +174,33 @@ std::vector<int64_t> Tiles(const PagedArgs &a) {
   return first;
 }
 
+// A call of fewer (token, KV head) items than this many a thread, of a row this many positions long or more,
+// splits each token's positions in parts (flash decoding): a lone sequence's decode step on every thread.
+constexpr int64_t kSplitItems = 4, kSplitPositions = 256;
+
+// Each item's output from its parts (PagedArgs::parts): their sums and denominators, each part's weighted by
+// e^(its largest score - the largest of all).
+void Combine(const PagedArgs &a, int64_t items) {
+  const int64_t size = PagedPart(a), g = a.g, hd = a.hd;
+  for (int64_t i = 0; i < items; ++i)
+    for (int64_t j = 0; j < g; ++j) {
+      const float *first = a.parts + i * a.splits * size;
+      float most = -INFINITY, den = 0.0f;
+      for (int64_t k = 0; k < a.splits; ++k) most = std::max(most, first[k * size + g * hd + g + j]);
+      float *out = a.out + (i * g + j) * hd;
+      std::fill_n(out, hd, 0.0f);
+      for (int64_t k = 0; k < a.splits; ++k) {
+        const float *part = first + k * size;
+        if (part[g * hd + g + j] == -INFINITY) continue;   // past its row's end
+        const float w = std::exp(part[g * hd + g + j] - most);
+        den += w * part[g * hd + j];
+        for (int64_t d = 0; d < hd; ++d) out[d] += w * part[j * hd + d];
+      }
+      const float inv = 1.0f / den;
+      for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
+    }
+}
+
 int RunPaged(PagedArgs a, const PagedCall &c, int threads) {
   if (c.store == nullptr) return Fail("no KV store of that id (freed, or never made)");
   const KvStore &st = *c.store;
@@ -196,13 +223,24 @@ int RunPaged(PagedArgs a, const PagedCall &c, int threads) {
   const int64_t items = (a.tiles ? static_cast<int64_t>(tiles.size()) - 1 : a.N) * a.kv;
   int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
   if (work * a.kv * a.g * a.hd < (1 << 14)) n = 1;   // waking a thread costs more than such a call
-  const int64_t chunks = std::min<int64_t>(items, n == 1 ? 1 : 8 * n), need = PagedScratch(a);
+  std::vector<float> parts;
+  const int64_t longest = ends.empty() ? 0 : *std::max_element(ends.begin(), ends.end());
+  if (!a.tiles && threads > 1 && items < kSplitItems * threads && longest >= 2 * kSplitPositions) {
+    a.splits = std::min<int64_t>(longest / kSplitPositions, (kSplitItems * threads + items - 1) / items);
+    a.split = ((longest + a.splits - 1) / a.splits + a.block - 1) / a.block * a.block;
+    parts.resize(items * a.splits * PagedPart(a));
+    a.parts = parts.data();
+    n = threads;
+  }
+  const int64_t units = items * a.splits, chunks = std::min<int64_t>(units, n == 1 ? 1 : 8 * n);
+  const int64_t need = PagedScratch(a);
   Pool::Get().Run(n, chunks, [&](int64_t ch) {
     thread_local std::vector<float> scratch;
     if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
-    (Avx2Loops() ? avx2::PagedAttend : generic::PagedAttend)(a, items * ch / chunks, items * (ch + 1) / chunks,
+    (Avx2Loops() ? avx2::PagedAttend : generic::PagedAttend)(a, units * ch / chunks, units * (ch + 1) / chunks,
                                                              scratch.data());
   });
+  if (a.parts) Combine(a, items);
   return 0;
 }
 
