@@ -83,7 +83,7 @@ inline int64_t PagedScratch(const PagedArgs &a) {
   return std::max(a.g * (2 * (L + 8) + a.hd + 2) + 2 * L + 16, rows * (2 * a.hd + L + 16 + 1) + 2 * L + 16);
 }
 
-// Work items [i0, i1) of the N * kv (token, KV head) pairs, item = n * kv + h.
+// Work items [i0, i1): (token, KV head) pairs, item = n * kv + h, or as PagedArgs::tiles or parts say.
 using AttendFn = void (*)(const AttendArgs &a, int64_t i0, int64_t i1, float *scratch);
 
 namespace avx2 {

@@ -1,6 +1,6 @@
-// The register blocks of the float GEMM that every M of the panel layouts runs (linear_math.cc, the only file
-// including this; compiled twice, as it is): MB rows of X against one panel or two side by side, on 8-float
-// vectors (V8, vec8.h) or, where args.wide, on AVX-512 registers; each x[m, k] broadcast against a panel row.
+// The register blocks of the float GEMM that every M of the panel layouts runs (linear_math.cc, and attention_math.cc
+// for the paged attention's tiles; compiled twice, as they are): MB rows of X against one panel or two side by side, on
+// 8-float vectors (V8, vec8.h) or, where args.wide, on AVX-512 registers; each x[m, k] broadcast against a panel row.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,6 +1,6 @@
-// The stored panels of the linear products' weights as their loops read them (linear_math.cc, the only file
-// including this; compiled twice, as it is: namespace lk::avx2 and lk::generic, vec8.h): a step of k's 16
-// weights as floats, the sums' last step, and the panel of a call's columns n .. n + 15 (PanelAt).
+// The stored panels of the linear products' weights as their loops read them (linear_math.cc, and through linear_gemm.h
+// attention_math.cc; compiled twice, as they are: namespace lk::avx2 and lk::generic, vec8.h): a step of k's 16 weights
+// as floats, the sums' last step, and the panel of a call's columns n .. n + 15 (PanelAt).
 #pragma once
 #include <cstdint>
 #include <type_traits>

@@ -1,4 +1,5 @@
-// The paged KV store and its attention node (LitePagedAttend; the loops: attention_math.cc's PagedItem).
+// The paged KV store and its attention node (LitePagedAttend; the loops: attention_math.cc's PagedItem and
+// PagedTile).
 //
 // A store is allocated once, by the runtime, for a session: `blocks` blocks of `block` positions for every
 // layer, float16, float32 or int8 (each run of kKvScaleRun values of a position's key and value of each head
