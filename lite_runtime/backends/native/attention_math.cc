@@ -289,8 +289,8 @@ void Prefetch(const AttendArgs &a, int64_t n, int64_t h) {
 
 // An item asks the caches for the keys (into L1) and values (L2) of the block this many blocks ahead of the one
 // it reads: one thread's stream of blocks, a few KB apart, outruns what the hardware fetches ahead by itself
-// (1 and 2 measured 0.83-0.89x the time of a lone row's call at 4-8k positions, 0.95x at 64 rows of 200; 4 no
-// better).
+// (1 and 2 measured 0.83-0.89x the time of a lone row's call at 4-8k positions; at 64 rows of 200 no more than
+// a control's 0.95x; 4 no better).
 constexpr int64_t kPagedAhead = 2;
 
 // Token n's attention on KV head h in the paged form: its row's positions p < L, block after block. With a
